@@ -1,0 +1,74 @@
+"""toolenv: typed tool-use environments for training and evaluating LLM agents.
+
+The public API is re-exported here and loaded on first use, so `import toolenv`
+stays fast; env IDs are registered with Gymnasium when Gymnasium is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from toolenv import _gym
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "ActionParser": "toolenv.parsers",
+    "Episode": "toolenv.episode",
+    "ExactMatch": "toolenv.rewards",
+    "Message": "toolenv.types",
+    "ParsedAction": "toolenv.types",
+    "PluginError": "toolenv.registry",
+    "Reward": "toolenv.rewards",
+    "Task": "toolenv.types",
+    "TokenF1": "toolenv.rewards",
+    "Tool": "toolenv.tool",
+    "ToolCall": "toolenv.types",
+    "ToolCallRecord": "toolenv.caller",
+    "ToolCaller": "toolenv.caller",
+    "ToolContext": "toolenv.tool",
+    "ToolEnv": "toolenv.env",
+    "ToolImage": "toolenv.types",
+    "ToolLimits": "toolenv.tool",
+    "ToolResult": "toolenv.types",
+    "ToolVectorEnv": "toolenv.vector",
+    "Turn": "toolenv.episode",
+    "UnicodeText": "toolenv.spaces",
+    "WeightedSum": "toolenv.rewards",
+    "get_parser": "toolenv.parsers",
+    "get_reward": "toolenv.rewards",
+    "load_tasks": "toolenv.types",
+    "load_tool": "toolenv.registry",
+    "tool": "toolenv.tool",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+if TYPE_CHECKING:
+    from toolenv.caller import ToolCallRecord, ToolCaller
+    from toolenv.env import ToolEnv
+    from toolenv.episode import Episode, Turn
+    from toolenv.parsers import ActionParser, get_parser
+    from toolenv.registry import PluginError, load_tool
+    from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
+    from toolenv.spaces import UnicodeText
+    from toolenv.tool import Tool, ToolContext, ToolLimits, tool
+    from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, load_tasks
+    from toolenv.vector import ToolVectorEnv
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolenv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+_gym.install()

@@ -1,0 +1,75 @@
+"""OpenAI function schemas from Pydantic models, and a flattened form for strict consumers.
+
+Pydantic's JSON schema uses `$ref`/`$defs` and `anyOf` (for `Optional`). verl 0.9's
+`OpenAIFunctionToolSchema` rejects `anyOf` and ignores `$ref`, so `flatten_schema`
+inlines references and turns `anyOf` of simple types into a `type` list, keeping
+`items`, `enum`, `description` and `default`. No library does this transform.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["flatten_schema", "openai_schema"]
+
+_DROP = {"title"}
+
+
+def openai_schema(name: str, description: str, args: type[BaseModel]) -> dict[str, Any]:
+    """`{"type": "function", "function": {name, description, parameters}}` for a tool."""
+    params = args.model_json_schema()
+    params.pop("title", None)
+    params.setdefault("properties", {})
+    params.setdefault("required", [])
+    params.pop("additionalProperties", None)
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": params},
+    }
+
+
+def flatten_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a function schema with `$ref` inlined and `anyOf` collapsed where possible."""
+    out = copy.deepcopy(schema)
+    fn = out.get("function", out)
+    params = fn.get("parameters", {})
+    defs = params.pop("$defs", {})
+    fn["parameters"] = _flatten(params, defs, depth=0)
+    return out
+
+
+def _flatten(node: Any, defs: dict[str, Any], depth: int) -> Any:
+    if depth > 32:
+        raise ValueError("schema nests too deeply (recursive model?)")
+    if isinstance(node, list):
+        return [_flatten(n, defs, depth + 1) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        ref = node["$ref"].rsplit("/", 1)[-1]
+        merged = {**defs.get(ref, {}), **{k: v for k, v in node.items() if k != "$ref"}}
+        return _flatten(merged, defs, depth + 1)
+    node = {k: _flatten(v, defs, depth + 1) for k, v in node.items() if k not in _DROP}
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            variants = node[key]
+            types: list[str] = []
+            simple = all(isinstance(v, dict) and isinstance(v.get("type"), str) for v in variants)
+            non_null = [v for v in variants if v.get("type") != "null"] if simple else []
+            if simple and len(non_null) <= 1:
+                base = dict(non_null[0]) if non_null else {}
+                for v in variants:
+                    types.append(v["type"])
+                base.pop("type", None)
+                node.pop(key)
+                node = {**base, **node, "type": types if len(types) > 1 else types[0]}
+            elif simple and all(set(v) == {"type"} for v in variants):
+                node.pop(key)
+                node["type"] = [v["type"] for v in variants]
+    if "allOf" in node and len(node["allOf"]) == 1:
+        inner = node.pop("allOf")[0]
+        node = {**inner, **node}
+    return node

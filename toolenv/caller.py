@@ -1,0 +1,196 @@
+"""The async tool caller: run a turn's calls concurrently, each guarded by its tool's limits.
+
+Every failure (unknown tool, bad arguments, exception, timeout) becomes a
+`ToolResult(is_error=True)` with a message the model can act on; nothing raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncio_throttle import Throttler  # type: ignore[import-untyped]
+from pydantic import ValidationError
+
+from toolenv.tool import Tool, ToolContext
+from toolenv.types import ToolCall, ToolResult
+
+__all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
+
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:  # pragma: no cover - 3.10 has no asyncio.timeout
+    _timeout = None
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """How one call went. Wall-clock fields are left out of equality so that two
+    runs that behaved the same compare equal (Gymnasium's determinism check)."""
+
+    name: str
+    call_id: str
+    attempts: int
+    error: str | None
+    truncated: bool
+    latency_s: float = field(compare=False)
+
+
+class _Limiter:
+    """Concurrency cap and rate limit of one tool within one event loop."""
+
+    __slots__ = ("semaphore", "throttler")
+
+    def __init__(self, tool: Tool) -> None:
+        lim = tool.limits
+        self.semaphore = asyncio.Semaphore(lim.max_concurrency) if lim.max_concurrency else None
+        self.throttler = Throttler(rate_limit=1, period=1.0 / lim.rate_limit) if lim.rate_limit else None
+
+
+# Limiters are per (tool, loop): asyncio primitives belong to one loop, and the same tool
+# object may serve a sync env (private loop) and a vector env (the user's loop).
+_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Limiter]] = weakref.WeakKeyDictionary()
+
+
+def _limiter(tool: Tool) -> _Limiter | None:
+    lim = tool.limits
+    if not (lim.max_concurrency or lim.rate_limit):
+        return None
+    per_loop = _LIMITERS.setdefault(asyncio.get_running_loop(), {})
+    found = per_loop.get(id(tool))
+    if found is None:
+        found = per_loop[id(tool)] = _Limiter(tool)
+    return found
+
+
+def truncate_middle(text: str, limit: int | None) -> tuple[str, bool]:
+    """Cut `text` to `limit` characters, keeping head and tail, and say how much went."""
+    if limit is None or len(text) <= limit:
+        return text, False
+    marker = f"\n...[{len(text) - limit} characters truncated]...\n"
+    keep = max(limit - len(marker), 8)
+    head = keep // 2
+    return text[:head] + marker + text[len(text) - (keep - head) :], True
+
+
+def _validation_message(tool: Tool, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "arguments"
+        parts.append(f"{loc}: {err['msg']}")
+    expected = ", ".join(tool.Args.model_fields)
+    return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". Expected arguments: {expected}."
+
+
+class ToolCaller:
+    """Invokes tool calls by name against a fixed set of tools."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if not t.name:
+                raise ValueError(f"{t!r} has no name")
+            if t.name in self.tools:
+                raise ValueError(f"two tools are named {t.name!r}")
+            self.tools[t.name] = t
+
+    async def invoke(
+        self, calls: Sequence[ToolCall], ctx: ToolContext
+    ) -> tuple[list[ToolResult], list[ToolCallRecord]]:
+        """Run `calls` concurrently; results come back in call order."""
+        if not calls:
+            return [], []
+        if len(calls) == 1:
+            pairs = [await self._call(calls[0], ctx)]
+        else:
+            pairs = list(await asyncio.gather(*(self._call(c, ctx) for c in calls)))
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    async def _call(self, call: ToolCall, ctx: ToolContext) -> tuple[ToolResult, ToolCallRecord]:
+        start = time.perf_counter()
+        attempts = 0
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            result = ToolResult.error(f"Unknown tool '{call.name}'. Available tools: {known}.")
+        else:
+            try:
+                args = tool.Args.model_validate(call.arguments)
+            except ValidationError as exc:
+                result = ToolResult.error(_validation_message(tool, exc))
+            else:
+                call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
+                result, attempts = await self._run_with_retries(tool, args, call_ctx)
+        text, cut = truncate_middle(result.text, tool.limits.max_output_chars if tool else None)
+        result = result.model_copy(update={"text": text, "name": call.name, "call_id": call.id})
+        record = ToolCallRecord(
+            name=call.name,
+            call_id=call.id,
+            attempts=attempts,
+            error=result.text.split("\n", 1)[0][:200] if result.is_error else None,
+            truncated=cut,
+            latency_s=time.perf_counter() - start,
+        )
+        return result, record
+
+    async def _run_with_retries(self, tool: Tool, args: Any, ctx: ToolContext) -> tuple[ToolResult, int]:
+        lim = tool.limits
+        attempt = 0
+        while True:
+            attempt += 1
+            result = await self._run_once(tool, args, ctx)
+            if not (result.is_error and result.retryable) or attempt > lim.retries:
+                return result, attempt
+            delay = min(lim.backoff * 2 ** (attempt - 1), lim.max_backoff)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))  # noqa: S311 - jitter, not crypto
+
+    async def _run_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        limiter = _limiter(tool)
+        try:
+            if limiter is None:
+                return await self._guarded(tool, args, ctx)
+            if limiter.semaphore is not None:
+                async with limiter.semaphore:
+                    if limiter.throttler is not None:
+                        async with limiter.throttler:
+                            pass
+                    return await self._guarded(tool, args, ctx)
+            async with limiter.throttler:
+                pass
+            return await self._guarded(tool, args, ctx)
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            return ToolResult.error(
+                f"Tool '{tool.name}' timed out after {tool.limits.timeout:g} s. Try a simpler or smaller request.",
+                retryable=True,
+            )
+        except Exception as exc:  # noqa: BLE001 - every tool failure becomes an observation
+            return ToolResult.error(f"Tool '{tool.name}' failed: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        timeout = tool.limits.timeout
+        if timeout is None:
+            result = await tool.run(args, ctx)
+        elif _timeout is not None:
+            async with _timeout(timeout):
+                result = await tool.run(args, ctx)
+        else:  # pragma: no cover
+            result = await asyncio.wait_for(tool.run(args, ctx), timeout)
+        if not isinstance(result, ToolResult):
+            return ToolResult.error(
+                f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
+            )
+        return result
+
+    async def aclose(self) -> None:
+        """Close every tool."""
+        for t in self.tools.values():
+            await t.close()

@@ -1,0 +1,244 @@
+"""`ToolEnv`: a Gymnasium env whose step is one model turn (parse → invoke → observe → score)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from toolenv.caller import ToolCaller
+from toolenv.episode import Episode, Turn
+from toolenv.parsers.base import ActionParser, get_parser
+from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
+from toolenv.spaces import UnicodeText
+from toolenv.tool import Tool
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks
+
+__all__ = ["DEFAULT_TEMPLATE", "ToolEnv"]
+
+DEFAULT_TEMPLATE = "{instructions}\n\nQuestion: {question}\n"
+
+NO_ACTION = (
+    "No tool call and no final answer found in your reply. Call a tool in the format described above, "
+    "or give the final answer as <answer>...</answer>."
+)
+
+
+class _Fields(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+class ToolEnv(gym.Env[str, str]):
+    """A multi-turn tool-use environment.
+
+    The observation is the text the policy sees next: the prompt after `reset`, the
+    formatted tool results (or an error message) after `step`. `info["messages"]`
+    carries the same turn as typed chat messages for chat-template users.
+
+    Args:
+        tools: the tools the model may call.
+        tasks: Tasks, dicts, or a JSONL path.
+        parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`).
+        reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
+        max_turns: steps before the episode is truncated.
+        system_prompt: text put before the tool instructions.
+        prompt_template: `str.format` template with `{instructions}`, `{question}` and task context keys.
+        task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"`.
+        parser_kwargs: passed to the parser factory when `parser` is a name.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - Gymnasium's convention
+
+    def __init__(
+        self,
+        tools: Iterable[Tool] = (),
+        tasks: str | Path | Iterable[Task | Mapping[str, Any]] = (),
+        *,
+        parser: str | ActionParser = "hermes",
+        reward: RewardSpec = "exact_match",
+        max_turns: int = 4,
+        system_prompt: str | None = None,
+        prompt_template: str = DEFAULT_TEMPLATE,
+        task_order: str = "random",
+        parser_kwargs: Mapping[str, Any] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if task_order not in ("random", "sequential"):
+            raise ValueError(f"task_order must be 'random' or 'sequential', got {task_order!r}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.tools: list[Tool] = list(tools)
+        self.caller = ToolCaller(self.tools)
+        self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]
+        self.parser = get_parser(parser, **dict(parser_kwargs or {}))
+        self.reward_fn: WeightedSum = get_reward(reward)
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.prompt_template = prompt_template
+        self.task_order = task_order
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText()
+        self.action_space = UnicodeText()
+        self._instructions = self.parser.instructions(self.tools)
+        self._next_index = 0
+        self._episode: Episode | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ tasks and prompts
+    def _pick_task(self, options: Mapping[str, Any]) -> Task:
+        if "task" in options:
+            t = options["task"]
+            return t if isinstance(t, Task) else load_tasks([t])[0]
+        if not self.tasks:
+            raise ValueError("this env has no tasks: pass tasks=... or reset(options={'task': ...})")
+        if "task_id" in options:
+            wanted = str(options["task_id"])
+            for t in self.tasks:
+                if t.id == wanted:
+                    return t
+            raise KeyError(f"no task with id {wanted!r}")
+        if "task_index" in options:
+            return self.tasks[int(options["task_index"]) % len(self.tasks)]
+        if self.task_order == "sequential":
+            task = self.tasks[self._next_index % len(self.tasks)]
+            self._next_index += 1
+            return task
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
+        """The first observation of `task` as text and as chat messages."""
+        system = "\n\n".join(p for p in (self.system_prompt, self._instructions) if p)
+        if task.prompt is not None:
+            return task.prompt, [Message(role="system", content=system), Message(role="user", content=task.prompt)]
+        fields = _Fields(task.context)
+        fields.update(instructions=system, question=task.question)
+        text = self.prompt_template.format_map(fields)
+        return text, [Message(role="system", content=system), Message(role="user", content=task.question)]
+
+    # ------------------------------------------------------------------ async API
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
+        super().reset(seed=seed)
+        task = self._pick_task(options or {})
+        obs, messages = self.render_prompt(task)
+        self._episode = Episode(task=task, episode_id=uuid.uuid4().hex, caller=self.caller, messages=list(messages))
+        return obs, {"task_id": task.id, "turn": 0, "messages": messages}
+
+    async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn; see the class docstring for what comes back."""
+        ep = self._episode
+        if ep is None:
+            raise RuntimeError("call reset() before step()")
+        if ep.terminated or ep.truncated:
+            raise RuntimeError("this episode has ended; call reset() to start another")
+        if not isinstance(action, str):
+            action = str(action)
+        parsed = self.parser.parse(action)
+        results, records = await self.caller.invoke(parsed.tool_calls, ep.context())
+        if parsed.errors:
+            results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in parsed.errors)]
+        turn = Turn(action=action, parsed=parsed, results=results, records=records)
+        ep.turns.append(turn)
+        if parsed.answer is not None:
+            ep.answer = parsed.answer
+            ep.terminated = True
+            obs = self.parser.format_results(results) if results else ""
+        else:
+            if not results:
+                results = turn.results = [ToolResult(text=NO_ACTION, is_error=True, name="parser")]
+            obs = self.parser.format_results(results)
+            ep.truncated = len(ep.turns) >= self.max_turns
+        turn.observation = obs
+        components = await self.reward_fn.turn_components(ep, turn)
+        if ep.terminated or ep.truncated:
+            for k, v in (await self.reward_fn.final_components(ep)).items():
+                components[k] = components.get(k, 0.0) + v
+        turn.reward_components = components
+        turn.reward = self.reward_fn.total(components, self.reward_fn.weights)
+        new_messages = _turn_messages(action, parsed, results)
+        ep.messages.extend(new_messages)
+        info: dict[str, Any] = {
+            "task_id": ep.task.id,
+            "turn": len(ep.turns),
+            "action": parsed,
+            "tool_results": results,
+            "tool_calls": records,
+            "messages": new_messages,
+            "reward_components": dict(components),
+        }
+        if ep.terminated or ep.truncated:
+            info["answer"] = ep.answer
+            info["episode"] = {
+                "return": sum(t.reward for t in ep.turns),
+                "turns": len(ep.turns),
+                "tool_calls": ep.tool_calls,
+                "tool_errors": ep.tool_errors,
+            }
+        return obs, turn.reward, ep.terminated, ep.truncated, info
+
+    async def aclose(self) -> None:
+        """Close the tools."""
+        await self.caller.aclose()
+
+    # ------------------------------------------------------------------ sync API
+    def _run(self, coro: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; returns the prompt and info (`task_id`, `turn`, `messages`)."""
+        return self._run(self.areset(seed=seed, options=options))  # type: ignore[no-any-return]
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn: `(observation, reward, terminated, truncated, info)`."""
+        return self._run(self.astep(action))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the tools and the private event loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self.aclose())
+            self._loop.close()
+        self._loop = None
+
+    def render(self) -> str | None:  # type: ignore[override]
+        """The episode so far as text (render_mode="ansi")."""
+        if self.render_mode != "ansi" or self._episode is None:
+            return None
+        return "\n".join(f"[{m.role}] {m.content}" for m in self._episode.messages)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def episode(self) -> Episode | None:
+        """The current episode (None before the first reset)."""
+        return self._episode
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas of the env's tools (for native tool calling)."""
+        return [t.schema() for t in self.tools]
+
+
+def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResult]) -> list[Message]:
+    calls: list[ToolCall] | None = parsed.tool_calls or None
+    msgs = [Message(role="assistant", content=action, tool_calls=calls)]
+    for r in results:
+        msgs.append(
+            Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, images=r.images)
+        )
+    return msgs

@@ -1,0 +1,59 @@
+"""The state of one episode as rewards and reports see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolenv.caller import ToolCallRecord, ToolCaller
+from toolenv.tool import ToolContext
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult
+
+__all__ = ["Episode", "Turn"]
+
+
+@dataclass
+class Turn:
+    """One model turn: the raw action, what was parsed, and what the tools returned."""
+
+    action: str
+    parsed: ParsedAction
+    results: list[ToolResult] = field(default_factory=list)
+    records: list[ToolCallRecord] = field(default_factory=list)
+    observation: str = ""
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """Everything that happened since `reset`; rewards read it, the env appends to it."""
+
+    task: Task
+    episode_id: str
+    caller: ToolCaller
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    answer: str | None = None
+    terminated: bool = False
+    truncated: bool = False
+
+    def context(self) -> ToolContext:
+        """A tool context for the current turn."""
+        return ToolContext(task=self.task, episode_id=self.episode_id, turn=len(self.turns), state=self.state)
+
+    async def call_tool(self, name: str, **arguments: Any) -> ToolResult:
+        """Call one of the env's tools outside the model's turns (tool-verified rewards use this)."""
+        results, _ = await self.caller.invoke([ToolCall(name=name, arguments=arguments, id="verify")], self.context())
+        return results[0]
+
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls made so far."""
+        return sum(len(t.parsed.tool_calls) for t in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        """Tool calls that failed so far."""
+        return sum(1 for t in self.turns for r in t.results if r.is_error)

@@ -1,0 +1,8 @@
+"""Action parsers: model text in, a typed `ParsedAction` out. No input makes them raise."""
+
+from toolenv.parsers.base import ActionParser, get_parser, parser_names
+from toolenv.parsers.codeblock import CodeBlockParser
+from toolenv.parsers.hermes import HermesParser
+from toolenv.parsers.tags import TagParser
+
+__all__ = ["ActionParser", "CodeBlockParser", "HermesParser", "TagParser", "get_parser", "parser_names"]

@@ -1,0 +1,84 @@
+"""The parser interface and the name lookup used by `ToolEnv(parser="hermes")`."""
+
+from __future__ import annotations
+
+import abc
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from toolenv.tool import Tool
+from toolenv.types import ParsedAction, ToolResult
+
+__all__ = ["ActionParser", "get_parser", "parser_names"]
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class ActionParser(abc.ABC):
+    """Turns one model turn into tool calls and/or a final answer, and formats results back.
+
+    `parse` must never raise: malformed input yields `ParsedAction.errors`.
+    """
+
+    name: str = ""
+    #: Strings after which generation should stop so the env can answer the call.
+    stop: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def parse(self, text: str) -> ParsedAction:
+        """Parse one turn of model output."""
+
+    @abc.abstractmethod
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        """The text that tells a model which tools exist and how to call them."""
+
+    @abc.abstractmethod
+    def format_results(self, results: Sequence[ToolResult]) -> str:
+        """The observation text for a turn's results, with this format's markers."""
+
+    def format_errors(self, errors: Sequence[str]) -> str:
+        """The observation for a turn whose action could not be used."""
+        return self.format_results([ToolResult.error(e) for e in errors])
+
+    @staticmethod
+    def find_answer(text: str) -> tuple[str | None, str]:
+        """The last `<answer>…</answer>` in `text` and the text with answers removed."""
+        found = _ANSWER.findall(text)
+        if not found:
+            return None, text
+        return found[-1].strip(), _ANSWER.sub("", text)
+
+
+def tools_json(tools: Sequence[Tool]) -> str:
+    """One JSON schema per line, the layout Qwen/Hermes chat templates use inside `<tools>`."""
+    return "\n".join(json.dumps(t.schema(), ensure_ascii=False) for t in tools)
+
+
+_FACTORIES: dict[str, Callable[..., ActionParser]] = {}
+
+
+def register_parser(name: str, factory: Callable[..., ActionParser]) -> None:
+    """Make `factory` available as `parser=name`."""
+    _FACTORIES[name] = factory
+
+
+def parser_names() -> list[str]:
+    """Names accepted by `get_parser`."""
+    return sorted(_FACTORIES)
+
+
+def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
+    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`) or the parser itself.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if isinstance(spec, ActionParser):
+        return spec
+    try:
+        factory = _FACTORIES[spec]
+    except KeyError:
+        raise ValueError(f"unknown parser {spec!r}; known parsers: {', '.join(parser_names())}") from None
+    return factory(**kwargs)

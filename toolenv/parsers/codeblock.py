@@ -1,0 +1,50 @@
+"""Fenced code blocks: each ```python block is a call of the code tool."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.tool import Tool
+from toolenv.types import ParsedAction, ToolCall, ToolResult
+
+__all__ = ["CodeBlockParser"]
+
+
+class CodeBlockParser(ActionParser):
+    """```` ```python ```` blocks run through `tool` (argument `arg`); output returns in an ```` ```output ```` block."""
+
+    name = "codeblock"
+
+    def __init__(self, tool: str = "python", arg: str = "code", languages: Sequence[str] = ("python", "py")) -> None:
+        self.tool = tool
+        self.arg = arg
+        langs = "|".join(re.escape(lang) for lang in languages)
+        self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedAction:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        for m in self._pattern.finditer(text):
+            if not m.group(2):
+                errors.append("A ```python block is not closed with ```.")
+                continue
+            code = m.group(1)
+            if code.strip():
+                calls.append(ToolCall(name=self.tool, arguments={self.arg: code}, id=f"call_{len(calls)}"))
+        rest = self._pattern.sub("", text)
+        answer, rest = self.find_answer(rest)
+        return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        return (
+            "Write Python in a ```python fenced block to run it; its output comes back in an "
+            "```output block. When you know the final answer, write it as <answer>...</answer>."
+        )
+
+    def format_results(self, results: Sequence[ToolResult]) -> str:
+        return "\n".join(f"```output\n{r.text}\n```" for r in results)
+
+
+register_parser("codeblock", CodeBlockParser)

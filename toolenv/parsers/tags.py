@@ -1,0 +1,90 @@
+"""Search-R1 style tags: `<search>q</search>`, `<sql>…</sql>`, `<python>…</python>`, `<answer>…</answer>`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.tool import Tool
+from toolenv.types import ParsedAction, ToolCall, ToolResult
+
+__all__ = ["DEFAULT_TAGS", "TagParser"]
+
+#: tag -> (tool name, argument name)
+DEFAULT_TAGS: dict[str, tuple[str, str]] = {
+    "search": ("search", "query"),
+    "sql": ("sql", "query"),
+    "python": ("python", "code"),
+}
+
+
+class TagParser(ActionParser):
+    """Each `<tag>body</tag>` becomes a call of the mapped tool with `body` as its one argument.
+
+    Results come back between `result_open` and `result_close` (Search-R1's
+    `<information>`), so the model sees one block per call.
+    """
+
+    name = "tags"
+
+    def __init__(
+        self,
+        tags: Mapping[str, tuple[str, str]] | None = None,
+        result_open: str = "<information>",
+        result_close: str = "</information>",
+        answer_tag: str = "answer",
+    ) -> None:
+        self.tags = dict(DEFAULT_TAGS if tags is None else tags)
+        for tag in [*self.tags, answer_tag]:
+            if not re.fullmatch(r"[A-Za-z_][\w-]*", tag):
+                raise ValueError(f"tag {tag!r} is not a valid tag name")
+        self.result_open = result_open
+        self.result_close = result_close
+        self.answer_tag = answer_tag
+        names = "|".join(re.escape(t) for t in [*self.tags, answer_tag])
+        self._pattern = re.compile(rf"<({names})>(.*?)(</\1>|$)", re.DOTALL)
+        self.stop = tuple(f"</{t}>" for t in self.tags)
+
+    def parse(self, text: str) -> ParsedAction:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        answer: str | None = None
+        rest: list[str] = []
+        pos = 0
+        for m in self._pattern.finditer(text):
+            rest.append(text[pos : m.start()])
+            pos = m.end()
+            tag, body, close = m.group(1), m.group(2).strip(), m.group(3)
+            if not close:
+                errors.append(f"<{tag}> is not closed with </{tag}>.")
+                continue
+            if tag == self.answer_tag:
+                answer = body
+                continue
+            if not body:
+                errors.append(f"<{tag}></{tag}> is empty.")
+                continue
+            tool_name, arg = self.tags[tag]
+            calls.append(ToolCall(name=tool_name, arguments={arg: body}, id=f"call_{len(calls)}"))
+        rest.append(text[pos:])
+        return ParsedAction(tool_calls=calls, answer=answer, text="".join(rest).strip(), errors=errors)
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        names = {t.name for t in tools}
+        lines = [
+            f"- <{tag}>{arg}</{tag}>: {next((t.description.splitlines()[0] for t in tools if t.name == tool and t.description), tool)}"
+            for tag, (tool, arg) in self.tags.items()
+            if tool in names
+        ]
+        return (
+            "You can use these tools by writing a tag; the result appears between "
+            f"{self.result_open} and {self.result_close}:\n" + "\n".join(lines) + "\n"
+            f"When you know the final answer, write it as <{self.answer_tag}>...</{self.answer_tag}>."
+        )
+
+    def format_results(self, results: Sequence[ToolResult]) -> str:
+        return "\n".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
+
+
+register_parser("tags", TagParser)

@@ -1,0 +1,108 @@
+"""The reward interface, weighted composition and name lookup.
+
+A reward has two hooks: `turn` (after every step, for per-turn shaping such as
+penalties) and `final` (once, when the episode ends). The env reports every
+component of every step in `info["reward_components"]`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from toolenv.episode import Episode, Turn
+
+__all__ = ["Reward", "RewardSpec", "WeightedSum", "get_reward", "register_reward", "reward_names"]
+
+
+class Reward(abc.ABC):
+    """A scoring rule. Override `final`, `turn`, or both."""
+
+    name: str = ""
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        """Reward for one step (default 0)."""
+        return 0.0
+
+    async def final(self, episode: Episode) -> float:
+        """Reward when the episode ends (default 0)."""
+        return 0.0
+
+    async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
+        """Per-step components by name."""
+        return {self.name: await self.turn(episode, turn)}
+
+    async def final_components(self, episode: Episode) -> dict[str, float]:
+        """Final components by name."""
+        return {self.name: await self.final(episode)}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class WeightedSum(Reward):
+    """Σ wᵢ·rᵢ over named parts; each part's unweighted value is a reported component."""
+
+    name = "weighted_sum"
+
+    def __init__(self, parts: Mapping[str, tuple[Reward, float]] | Sequence[tuple[Reward, float]]) -> None:
+        items = list(parts.values()) if isinstance(parts, Mapping) else list(parts)
+        names = list(parts.keys()) if isinstance(parts, Mapping) else [r.name for r, _ in items]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward component names must be unique, got {names}")
+        self.parts = dict(zip(names, items, strict=True))
+
+    @staticmethod
+    def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
+        """The weighted sum of `components`."""
+        return float(sum(weights.get(k, 0.0) * v for k, v in components.items()))
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Weight of each component."""
+        return {k: w for k, (_, w) in self.parts.items()}
+
+    async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
+        return {k: await r.turn(episode, turn) for k, (r, _) in self.parts.items()}
+
+    async def final_components(self, episode: Episode) -> dict[str, float]:
+        return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
+
+
+RewardSpec = str | Reward | Mapping[str, float] | Sequence[tuple[Reward | str, float]]
+
+_FACTORIES: dict[str, Callable[..., Reward]] = {}
+
+
+def register_reward(name: str, factory: Callable[..., Reward]) -> None:
+    """Make `factory` available by name in `reward=` specs."""
+    _FACTORIES[name] = factory
+
+
+def reward_names() -> list[str]:
+    """Names accepted in reward specs."""
+    return sorted(_FACTORIES)
+
+
+def _by_name(name: str, **kwargs: Any) -> Reward:
+    try:
+        return _FACTORIES[name](**kwargs)
+    except KeyError:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}") from None
+
+
+def get_reward(spec: RewardSpec) -> WeightedSum:
+    """Normalise a spec to a `WeightedSum`.
+
+    Accepts a name (`"f1"`), a Reward, a `{name: weight}` mapping, or `[(reward, weight), ...]`.
+    """
+    if isinstance(spec, WeightedSum):
+        return spec
+    if isinstance(spec, Reward):
+        return WeightedSum([(spec, 1.0)])
+    if isinstance(spec, str):
+        return WeightedSum([(_by_name(spec), 1.0)])
+    if isinstance(spec, Mapping):
+        return WeightedSum([(_by_name(k), float(w)) for k, w in spec.items()])
+    return WeightedSum([(_by_name(r) if isinstance(r, str) else r, float(w)) for r, w in spec])

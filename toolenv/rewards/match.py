@@ -1,0 +1,65 @@
+"""Answer matching: exact match and token F1 with SQuAD normalisation (what Search-R1 scores)."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+from toolenv.episode import Episode
+from toolenv.rewards.base import Reward, register_reward
+
+__all__ = ["ExactMatch", "TokenF1", "exact_match", "normalize_answer", "token_f1"]
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, drop punctuation and articles, collapse whitespace (SQuAD v1.1)."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    """1.0 when the normalised strings are equal."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """Token-level F1 between normalised strings (yes/no/noanswer must match exactly)."""
+    p, g = normalize_answer(prediction), normalize_answer(gold)
+    if p in {"yes", "no", "noanswer"} or g in {"yes", "no", "noanswer"}:
+        return float(p == g)
+    ptoks, gtoks = p.split(), g.split()
+    common = sum((Counter(ptoks) & Counter(gtoks)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(ptoks), common / len(gtoks)
+    return 2 * precision * recall / (precision + recall)
+
+
+class ExactMatch(Reward):
+    """1.0 when the final answer matches any gold answer after normalisation."""
+
+    name = "exact_match"
+
+    async def final(self, episode: Episode) -> float:
+        if episode.answer is None:
+            return 0.0
+        return max((exact_match(episode.answer, g) for g in episode.task.answers), default=0.0)
+
+
+class TokenF1(Reward):
+    """The best token F1 of the final answer against the gold answers."""
+
+    name = "f1"
+
+    async def final(self, episode: Episode) -> float:
+        if episode.answer is None:
+            return 0.0
+        return max((token_f1(episode.answer, g) for g in episode.task.answers), default=0.0)
+
+
+register_reward("exact_match", ExactMatch)
+register_reward("em", ExactMatch)
+register_reward("f1", TokenF1)

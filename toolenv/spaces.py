@@ -1,0 +1,59 @@
+"""A Gymnasium Text space that admits any unicode string.
+
+`gymnasium.spaces.Text` only contains strings drawn from its charset (alphanumeric
+by default), so model text with spaces, punctuation or non-Latin script would not
+be "in" the space. `UnicodeText` keeps Text's sampling (printable characters, for
+the env checker) but accepts every `str` within its length bounds.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from gymnasium import spaces
+from gymnasium.vector.utils import shared_memory
+
+__all__ = ["UnicodeText"]
+
+
+class UnicodeText(spaces.Text):
+    """Any unicode string of `min_length`..`max_length` characters."""
+
+    def __init__(
+        self, max_length: int = 1 << 20, *, min_length: int = 0, sample_max_length: int = 256, seed: Any = None
+    ) -> None:
+        super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
+        self.sample_max_length = min(sample_max_length, max_length)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A random printable string no longer than `sample_max_length`."""
+        if mask is None and probability is None:
+            length = int(self.np_random.integers(self.min_length, self.sample_max_length + 1))
+            mask = (length, None)
+        return super().sample(mask=mask, probability=probability)
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (
+            other.min_length,
+            other.max_length,
+        )
+
+    __hash__ = spaces.Text.__hash__
+
+
+@shared_memory.create_shared_memory.register(UnicodeText)
+def _refuse_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    # Gymnasium's shared-memory encoding of Text maps characters through the charset and
+    # garbles any other character; refusing is better than silently corrupting observations.
+    raise TypeError(
+        "toolenv observations are free text and cannot travel through Gymnasium's shared memory. "
+        'Use gym.make_vec(..., vectorization_mode="vector_entry_point") (toolenv\'s own concurrent vector env) '
+        'or pass vector_kwargs={"shared_memory": False} to the async vector env.'
+    )

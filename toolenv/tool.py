@@ -1,0 +1,162 @@
+"""Tools: a Pydantic `Args` model plus an async `run`, and `@tool` for plain functions."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from toolenv._schema import flatten_schema, openai_schema
+from toolenv.types import Task, ToolResult
+
+__all__ = ["Tool", "ToolContext", "ToolLimits", "tool"]
+
+class ToolLimits(BaseModel):
+    """How the caller guards one tool. `None` means no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: float | None = Field(default=30.0, gt=0, description="Seconds before a call is abandoned.")
+    max_concurrency: int | None = Field(default=None, ge=1, description="Calls in flight at once, across episodes.")
+    rate_limit: float | None = Field(default=None, gt=0, description="Calls per second, across episodes.")
+    retries: int = Field(default=0, ge=0, description="Extra attempts for results marked retryable.")
+    backoff: float = Field(default=0.1, ge=0, description="First retry delay in seconds; doubles each attempt.")
+    max_backoff: float = Field(default=5.0, ge=0, description="Upper bound on one retry delay.")
+    max_output_chars: int | None = Field(default=8192, ge=16, description="Text longer than this is cut in the middle.")
+
+@dataclass
+class ToolContext:
+    """What a tool knows about the episode calling it.
+
+    `state` is per-episode scratch space (e.g. a stateful code session) that the env
+    clears on reset; `task.context` holds per-task data such as a database path.
+    """
+
+    task: Task
+    episode_id: str = ""
+    call_id: str = ""
+    turn: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+class Tool:
+    """Base class for tools.
+
+    Subclasses set `name`, an inner `Args` Pydantic model, and implement `run`.
+    The docstring is the description the model sees unless `description` is set.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Args: ClassVar[type[BaseModel]]
+    limits: ToolLimits = ToolLimits()
+
+    def __init__(self, *, limits: ToolLimits | None = None, **limit_overrides: Any) -> None:
+        base = limits if limits is not None else type(self).limits
+        self.limits = base.model_copy(update=limit_overrides) if limit_overrides else base
+        if limit_overrides:
+            ToolLimits.model_validate(self.limits.model_dump())  # re-validate overrides
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.description and cls.__doc__:
+            cls.description = inspect.cleandoc(cls.__doc__)
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Execute one call with validated `args`."""
+        raise NotImplementedError
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (processes, connections). Called by `ToolEnv.close`."""
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool schema (`{"type": "function", "function": {...}}`)."""
+        return openai_schema(self.name, self.description, self.Args)
+
+    def flat_schema(self) -> dict[str, Any]:
+        """The schema with `$ref`/`anyOf` flattened, as verl's `OpenAIFunctionToolSchema` accepts."""
+        return flatten_schema(self.schema())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+class FunctionTool(Tool):
+    """A tool made from a function by `@tool`; sync functions run in a worker thread."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        limits: ToolLimits | None = None,
+        **limit_overrides: Any,
+    ) -> None:
+        super().__init__(limits=limits, **limit_overrides)
+        self._fn = fn
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self.name = name or fn.__name__  # type: ignore[misc]
+        self.description = description or inspect.cleandoc(fn.__doc__ or "")  # type: ignore[misc]
+        self.Args, self._ctx_param = _args_model(fn)  # type: ignore[misc]
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        kwargs = {k: getattr(args, k) for k in type(args).model_fields}
+        if self._ctx_param:
+            kwargs[self._ctx_param] = ctx
+        if self._is_async:
+            out = await self._fn(**kwargs)
+        else:
+            out = await asyncio.to_thread(self._fn, **kwargs)
+        return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else str(out))
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        """Call the underlying function directly (handy in tests)."""
+        result = self._fn(**kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
+    """Build the Args model from a function signature; a `ToolContext` parameter is injected, not exposed."""
+    hints = get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for pname, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"@tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        ann = hints.get(pname, Any)
+        if ann is ToolContext:
+            ctx_param = pname
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (ann, default)
+    model = create_model(  # type: ignore[call-overload]
+        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return model, ctx_param
+
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, **limits: Any
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+def tool(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None, **limits: Any
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Turn a typed function (sync or async) into a `Tool`.
+
+    Parameters become the Args model (use `Annotated[int, Field(description=...)]`
+    for descriptions); a parameter annotated `ToolContext` receives the context.
+    Keyword arguments other than name/description are `ToolLimits` fields.
+    """
+
+    def wrap(f: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(f, name=name, description=description, **limits)
+
+    return wrap(fn) if fn is not None else wrap
