@@ -2,7 +2,8 @@
 
 Groups: `toolenv.tools` (a Tool subclass or a factory returning a Tool),
 `toolenv.envs` (a factory returning a ToolEnv; the entry-point name is the env
-name, registered as `toolenv/<name>`), `toolenv.agents` (an Agent factory).
+name, registered as `toolenv/<name>`), `toolenv.agents` (an Agent factory), `toolenv.oracles` (per-env scripted policy
+`oracle(task, turn, observation) -> action`, named like the env).
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ from typing import Any, Literal
 
 __all__ = ["GROUPS", "PluginEntry", "PluginError", "entries", "find", "load", "load_tool"]
 
-Kind = Literal["tools", "envs", "agents"]
-GROUPS: dict[str, str] = {"tools": "toolenv.tools", "envs": "toolenv.envs", "agents": "toolenv.agents"}
+Kind = Literal["tools", "envs", "agents", "oracles"]
+GROUPS: dict[str, str] = {
+    "tools": "toolenv.tools",
+    "envs": "toolenv.envs",
+    "agents": "toolenv.agents",
+    "oracles": "toolenv.oracles",
+}
 
 
 class PluginError(Exception):

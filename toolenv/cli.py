@@ -1,0 +1,79 @@
+"""The `toolenv` command: each subcommand lives in its own module under `toolenv.commands`.
+
+A subcommand module exposes `HELP: str`, `add_arguments(parser)` and
+`run(args) -> int`. Plugins add commands through the `toolenv.commands` entry-point
+group (name = subcommand), e.g. `serve-search` → `toolenv serve-search`.
+Errors print one readable line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from types import ModuleType
+
+__all__ = ["main"]
+
+COMMANDS: dict[str, str] = {
+    "list": "toolenv.commands.list_cmd",
+    "check": "toolenv.commands.check_cmd",
+    "doctor": "toolenv.commands.doctor_cmd",
+    "rollout": "toolenv.commands.rollout_cmd",
+    "view": "toolenv.commands.view_cmd",
+    "verl-data": "toolenv.integrations.verl.data_cmd",
+}
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit code 2."""
+
+
+def _modules() -> dict[str, str]:
+    found = dict(COMMANDS)
+    for ep in metadata.entry_points(group="toolenv.commands"):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `toolenv` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    modules = _modules()
+    parser = argparse.ArgumentParser(prog="toolenv", description="Typed tool-use environments for LLM agents.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Only the chosen subcommand's module is imported; others are listed by name.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    loaded: dict[str, ModuleType] = {}
+    for name, target in sorted(modules.items()):
+        if name == chosen:
+            try:
+                mod = importlib.import_module(target.split(":")[0])
+            except ImportError as exc:
+                print(f"toolenv {name}: not available ({exc}); is its package installed?", file=sys.stderr)
+                return 2
+            loaded[name] = mod
+            p = sub.add_parser(name, help=getattr(mod, "HELP", None), description=getattr(mod, "HELP", None))
+            mod.add_arguments(p)
+        else:
+            sub.add_parser(name)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    mod = loaded[args.command]
+    try:
+        return int(mod.run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"toolenv {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one readable line instead of a traceback
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"toolenv {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
