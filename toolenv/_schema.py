@@ -15,13 +15,27 @@ from pydantic import BaseModel
 
 __all__ = ["flatten_schema", "openai_schema"]
 
-_DROP = {"title"}
+
+def _strip_titles(node: Any) -> Any:
+    """Drop Pydantic's auto-generated `title` keys (noise in a prompt), not fields named "title"."""
+    if isinstance(node, list):
+        return [_strip_titles(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "title" and isinstance(v, str):
+            continue
+        if k in ("properties", "$defs") and isinstance(v, dict):
+            out[k] = {name: _strip_titles(sub) for name, sub in v.items()}
+        else:
+            out[k] = _strip_titles(v)
+    return out
 
 
 def openai_schema(name: str, description: str, args: type[BaseModel]) -> dict[str, Any]:
     """`{"type": "function", "function": {name, description, parameters}}` for a tool."""
-    params = args.model_json_schema()
-    params.pop("title", None)
+    params = _strip_titles(args.model_json_schema())
     params.setdefault("properties", {})
     params.setdefault("required", [])
     params.pop("additionalProperties", None)
@@ -52,7 +66,7 @@ def _flatten(node: Any, defs: dict[str, Any], depth: int) -> Any:
         ref = node["$ref"].rsplit("/", 1)[-1]
         merged = {**defs.get(ref, {}), **{k: v for k, v in node.items() if k != "$ref"}}
         return _flatten(merged, defs, depth + 1)
-    node = {k: _flatten(v, defs, depth + 1) for k, v in node.items() if k not in _DROP}
+    node = {k: _flatten(v, defs, depth + 1) for k, v in node.items()}
     for key in ("anyOf", "oneOf"):
         if key in node:
             variants = node[key]

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from pydantic import BaseModel
+
+import toolenv
+from toolenv.caller import ToolCaller, truncate_middle
+from toolenv.tool import ToolContext, tool
+from toolenv.types import Task, ToolCall, ToolResult
+
+
+def ctx() -> ToolContext:
+    return ToolContext(task=Task(id="t"))
+
+
+async def test_unknown_tool_and_bad_arguments_become_errors(add_tool: toolenv.Tool) -> None:
+    caller = ToolCaller([add_tool])
+    results, records = await caller.invoke(
+        [ToolCall(name="nope", id="c0"), ToolCall(name="add", arguments={"a": "x"}, id="c1")], ctx()
+    )
+    assert results[0].is_error and "Unknown tool 'nope'. Available tools: add." == results[0].text
+    assert results[1].is_error and "a: Input should be a valid integer" in results[1].text
+    assert "b: Field required" in results[1].text and "Expected arguments: a, b" in results[1].text
+    assert [r.call_id for r in results] == ["c0", "c1"]
+    assert records[1].error is not None and records[1].attempts == 0
+
+
+async def test_exceptions_and_wrong_return_types_become_errors() -> None:
+    @tool
+    async def boom() -> str:
+        raise ValueError("bad thing")
+
+    class Wrong(toolenv.Tool):
+        name = "wrong"
+
+        class Args(BaseModel):
+            pass
+
+        async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+            return "not a result"  # type: ignore[return-value]
+
+    results, _ = await ToolCaller([boom, Wrong()]).invoke([ToolCall(name="boom"), ToolCall(name="wrong")], ctx())
+    assert results[0].text == "Tool 'boom' failed: ValueError: bad thing"
+    assert "returned str, not a ToolResult" in results[1].text
+
+
+async def test_timeout_fires_and_is_reported(sleep_tool: toolenv.Tool) -> None:
+    t = type(sleep_tool)(timeout=0.05)
+    start = time.perf_counter()
+    results, records = await ToolCaller([t]).invoke([ToolCall(name="sleep", arguments={"seconds": 5})], ctx())
+    assert time.perf_counter() - start < 2
+    assert results[0].is_error and "timed out after 0.05 s" in results[0].text
+    assert records[0].error and records[0].latency_s >= 0.05
+
+
+async def test_calls_in_a_turn_run_concurrently(sleep_tool: toolenv.Tool) -> None:
+    calls = [ToolCall(name="sleep", arguments={"seconds": 0.2}, id=f"c{i}") for i in range(5)]
+    start = time.perf_counter()
+    results, _ = await ToolCaller([sleep_tool]).invoke(calls, ctx())
+    elapsed = time.perf_counter() - start
+    assert all(not r.is_error for r in results)
+    assert elapsed < 0.2 * 5 * 0.6  # clearly overlapped, not sequential
+
+
+async def test_concurrency_cap_limits_calls_in_flight() -> None:
+    in_flight = 0
+    peak = 0
+
+    @tool(max_concurrency=2)
+    async def busy() -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        return "ok"
+
+    caller = ToolCaller([busy])
+    await asyncio.gather(*(caller.invoke([ToolCall(name="busy")], ctx()) for _ in range(8)))
+    assert peak == 2
+
+
+async def test_rate_limit_spaces_calls() -> None:
+    stamps: list[float] = []
+
+    @tool(rate_limit=20)
+    async def tick() -> str:
+        stamps.append(time.monotonic())
+        return "ok"
+
+    caller = ToolCaller([tick])
+    await asyncio.gather(*(caller.invoke([ToolCall(name="tick")], ctx()) for _ in range(6)))
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert len(stamps) == 6
+    assert min(gaps) >= 0.05 * 0.8  # at most 20 calls/s
+
+
+async def test_retries_with_backoff_for_retryable_errors() -> None:
+    attempts = 0
+
+    @tool(retries=3, backoff=0.01)
+    async def flaky() -> ToolResult:
+        nonlocal attempts
+        attempts += 1
+        if attempts < 3:
+            return ToolResult.error("try again", retryable=True)
+        return ToolResult(text="done")
+
+    results, records = await ToolCaller([flaky]).invoke([ToolCall(name="flaky")], ctx())
+    assert results[0].text == "done" and records[0].attempts == 3
+
+
+async def test_non_retryable_errors_are_not_retried() -> None:
+    attempts = 0
+
+    @tool(retries=3, backoff=0.01)
+    async def broken() -> ToolResult:
+        nonlocal attempts
+        attempts += 1
+        return ToolResult.error("permanent")
+
+    _, records = await ToolCaller([broken]).invoke([ToolCall(name="broken")], ctx())
+    assert attempts == 1 and records[0].attempts == 1
+
+
+async def test_output_truncation() -> None:
+    @tool(max_output_chars=100)
+    async def big() -> str:
+        return "a" * 50 + "b" * 10_000 + "c" * 50
+
+    results, records = await ToolCaller([big]).invoke([ToolCall(name="big")], ctx())
+    assert len(results[0].text) <= 100 and records[0].truncated
+    assert results[0].text.startswith("a") and results[0].text.endswith("c")
+    assert "characters truncated" in results[0].text
+
+
+def test_truncate_middle_keeps_short_text() -> None:
+    assert truncate_middle("abc", 10) == ("abc", False)
+    assert truncate_middle("abc", None) == ("abc", False)
+
+
+def test_duplicate_tool_names_rejected(add_tool: toolenv.Tool) -> None:
+    with pytest.raises(ValueError, match="two tools are named 'add'"):
+        ToolCaller([add_tool, type(add_tool)()])
+
+
+def test_records_compare_equal_regardless_of_latency() -> None:
+    from toolenv.caller import ToolCallRecord
+
+    a = ToolCallRecord("x", "c0", 1, None, False, latency_s=0.1)
+    b = ToolCallRecord("x", "c0", 1, None, False, latency_s=0.9)
+    assert a == b
+    assert a != ToolCallRecord("x", "c0", 2, None, False, latency_s=0.1)

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import toolenv
+from toolenv.env import NO_ACTION, ToolEnv
+
+from .conftest import TASKS, Add, Sleep
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def make(**kw: object) -> ToolEnv:
+    kw.setdefault("tools", [Add()])
+    kw.setdefault("tasks", TASKS)
+    return ToolEnv(**kw)  # type: ignore[arg-type]
+
+
+def test_issue_example_through_gym_make() -> None:
+    env = gym.make(
+        "toolenv/ToolEnv-v0",
+        tools=[Add()],
+        tasks=[{"question": "2+3?", "answer": "5"}],
+        parser="hermes",
+        reward="exact_match",
+        max_turns=4,
+    )
+    obs, info = env.reset(seed=0)
+    assert "2+3?" in obs and '"name": "add"' in obs
+    assert [m.role for m in info["messages"]] == ["system", "user"]
+    obs, reward, terminated, truncated, info = env.step(CALL)
+    assert obs == "<tool_response>\n5\n</tool_response>"
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert info["tool_results"][0].text == "5" and info["turn"] == 1
+    assert [m.role for m in info["messages"]] == ["assistant", "tool"]
+    assert info["messages"][0].tool_calls[0].arguments == {"a": 2, "b": 3}
+    obs, reward, terminated, truncated, info = env.step("<answer>5</answer>")
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["reward_components"] == {"exact_match": 1.0}
+    assert info["episode"] == {"return": 1.0, "turns": 2, "tool_calls": 1, "tool_errors": 0}
+    env.close()
+
+
+def test_wrong_answer_scores_zero_and_multiple_gold_answers() -> None:
+    env = make()
+    env.reset(options={"task_id": "t3"})
+    assert env.step("<answer>The Paris</answer>")[1] == 1.0
+    env.reset(options={"task_id": "t1"})
+    assert env.step("<answer>6</answer>")[1] == 0.0
+
+
+def test_max_turns_truncates_and_no_action_gives_error_observation() -> None:
+    env = make(max_turns=2)
+    env.reset(seed=1)
+    obs, r, term, trunc, info = env.step("I am thinking...")
+    assert NO_ACTION in obs and info["tool_results"][0].is_error and not (term or trunc)
+    obs, r, term, trunc, info = env.step(CALL)
+    assert trunc and not term and r == 0.0 and info["answer"] is None
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(CALL)
+
+
+def test_malformed_actions_never_raise() -> None:
+    env = make(max_turns=50)
+    env.reset(seed=0)
+    for bad in ["<tool_call>{", "<tool_call>[1]</tool_call>", "<tool_call>{}</tool_call>", "\x00\ud7ff" * 100, ""]:
+        obs, *_ , info = env.step(bad)
+        assert info["tool_results"] and all(r.is_error for r in info["tool_results"]), bad
+
+
+def test_reset_picks_tasks_by_seed_id_index_and_sequence() -> None:
+    env = make()
+    a, _ = env.reset(seed=7)
+    b, _ = env.reset(seed=7)
+    assert a == b
+    assert env.reset(options={"task_index": 1})[1]["task_id"] == "t2"
+    assert env.reset(options={"task": {"id": "new", "question": "1+1?"}})[1]["task_id"] == "new"
+    with pytest.raises(KeyError):
+        env.reset(options={"task_id": "missing"})
+    seq = make(task_order="sequential")
+    assert [seq.reset()[1]["task_id"] for _ in range(4)] == ["t1", "t2", "t3", "t1"]
+
+
+def test_tags_parser_with_information_markers() -> None:
+    from toolenv.tool import tool
+
+    @tool
+    def search(query: str) -> str:
+        return f"Doc 1: about {query}"
+
+    env = make(tools=[search], parser="tags")
+    env.reset(seed=0)
+    obs, *_ = env.step("<search>paris</search>")
+    assert obs == "<information>Doc 1: about paris</information>"
+
+
+def test_prompt_template_uses_task_context() -> None:
+    env = make(
+        prompt_template="{instructions}\nSchema: {schema}\nQ: {question} {missing}",
+        tasks=[{"question": "q?", "context": {"schema": "CREATE TABLE t(x)"}}],
+    )
+    obs, _ = env.reset()
+    assert "Schema: CREATE TABLE t(x)\nQ: q? {missing}" in obs
+
+
+def test_bad_config_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown parser 'nope'"):
+        make(parser="nope")
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        make(reward="nope")
+    with pytest.raises(ValueError, match="max_turns"):
+        make(max_turns=0)
+
+
+def test_gymnasium_checker_passes() -> None:
+    check_env(make())
+    check_env(make(parser="tags"))
+    check_env(gym.make("toolenv/ToolEnv-v0", tools=[Add()], tasks=TASKS).unwrapped)
+
+
+async def test_async_twins_and_sync_refuses_inside_loop() -> None:
+    env = make(tools=[Add(), Sleep()])
+    obs, info = await env.areset(seed=0)
+    obs, r, term, trunc, info = await env.astep(CALL)
+    assert obs.endswith("5\n</tool_response>")
+    with pytest.raises(RuntimeError, match="use areset/astep"):
+        env.step(CALL)
+    await env.aclose()
+
+
+def test_many_calls_per_turn_are_concurrent_in_step() -> None:
+    env = make(tools=[Sleep()], max_turns=3)
+    env.reset(seed=0)
+    action = '<tool_call>{"name": "sleep", "arguments": {"seconds": 0.2}}</tool_call>' * 4
+    loop = asyncio.new_event_loop()
+    t0 = loop.time()
+    obs, *_, info = env.step(action)
+    assert obs.count("slept 0.2") == 4
+    assert loop.time() - t0 < 0.7
+    assert len(info["tool_calls"]) == 4
+    loop.close()
+
+
+def test_render_ansi() -> None:
+    env = make(render_mode="ansi")
+    env.reset(seed=0)
+    env.step(CALL)
+    out = env.render()
+    assert out is not None and "[assistant]" in out and "[tool] 5" in out
+
+
+def test_step_info_is_fresh_each_call() -> None:
+    env = make()
+    env.reset(seed=0)
+    i1 = env.step(CALL)[-1]
+    i2 = env.step(CALL)[-1]
+    assert i1 is not i2 and i1["reward_components"] is not i2["reward_components"]
+    assert isinstance(toolenv.ToolEnv, type)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolenv.types import Message, Task, ToolCall, ToolImage, ToolResult, load_tasks
+
+
+def test_load_tasks_from_list_assigns_ids() -> None:
+    tasks = load_tasks([{"question": "a"}, {"id": "x", "question": "b", "answer": ["1", "2"]}])
+    assert [t.id for t in tasks] == ["0", "x"]
+    assert tasks[1].answers == ["1", "2"]
+    assert tasks[0].answers == []
+
+
+def test_load_tasks_from_jsonl(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"id": "a", "question": "q", "answer": "A", "context": {"db": "x"}}) + "\n\n")
+    (task,) = load_tasks(p)
+    assert task.context == {"db": "x"} and task.answer == "A"
+
+
+def test_load_tasks_errors_name_the_row(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"question": "ok"}\n{not json\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: not valid JSON"):
+        load_tasks(p)
+    with pytest.raises(ValueError, match="task 1 is not valid"):
+        load_tasks([{"question": "a"}, {"question": "b", "typo_field": 1}])
+
+
+def test_tool_result_error_and_roundtrip() -> None:
+    r = ToolResult.error("boom", retryable=True, code=3)
+    assert r.is_error and r.retryable and r.metadata == {"code": 3}
+    assert ToolResult.model_validate_json(r.model_dump_json()) == r
+
+
+def test_image_roundtrip_and_data_url() -> None:
+    png = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360f8cf00000301010018dd8db00000000049454e44ae426082"
+    )
+    img = ToolImage(data=png, width=1, height=1)
+    assert img.data_url().startswith("data:image/png;base64,iVBOR")
+    again = ToolImage.model_validate_json(img.model_dump_json())
+    assert again.data == png
+
+
+def test_message_to_openai_with_tool_calls_and_images() -> None:
+    img = ToolImage(data=b"x", width=2, height=3)
+    m = Message(role="assistant", content="hi", tool_calls=[ToolCall(name="add", arguments={"a": 1}, id="c0")])
+    d = m.to_openai()
+    assert d["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    t = Message(role="tool", content="res", tool_call_id="c0", images=[img]).to_openai()
+    assert t["content"][0]["type"] == "image_url" and t["content"][1] == {"type": "text", "text": "res"}
+    assert t["tool_call_id"] == "c0"
+
+
+def test_models_forbid_unknown_fields() -> None:
+    with pytest.raises(ValueError):
+        Task.model_validate({"question": "q", "answr": "typo"})

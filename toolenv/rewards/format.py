@@ -1,0 +1,85 @@
+"""The format reward: did the episode follow the action format from start to end?
+
+Rule-based format rewards (Search-R1, ReSearch, ToolRL) score 1 only when every
+turn was well formed and the episode ended with an answer; a policy then cannot
+earn answer reward through malformed but lucky output.
+"""
+
+from __future__ import annotations
+
+import re
+
+from toolenv.episode import Episode, Turn
+from toolenv.rewards.base import Reward, register_reward
+
+__all__ = ["FormatReward", "has_block", "turn_is_well_formed"]
+
+
+def has_block(text: str, tag: str) -> bool:
+    """True when `text` holds a closed, non-empty `<tag>…</tag>` block.
+
+    Plain `str.find` rather than a regex: linear even on huge outputs full of unclosed tags.
+    """
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    start = text.find(open_tag)
+    while start >= 0:
+        body = start + len(open_tag)
+        end = text.find(close_tag, body)
+        if end < 0:
+            return False
+        if text[body:end].strip():
+            return True
+        start = text.find(open_tag, end)
+    return False
+
+
+def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
+    """True when the turn parsed without errors, did something (a call or an answer)
+    and, when `think_tag` is given, holds a non-empty `<think_tag>` block."""
+    parsed = turn.parsed
+    if parsed.errors:
+        return False
+    if not parsed.tool_calls and parsed.answer is None:
+        return False
+    return think_tag is None or has_block(turn.action, think_tag)
+
+
+class FormatReward(Reward):
+    """1.0 when every turn was well formed (see `turn_is_well_formed`) and the episode
+    ended with an answer, else 0.0.
+
+    Args:
+        require_answer: the episode must end with an answer (not by truncation).
+        require_think: every turn must hold a `<think>…</think>` block (R1-style).
+        think_tag: the tag name of the reasoning block.
+        partial: score the fraction of well-formed turns instead of all-or-nothing
+            (the answer requirement still gates the score).
+        name: the component name.
+    """
+
+    def __init__(
+        self,
+        *,
+        require_answer: bool = True,
+        require_think: bool = False,
+        think_tag: str = "think",
+        partial: bool = False,
+        name: str = "format",
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z_][\w-]*", think_tag):
+            raise ValueError(f"think_tag {think_tag!r} is not a valid tag name")
+        self.name = name
+        self.require_answer = require_answer
+        self.partial = partial
+        self._think = think_tag if require_think else None
+
+    async def final(self, episode: Episode) -> float:
+        if not episode.turns or (self.require_answer and episode.answer is None):
+            return 0.0
+        good = sum(turn_is_well_formed(t, self._think) for t in episode.turns)
+        if self.partial:
+            return good / len(episode.turns)
+        return float(good == len(episode.turns))
+
+
+register_reward("format", FormatReward)

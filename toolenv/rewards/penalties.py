@@ -1,0 +1,163 @@
+"""Action-level shaping: rewards computed on every step (Search-R1++ style penalties, bonuses).
+
+Each rule returns a signed amount (penalties default to negative values), so
+`info["reward_components"]` shows the penalty as it was applied; a `{name: weight}`
+spec then scales it. Per-call and per-invalid amounts land on the turn where the
+action happened; answer avoidance lands on the step that ends the episode.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+
+from toolenv.episode import Episode, Turn
+from toolenv.rewards.base import Reward, register_reward
+
+__all__ = [
+    "ActionPenalties",
+    "AnswerAvoidancePenalty",
+    "InvalidCallPenalty",
+    "ToolCallPenalty",
+    "ToolSuccessBonus",
+    "TurnReward",
+    "count_invalid",
+    "count_tool_successes",
+]
+
+
+def _tool_results(turn: Turn) -> list[bool]:
+    """`is_error` of the results that answer the turn's tool calls (parser errors come after them)."""
+    return [r.is_error for r in turn.results[: len(turn.parsed.tool_calls)]]
+
+
+def count_invalid(turn: Turn, *, parse_errors: bool = True, tool_errors: bool = True, no_action: bool = True) -> int:
+    """Invalid actions in one turn: parse errors, failed tool calls, and a turn that did nothing."""
+    n = 0
+    parsed = turn.parsed
+    if parse_errors:
+        n += len(parsed.errors)
+    if tool_errors:
+        n += sum(_tool_results(turn))
+    if no_action and not parsed.errors and not parsed.tool_calls and parsed.answer is None:
+        n += 1
+    return n
+
+
+def count_tool_successes(turn: Turn) -> int:
+    """Tool calls in one turn that returned without error."""
+    return sum(not e for e in _tool_results(turn))
+
+
+class ToolCallPenalty(Reward):
+    """`per_call` for every tool call of a turn (a cost on tool use), optionally only beyond `free_calls` per episode."""
+
+    def __init__(self, per_call: float = -1.0, *, free_calls: int = 0, name: str = "tool_call_penalty") -> None:
+        self.per_call = per_call
+        self.free_calls = free_calls
+        self.name = name
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        before = sum(len(t.parsed.tool_calls) for t in episode.turns[:-1]) if episode.turns else 0
+        now = len(turn.parsed.tool_calls)
+        charged = max(0, before + now - self.free_calls) - max(0, before - self.free_calls)
+        return self.per_call * charged
+
+
+class InvalidCallPenalty(Reward):
+    """`per_invalid` for each parse error, failed tool call and (optionally) turn without any action."""
+
+    def __init__(
+        self,
+        per_invalid: float = -1.0,
+        *,
+        parse_errors: bool = True,
+        tool_errors: bool = True,
+        no_action: bool = True,
+        name: str = "invalid_call_penalty",
+    ) -> None:
+        self.per_invalid = per_invalid
+        self.parse_errors = parse_errors
+        self.tool_errors = tool_errors
+        self.no_action = no_action
+        self.name = name
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        n = count_invalid(turn, parse_errors=self.parse_errors, tool_errors=self.tool_errors, no_action=self.no_action)
+        return self.per_invalid * n
+
+
+class AnswerAvoidancePenalty(Reward):
+    """`penalty` when the episode ran out of turns without an answer (reported on the last step)."""
+
+    def __init__(self, penalty: float = -1.0, *, name: str = "answer_avoidance_penalty") -> None:
+        self.penalty = penalty
+        self.name = name
+
+    async def final(self, episode: Episode) -> float:
+        return self.penalty if episode.answer is None else 0.0
+
+
+class ActionPenalties(Reward):
+    """The three penalties above as one component, each with its own signed amount.
+
+    Use the separate rewards instead when each should be its own reported component.
+    """
+
+    def __init__(
+        self,
+        per_call: float = 0.0,
+        per_invalid: float = -0.5,
+        no_answer: float = -1.0,
+        *,
+        name: str = "penalties",
+    ) -> None:
+        self.calls = ToolCallPenalty(per_call)
+        self.invalid = InvalidCallPenalty(per_invalid)
+        self.avoidance = AnswerAvoidancePenalty(no_answer)
+        self.name = name
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        return await self.calls.turn(episode, turn) + await self.invalid.turn(episode, turn)
+
+    async def final(self, episode: Episode) -> float:
+        return await self.avoidance.final(episode)
+
+
+class ToolSuccessBonus(Reward):
+    """`per_success` for every tool call that succeeded in a turn, at most `max_per_turn` calls counted."""
+
+    def __init__(self, per_success: float = 1.0, *, max_per_turn: int | None = None, name: str = "tool_success") -> None:
+        self.per_success = per_success
+        self.max_per_turn = max_per_turn
+        self.name = name
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        n = count_tool_successes(turn)
+        if self.max_per_turn is not None:
+            n = min(n, self.max_per_turn)
+        return self.per_success * n
+
+
+TurnFn = Callable[[Episode, Turn], "float | Awaitable[float]"]
+
+
+class TurnReward(Reward):
+    """A per-step reward from a function `fn(episode, turn) -> float` (sync or async)."""
+
+    def __init__(self, fn: TurnFn, *, name: str = "turn_reward") -> None:
+        self.fn = fn
+        self.name = name
+
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        value = self.fn(episode, turn)
+        if inspect.isawaitable(value):
+            value = await value
+        return float(value)
+
+
+register_reward("tool_call_penalty", ToolCallPenalty)
+register_reward("invalid_call_penalty", InvalidCallPenalty)
+register_reward("answer_avoidance_penalty", AnswerAvoidancePenalty)
+register_reward("penalties", ActionPenalties)
+register_reward("tool_success", ToolSuccessBonus)
