@@ -21,7 +21,7 @@ async def test_unknown_tool_and_bad_arguments_become_errors(add_tool: toolenv.To
     results, records = await caller.invoke(
         [ToolCall(name="nope", id="c0"), ToolCall(name="add", arguments={"a": "x"}, id="c1")], ctx()
     )
-    assert results[0].is_error and "Unknown tool 'nope'. Available tools: add." == results[0].text
+    assert results[0].is_error and results[0].text == "Unknown tool 'nope'. Available tools: add."
     assert results[1].is_error and "a: Input should be a valid integer" in results[1].text
     assert "b: Field required" in results[1].text and "Expected arguments: a, b" in results[1].text
     assert [r.call_id for r in results] == ["c0", "c1"]

@@ -68,7 +68,7 @@ def test_malformed_actions_never_raise() -> None:
     env = make(max_turns=50)
     env.reset(seed=0)
     for bad in ["<tool_call>{", "<tool_call>[1]</tool_call>", "<tool_call>{}</tool_call>", "\x00\ud7ff" * 100, ""]:
-        obs, *_ , info = env.step(bad)
+        obs, *_, info = env.step(bad)
         assert info["tool_results"] and all(r.is_error for r in info["tool_results"]), bad
 
 

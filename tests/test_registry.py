@@ -86,7 +86,18 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     target = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), *map(str, wheels)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            *map(str, wheels),
+        ],
         check=True,
     )
     return target
@@ -178,7 +189,8 @@ def test_import_toolenv_is_lazy() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, toolenv; print(sorted(m for m in ('gymnasium','numpy','pydantic','httpx','torch','verl') if m in sys.modules))",
+            "import sys, toolenv; heavy = ('gymnasium', 'numpy', 'pydantic', 'httpx', 'torch', 'verl'); "
+            "print(sorted(m for m in heavy if m in sys.modules))",
         ],
         capture_output=True,
         text=True,

@@ -43,10 +43,39 @@ _EXPORTS: dict[str, str] = {
     "tool": "toolenv.tool",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "ActionParser",
+    "Episode",
+    "ExactMatch",
+    "Message",
+    "ParsedAction",
+    "PluginError",
+    "Reward",
+    "Task",
+    "TokenF1",
+    "Tool",
+    "ToolCall",
+    "ToolCallRecord",
+    "ToolCaller",
+    "ToolContext",
+    "ToolEnv",
+    "ToolImage",
+    "ToolLimits",
+    "ToolResult",
+    "ToolVectorEnv",
+    "Turn",
+    "UnicodeText",
+    "WeightedSum",
+    "__version__",
+    "get_parser",
+    "get_reward",
+    "load_tasks",
+    "load_tool",
+    "tool",
+]
 
 if TYPE_CHECKING:
-    from toolenv.caller import ToolCallRecord, ToolCaller
+    from toolenv.caller import ToolCaller, ToolCallRecord
     from toolenv.env import ToolEnv
     from toolenv.episode import Episode, Turn
     from toolenv.parsers import ActionParser, get_parser

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncio_throttle import Throttler  # type: ignore[import-untyped]
+from asyncio_throttle.throttler import Throttler
 from pydantic import ValidationError
 
 from toolenv.tool import Tool, ToolContext
@@ -148,7 +148,7 @@ class ToolCaller:
             if not (result.is_error and result.retryable) or attempt > lim.retries:
                 return result, attempt
             delay = min(lim.backoff * 2 ** (attempt - 1), lim.max_backoff)
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))  # noqa: S311 - jitter, not crypto
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def _run_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         limiter = _limiter(tool)
@@ -161,8 +161,9 @@ class ToolCaller:
                         async with limiter.throttler:
                             pass
                     return await self._guarded(tool, args, ctx)
-            async with limiter.throttler:
-                pass
+            if limiter.throttler is not None:
+                async with limiter.throttler:
+                    pass
             return await self._guarded(tool, args, ctx)
         except asyncio.CancelledError:
             raise

@@ -217,7 +217,7 @@ class ToolEnv(gym.Env[str, str]):
             self._loop.close()
         self._loop = None
 
-    def render(self) -> str | None:  # type: ignore[override]
+    def render(self) -> str | None:
         """The episode so far as text (render_mode="ansi")."""
         if self.render_mode != "ansi" or self._episode is None:
             return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolenv.caller import ToolCallRecord, ToolCaller
+from toolenv.caller import ToolCaller, ToolCallRecord
 from toolenv.tool import ToolContext
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult
 

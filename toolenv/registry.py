@@ -60,9 +60,7 @@ def entries(kind: Kind) -> list[PluginEntry]:
     """All advertised plugins of a kind, sorted by name (duplicates included)."""
     if kind not in GROUPS:
         raise ValueError(f"unknown plugin kind {kind!r}; expected one of {sorted(GROUPS)}")
-    found = {
-        PluginEntry(kind, ep.name, ep.value, _dist_label(ep)) for ep in metadata.entry_points(group=GROUPS[kind])
-    }
+    found = {PluginEntry(kind, ep.name, ep.value, _dist_label(ep)) for ep in metadata.entry_points(group=GROUPS[kind])}
     return sorted(found, key=lambda e: (e.name, e.dist))
 
 

@@ -16,6 +16,7 @@ from toolenv.types import Task, ToolResult
 
 __all__ = ["Tool", "ToolContext", "ToolLimits", "tool"]
 
+
 class ToolLimits(BaseModel):
     """How the caller guards one tool. `None` means no limit."""
 
@@ -28,6 +29,7 @@ class ToolLimits(BaseModel):
     backoff: float = Field(default=0.1, ge=0, description="First retry delay in seconds; doubles each attempt.")
     max_backoff: float = Field(default=5.0, ge=0, description="Upper bound on one retry delay.")
     max_output_chars: int | None = Field(default=8192, ge=16, description="Text longer than this is cut in the middle.")
+
 
 @dataclass
 class ToolContext:
@@ -42,6 +44,7 @@ class ToolContext:
     call_id: str = ""
     turn: int = 0
     state: dict[str, Any] = field(default_factory=dict)
+
 
 class Tool:
     """Base class for tools.
@@ -70,7 +73,7 @@ class Tool:
         """Execute one call with validated `args`."""
         raise NotImplementedError
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release resources (processes, connections). Called by `ToolEnv.close`."""
 
     def schema(self) -> dict[str, Any]:
@@ -83,6 +86,7 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
 
 class FunctionTool(Tool):
     """A tool made from a function by `@tool`; sync functions run in a worker thread."""
@@ -102,7 +106,7 @@ class FunctionTool(Tool):
         self.name = name or fn.__name__  # type: ignore[misc]
         self.description = description or inspect.cleandoc(fn.__doc__ or "")  # type: ignore[misc]
         self.Args, self._ctx_param = _args_model(fn)  # type: ignore[misc]
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         kwargs = {k: getattr(args, k) for k in type(args).model_fields}
@@ -119,6 +123,7 @@ class FunctionTool(Tool):
         result = self._fn(**kwargs)
         return await result if inspect.isawaitable(result) else result
 
+
 def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
     """Build the Args model from a function signature; a `ToolContext` parameter is injected, not exposed."""
     hints = get_type_hints(fn, include_extras=True)
@@ -133,18 +138,21 @@ def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (ann, default)
-    model = create_model(  # type: ignore[call-overload]
+    model = create_model(
         f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
     )
     return model, ctx_param
 
+
 @overload
 def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+
 
 @overload
 def tool(
     *, name: str | None = None, description: str | None = None, **limits: Any
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
 
 def tool(
     fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None, **limits: Any

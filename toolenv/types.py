@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:  # Pillow is optional: only the vision plugin needs it.
     from PIL.Image import Image as PILImage
@@ -108,7 +108,9 @@ class Message(_Model):
         """The message as an OpenAI chat-completions dict (images as data URLs)."""
         out: dict[str, Any] = {"role": self.role}
         if self.images:
-            parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": im.data_url()}} for im in self.images]
+            parts: list[dict[str, Any]] = [
+                {"type": "image_url", "image_url": {"url": im.data_url()}} for im in self.images
+            ]
             if self.content:
                 parts.append({"type": "text", "text": self.content})
             out["content"] = parts
@@ -185,7 +187,7 @@ def load_tasks(source: str | Path | Iterable[Task | dict[str, Any]]) -> list[Tas
     for i, row in enumerate(rows):
         try:
             task = row if isinstance(row, Task) else Task.model_validate(row)
-        except Exception as exc:
+        except ValidationError as exc:
             raise ValueError(f"task {i} is not valid: {exc}") from None
         if not task.id:
             task = task.model_copy(update={"id": str(i)})

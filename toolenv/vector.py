@@ -63,7 +63,9 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             if len(seed) != self.num_envs:
                 raise ValueError(f"got {len(seed)} seeds for {self.num_envs} envs")
             seeds = list(seed)
-        results = await asyncio.gather(*(e.areset(seed=s, options=options) for e, s in zip(self.envs, seeds, strict=True)))
+        results = await asyncio.gather(
+            *(e.areset(seed=s, options=options) for e, s in zip(self.envs, seeds, strict=True))
+        )
         self._needs_reset[:] = False
         infos: dict[str, Any] = {}
         for i, (_, info) in enumerate(results):

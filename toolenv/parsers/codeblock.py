@@ -13,7 +13,7 @@ __all__ = ["CodeBlockParser"]
 
 
 class CodeBlockParser(ActionParser):
-    """```` ```python ```` blocks run through `tool` (argument `arg`); output returns in an ```` ```output ```` block."""
+    """Each ```` ```python ```` block calls `tool` with argument `arg`; output returns in ```` ```output ````."""
 
     name = "codeblock"
 

@@ -62,7 +62,7 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
         obj: Any = json.loads(body)
     except (json.JSONDecodeError, RecursionError) as exc:
         msg = getattr(exc, "msg", "too deeply nested")
-        return None, f"Tool call {index + 1} is not valid JSON ({msg}). Write {{\"name\": ..., \"arguments\": {{...}}}}."
+        return None, f'Tool call {index + 1} is not valid JSON ({msg}). Write {{"name": ..., "arguments": {{...}}}}.'
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, f'Tool call {index + 1} needs a JSON object with a string "name".'
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -70,7 +70,7 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
         try:
             args = json.loads(args)
         except (json.JSONDecodeError, RecursionError):
-            return None, f"Tool call {index + 1}: \"arguments\" is a string that is not JSON."
+            return None, f'Tool call {index + 1}: "arguments" is a string that is not JSON.'
     if not isinstance(args, dict):
         return None, f'Tool call {index + 1}: "arguments" must be a JSON object.'
     call_id = obj.get("id")

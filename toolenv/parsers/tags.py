@@ -71,11 +71,9 @@ class TagParser(ActionParser):
         return ParsedAction(tool_calls=calls, answer=answer, text="".join(rest).strip(), errors=errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
-        names = {t.name for t in tools}
+        summary = {t.name: (t.description.splitlines() or [t.name])[0] for t in tools}
         lines = [
-            f"- <{tag}>{arg}</{tag}>: {next((t.description.splitlines()[0] for t in tools if t.name == tool and t.description), tool)}"
-            for tag, (tool, arg) in self.tags.items()
-            if tool in names
+            f"- <{tag}>{arg}</{tag}>: {summary[tool]}" for tag, (tool, arg) in self.tags.items() if tool in summary
         ]
         return (
             "You can use these tools by writing a tag; the result appears between "

@@ -16,7 +16,7 @@ from toolenv.episode import Episode, Turn
 __all__ = ["Reward", "RewardSpec", "WeightedSum", "get_reward", "register_reward", "reward_names"]
 
 
-class Reward(abc.ABC):
+class Reward(abc.ABC):  # noqa: B024 - both hooks are optional; the ABC marks it as a base
     """A scoring rule. Override `final`, `turn`, or both."""
 
     name: str = ""
