@@ -7,16 +7,17 @@ Every failure (unknown tool, bad arguments, exception, timeout) becomes a
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncio_throttle.throttler import Throttler
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from toolenv.tool import Tool, ToolContext
 from toolenv.types import ToolCall, ToolResult
@@ -88,6 +89,62 @@ def _validation_message(tool: Tool, exc: ValidationError) -> str:
     return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". Expected arguments: {expected}."
 
 
+@functools.cache
+def _argument_names(model: type[BaseModel]) -> frozenset[str] | None:
+    """Names an Args model accepts, or None when it accepts anything (extra="allow")."""
+    if model.model_config.get("extra") == "allow":
+        return None
+    names = set(model.model_fields)
+    names.update(f.alias for f in model.model_fields.values() if f.alias)
+    return frozenset(names)
+
+
+def _unknown_arguments(tool: Tool, arguments: dict[str, Any]) -> list[str]:
+    # Pydantic models ignore unknown keys by default; a model that invents an argument
+    # should hear about it rather than have it silently dropped.
+    allowed = _argument_names(tool.Args)
+    if allowed is None:
+        return []
+    return [k for k in arguments if k not in allowed]
+
+
+def _unknown_message(tool: Tool, unknown: list[str]) -> str:
+    names = ", ".join(repr(u) for u in unknown)
+    expected = ", ".join(tool.Args.model_fields)
+    return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. Expected arguments: {expected}."
+
+
+class _Resumed:
+    """Awaitable that continues a coroutine already stepped once (it yielded `first`)."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, pending = self.coro, self.first
+        while True:
+            to_send: Any = None
+            to_throw: BaseException | None = None
+            try:
+                to_send = yield pending
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - forwarded into the tool (e.g. cancellation)
+                to_throw = exc
+            try:
+                pending = coro.throw(to_throw) if to_throw is not None else coro.send(to_send)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _as_coroutine(awaitable: _Resumed) -> Any:  # pragma: no cover - Python 3.10
+    return await awaitable
+
+
 class ToolCaller:
     """Invokes tool calls by name against a fixed set of tools."""
 
@@ -120,15 +177,25 @@ class ToolCaller:
             known = ", ".join(sorted(self.tools)) or "none"
             result = ToolResult.error(f"Unknown tool '{call.name}'. Available tools: {known}.")
         else:
+            unknown = _unknown_arguments(tool, call.arguments)
             try:
+                if unknown:
+                    raise ValueError(unknown)
                 args = tool.Args.model_validate(call.arguments)
-            except ValidationError as exc:
-                result = ToolResult.error(_validation_message(tool, exc))
+            except ValueError as exc:  # ValidationError is a ValueError
+                msg = (
+                    _validation_message(tool, exc)
+                    if isinstance(exc, ValidationError)
+                    else _unknown_message(tool, unknown)
+                )
+                result = ToolResult.error(msg)
             else:
                 call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
                 result, attempts = await self._run_with_retries(tool, args, call_ctx)
         text, cut = truncate_middle(result.text, tool.limits.max_output_chars if tool else None)
-        result = result.model_copy(update={"text": text, "name": call.name, "call_id": call.id})
+        result = result.model_copy(
+            update={"text": text, "name": call.name, "call_id": call.id}
+        )  # never mutate a tool's object
         record = ToolCallRecord(
             name=call.name,
             call_id=call.id,
@@ -178,13 +245,24 @@ class ToolCaller:
     @staticmethod
     async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         timeout = tool.limits.timeout
+        coro = tool.run(args, ctx)
         if timeout is None:
-            result = await tool.run(args, ctx)
-        elif _timeout is not None:
-            async with _timeout(timeout):
-                result = await tool.run(args, ctx)
-        else:  # pragma: no cover
-            result = await asyncio.wait_for(tool.run(args, ctx), timeout)
+            result = await coro
+        else:
+            # Most in-process tools finish without ever suspending; arming a timer costs
+            # more than such a call, so the first step runs bare and the deadline is set
+            # only if the tool actually waits. No library offers this lazy deadline.
+            try:
+                first = coro.send(None)
+            except StopIteration as stop:
+                result = stop.value
+            else:
+                resumed = _Resumed(coro, first)
+                if _timeout is not None:
+                    async with _timeout(timeout):
+                        result = await resumed
+                else:  # pragma: no cover - Python 3.10
+                    result = await asyncio.wait_for(_as_coroutine(resumed), timeout)
         if not isinstance(result, ToolResult):
             return ToolResult.error(
                 f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."

@@ -1,0 +1,54 @@
+"""`toolenv doctor`: the environment toolenv runs in, and each plugin's own report.
+
+Plugins contribute reports through the `toolenv.doctor` entry-point group: a
+callable returning a JSON-able dict (the code sandbox reports its isolation level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+HELP = "Show versions, installed plugins and each plugin's health report (e.g. sandbox isolation)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def collect() -> dict[str, Any]:
+    """Versions, plugin distributions and plugin reports."""
+    from toolenv import __version__
+    from toolenv.registry import GROUPS, entries
+
+    report: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "toolenv": __version__,
+        "plugins": sorted({e.dist for kind in GROUPS for e in entries(kind)}),  # type: ignore[arg-type]
+        "reports": {},
+    }
+    for ep in metadata.entry_points(group="toolenv.doctor"):
+        try:
+            report["reports"][ep.name] = ep.load()()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
+            report["reports"][ep.name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"toolenv {report['toolenv']} on Python {report['python']} ({report['platform']})")
+    print("plugins: " + (", ".join(report["plugins"]) or "none"))
+    for name, rep in report["reports"].items():
+        print(f"{name}:")
+        for k, v in rep.items():
+            print(f"  {k}: {v}")
+    return 0
