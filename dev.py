@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Set up and run toolenv: `python3 dev.py demo` (the main job) or `python3 dev.py test` (the suite).
+
+Both create `.venv` beside this file and install the core, the plugins and the
+agents into it, so the two README commands work on a machine with only Python
+3.10+ and the package registries. Standard library only: it runs before anything
+is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("TOOLENV_VENV", ROOT / ".venv"))
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+
+# Every distribution of the workspace, installed editable by both commands.
+WORKSPACE = [
+    ".",
+    "plugins/search",
+    "plugins/sql[duckdb]",
+    "plugins/code",
+    "plugins/vision",
+    "agents",
+]
+DEV_EXTRAS = ".[dev]"
+# verl must not pull a multi-GB CUDA torch: this CPU build is pinned and installed first.
+TORCH_PIN = "torch==2.13.0"
+TEST_EXTRAS = [".[verl]", "agents[transformers]", "playwright"]
+
+
+def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:
+    """Run a command, echoing it; exit with one readable line on failure."""
+    print("+ " + " ".join(str(c) for c in cmd), flush=True)
+    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT, **kw)  # type: ignore[call-overload]
+    if check and rc != 0:
+        sys.exit(f"dev.py: command failed with exit code {rc}: {' '.join(str(c) for c in cmd)}")
+    return int(rc)
+
+
+def pip(*args: str, constraint: str | None = None) -> None:
+    extra: list[str] = []
+    if constraint:
+        cfile = Path(tempfile.mkdtemp()) / "constraints.txt"
+        cfile.write_text(constraint + "\n")
+        extra = ["-c", str(cfile)]
+    sh(PY, "-m", "pip", "install", "--disable-pip-version-check", "-q", *args, *extra)
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 10):
+        sys.exit(f"dev.py: toolenv needs Python 3.10 or newer, this is {sys.version.split()[0]}")
+    if not PY.exists():
+        print(f"creating virtual environment {VENV.relative_to(ROOT) if VENV.is_relative_to(ROOT) else VENV}")
+        venv.create(VENV, with_pip=True)
+        sh(PY, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-U", "pip", "setuptools>=77")
+
+
+def editable(specs: list[str]) -> list[str]:
+    out: list[str] = []
+    for spec in specs:
+        out += ["-e", spec]
+    return out
+
+
+def install_base() -> None:
+    ensure_venv()
+    pip(*editable(WORKSPACE))
+
+
+def demo(args: argparse.Namespace) -> int:
+    """The main job: oracle rollouts on the bundled data, then the HTML report."""
+    install_base()
+    toolenv = BIN / "toolenv"
+    runs = ROOT / "runs"
+    envs = args.envs or ["toolenv/Spider-v0", "toolenv/HotpotQA-v0"]
+    for env_id in envs:
+        name = env_id.split("/")[-1].lower()
+        sh(toolenv, "rollout", env_id, "--agent", args.agent, "-n", str(args.n), "--concurrency", "16",
+           "--out", runs / name, *(args.agent_args or []))
+    sh(toolenv, "view", *(runs / e.split("/")[-1].lower() for e in envs), "--out", runs / "report.html")
+    print(f"\nreport: {runs / 'report.html'}  (open it in a browser; `toolenv view runs/... --serve` serves it)")
+    return 0
+
+
+def ensure_chromium() -> None:
+    """Debian's chromium for the report's browser test; installed when we can (root + apt)."""
+    if shutil.which("chromium"):
+        return
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        sh("apt-get", "update", "-qq", check=False)
+        sh("apt-get", "install", "-y", "-qq", "chromium", check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    if not shutil.which("chromium"):
+        print("note: chromium is not installed; the browser test of the report will skip")
+
+
+def test(args: argparse.Namespace) -> int:
+    """The whole suite: lint, types, tests (verl tests included), benchmarks in quick mode."""
+    ensure_venv()
+    pip(TORCH_PIN)
+    pip(*editable(WORKSPACE), *editable([DEV_EXTRAS]), *TEST_EXTRAS, constraint=TORCH_PIN)
+    ensure_chromium()
+    sh(BIN / "ruff", "check", ".")
+    sh(BIN / "ruff", "format", "--check", ".")
+    sh(BIN / "mypy")
+    rc = sh(BIN / "pytest", *(args.pytest_args or []), check=False)
+    if rc == 5:
+        sys.exit("dev.py: pytest collected no tests")
+    if rc != 0:
+        sys.exit(f"dev.py: tests failed (pytest exit code {rc})")
+    if not args.no_bench:
+        sh(PY, ROOT / "bench" / "run.py", "--quick")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="set up and run the main job (oracle rollouts + report)")
+    d.add_argument("--agent", default="oracle")
+    d.add_argument("-n", type=int, default=50)
+    d.add_argument("--envs", nargs="*")
+    d.add_argument("agent_args", nargs="*", help="passed to `toolenv rollout` (after --)")
+    t = sub.add_parser("test", help="set up and run lint, type checks and the whole test suite")
+    t.add_argument("--no-bench", action="store_true", help="skip the quick benchmark run")
+    t.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    args = parser.parse_args()
+    return demo(args) if args.cmd == "demo" else test(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
