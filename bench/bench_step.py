@@ -61,12 +61,20 @@ def main() -> None:
     ]
     table(rows, ["path", "µs/step", "× parse"])
     goals = {"astep_us": 30.0, "step_us": 60.0}
-    print(f"goal: astep < {goals['astep_us']} µs ({'met' if astep_s * 1e6 < 30 else 'NOT met'}), "
-          f"step < {goals['step_us']} µs ({'met' if step_s * 1e6 < 60 else 'NOT met'})")
+    print(
+        f"goal: astep < {goals['astep_us']} µs ({'met' if astep_s * 1e6 < 30 else 'NOT met'}), "
+        f"step < {goals['step_us']} µs ({'met' if step_s * 1e6 < 60 else 'NOT met'})"
+    )
     write(
         "step",
-        {"quick": args.quick, "n": n, "parse_us": parse_s * 1e6, "astep_us": astep_s * 1e6,
-         "step_us": step_s * 1e6, "goals": goals},
+        {
+            "quick": args.quick,
+            "n": n,
+            "parse_us": parse_s * 1e6,
+            "astep_us": astep_s * 1e6,
+            "step_us": step_s * 1e6,
+            "goals": goals,
+        },
         args.out,
     )
 

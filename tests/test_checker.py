@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+import toolenv
+from toolenv.checker import check_env, check_tool
+from toolenv.env import ToolEnv
+from toolenv.tool import ToolContext
+from toolenv.types import ToolResult
+
+from .conftest import TASKS, Add
+
+
+def test_good_env_passes_every_check() -> None:
+    results = check_env(ToolEnv(tools=[Add()], tasks=TASKS))
+    assert results and all(r.ok for r in results), [r for r in results if not r.ok]
+    names = {r.name for r in results}
+    assert {"gymnasium", "error_paths", "determinism", "async_twins", "tool_schema[add]"} <= names
+
+
+class Nondeterministic(toolenv.Tool):
+    """Returns a different value each call."""
+
+    name = "counter"
+    n = 0
+
+    class Args(BaseModel):
+        pass
+
+    async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+        Nondeterministic.n += 1
+        return ToolResult(text=str(Nondeterministic.n))
+
+
+def test_nondeterministic_env_fails_determinism() -> None:
+    env = ToolEnv(
+        tools=[Nondeterministic()], tasks=TASKS, parser="tags", parser_kwargs={"tags": {"c": ("counter", "x")}}
+    )
+    # the tags parser passes {"x": ...}, which counter does not accept: an error, deterministic
+    by_name = {r.name: r for r in check_env(env)}
+    assert by_name["determinism"].ok
+
+    class Rand(toolenv.ActionParser):
+        name = "rand"
+
+        def parse(self, text: str) -> toolenv.ParsedAction:
+            return toolenv.ParsedAction(tool_calls=[toolenv.ToolCall(name="counter", id="c")])
+
+        def instructions(self, tools: object) -> str:
+            return "call counter"
+
+        def format_results(self, results: object) -> str:
+            return "\n".join(r.text for r in results)  # type: ignore[attr-defined]
+
+    env2 = ToolEnv(tools=[Nondeterministic()], tasks=TASKS, parser=Rand())
+    by_name = {r.name: r for r in check_env(env2)}
+    assert not by_name["determinism"].ok and "differ" in by_name["determinism"].message
+    assert not by_name["error_paths"].ok  # a parser that never reports errors fails this check
+
+
+def test_tool_without_description_fails_schema_check() -> None:
+    class Nameless(toolenv.Tool):
+        name = "bad name!"
+
+        class Args(BaseModel):
+            pass
+
+    (schema, bad_args) = check_tool(Nameless())
+    assert not schema.ok and "must be non-empty letters" in schema.message
+    assert bad_args.ok  # unknown arguments are rejected by the caller
