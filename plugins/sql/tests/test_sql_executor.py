@@ -1,0 +1,169 @@
+"""The executor on real SQLite files: results, caps, timeouts, and the engine-level read-only guard."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from toolenv_sql import DATA_DIR
+from toolenv_sql.errors import SQLError
+from toolenv_sql.executor import execute, run_query, sqlite_uri
+from toolenv_sql.paths import resolve_db_path
+
+SINGER = DATA_DIR / "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
+
+
+@pytest.fixture
+def numbers_db(tmp_path: Path) -> Path:
+    path = tmp_path / "numbers.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE n (i INTEGER, sq INTEGER)")
+        conn.execute("CREATE INDEX n_sq ON n (sq)")
+        conn.executemany("INSERT INTO n VALUES (?, ?)", [(i, i * i) for i in range(1000)])
+    conn.close()
+    return path
+
+
+def test_result_columns_rows_and_count(numbers_db: Path) -> None:
+    res = run_query(numbers_db, "sqlite", "SELECT i, sq FROM n WHERE i < 3 ORDER BY i")
+    assert res.columns == ["i", "sq"]
+    assert res.rows == [(0, 0), (1, 1), (2, 4)]
+    assert res.row_count == 3 and not res.truncated
+
+
+def test_row_cap_keeps_first_rows_and_counts_all(numbers_db: Path) -> None:
+    res = run_query(numbers_db, "sqlite", "SELECT i FROM n ORDER BY i", max_rows=5)
+    assert res.rows == [(i,) for i in range(5)]
+    assert res.row_count == 1000 and res.truncated
+
+
+def test_count_all_false_stops_one_row_past_the_cap(numbers_db: Path) -> None:
+    res = run_query(numbers_db, "sqlite", "SELECT i FROM n", max_rows=5, count_all=False)
+    assert len(res.rows) == 5 and 5 < res.row_count < 1000
+
+
+def test_runaway_recursive_cte_times_out_and_connection_still_works(numbers_db: Path) -> None:
+    runaway = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    with pytest.raises(SQLError, match=r"longer than 0.3 s"):
+        run_query(numbers_db, "sqlite", runaway, timeout=0.3)
+    assert run_query(numbers_db, "sqlite", "SELECT count(*) FROM n").rows == [(1000,)]
+
+
+def test_endless_rows_time_out_while_fetching(numbers_db: Path) -> None:
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
+    with pytest.raises(SQLError, match="stopped"):
+        run_query(numbers_db, "sqlite", endless, timeout=0.3, max_rows=10)
+
+
+def test_memory_bomb_values_are_refused(numbers_db: Path) -> None:
+    with pytest.raises(SQLError, match="too big"):
+        run_query(numbers_db, "sqlite", "SELECT zeroblob(500000000)")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO n VALUES (1, 1)",
+        "UPDATE n SET sq = 0",
+        "DELETE FROM n",
+        "DROP TABLE n",
+        "CREATE TABLE m (a)",
+        "CREATE TEMP TABLE m AS SELECT 1",
+        "ALTER TABLE n ADD COLUMN z",
+        "ATTACH DATABASE 'other.db' AS other",
+        "DETACH DATABASE main",
+        "PRAGMA user_version = 7",
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA writable_schema = ON",
+        "VACUUM",
+        "VACUUM INTO 'copy.db'",
+        "REINDEX",
+        "ANALYZE",
+        "BEGIN IMMEDIATE",
+        "SAVEPOINT s",
+        "SELECT load_extension('evil')",
+    ],
+)
+@pytest.mark.parametrize("immutable", [True, False])
+def test_engine_layer_refuses_writes_without_the_sql_gate(
+    numbers_db: Path, sql: str, immutable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run_query skips the sqlglot gate: this checks the authorizer and the read-only open alone.
+    monkeypatch.chdir(numbers_db.parent)
+    before = numbers_db.read_bytes()
+    files = sorted(p.name for p in numbers_db.parent.iterdir())
+    with pytest.raises(SQLError, match="SQLite error"):
+        run_query(numbers_db, "sqlite", sql, immutable=immutable)
+    assert numbers_db.read_bytes() == before
+    assert sorted(p.name for p in numbers_db.parent.iterdir()) == files
+
+
+def test_uri_is_read_only_and_percent_encoded(tmp_path: Path) -> None:
+    odd = tmp_path / "a?mode=rwc#x.sqlite"
+    sqlite3.connect(odd).close()
+    uri = sqlite_uri(odd)
+    assert uri.endswith("?mode=ro&immutable=1") and "%3F" in uri and "%23" in uri
+    assert run_query(odd, "sqlite", "SELECT 1").rows == [(1,)]
+
+
+def test_paths_are_confined_to_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(SINGER, root / "db.sqlite")
+    (tmp_path / "secret.sqlite").write_bytes(b"")
+    assert resolve_db_path("db.sqlite", root) == (root / "db.sqlite").resolve()
+    for bad in ["../secret.sqlite", str(tmp_path / "secret.sqlite"), "/etc/passwd"]:
+        with pytest.raises(SQLError, match="outside the allowed database root"):
+            resolve_db_path(bad, root)
+    (root / "link.sqlite").symlink_to(tmp_path / "secret.sqlite")
+    with pytest.raises(SQLError, match="outside"):
+        resolve_db_path("link.sqlite", root)
+    with pytest.raises(SQLError, match="does not exist"):
+        resolve_db_path("missing.sqlite", root)
+
+
+async def test_connections_are_per_thread_and_queries_run_concurrently(numbers_db: Path) -> None:
+    results = await asyncio.gather(
+        *(execute(numbers_db, "sqlite", f"SELECT sq FROM n WHERE i = {i}") for i in range(40))
+    )
+    assert [r.rows for r in results] == [[(i * i,)] for i in range(40)]
+    # the same query from a foreign thread gets its own connection and works
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(run_query(numbers_db, "sqlite", "SELECT max(i) FROM n").rows))
+    thread.start()
+    thread.join()
+    assert out == [[(999,)]]
+
+
+def test_engine_errors_are_sql_errors(numbers_db: Path) -> None:
+    with pytest.raises(SQLError, match="no such column: nope"):
+        run_query(numbers_db, "sqlite", "SELECT nope FROM n")
+
+
+async def test_query_past_the_inline_budget_finishes_on_the_pool(numbers_db: Path) -> None:
+    slowish = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000) SELECT count(*) FROM c"
+    res = await execute(numbers_db, "sqlite", slowish, timeout=10.0, inline_budget=0.0005)
+    assert res.rows == [(300000,)]
+    with pytest.raises(SQLError, match="stopped"):
+        await execute(numbers_db, "sqlite", slowish, timeout=0.0005, inline_budget=0.001)
+
+
+def test_a_forked_child_gets_its_own_pool_and_connections(numbers_db: Path) -> None:
+    import multiprocessing
+
+    run_query(numbers_db, "sqlite", "SELECT 1")  # the parent holds a connection and (below) a pool
+    asyncio.run(execute(numbers_db, "sqlite", "SELECT 1", inline_budget=0))
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        rows = pool.apply(_child_query, (str(numbers_db),))
+    assert rows == [[(499500,)], [(999,)]]
+
+
+def _child_query(path: str) -> list[list[tuple[int, ...]]]:
+    inline = run_query(Path(path), "sqlite", "SELECT sum(i) FROM n").rows
+    pooled = asyncio.run(execute(Path(path), "sqlite", "SELECT max(i) FROM n", inline_budget=0)).rows
+    return [inline, pooled]

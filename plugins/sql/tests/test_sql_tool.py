@@ -1,0 +1,230 @@
+"""`SQLTool` through the real caller: tables, caps, bad input and hostile SQL as error observations."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from toolenv_sql import DATA_DIR, SQLTool
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+
+SPIDER_DB = DATA_DIR / "spider_dev_sample/database"
+SINGER = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
+
+HOSTILE = [
+    "INSERT INTO singer (Singer_ID, Name) VALUES (99, 'x')",
+    "UPDATE singer SET Name = 'x'",
+    "DELETE FROM singer",
+    "REPLACE INTO singer (Singer_ID) VALUES (1)",
+    "DROP TABLE singer",
+    "CREATE TABLE evil (a)",
+    "CREATE TEMP TABLE evil AS SELECT 1",
+    "ALTER TABLE singer RENAME TO s2",
+    "ATTACH DATABASE 'evil.db' AS evil",
+    "DETACH DATABASE main",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA user_version = 3",
+    "PRAGMA writable_schema = 1",
+    "VACUUM",
+    "VACUUM INTO 'copy.db'",
+    "SELECT load_extension('/tmp/evil.so')",
+    "SELECT 1; DROP TABLE singer",
+    "SELECT * FROM singer; DELETE FROM singer",
+    "WITH x AS (SELECT 1) INSERT INTO singer (Singer_ID) SELECT * FROM x",
+    "BEGIN EXCLUSIVE",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c",
+]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+async def call(tool: SQLTool, arguments: dict[str, object], context: dict[str, object]) -> ToolResult:
+    caller = ToolCaller([tool])
+    results, _ = await caller.invoke(
+        [ToolCall(name="sql", arguments=arguments, id="c0")], ToolContext(Task(context=context))
+    )
+    return results[0]
+
+
+async def test_select_gives_a_table_with_metadata() -> None:
+    res = await call(
+        SQLTool(), {"query": "SELECT Name, Age FROM singer ORDER BY Age DESC LIMIT 2"}, {"db_path": SINGER}
+    )
+    assert not res.is_error
+    lines = res.text.splitlines()
+    assert lines[0].split(" | ") == ["Name", "Age"] or lines[0].replace(" ", "").split("|") == ["Name", "Age"]
+    assert lines[-1] == "(2 rows)"
+    conn = sqlite3.connect(DATA_DIR / SINGER)
+    expected = conn.execute("SELECT Name, Age FROM singer ORDER BY Age DESC LIMIT 2").fetchall()
+    assert res.metadata["columns"] == ["Name", "Age"]
+    assert res.metadata["rows"] == [list(r) for r in expected]
+    assert res.metadata["row_count"] == 2
+    assert expected[0][0] in lines[2]
+
+
+async def test_row_cap_and_total_count() -> None:
+    tool = SQLTool(max_rows=3)
+    res = await call(
+        tool, {"query": "SELECT Name FROM country"}, {"db_path": "spider_dev_sample/database/world_1/world_1.sqlite"}
+    )
+    assert len(res.metadata["rows"]) == 3
+    assert res.metadata["row_count"] == 239
+    assert "239 rows in total; showing the first 3" in res.text
+
+
+async def test_huge_output_is_capped_by_characters() -> None:
+    tool = SQLTool(max_rows=10_000, max_chars=1000, max_cell_chars=30)
+    query = "SELECT printf('%.500c', 'x') AS wide, c.* FROM country c"
+    res = await call(tool, {"query": query}, {"db_path": "spider_dev_sample/database/world_1/world_1.sqlite"})
+    assert not res.is_error
+    assert len(res.text) <= 1000
+    assert "239 rows in total" in res.text and "capped at 1000 characters" in res.text
+    assert max(len(line) for line in res.text.splitlines()[:-1]) < 1000
+    assert "x" * 40 not in res.text  # cells are cut
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        ({}, "query: Field required"),
+        ({"query": 42}, "valid string"),
+        ({"query": ""}, "at least 1 character"),
+        ({"query": "SELECT 1", "db": "x"}, "'db'"),
+        ({"query": "SELECT " + "1," * 20_000 + "1"}, "at most 20000"),
+    ],
+)
+async def test_malformed_arguments(arguments: dict[str, object], needle: str) -> None:
+    res = await call(SQLTool(), arguments, {"db_path": SINGER})
+    assert res.is_error and "Invalid arguments for tool 'sql'" in res.text and needle in res.text
+
+
+@pytest.mark.parametrize(
+    ("context", "needle"),
+    [
+        ({}, "names no database"),
+        ({"db_path": "../../../etc/passwd"}, "outside the allowed database root"),
+        ({"db_path": "/etc/hostname"}, "outside the allowed database root"),
+        ({"db_path": "nope.sqlite"}, "does not exist"),
+        ({"db_path": SINGER, "engine": "oracle"}, "Unknown SQL engine"),
+    ],
+)
+async def test_bad_task_context(context: dict[str, object], needle: str) -> None:
+    res = await call(SQLTool(), {"query": "SELECT 1"}, context)
+    assert res.is_error and needle in res.text
+
+
+async def test_sql_errors_are_observations() -> None:
+    res = await call(SQLTool(), {"query": "SELECT nope FROM singer"}, {"db_path": SINGER})
+    assert res.is_error and "no such column: nope" in res.text
+    res = await call(SQLTool(), {"query": "SELEC 1"}, {"db_path": SINGER})
+    assert res.is_error and "syntax error" in res.text.lower()
+
+
+async def test_hostile_sql_never_changes_a_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(DATA_DIR / SINGER, tmp_path / "db.sqlite")
+    bundled_before = _digest(SPIDER_DB / "concert_singer")
+    tmp_before = _digest(tmp_path)
+    tools = [SQLTool(query_timeout=0.3), SQLTool(query_timeout=0.3, root=tmp_path, immutable=False)]
+    contexts = [{"db_path": SINGER}, {"db_path": "db.sqlite"}]
+    for tool, ctx in zip(tools, contexts):
+        for sql in HOSTILE:
+            res = await call(tool, {"query": sql}, ctx)
+            assert res.is_error, sql
+            assert any(
+                k in res.text for k in ("Only read queries", "Only one SQL statement", "not allowed", "stopped")
+            ), res.text
+    assert _digest(SPIDER_DB / "concert_singer") == bundled_before
+    assert _digest(tmp_path) == tmp_before
+    ok = await call(tools[1], {"query": "SELECT count(*) FROM singer"}, contexts[1])
+    assert ok.metadata["rows"] == [[6]]
+
+
+async def test_dialect_option_transpiles_mysql() -> None:
+    tool = SQLTool(dialect="mysql")
+    res = await call(
+        tool, {"query": "SELECT CONCAT(`Name`, '!') AS n FROM `singer` ORDER BY `Age` LIMIT 1"}, {"db_path": SINGER}
+    )
+    assert not res.is_error, res.text
+    assert res.metadata["rows"][0][0].endswith("!")
+    assert "`" not in res.metadata["sql"]
+
+
+async def test_tool_level_database_default(tmp_path: Path) -> None:
+    tool = SQLTool(root=DATA_DIR, db_path=SINGER)
+    res = await call(tool, {"query": "SELECT count(*) AS n FROM stadium"}, {})
+    assert res.metadata["rows"] == [[9]]
+
+
+# ---------------------------------------------------------------------------- DuckDB
+
+
+@pytest.fixture
+def duck_db(tmp_path: Path) -> Path:
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed (pip install 'toolenv-sql[duckdb]')")
+    path = tmp_path / "shop.duckdb"
+    conn = duckdb.connect(str(path))
+    conn.execute("CREATE TABLE items AS SELECT range AS id, 'item' || range::VARCHAR AS name FROM range(500)")
+    conn.close()
+    return path
+
+
+async def test_duckdb_select(duck_db: Path) -> None:
+    tool = SQLTool(root=duck_db.parent, max_rows=5)
+    res = await call(tool, {"query": "SELECT id, name FROM items ORDER BY id"}, {"db_path": duck_db.name})
+    assert not res.is_error, res.text
+    assert res.metadata["engine"] == "duckdb"
+    assert res.metadata["rows"][:2] == [[0, "item0"], [1, "item1"]]
+    assert res.metadata["row_count"] == 500
+
+
+async def test_duckdb_mysql_dialect(duck_db: Path) -> None:
+    tool = SQLTool(root=duck_db.parent, dialect="mysql")
+    res = await call(tool, {"query": "SELECT COUNT(*) AS n FROM `items` WHERE `id` < 10"}, {"db_path": duck_db.name})
+    assert res.metadata["rows"] == [[10]]
+
+
+async def test_duckdb_hostile_sql_never_changes_a_byte(duck_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(duck_db.parent)
+    before = _digest(duck_db.parent)
+    tool = SQLTool(root=duck_db.parent, query_timeout=0.5)
+    hostile = [
+        *(h.replace("singer", "items") for h in HOSTILE),
+        "COPY items TO 'out.csv'",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "INSTALL httpfs",
+        "SET enable_external_access = true",
+    ]
+    for sql in hostile:
+        res = await call(tool, {"query": sql}, {"db_path": duck_db.name})
+        assert res.is_error, sql
+    assert _digest(duck_db.parent) == before
+
+
+def test_duckdb_engine_layer_alone(duck_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolenv_sql.errors import SQLError
+    from toolenv_sql.executor import run_query
+
+    monkeypatch.chdir(duck_db.parent)
+    before = _digest(duck_db.parent)
+    for sql in [
+        "INSERT INTO items VALUES (1000, 'x')",
+        "DROP TABLE items",
+        "ATTACH 'other.duckdb' AS o",
+        "COPY items TO 'out.csv'",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SET enable_external_access = true",
+    ]:
+        with pytest.raises(SQLError, match="DuckDB error"):
+            run_query(duck_db, "duckdb", sql)
+    with pytest.raises(SQLError, match="stopped"):
+        run_query(duck_db, "duckdb", "SELECT count(*) FROM range(1000000000000) a", timeout=0.3)
+    assert run_query(duck_db, "duckdb", "SELECT count(*) FROM items").rows == [(500,)]
+    assert _digest(duck_db.parent) == before

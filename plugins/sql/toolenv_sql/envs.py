@@ -1,0 +1,84 @@
+"""Env factories `toolenv/Spider-v0` and `toolenv/Chinook-v0`, and their oracles.
+
+Multi-turn: the model may run queries (`<sql>…</sql>` with the default `tags`
+parser, or a `sql` tool call with `hermes`), then answers with
+`<answer>SQL</answer>`, scored by execution match. Importing this module
+registers the `execution_match` reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from toolenv import Task, ToolEnv
+from toolenv_sql.datasets import chinook_tasks, spider_tasks
+from toolenv_sql.reward import ExecutionMatch
+from toolenv_sql.tool import SQLTool
+
+__all__ = ["SYSTEM_PROMPT", "chinook_oracle", "make_chinook_env", "make_spider_env", "spider_oracle"]
+
+SYSTEM_PROMPT = (
+    "You answer questions about a database by writing SQL. You may run read-only queries to explore "
+    "the data first. Give your final answer as one SQL query in the database's dialect inside "
+    "<answer>...</answer>; it is scored by whether it returns the same rows as the reference query."
+)
+
+# Options consumed here (the rest go to ToolEnv).
+_TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
+
+
+def _make_env(default_tasks: Iterable[Task], overrides: Mapping[str, Any]) -> ToolEnv:
+    opts = dict(overrides)
+    tasks: Any = opts.pop("tasks", None)
+    limit = opts.pop("limit", None)
+    tool_opts = {k: opts.pop(k) for k in _TOOL_OPTIONS if k in opts}
+    if tasks is None:
+        tasks = list(default_tasks)
+    elif isinstance(tasks, (str, Path)):
+        from toolenv import load_tasks
+
+        tasks = load_tasks(tasks)
+    if limit is not None:
+        tasks = list(tasks)[: int(limit)]
+    opts.setdefault("tools", [SQLTool(**tool_opts)])
+    opts.setdefault(
+        "reward",
+        ExecutionMatch(dialect=tool_opts.get("dialect"), root=tool_opts.get("root")),
+    )
+    opts.setdefault("parser", "tags")
+    opts.setdefault("max_turns", 5)
+    opts.setdefault("system_prompt", SYSTEM_PROMPT)
+    opts.setdefault("prompt_template", "{instructions}\n\n{question}\n")
+    return ToolEnv(tasks=tasks, **opts)
+
+
+def make_spider_env(**overrides: Any) -> ToolEnv:
+    """Spider dev (697 questions, 10 SQLite databases).
+
+    Overrides: `tasks`, `limit` (first N tasks), SQL options (`dialect`, `query_timeout`,
+    `max_rows`, `max_chars`, `max_cell_chars`, `root`) and any `ToolEnv` keyword
+    (`parser`, `reward`, `max_turns`, ...).
+    """
+    return _make_env(spider_tasks(), overrides)
+
+
+def make_chinook_env(**overrides: Any) -> ToolEnv:
+    """Chinook (84 questions, one SQLite database); overrides as for `make_spider_env`."""
+    return _make_env(chinook_tasks(), overrides)
+
+
+def _gold(task: Task) -> str:
+    gold = task.context.get("gold_sql")
+    return gold if isinstance(gold, str) else (task.answers[0] if task.answers else "")
+
+
+def spider_oracle(task: Task, turn: int, observation: str) -> str:
+    """Run the gold query once, then answer with it (tags format)."""
+    return f"<sql>{_gold(task)}</sql>" if turn == 0 else f"<answer>{_gold(task)}</answer>"
+
+
+def chinook_oracle(task: Task, turn: int, observation: str) -> str:
+    """As `spider_oracle`, for Chinook."""
+    return spider_oracle(task, turn, observation)

@@ -1,0 +1,308 @@
+"""Query execution on read-only connections, cached per worker thread and database.
+
+SQLite connections must stay on the thread that made them, so queries run on a
+small process-wide thread pool whose threads each keep their own connections
+(one pool however many envs exist). Every connection is opened read-only; SQLite
+also gets an authorizer that denies anything but reading, a length limit and a
+progress-handler deadline; DuckDB gets external access disabled and a watchdog
+that interrupts it at the deadline.
+
+A hop to a worker thread costs ~0.1-0.2 ms, ten times a typical Spider query, so
+SQLite queries first run on the calling thread with a tiny budget (2 ms by
+default); only one that outlives it is interrupted and re-run on the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolenv_sql.errors import QueryTimeout, SQLError
+from toolenv_sql.guard import DENIED_FUNCTIONS
+
+__all__ = ["QueryResult", "execute", "run_query", "sqlite_uri"]
+
+# Connections per worker thread; the least recently used one is closed past this.
+_MAX_CONNECTIONS_PER_THREAD = 32
+# SQLite calls the progress handler every this many virtual-machine instructions.
+_PROGRESS_STEPS = 1000
+# Largest string/blob a query may build (bytes); stops `zeroblob(1e12)`-style memory bombs.
+_MAX_VALUE_BYTES = 10_000_000
+_FETCH_BATCH = 256
+# sqlite3_limit() categories (C API constants; the sqlite3 module names them from Python 3.11 on).
+_SQLITE_LIMIT_LENGTH = 0
+_SQLITE_LIMIT_ATTACHED = 7
+
+_SQLITE_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """Columns, the first rows, and how many rows the query produced in all."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    row_count: int
+
+    @property
+    def truncated(self) -> bool:
+        """True when `rows` holds fewer rows than the query produced."""
+        return self.row_count > len(self.rows)
+
+
+# ---------------------------------------------------------------------------- SQLite
+
+
+def sqlite_uri(path: Path, *, immutable: bool = True) -> str:
+    """A read-only `file:` URI for `path` (percent-encoded, so a path cannot add URI parameters)."""
+    return path.as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+
+
+def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
+    """Allow reading and harmless functions; deny every write, PRAGMA, ATTACH/DETACH and transaction."""
+    if action in _SQLITE_ALLOWED:
+        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_FUNCTION:
+        return sqlite3.SQLITE_DENY if (arg2 or "").lower() in DENIED_FUNCTIONS else sqlite3.SQLITE_OK
+    return sqlite3.SQLITE_DENY
+
+
+class _SQLiteConnection:
+    """One read-only SQLite connection with a per-query deadline checked by the progress handler."""
+
+    def __init__(self, path: Path, immutable: bool) -> None:
+        self.deadline = math.inf
+        self.conn = sqlite3.connect(sqlite_uri(path, immutable=immutable), uri=True, isolation_level=None)
+        if hasattr(self.conn, "enable_load_extension"):  # absent when Python is built without it
+            self.conn.enable_load_extension(False)
+        setlimit = getattr(self.conn, "setlimit", None)  # Python >= 3.11
+        if setlimit is not None:
+            setlimit(_SQLITE_LIMIT_ATTACHED, 0)
+            setlimit(_SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
+        self.conn.set_authorizer(_authorizer)
+        self.conn.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
+
+    def _past_deadline(self) -> int:
+        return 1 if time.monotonic() > self.deadline else 0
+
+    def run(self, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
+        self.deadline = time.monotonic() + timeout
+        try:
+            cur = self.conn.execute(sql)
+            columns = [d[0] for d in cur.description or ()]
+            rows, count = _drain(cur.fetchmany, max_rows, count_all)
+            cur.close()
+        except sqlite3.OperationalError as exc:
+            if time.monotonic() > self.deadline or str(exc) == "interrupted":
+                raise _timeout_error(timeout) from None
+            raise _engine_error("SQLite", exc) from None
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            raise _engine_error("SQLite", exc) from None
+        finally:
+            self.deadline = math.inf
+        return QueryResult(columns, rows, count)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------------- DuckDB
+
+
+_DUCKDB_CONFIG: dict[str, str | int | float | list[str]] = {
+    "enable_external_access": False,  # no files, ATTACH, COPY, INSTALL or LOAD
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "threads": 1,
+    "memory_limit": "512MB",
+    "lock_configuration": True,  # SET cannot undo the above
+}
+
+
+class _DuckDBConnection:
+    """One read-only DuckDB connection; a timer thread interrupts a query at its deadline."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            import duckdb
+        except ImportError:
+            raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.") from None
+        self._duckdb = duckdb
+        try:
+            self.conn = duckdb.connect(str(path), read_only=True, config=dict(_DUCKDB_CONFIG))
+        except duckdb.Error as exc:
+            raise _engine_error("DuckDB", exc) from None
+
+    def run(self, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
+        timer = threading.Timer(timeout, self.conn.interrupt)
+        timer.daemon = True
+        timer.start()
+        start = time.monotonic()
+        try:
+            cur = self.conn.execute(sql)
+            columns = [d[0] for d in cur.description or ()]
+            rows, count = _drain(cur.fetchmany, max_rows, count_all)
+        except self._duckdb.InterruptException:
+            raise _timeout_error(timeout) from None
+        except self._duckdb.Error as exc:
+            if time.monotonic() - start >= timeout:
+                raise _timeout_error(timeout) from None
+            raise _engine_error("DuckDB", exc) from None
+        finally:
+            timer.cancel()
+        return QueryResult(columns, rows, count)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------------- shared
+
+
+def _drain(
+    fetchmany: Callable[[int], list[Any]], max_rows: int | None, count_all: bool
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Keep the first `max_rows` rows and count the rest (or stop one row past the cap)."""
+    kept: list[tuple[Any, ...]] = []
+    count = 0
+    while batch := fetchmany(_FETCH_BATCH):
+        count += len(batch)
+        room = len(batch) if max_rows is None else max(0, max_rows - len(kept))
+        kept.extend(tuple(r) for r in batch[:room])
+        if not count_all and max_rows is not None and count > max_rows:
+            break
+    return kept, count
+
+
+def _timeout_error(timeout: float) -> QueryTimeout:
+    return QueryTimeout(
+        f"The query ran longer than {timeout:g} s and was stopped. Simplify it, add WHERE conditions or a LIMIT."
+    )
+
+
+def _engine_error(engine: str, exc: BaseException) -> SQLError:
+    message = str(exc).strip() or type(exc).__name__
+    if "authoriz" in message:
+        message += " (the database is read-only: only reading queries are allowed)"
+    return SQLError(f"{engine} error: {message}")
+
+
+_Connection = _SQLiteConnection | _DuckDBConnection
+_local = threading.local()
+
+
+def _connection(path: Path, engine: str, immutable: bool) -> _Connection:
+    cache: OrderedDict[tuple[str, str, bool], _Connection] | None = getattr(_local, "connections", None)
+    if cache is None or _local.pid != os.getpid():
+        # New thread, or a forked child: connections must not cross fork, so start afresh.
+        cache = _local.connections = OrderedDict()
+        _local.pid = os.getpid()
+    key = (engine, str(path), immutable)
+    conn = cache.get(key)
+    if conn is not None:
+        cache.move_to_end(key)
+        return conn
+    try:
+        conn = _DuckDBConnection(path) if engine == "duckdb" else _SQLiteConnection(path, immutable)
+    except sqlite3.Error as exc:
+        raise _engine_error("SQLite", exc) from None
+    cache[key] = conn
+    while len(cache) > _MAX_CONNECTIONS_PER_THREAD:
+        cache.popitem(last=False)[1].close()
+    return conn
+
+
+def run_query(
+    path: Path,
+    engine: str,
+    sql: str,
+    *,
+    timeout: float = 5.0,
+    max_rows: int | None = None,
+    count_all: bool = True,
+    immutable: bool = True,
+) -> QueryResult:
+    """Run `sql` on this thread's read-only connection to `path` (blocking).
+
+    Args:
+        timeout: seconds before the query is interrupted.
+        max_rows: rows kept in the result (None keeps all).
+        count_all: count every row (True) or stop one row past `max_rows`.
+        immutable: open SQLite with `immutable=1` (no locking; the file must not change meanwhile).
+
+    Raises:
+        SQLError: the engine refused or failed the query, or it timed out.
+    """
+    return _connection(path, engine, immutable).run(sql, timeout, max_rows, count_all)
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool_in_child() -> None:
+    # A child inherits the pool object but not its threads, and maybe a held lock.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process-wide query pool (made again in a forked child, whose threads did not survive)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            workers = int(os.environ.get("TOOLENV_SQL_WORKERS", "0")) or min(8, (os.cpu_count() or 1) + 2)
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="toolenv-sql"))
+        return _pool[1]
+
+
+async def execute(
+    path: Path,
+    engine: str,
+    sql: str,
+    *,
+    timeout: float = 5.0,
+    max_rows: int | None = None,
+    count_all: bool = True,
+    immutable: bool = True,
+    inline_budget: float = 0.002,
+) -> QueryResult:
+    """`run_query` awaited from any event loop, without blocking it for more than `inline_budget` s.
+
+    A SQLite query first runs on the loop's thread for at most `inline_budget`
+    seconds; past that it is interrupted and run on the shared worker pool with
+    the full `timeout`. `inline_budget=0` always uses the pool.
+    """
+    if engine == "sqlite" and inline_budget > 0:
+        try:
+            return run_query(
+                path,
+                engine,
+                sql,
+                timeout=min(inline_budget, timeout),
+                max_rows=max_rows,
+                count_all=count_all,
+                immutable=immutable,
+            )
+        except QueryTimeout:
+            if inline_budget >= timeout:
+                raise
+    call = functools.partial(
+        run_query, path, engine, sql, timeout=timeout, max_rows=max_rows, count_all=count_all, immutable=immutable
+    )
+    return await asyncio.get_running_loop().run_in_executor(_executor(), call)

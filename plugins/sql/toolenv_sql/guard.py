@@ -1,0 +1,153 @@
+"""The read-only gate: sqlglot parses every query first and only single read queries pass.
+
+This is the first of three layers (then the engine's own read-only open and, for
+SQLite, an authorizer); it exists to give the model a precise message rather than
+an engine error, and to transpile other dialects to the engine's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from toolenv_sql.errors import SQLError
+
+__all__ = ["DENIED_FUNCTIONS", "is_ordered", "parse_read_query", "prepare"]
+
+#: Functions that reach outside the database (files, extensions); denied in every dialect.
+DENIED_FUNCTIONS = frozenset(
+    {
+        "load_extension",
+        "fts3_tokenizer",
+        "readfile",
+        "writefile",
+        "edit",
+        "read_csv",
+        "read_csv_auto",
+        "read_parquet",
+        "read_json",
+        "read_json_auto",
+        "read_text",
+        "read_blob",
+    }
+)
+
+# Statement kinds that change data or schema, or step outside one query; found anywhere in the tree.
+_WRITES: tuple[tuple[type[exp.Expr], str], ...] = (
+    (exp.Insert, "INSERT"),
+    (exp.Update, "UPDATE"),
+    (exp.Delete, "DELETE"),
+    (exp.Merge, "MERGE"),
+    (exp.Create, "CREATE"),
+    (exp.Drop, "DROP"),
+    (exp.Alter, "ALTER"),
+    (exp.TruncateTable, "TRUNCATE"),
+    (exp.Into, "SELECT ... INTO"),
+    (exp.Copy, "COPY"),
+    (exp.Attach, "ATTACH"),
+    (exp.Detach, "DETACH"),
+    (exp.Pragma, "PRAGMA"),
+    (exp.Set, "SET"),
+    (exp.Use, "USE"),
+    (exp.Transaction, "BEGIN"),
+    (exp.Commit, "COMMIT"),
+    (exp.Rollback, "ROLLBACK"),
+    (exp.LoadData, "LOAD DATA"),
+    (exp.Analyze, "ANALYZE"),
+    (exp.Command, "a command"),
+)
+
+
+class _DropCommandFallback(logging.Filter):
+    """Drop sqlglot's "Falling back to parsing as a 'Command'" warning.
+
+    Such statements are rejected here anyway with a clear observation; the warning
+    would echo every EXPLAIN/VACUUM a model writes into the training logs.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Falling back to parsing as a 'Command'" not in record.getMessage()
+
+
+logging.getLogger("sqlglot").addFilter(_DropCommandFallback())
+
+_ALLOWED = "Only read queries are allowed (SELECT, WITH ... SELECT, UNION/INTERSECT/EXCEPT, VALUES)"
+
+
+def _kind(node: exp.Expr) -> str:
+    for cls, label in _WRITES:
+        if isinstance(node, cls):
+            if isinstance(node, exp.Command):
+                return str(node.this).upper() or label
+            return label
+    return type(node).__name__.upper()
+
+
+def parse_read_query(sql: str, dialect: str) -> exp.Expr:
+    """The one read query in `sql`, parsed in `dialect`.
+
+    Raises:
+        SQLError: empty input, a syntax error, several statements, or anything but a read query.
+    """
+    try:
+        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+    except SqlglotError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SQLError(f"SQL syntax error ({dialect}): {first}") from None
+    if not statements:
+        raise SQLError("The query is empty. Write one SELECT statement.")
+    if len(statements) > 1:
+        raise SQLError(
+            f"Only one SQL statement per call is allowed; found {len(statements)}. Run them one call at a time."
+        )
+    tree = statements[0]
+    if not isinstance(tree, (exp.Query, exp.Values)):
+        raise SQLError(f"{_ALLOWED}; this is {_kind(tree)}. The database is read-only.")
+    for node in tree.walk():
+        if isinstance(node, tuple(cls for cls, _ in _WRITES)):
+            raise SQLError(f"{_ALLOWED}; the query contains {_kind(node)}. The database is read-only.")
+        if isinstance(node, exp.Func):
+            fname = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+            if fname in DENIED_FUNCTIONS:
+                raise SQLError(f"The function {fname}() is not allowed: queries may only read this database.")
+    return tree
+
+
+def prepare(sql: str, *, dialect: str | None, engine: str) -> str:
+    """The SQL to run on `engine` (see `_prepare`); results are cached, as models repeat queries."""
+    return _prepare(sql, dialect, engine)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prepare(sql: str, dialect: str | None, engine: str) -> str:
+    """The SQL to run on `engine`: checked, and transpiled when the model writes another dialect.
+
+    In the engine's own dialect the text runs as written (minus trailing semicolons),
+    so sqlglot's re-rendering can never change a query's meaning.
+
+    Raises:
+        SQLError: see `parse_read_query`; also when transpiling fails.
+    """
+    source = dialect or engine
+    tree = parse_read_query(sql, source)
+    if source == engine:
+        return sql.strip().rstrip(";").strip()
+    try:
+        return tree.sql(dialect=engine)
+    except SqlglotError as exc:
+        raise SQLError(f"Could not translate the query from {source} to {engine}: {exc}") from None
+
+
+def is_ordered(sql: str, dialect: str) -> bool:
+    """True when the query's outermost level has ORDER BY (its row order is then part of the result)."""
+    try:
+        tree = parse_read_query(sql, dialect)
+    except SQLError:
+        return False
+    while isinstance(tree, exp.Subquery) and tree.args.get("order") is None:
+        tree = tree.this
+    return tree.args.get("order") is not None
