@@ -177,6 +177,7 @@ class ToolEnv(gym.Env[str, str]):
         }
         if ep.terminated or ep.truncated:
             info["answer"] = ep.answer
+            info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
             info["episode"] = {
                 "return": sum(t.reward for t in ep.turns),
                 "turns": len(ep.turns),

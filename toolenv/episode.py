@@ -36,6 +36,7 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     answer: str | None = None
+    reward_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from toolenv.types import ParsedAction, ToolResult
 
 __all__ = ["ActionParser", "get_parser", "parser_names"]
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 class ActionParser(abc.ABC):
@@ -45,10 +44,26 @@ class ActionParser(abc.ABC):
     @staticmethod
     def find_answer(text: str) -> tuple[str | None, str]:
         """The last `<answer>…</answer>` in `text` and the text with answers removed."""
-        found = _ANSWER.findall(text)
-        if not found:
+        # str.find, not a regex: `<answer>(.*?)</answer>` rescans to the end from every
+        # unclosed `<answer>`, which is quadratic (minutes on a 240 kB reply of them).
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        while (start := text.find(_OPEN, pos)) >= 0:
+            end = text.find(_CLOSE, start + len(_OPEN))
+            if end < 0:
+                break
+            spans.append((start, end + len(_CLOSE)))
+            pos = end + len(_CLOSE)
+        if not spans:
             return None, text
-        return found[-1].strip(), _ANSWER.sub("", text)
+        last_start, last_end = spans[-1]
+        answer = text[last_start + len(_OPEN) : last_end - len(_CLOSE)].strip()
+        rest, prev = [], 0
+        for a, b in spans:
+            rest.append(text[prev:a])
+            prev = b
+        rest.append(text[prev:])
+        return answer, "".join(rest)
 
 
 def tools_json(tools: Sequence[Tool]) -> str:

@@ -24,6 +24,8 @@ class CodeBlockParser(ActionParser):
         self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL)
 
     def parse(self, text: str) -> ParsedAction:
+        # The answer comes out first: a fenced block inside <answer> is the answer, not a call.
+        answer, text = self.find_answer(text)
         calls: list[ToolCall] = []
         errors: list[str] = []
         for m in self._pattern.finditer(text):
@@ -34,7 +36,6 @@ class CodeBlockParser(ActionParser):
             if code.strip():
                 calls.append(ToolCall(name=self.tool, arguments={self.arg: code}, id=f"call_{len(calls)}"))
         rest = self._pattern.sub("", text)
-        answer, rest = self.find_answer(rest)
         return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:

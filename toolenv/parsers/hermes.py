@@ -13,7 +13,9 @@ from toolenv.types import ParsedAction, ToolCall, ToolResult
 
 __all__ = ["HermesParser"]
 
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+# A call ends at its `</tool_call>`; an unclosed one ends where the next `<tool_call>` opens
+# (so one forgotten close does not swallow the calls after it) or at the end of the text.
+_CALL = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
 
 
 class HermesParser(ActionParser):
@@ -60,21 +62,31 @@ class HermesParser(ActionParser):
 def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     try:
         obj: Any = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        msg = getattr(exc, "msg", "too deeply nested")
-        return None, f'Tool call {index + 1} is not valid JSON ({msg}). Write {{"name": ..., "arguments": {{...}}}}.'
+    except (ValueError, RecursionError) as exc:  # ValueError: also ints past Python's 4300-digit limit
+        return None, (
+            f"Tool call {index + 1} is not valid JSON ({_json_problem(exc)}). "
+            'Write {"name": ..., "arguments": {...}}.'
+        )
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, f'Tool call {index + 1} needs a JSON object with a string "name".'
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models double-encode the arguments
         try:
             args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):
             return None, f'Tool call {index + 1}: "arguments" is a string that is not JSON.'
     if not isinstance(args, dict):
         return None, f'Tool call {index + 1}: "arguments" must be a JSON object.'
     call_id = obj.get("id")
     return ToolCall(name=obj["name"], arguments=args, id=call_id if isinstance(call_id, str) else f"call_{index}"), None
+
+
+def _json_problem(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "too deeply nested"
+    return str(exc).split(":", 1)[0]  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
 
 
 register_parser("hermes", HermesParser)

@@ -63,6 +63,14 @@ class WeightedSum(Reward):
         """Weight of each component."""
         return {k: w for k, (_, w) in self.parts.items()}
 
+    async def turn(self, episode: Episode, turn: Turn) -> float:
+        """The weighted total of the parts' per-step rewards (so sums nest)."""
+        return self.total(await self.turn_components(episode, turn), self.weights)
+
+    async def final(self, episode: Episode) -> float:
+        """The weighted total of the parts' final rewards (so sums nest)."""
+        return self.total(await self.final_components(episode), self.weights)
+
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
         return {k: await r.turn(episode, turn) for k, (r, _) in self.parts.items()}
 

@@ -50,7 +50,7 @@ def count_tool_successes(turn: Turn) -> int:
 
 
 class ToolCallPenalty(Reward):
-    """`per_call` for every tool call of a turn (a cost on tool use), optionally only beyond `free_calls` per episode."""
+    """`per_call` for every tool call of a turn (a cost on tool use), beyond `free_calls` per episode."""
 
     def __init__(self, per_call: float = -1.0, *, free_calls: int = 0, name: str = "tool_call_penalty") -> None:
         self.per_call = per_call
@@ -127,7 +127,9 @@ class ActionPenalties(Reward):
 class ToolSuccessBonus(Reward):
     """`per_success` for every tool call that succeeded in a turn, at most `max_per_turn` calls counted."""
 
-    def __init__(self, per_success: float = 1.0, *, max_per_turn: int | None = None, name: str = "tool_success") -> None:
+    def __init__(
+        self, per_success: float = 1.0, *, max_per_turn: int | None = None, name: str = "tool_success"
+    ) -> None:
         self.per_success = per_success
         self.max_per_turn = max_per_turn
         self.name = name

@@ -1,0 +1,85 @@
+"""Sandboxed execution speed: toolenv's warm fork-server pool vs a plain `python -c` subprocess.
+
+For three snippets (trivial print, a 50 ms compute loop, a failing snippet) it
+measures sequential latency (median, p90) and throughput (executions per second
+with as many parallel callers as the pool has servers), prints a side-by-side
+table with ratios and writes bench/results/code.json.
+
+Usage: python bench/bench_code.py [--quick]
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from _common import parse_args, table, write
+from toolenv_code import get_pool, isolation_report
+
+SNIPPETS = {
+    "trivial": "print(1)",
+    "compute_50ms": "import time\nt = time.perf_counter()\nn = 0\nwhile time.perf_counter() - t < 0.05:\n    n += 1\n",
+    "failing": "def f():\n    return 1 / 0\nf()\n",
+}
+
+
+def run_toolenv(code: str) -> None:
+    get_pool().run(code)
+
+
+def run_subprocess(code: str) -> None:
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False)
+
+
+def latency(fn: Callable[[str], None], code: str, n: int) -> tuple[float, float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn(code)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return statistics.median(times) * 1000, times[int(0.9 * (len(times) - 1))] * 1000
+
+
+def throughput(fn: Callable[[str], None], code: str, n: int, workers: int) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(fn, [code] * n))
+    return n / (time.perf_counter() - start)
+
+
+def main() -> int:
+    args = parse_args(__doc__.splitlines()[0])
+    n_lat, n_tp = (10, 10) if args.quick else (200, 200)
+    pool = get_pool()
+    workers = pool.size
+    report = isolation_report()  # also starts and warms every server
+    pool.stats()
+    rows: list[dict[str, float | str]] = []
+    for name, code in SNIPPETS.items():
+        row: dict[str, float | str] = {"snippet": name}
+        slow = name == "compute_50ms"
+        for label, fn in (("toolenv", run_toolenv), ("subprocess", run_subprocess)):
+            fn(code)  # warm-up
+            med, p90 = latency(fn, code, max(5, n_lat // 4) if slow else n_lat)
+            tp = throughput(fn, code, max(8, n_tp // 4) if slow else n_tp, workers)
+            row.update({f"{label}_median_ms": med, f"{label}_p90_ms": p90, f"{label}_per_s": tp})
+        row["latency_ratio"] = float(row["subprocess_median_ms"]) / float(row["toolenv_median_ms"])
+        row["throughput_ratio"] = float(row["toolenv_per_s"]) / float(row["subprocess_per_s"])
+        rows.append(row)
+
+    print(f"isolation: {report.summary()}  parallel callers: {workers}  quick: {args.quick}")
+    keys = ["toolenv_median_ms", "toolenv_p90_ms", "toolenv_per_s", "subprocess_median_ms", "subprocess_p90_ms",
+            "subprocess_per_s", "latency_ratio", "throughput_ratio"]  # fmt: skip
+    header = ["snippet", "toolenv ms", "p90", "exec/s", "python -c ms", "p90", "exec/s", "latency x", "exec/s x"]
+    table([[r["snippet"], *(float(r[k]) for k in keys)] for r in rows], header)
+    write("code", {"quick": args.quick, "workers": workers, "isolation": report.model_dump(), "rows": rows}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

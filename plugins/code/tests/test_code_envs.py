@@ -1,0 +1,131 @@
+"""HumanEval-v0 and MBPP-v0: env checker, oracles on every task, rewards, the example."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+from toolenv_code.envs import make_humaneval_env, make_mbpp_env
+
+import toolenv
+from toolenv.registry import load
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("env_id", ["toolenv/HumanEval-v0", "toolenv/MBPP-v0"])
+def test_check_env(env_id: str) -> None:
+    env = gym.make(env_id, limit=5)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def test_tool_plugin_registered() -> None:
+    tool = toolenv.load_tool("python")
+    assert tool.name == "python" and "code" in tool.schema()["function"]["parameters"]["properties"]
+
+
+def test_codeblock_turns_then_answer() -> None:
+    env = make_humaneval_env(limit=1)
+    try:
+        obs, info = env.reset(seed=0)
+        assert "def has_close_elements" in obs and "<answer>" in obs
+        obs, reward, terminated, _, info = env.step("Try:\n```python\nprint(sorted([3, 1, 2]))\n```")
+        assert obs == "```output\n[1, 2, 3]\n```" and reward == 0.0 and not terminated
+        obs, reward, terminated, _, info = env.step("```python\nimport os\nos.listdir('/nope')\n```")
+        assert "FileNotFoundError" in obs and info["tool_results"][0].is_error
+        answer = "<answer>\ndef has_close_elements(numbers, threshold):\n    return False\n</answer>"
+        _, reward, terminated, _, info = env.step(answer)
+        report = env.unwrapped.episode.state["tests_passed"]
+        assert terminated and 0.0 < float(reward) < 1.0
+        assert float(reward) == pytest.approx(sum(report["passed"]) / len(report["passed"]))
+    finally:
+        env.close()
+
+
+def test_mbpp_hermes_and_fenced_answer() -> None:
+    env = make_mbpp_env(parser="hermes")
+    try:
+        env.reset(seed=0, options={"task_id": "MBPP/11"})  # remove first and last occurrence of a char
+        call = '<tool_call>{"name": "python", "arguments": {"code": "print(2 ** 10)"}}</tool_call>'
+        obs, *_ = env.step(call)
+        assert obs == "<tool_response>\n1024\n</tool_response>"
+        _, reward, terminated, _, _ = env.step("<answer>def remove_Occ(s, ch):\n    return s</answer>")
+        assert terminated and reward == 0.0
+        env.reset(seed=0, options={"task_id": "MBPP/11"})
+        fenced = "<answer>\n```python\ndef remove_Occ(s, ch):\n    return s.replace(ch, '')\n```\n</answer>"
+        _, reward, terminated, _, _ = env.step(fenced)
+        assert terminated and reward == 1.0
+    finally:
+        env.close()
+
+
+async def _oracle_scores(env_name: str, factory: object) -> list[float]:
+    oracle = load("oracles", env_name)
+    env = factory()  # type: ignore[operator]
+    sem = asyncio.Semaphore(8)
+
+    async def one(index: int) -> float:
+        async with sem:
+            e = factory(tasks=[env.tasks[index]])  # type: ignore[operator]
+            obs, _ = await e.areset(seed=0)
+            _, reward, terminated, _, _ = await e.astep(oracle(e.episode.task, 0, obs))
+            await e.aclose()
+            assert terminated
+            return float(reward)
+
+    return await asyncio.gather(*(one(i) for i in range(len(env.tasks))))
+
+
+@pytest.mark.slow
+async def test_oracles_score_one_on_every_task() -> None:
+    start = time.monotonic()
+    he = await _oracle_scores("HumanEval-v0", make_humaneval_env)
+    mbpp = await _oracle_scores("MBPP-v0", make_mbpp_env)
+    elapsed = time.monotonic() - start
+    assert len(he) == 164 and len(mbpp) == 974
+    assert [i for i, r in enumerate(he) if r != 1.0] == []
+    assert [i for i, r in enumerate(mbpp) if r != 1.0] == []
+    print(f"oracles: 1138 tasks graded in {elapsed:.1f} s")
+
+
+def test_example_runs() -> None:
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "code_example.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "reward 1.0" in out.stdout and "network=" in out.stdout, out.stdout + out.stderr
+
+
+async def test_many_envs_share_one_pool() -> None:
+    from toolenv_code.sandbox import get_pool
+
+    envs = [make_mbpp_env(limit=4) for _ in range(64)]
+    pool = get_pool()
+    pids_before = {s["pid"] for s in pool.stats()}
+
+    async def episode(i: int, env: toolenv.ToolEnv) -> str:
+        await env.areset(seed=i)
+        obs, *_ = await env.astep(f"```python\nprint({i} ** 2)\n```")
+        return obs
+
+    observations = await asyncio.gather(*(episode(i, e) for i, e in enumerate(envs)))
+    assert observations == [f"```output\n{i * i}\n```" for i in range(64)]
+    assert all(t.pool is pool for e in envs for t in e.tools)  # type: ignore[attr-defined]
+    assert {s["pid"] for s in pool.stats()} == pids_before and len(pids_before) == pool.size
+    for e in envs:
+        await e.aclose()

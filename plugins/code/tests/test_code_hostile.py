@@ -1,0 +1,163 @@
+"""Hostile code fails with an error observation and leaves the host unchanged."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from toolenv_code.sandbox import SandboxLimits, get_pool, run_code
+
+FAST = SandboxLimits(timeout=2.0, cpu_seconds=2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def loopback_server() -> Iterator[int]:
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"secret")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    assert hits == []  # the sandbox never reached it
+
+
+@pytest.fixture
+def outside_dir(tmp_path: Path) -> Iterator[Path]:
+    """A host directory outside /tmp (the sandbox lays its own tmpfs over /tmp)."""
+    base = Path("/var/tmp") if os.access("/var/tmp", os.W_OK) else tmp_path
+    path = Path(tempfile.mkdtemp(prefix="toolenv-code-test-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("where", ["outside", "tmp"])
+def test_write_outside_workdir_fails(where: str, outside_dir: Path, tmp_path: Path) -> None:
+    folder = outside_dir if where == "outside" else tmp_path
+    target = folder / "victim.txt"
+    target.write_text("original")
+    folder.chmod(0o777)  # permissions allow it: only the sandbox's read-only mounts stop the writes
+    target.chmod(0o666)
+    fresh = folder / "created.txt"
+    for code in (
+        f"open({str(target)!r}, 'w').write('pwned')",
+        f"open({str(fresh)!r}, 'w').write('x')",
+        f"import os; os.remove({str(target)!r})",
+        f"import shutil; shutil.rmtree({str(folder)!r})",
+    ):
+        r = run_code(code)
+        assert not r.ok, code
+        assert "Error" in r.stderr
+    assert target.read_text() == "original" and not fresh.exists()
+    if where == "outside" and os.geteuid() == 0:
+        assert "Read-only file system" in run_code(f"open({str(target)!r}, 'a')").stderr
+
+
+def test_network_to_loopback_server_fails(loopback_server: int) -> None:
+    code = (
+        "import urllib.request\n"
+        f"print(urllib.request.urlopen('http://127.0.0.1:{loopback_server}/x', timeout=1).read())\n"
+    )
+    r = run_code(code, FAST)
+    assert not r.ok and "secret" not in r.stdout
+    assert "URLError" in r.stderr or "unreachable" in r.stderr or "refused" in r.stderr
+
+
+def test_fork_bomb_is_contained() -> None:
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    r = run_code(code, SandboxLimits(timeout=1.0, cpu_seconds=2, max_processes=16))
+    assert not r.ok
+    assert run_code("print('still fine')").stdout == "still fine\n"
+
+
+def test_memory_bomb_fails() -> None:
+    r = run_code("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))\n", FAST)
+    assert not r.ok and ("MemoryError" in r.stderr or r.signal is not None)
+    r2 = run_code("x = bytearray(8 * 1024 ** 3)")
+    assert "MemoryError" in r2.stderr
+
+
+def test_cpu_spin_times_out() -> None:
+    start = time.monotonic()
+    r = run_code("while True:\n    pass\n", SandboxLimits(timeout=0.5, cpu_seconds=30))
+    assert r.timed_out and time.monotonic() - start < 5
+
+
+def test_killing_the_parent_does_not_work() -> None:
+    pool = get_pool()
+    before = {s["pid"] for s in pool.stats()}
+    r = run_code("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')")
+    assert "survived" in r.stdout or not r.ok
+    for pid in before:  # try the real server pids too: invisible from the sandbox's PID namespace
+        r = run_code(f"import os, signal\nos.kill({pid}, signal.SIGKILL)")
+        assert not r.ok and ("ProcessLookupError" in r.stderr or "PermissionError" in r.stderr)
+    assert {s["pid"] for s in pool.stats()} == before
+    assert all(_alive(pid) for pid in before) and _alive(os.getpid())
+
+
+def test_filling_the_disk_hits_fsize_limit() -> None:
+    code = "with open('big.bin', 'wb') as f:\n    for _ in range(200):\n        f.write(b'x' * 1024 * 1024)\n"
+    r = run_code(code, SandboxLimits(file_size_mb=4))
+    assert not r.ok and "File too large" in r.stderr
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def test_background_processes_are_killed() -> None:
+    marker = "4242.123"
+    code = (
+        "import os, subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'])\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # escape the process group: the PID namespace still catches it
+        f"    os.execvp('sleep', ['sleep', '{marker}1'])\n"
+        "print('spawned')\n"
+    )
+    r = run_code(code)
+    assert r.stdout == "spawned\n"
+    deadline = time.monotonic() + 3
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(marker) == []
+
+
+def test_protocol_pipes_are_not_reachable() -> None:
+    r = run_code("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))")
+    assert r.ok and r.stdout.strip() in ("[0, 1, 2]", "[0, 1, 2, 3]")  # 3 = the listdir handle itself

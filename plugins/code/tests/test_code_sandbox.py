@@ -1,0 +1,134 @@
+"""The sandbox pool: results, limits, output handling, isolation report, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from toolenv_code import isolation_report
+from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool, run_code
+from toolenv_code.tool import format_result
+
+
+def test_print_and_exit_status() -> None:
+    r = run_code("print('hello'); import sys; print('warn', file=sys.stderr)")
+    assert r.ok and r.stdout == "hello\n" and r.stderr == "warn\n" and r.exit_code == 0
+
+
+def test_exception_gives_traceback_with_source_line() -> None:
+    r = run_code("x = 1\ny = x / 0\n")
+    assert not r.ok and r.exit_code == 1
+    assert "ZeroDivisionError" in r.stderr and "y = x / 0" in r.stderr and 'File "<python>", line 2' in r.stderr
+    assert "_server.py" not in r.stderr  # the sandbox's own frames are hidden
+
+
+def test_syntax_error_and_sys_exit() -> None:
+    assert "SyntaxError" in run_code("def (:").stderr
+    assert run_code("import sys; sys.exit(3)").exit_code == 3
+    assert run_code("raise SystemExit").exit_code == 0
+
+
+def test_fresh_workdir_and_clean_state_per_call() -> None:
+    first = run_code("import os; open('f.txt', 'w').write('x'); print(os.getcwd()); print(os.listdir('.'))")
+    second = run_code("import os; print(os.getcwd()); print(os.listdir('.')); print('x' in globals())")
+    assert first.stdout.splitlines()[1] == "['f.txt']"
+    cwd2, listing, has_x = second.stdout.splitlines()
+    assert cwd2 != first.stdout.splitlines()[0] and listing == "[]" and has_x == "False"
+
+
+def test_random_differs_between_calls() -> None:
+    code = "import random; print(random.random())"
+    assert run_code(code).stdout != run_code(code).stdout
+
+
+def test_output_truncated_head_and_tail_kept() -> None:
+    limits = SandboxLimits(max_output_bytes=1000)
+    r = run_code("print('START'); print('x' * 100000); print('END')", limits)
+    assert r.truncated and r.stdout.startswith("START") and r.stdout.rstrip().endswith("END")
+    assert "bytes truncated" in r.stdout and len(r.stdout) < 1200
+    assert "(output was truncated)" in format_result(r, limits)
+
+
+def test_wall_clock_timeout() -> None:
+    limits = SandboxLimits(timeout=0.5)
+    start = time.monotonic()
+    r = run_code("print('before', flush=True)\nimport time\ntime.sleep(30)", limits)
+    assert r.timed_out and not r.ok and time.monotonic() - start < 5
+    assert r.stdout == "before\n"  # output written before the kill is kept
+    assert "did not finish within 0.5 s" in format_result(r, limits)
+
+
+def test_cpu_limit() -> None:
+    r = run_code("while True: pass", SandboxLimits(timeout=10, cpu_seconds=1))
+    assert r.signal == signal.SIGXCPU and not r.timed_out
+    assert "CPU time limit" in format_result(r, SandboxLimits())
+
+
+def test_stdlib_outside_preload_imports() -> None:
+    r = run_code("import sqlite3, csv, socket, subprocess; print(sqlite3.sqlite_version_info >= (3,))")
+    assert r.ok, r.stderr
+    assert r.stdout == "True\n"
+
+
+def test_isolation_report_is_measured() -> None:
+    report = isolation_report()
+    assert set(report.rlimits) == {"RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"}
+    assert report.limits["RLIMIT_NOFILE"] == SandboxLimits().max_open_files
+    if os.geteuid() == 0:  # CI machines for this project run as root, where unshare always works
+        assert report.network == "namespace" and report.filesystem == "readonly-root"
+        assert report.processes == "pid-namespace" and report.user == "unprivileged-uid"
+    assert "network=" in report.summary()
+
+
+def test_pool_is_shared_process_wide() -> None:
+    assert get_pool() is get_pool()
+
+
+async def test_concurrent_runs_from_async_code() -> None:
+    pool = get_pool()
+    results = await asyncio.gather(*(pool.arun(f"print({i} * 2)") for i in range(12)))
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(12)]
+
+
+def test_killed_server_is_replaced_transparently() -> None:
+    pool = SandboxPool(size=1)
+    try:
+        first_pid = pool.stats()[0]["pid"]
+        os.kill(first_pid, signal.SIGKILL)
+        r = pool.run("print(6 * 7)")
+        assert r.ok and r.stdout == "42\n"
+        assert pool.stats()[0]["pid"] != first_pid and pool.restarts == 1
+    finally:
+        pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.run("print(1)")
+
+
+def test_forked_host_process_gets_its_own_pool() -> None:
+    parent_pool = get_pool()
+    parent_pool.run("pass")
+    pid = os.fork()
+    if pid == 0:  # the child must not talk over the parent's server pipes
+        code = 0
+        try:
+            child_pool = get_pool()
+            ok = child_pool is not parent_pool and child_pool.run("print(7)").stdout == "7\n"
+            code = 0 if ok else 1
+            child_pool.close()
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert parent_pool.run("print(8)").stdout == "8\n"
+
+
+def test_tool_timeout_covers_sandbox_timeout() -> None:
+    from toolenv_code.tool import PythonTool
+
+    tool = PythonTool(sandbox=SandboxLimits(timeout=120))
+    assert tool.limits.timeout is not None and tool.limits.timeout > 120
+    assert PythonTool(timeout=5).limits.timeout == 5

@@ -1,0 +1,145 @@
+"""Confinement of a fork server: namespaces and a read-only view of the host.
+
+The server calls `setup_isolation` once at start. It moves into new mount and
+network namespaces (as root; through a user namespace otherwise; not at all if
+the kernel refuses both), lays a private tmpfs over /tmp, and remounts every
+other mount read-only, so sandboxed code can write only in its work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from toolenv_code import _linux
+
+__all__ = ["Isolation", "setup_isolation"]
+
+#: Mount points replaced inside the server's own mount namespace (never the host's).
+PRIVATE_TMP = "/tmp"  # noqa: S108
+PRIVATE_SHM = "/dev/shm"  # noqa: S108
+_MS_FLAGS = {"nosuid": _linux.MS_NOSUID, "nodev": _linux.MS_NODEV, "noexec": _linux.MS_NOEXEC}
+_MS_ATIME = {"noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+
+
+@dataclass
+class Isolation:
+    """What the server managed to set up at start (the client verifies it with a probe run)."""
+
+    mount_ns: bool = False
+    net_ns: bool = False
+    user_ns: bool = False
+    pid_ns: bool = False
+    readonly_mounts: int = 0
+    readonly_failures: list[str] = field(default_factory=list)
+    uid_drop: bool = False
+    workroot: str = ""
+    private_tmp: bool = False
+
+
+def _remount_readonly(iso: Isolation, skip: set[str]) -> None:
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    seen: set[str] = set()
+    for line in lines:
+        parts = line.split()
+        target = parts[4].encode().decode("unicode_escape")
+        if target in skip or target in seen:
+            continue
+        seen.add(target)
+        flags = _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY
+        for opt in parts[5].split(","):
+            flags |= _MS_FLAGS.get(opt, 0) | _MS_ATIME.get(opt, 0)
+        try:
+            _linux.mount(None, target, None, flags)
+            iso.readonly_mounts += 1
+        except OSError:
+            iso.readonly_failures.append(target)
+
+
+def _blocked_parents(paths: list[str]) -> dict[str, set[str]]:
+    """Directories others may not traverse (e.g. /root, mode 0700) → their children on `paths`."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        parts = os.path.realpath(path).split(os.sep)[1:]
+        parent = "/"
+        for name in parts:
+            if not name:
+                break
+            child = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                if not os.stat(parent).st_mode & 0o001:
+                    found.setdefault(parent, set()).add(child)
+                    break
+            parent = child
+    return found
+
+
+def _expose_interpreter(stash_root: str) -> list[str]:
+    """Make the interpreter's own files reachable by the lower sandbox uid.
+
+    When Python lives under a private directory (pyenv in /root), a tmpfs is laid over
+    that directory in our mount namespace and only the needed subtrees are bound back,
+    so the sandbox can import the standard library but sees nothing else there.
+    """
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), *sys.path]
+    failures: list[str] = []
+    for index, (parent, children) in enumerate(sorted(_blocked_parents([p for p in paths if p]).items())):
+        try:
+            stashes = []
+            for j, child in enumerate(sorted(children)):
+                stash = os.path.join(stash_root, f".expose-{index}-{j}")
+                os.mkdir(stash, 0o700)
+                _linux.mount(child, stash, None, _linux.MS_BIND | _linux.MS_REC)
+                stashes.append((stash, child))
+            _linux.mount("tmpfs", parent, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=1m,mode=0755")
+            for stash, child in stashes:
+                os.mkdir(child, 0o755)
+                _linux.mount(stash, child, None, _linux.MS_BIND | _linux.MS_REC)
+        except OSError:
+            failures.append(parent)
+    return failures
+
+
+def _enter_user_ns() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    _linux.unshare(_linux.CLONE_NEWUSER | _linux.CLONE_NEWNS | _linux.CLONE_NEWNET)
+    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
+                       ("/proc/self/gid_map", f"0 {gid} 1")):  # fmt: skip
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(text)
+
+
+def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
+    """Enter namespaces where the kernel allows it; fall back step by step where not."""
+    iso = Isolation()
+    try:
+        _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWNET)
+    except OSError:
+        try:
+            _enter_user_ns()
+            iso.user_ns = True
+        except OSError:
+            iso.workroot = tempfile.mkdtemp(prefix="toolenv-code-")
+            return iso
+    iso.mount_ns = iso.net_ns = True
+    try:
+        _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
+        _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={tmpfs_mb}m,mode=0711")
+        if os.geteuid() == 0 and not iso.user_ns:
+            iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
+        skip = {PRIVATE_TMP}
+        if os.path.isdir(PRIVATE_SHM):
+            with contextlib.suppress(OSError):
+                _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=16m,mode=1777")
+                skip.add(PRIVATE_SHM)
+        _remount_readonly(iso, skip)
+        iso.workroot = PRIVATE_TMP
+        iso.private_tmp = True
+    except OSError:
+        iso.workroot = tempfile.mkdtemp(prefix="toolenv-code-")
+    iso.uid_drop = uid_base > 0 and os.geteuid() == 0 and not iso.user_ns
+    return iso

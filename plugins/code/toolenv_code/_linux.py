@@ -1,0 +1,87 @@
+"""The few Linux syscalls the sandbox needs that Python 3.11's `os` lacks.
+
+`unshare`/`setns` arrived in `os` only in 3.12, and `mount`/`prctl` are not in the
+standard library at all. The PyPI wrappers (python-prctl, pyroute2's netns helpers,
+"unshare" packages) each cover one call, need a C toolchain or are unmaintained, so
+four ctypes calls into libc are the smaller, dependency-free choice.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+__all__ = [
+    "CLONE_NEWNET",
+    "CLONE_NEWNS",
+    "CLONE_NEWPID",
+    "CLONE_NEWUSER",
+    "MS_BIND",
+    "MS_NODEV",
+    "MS_NOEXEC",
+    "MS_NOSUID",
+    "MS_PRIVATE",
+    "MS_RDONLY",
+    "MS_REC",
+    "MS_REMOUNT",
+    "mount",
+    "set_child_subreaper",
+    "setns",
+    "unshare",
+]
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    """Move the calling process into new namespaces (`unshare(2)`)."""
+    if hasattr(os, "unshare"):  # Python 3.12+
+        os.unshare(flags)
+        return
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Join the namespace open at `fd` (`setns(2)`)."""
+    if hasattr(os, "setns"):  # Python 3.12+
+        os.setns(fd, nstype)
+        return
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """`mount(2)`; raises OSError on failure."""
+
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else os.fsencode(s)
+
+    ret = _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+    _check(ret, f"mount {target}")
+
+
+def set_child_subreaper() -> None:
+    """Make orphaned descendants reparent to this process, so it can reap them."""
+    _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")

@@ -1,0 +1,125 @@
+"""HumanEval and MBPP as toolenv Tasks, read from the copies shipped in `data/`."""
+
+from __future__ import annotations
+
+import ast
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from toolenv import Task
+from toolenv_code.grading import TestSpec
+
+__all__ = ["humaneval_tasks", "mbpp_tasks", "split_check"]
+
+HUMANEVAL_INSTRUCTIONS = (
+    "Complete the Python function below. You may run code to test your ideas. When you are done, give the "
+    "complete function (with its imports and `def` line) as your final answer inside <answer>...</answer>; "
+    "a ```python block inside the answer is fine."
+)
+MBPP_INSTRUCTIONS = (
+    "You may run code to test your ideas. When you are done, give the complete solution code as your final "
+    "answer inside <answer>...</answer>; a ```python block inside the answer is fine."
+)
+
+
+#: MBPP tasks whose reference solution needs far more than the default per-test time
+#: (task 123 sums amicable numbers below 9999: ~10 s of CPU, per data/mbpp/SOURCE.md).
+SLOW_MBPP = {123: 40.0}
+
+
+def _data(*parts: str) -> str:
+    return resources.files("toolenv_code").joinpath("data", *parts).read_text(encoding="utf-8")
+
+
+def _is_test(stmt: ast.stmt) -> bool:
+    asserts = [n for n in ast.walk(stmt) if isinstance(n, ast.Assert)]
+    trivial = isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Constant) and bool(stmt.test.value)
+    return bool(asserts) and not trivial
+
+
+def split_check(test_source: str, entry_point: str) -> tuple[str, list[str]]:
+    """Split HumanEval's `check(candidate)` into setup code and one snippet per assert.
+
+    Module-level code other than `check` becomes setup (plus `candidate = <entry_point>`);
+    each assert-bearing statement of `check`'s body is one test, carrying the plain
+    statements just before it (imports, helper variables) so that order is kept.
+    """
+    module = ast.parse(test_source)
+    setup: list[str] = []
+    tests: list[str] = []
+    pending: list[str] = []
+    for node in module.body:
+        if not (isinstance(node, ast.FunctionDef) and node.name == "check"):
+            setup.append(ast.unparse(node))
+            continue
+        for stmt in node.body:
+            pending.append(ast.unparse(stmt))
+            if _is_test(stmt):
+                tests.append("\n".join(pending))
+                pending = []
+    if pending and tests:
+        tests[-1] += "\n" + "\n".join(pending)
+    setup.append(f"candidate = {entry_point}")
+    return "\n".join(setup), tests
+
+
+@lru_cache(maxsize=1)
+def _humaneval() -> tuple[Task, ...]:
+    tasks = []
+    for line in _data("humaneval", "HumanEval.jsonl").splitlines():
+        row = json.loads(line)
+        setup, tests = split_check(row["test"], row["entry_point"])
+        spec = TestSpec(tests=tests, setup=setup, solution_prefix=row["prompt"])
+        tasks.append(
+            Task(
+                id=row["task_id"],
+                question=f"{HUMANEVAL_INSTRUCTIONS}\n\n```python\n{row['prompt']}```",
+                answer=row["prompt"] + row["canonical_solution"],
+                context={"dataset": "humaneval", "entry_point": row["entry_point"], **spec.model_dump()},
+            )
+        )
+    return tuple(tasks)
+
+
+def humaneval_tasks() -> list[Task]:
+    """The 164 HumanEval problems; `context` holds the split hidden tests."""
+    return list(_humaneval())
+
+
+def _mbpp_question(text: str, tests: list[str]) -> str:
+    shown = "\n".join(tests)
+    return f"{text}\nYour code should pass these tests:\n\n{shown}\n\n{MBPP_INSTRUCTIONS}"
+
+
+@lru_cache(maxsize=2)
+def _mbpp(subset: str) -> tuple[Task, ...]:
+    rows: list[dict[str, Any]]
+    if subset == "full":
+        rows = [json.loads(line) for line in _data("mbpp", "mbpp.jsonl").splitlines() if line.strip()]
+    elif subset == "sanitized":
+        rows = json.loads(_data("mbpp", "sanitized-mbpp.json"))
+    else:
+        raise ValueError(f"unknown MBPP subset {subset!r}; expected 'full' or 'sanitized'")
+    tasks = []
+    for row in rows:
+        text = row.get("text", row.get("prompt", ""))
+        setup = row.get("test_setup_code") or "\n".join(row.get("test_imports", []))
+        spec = TestSpec(tests=list(row["test_list"]), setup=setup)
+        if row["task_id"] in SLOW_MBPP:
+            spec.test_timeout = SLOW_MBPP[row["task_id"]]
+        tasks.append(
+            Task(
+                id=f"MBPP/{row['task_id']}",
+                question=_mbpp_question(text, row["test_list"]),
+                answer=row["code"].replace("\r\n", "\n"),
+                context={"dataset": f"mbpp-{subset}", **spec.model_dump()},
+            )
+        )
+    return tuple(tasks)
+
+
+def mbpp_tasks(subset: str = "full") -> list[Task]:
+    """MBPP problems: `full` (974, mbpp.jsonl) or `sanitized` (427 hand-checked)."""
+    return list(_mbpp(subset))

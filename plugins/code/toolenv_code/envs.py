@@ -1,0 +1,61 @@
+"""`toolenv/HumanEval-v0` and `toolenv/MBPP-v0`, and their oracles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolenv import Task, ToolEnv
+from toolenv_code import reward as _reward  # noqa: F401 - registers "tests_passed"
+from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
+from toolenv_code.sandbox import SandboxLimits
+from toolenv_code.tool import PythonTool
+
+__all__ = ["humaneval_oracle", "make_code_env", "make_humaneval_env", "make_mbpp_env", "mbpp_oracle"]
+
+
+def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
+    """A code env over `default_tasks`.
+
+    Overrides: `tasks`, `limit` (first N tasks), `stateful` (variables persist within
+    an episode), `sandbox` (`SandboxLimits`), `tools`, and any `ToolEnv` argument
+    (`max_turns`, `parser`, `reward`, ...). The default parser reads ```python blocks;
+    pass `parser="hermes"` to call the `python` tool with JSON tool calls instead.
+    """
+    tasks = overrides.pop("tasks", default_tasks)
+    limit = overrides.pop("limit", None)
+    if limit is not None:
+        tasks = list(tasks)[: int(limit)]
+    stateful = bool(overrides.pop("stateful", False))
+    sandbox = overrides.pop("sandbox", None)
+    if isinstance(sandbox, dict):
+        sandbox = SandboxLimits.model_validate(sandbox)
+    tools = overrides.pop("tools", None) or [PythonTool(stateful=stateful, sandbox=sandbox)]
+    parser = overrides.pop("parser", "codeblock")
+    overrides.setdefault("reward", "tests_passed")
+    overrides.setdefault("max_turns", 4)
+    return ToolEnv(tools=tools, tasks=tasks, parser=parser, **overrides)
+
+
+def make_humaneval_env(**overrides: Any) -> ToolEnv:
+    """HumanEval (164 problems): complete the function; reward = share of its asserts passed."""
+    return make_code_env(humaneval_tasks(), **overrides)
+
+
+def make_mbpp_env(**overrides: Any) -> ToolEnv:
+    """MBPP (974 problems; `subset="sanitized"` for the 427 checked ones); reward = share of tests passed."""
+    subset = overrides.pop("subset", "full")
+    return make_code_env(mbpp_tasks(subset), **overrides)
+
+
+def _answer(task: Task) -> str:
+    return f"<answer>\n```python\n{task.answers[0]}\n```\n</answer>"
+
+
+def humaneval_oracle(task: Task, turn: int, observation: str) -> str:
+    """Answer at once with the canonical solution (in a fenced block inside `<answer>`)."""
+    return _answer(task)
+
+
+def mbpp_oracle(task: Task, turn: int, observation: str) -> str:
+    """Answer at once with the reference solution (in a fenced block inside `<answer>`)."""
+    return _answer(task)

@@ -1,0 +1,100 @@
+"""What the sandbox really enforces, measured from inside a sandboxed run.
+
+`isolation_report()` does not trust the setup code's intentions: it runs a probe
+through the pool and reports what the probe observed (network interfaces it can see,
+whether / is writable, its PID and uid, the rlimits in force). `toolenv doctor`
+prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolenv_code.sandbox import SandboxPool, get_pool
+
+__all__ = ["IsolationReport", "isolation_report"]
+
+_PROBE = r"""
+import json, os, resource
+out = {}
+try:
+    with open("/proc/net/dev") as fh:
+        out["interfaces"] = sorted(l.split(":")[0].strip() for l in fh.read().splitlines()[2:])
+except OSError:
+    out["interfaces"] = None
+out["root_readonly"] = bool(os.statvfs("/").f_flag & os.ST_RDONLY)
+out["pid"] = os.getpid()
+out["uid"] = os.getuid()
+out["limits"] = {}
+for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
+    soft = resource.getrlimit(getattr(resource, name))[0]
+    out["limits"][name] = None if soft == resource.RLIM_INFINITY else soft
+print(json.dumps(out))
+"""
+
+
+class IsolationReport(BaseModel):
+    """The isolation in force for sandboxed code."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    network: Literal["namespace", "none"] = Field(
+        description="`namespace`: an empty network namespace (no interface up); `none`: the host network."
+    )
+    filesystem: Literal["readonly-root", "none"] = Field(
+        description="`readonly-root`: the host tree is mounted read-only, writes go to a private tmpfs."
+    )
+    processes: Literal["pid-namespace", "process-group"] = Field(
+        description="How leftover processes are killed: with their own PID namespace, or by process group."
+    )
+    user: Literal["unprivileged-uid", "user-namespace", "same-as-host"] = Field(
+        description="The identity the code runs as."
+    )
+    rlimits: list[str] = Field(description="Resource limits in force (names of `resource.RLIMIT_*`).")
+    limits: dict[str, int | None] = Field(description="The rlimit values seen by the probe (soft limits).")
+    fork_servers: int = Field(description="Warm fork servers in the pool.")
+
+    def summary(self) -> str:
+        """One line for `toolenv doctor`."""
+        return (
+            f"network={self.network} filesystem={self.filesystem} processes={self.processes} "
+            f"user={self.user} rlimits={','.join(r.removeprefix('RLIMIT_') for r in self.rlimits)}"
+        )
+
+
+def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
+    """Run a probe in the sandbox and report what it could and could not do.
+
+    Raises:
+        RuntimeError: the probe itself failed (the message carries its stderr).
+    """
+    pool = pool or get_pool()
+    result = pool.run(_PROBE)
+    if not result.ok:
+        raise RuntimeError(f"isolation probe failed: {result.error or result.stderr.strip()[-500:]}")
+    seen = json.loads(result.stdout)
+    setup = pool.stats()[0].get("isolation", {})
+    # Only a loopback interface visible means a network namespace of our own: nothing routes out.
+    isolated_net = seen["interfaces"] is not None and set(seen["interfaces"]) <= {"lo"}
+    user: Literal["unprivileged-uid", "user-namespace", "same-as-host"] = "unprivileged-uid"
+    if seen["uid"] == 0:
+        user = "user-namespace" if setup.get("user_ns") else "same-as-host"
+    limits = seen["limits"]
+    return IsolationReport(
+        network="namespace" if isolated_net else "none",
+        filesystem="readonly-root" if seen["root_readonly"] else "none",
+        processes="pid-namespace" if seen["pid"] == 1 else "process-group",
+        user=user,
+        rlimits=[k for k, v in limits.items() if v is not None],
+        limits=limits,
+        fork_servers=pool.size,
+    )
+
+
+def doctor_report() -> dict[str, object]:
+    """`toolenv doctor`'s section for the sandbox: the isolation level actually in force."""
+    report = isolation_report()
+    return {"isolation": report.summary(), **report.model_dump()}

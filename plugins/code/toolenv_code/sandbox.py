@@ -1,0 +1,316 @@
+"""The process-wide sandbox pool: warm fork servers, limits, and typed results.
+
+One pool serves every env and tool in a process (1,024 envs make one pool, not
+1,024), started on first use and closed at exit. The pool is thread-based rather
+than asyncio-based because envs each run their own event loop; async callers go
+through `asyncio.to_thread`. A fork server that dies is replaced on the next call,
+and the call that saw it die is retried once on the fresh server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolenv_code._protocol import ProtocolError, read_frame, write_frame
+
+__all__ = ["ExecResult", "SandboxLimits", "SandboxPool", "arun_code", "get_pool", "run_code", "shutdown_pool"]
+
+
+class SandboxLimits(BaseModel):
+    """Limits applied to every execution (each is enforced by the kernel, except `timeout`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: float = Field(default=10.0, gt=0, description="Wall-clock seconds before the run is killed.")
+    cpu_seconds: int = Field(default=10, ge=1, description="RLIMIT_CPU of a one-shot run.")
+    session_cpu_seconds: int = Field(default=120, ge=1, description="RLIMIT_CPU of a whole stateful session.")
+    memory_mb: int = Field(default=1024, ge=64, description="RLIMIT_AS (address space) in MiB.")
+    max_processes: int = Field(default=32, ge=1, description="RLIMIT_NPROC: processes of the sandbox's uid.")
+    file_size_mb: int = Field(default=16, ge=1, description="RLIMIT_FSIZE: largest file the code may write.")
+    max_open_files: int = Field(default=64, ge=8, description="RLIMIT_NOFILE.")
+    max_output_bytes: int = Field(default=65536, ge=256, description="Output kept per stream (head and tail).")
+
+
+class ExecResult(BaseModel):
+    """What one execution produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = Field(default=None, description="Exit status; None when killed by a signal.")
+    signal: int | None = Field(default=None, description="The signal that killed the process, if any.")
+    timed_out: bool = False
+    truncated: bool = Field(default=False, description="Output exceeded `max_output_bytes` and was cut.")
+    duration: float = Field(default=0.0, description="Seconds from fork to exit.")
+    error: str | None = Field(default=None, description="A sandbox failure (not the code's own error).")
+    new_session: bool = Field(default=False, description="A stateful call that started a fresh session.")
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to completion with exit status 0."""
+        return self.error is None and not self.timed_out and self.exit_code == 0
+
+
+_UIDS_PER_SERVER = 64  # one for one-shot runs, one per live session
+
+
+def _uid_base(slot: int) -> int:
+    # A distinct uid range per (host process, server) keeps RLIMIT_NPROC per sandbox:
+    # the kernel counts processes per uid, and root ignores the limit altogether.
+    return 200_000 + ((os.getpid() % 4096) * 64 + slot % 64) * _UIDS_PER_SERVER
+
+
+class _Server:
+    """The client end of one fork server process."""
+
+    def __init__(self, slot: int, tmpfs_mb: int, max_sessions: int, session_idle: float) -> None:
+        self.slot = slot
+        root = str(Path(__file__).resolve().parent.parent)
+        boot = f"import sys; sys.path.insert(0, {root!r}); from toolenv_code._server import main; main()"
+        args = [str(_uid_base(slot)), str(tmpfs_mb), str(max_sessions), str(session_idle)]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", boot, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            start_new_session=True,  # Ctrl-C in the host terminal must not kill the servers
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.req_fd = self.proc.stdin.fileno()
+        self.resp_fd = self.proc.stdout.fileno()
+        self.hello = read_frame(self.resp_fd)
+        self.busy = False
+        self.sessions: set[str] = set()
+
+    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
+        write_frame(self.req_fd, obj)
+        return read_frame(self.resp_fd)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class SandboxPool:
+    """A fixed number of fork servers; each runs one execution at a time.
+
+    Args:
+        size: fork servers (parallel executions); default: CPU count, at least 2.
+        tmpfs_mb: size of each server's private /tmp.
+        max_sessions: live stateful sessions per server; the least recently used is evicted.
+        session_idle: seconds after which an idle session is dropped.
+    """
+
+    def __init__(
+        self, size: int | None = None, *, tmpfs_mb: int = 256, max_sessions: int = 16, session_idle: float = 900.0
+    ) -> None:
+        if not 1 <= max_sessions <= _UIDS_PER_SERVER - 2:
+            raise ValueError(f"max_sessions must be between 1 and {_UIDS_PER_SERVER - 2}, got {max_sessions}")
+        self.size = size or max(2, os.cpu_count() or 2)
+        self._opts = (tmpfs_mb, max_sessions, session_idle)
+        self._servers: list[_Server | None] = [None] * self.size
+        self._busy = [False] * self.size
+        self._cond = threading.Condition()
+        self._session_slot: dict[str, int] = {}
+        self._pending_close: list[str] = []
+        self._closed = False
+        self.restarts = 0
+
+    # -- slots
+    def _acquire(self, slot: int | None) -> int:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("the sandbox pool is closed")
+                if slot is not None:
+                    if not self._busy[slot]:
+                        self._busy[slot] = True
+                        return slot
+                else:
+                    for i in range(self.size):
+                        if not self._busy[i]:
+                            self._busy[i] = True
+                            return i
+                self._cond.wait()
+
+    def _release(self, slot: int) -> None:
+        with self._cond:
+            self._busy[slot] = False
+            self._cond.notify_all()
+
+    def _server(self, slot: int) -> _Server:
+        if self._closed:
+            raise RuntimeError("the sandbox pool is closed")
+        server = self._servers[slot]
+        if server is None or not server.alive():
+            if server is not None:
+                self.restarts += 1
+                server.close()
+                with self._cond:
+                    for sid in server.sessions:
+                        self._session_slot.pop(sid, None)
+            server = _Server(slot, *self._opts)
+            self._servers[slot] = server
+        return server
+
+    def _call(self, slot: int, obj: dict[str, Any]) -> dict[str, Any]:
+        """One request on `slot`, retried once on a fresh server if the server died."""
+        for attempt in (0, 1):
+            server = self._server(slot)
+            self._flush_closes(slot, server)
+            try:
+                return server.request(obj)
+            except (ProtocolError, OSError):
+                server.close()
+                if attempt or obj["op"] == "session_run":
+                    return {"error": "the sandbox server died during the call; it has been restarted"}
+        raise AssertionError("unreachable")
+
+    def _flush_closes(self, slot: int, server: _Server) -> None:
+        with self._cond:
+            mine = [sid for sid in self._pending_close if sid in server.sessions]
+            self._pending_close = [sid for sid in self._pending_close if sid not in server.sessions]
+        if mine:
+            with contextlib.suppress(ProtocolError, OSError):
+                server.request({"op": "session_close", "sessions": mine})
+            server.sessions.difference_update(mine)
+
+    # -- public API
+    def run(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
+        """Run `code` in a fresh sandboxed process, or in stateful `session` (blocking, thread-safe)."""
+        lim = (limits or SandboxLimits()).model_dump()
+        if session is None:
+            slot = self._acquire(None)
+            try:
+                resp = self._call(slot, {"op": "run", "code": code, "limits": lim})
+            finally:
+                self._release(slot)
+            return _result(resp)
+        with self._cond:
+            pinned = self._session_slot.get(session)
+            if pinned is None:
+                load = [0] * self.size
+                for used in self._session_slot.values():
+                    load[used] += 1
+                pinned = self._session_slot[session] = load.index(min(load))
+        slot = self._acquire(pinned)
+        try:
+            server = self._server(slot)
+            server.sessions.add(session)
+            resp = self._call(slot, {"op": "session_run", "session": session, "code": code, "limits": lim})
+            if resp.get("error") or not resp.get("alive", False):
+                server.sessions.discard(session)
+                with self._cond:
+                    self._session_slot.pop(session, None)
+        finally:
+            self._release(slot)
+        return _result(resp)
+
+    async def arun(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
+        """`run` from async code (in a worker thread, so any event loop may call it)."""
+        return await asyncio.to_thread(self.run, code, limits, session=session)
+
+    def close_session(self, session: str) -> None:
+        """Forget `session`; its process is killed on the server's next request (never blocks)."""
+        with self._cond:
+            if self._session_slot.pop(session, None) is not None:
+                self._pending_close.append(session)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each server's pid, live sessions and isolation setup (starts the servers)."""
+        out = []
+        for slot in range(self.size):
+            self._acquire(slot)
+            try:
+                out.append(self._call(slot, {"op": "stats"}))
+            finally:
+                self._release(slot)
+        return out
+
+    def close(self) -> None:
+        """Stop every server (their sessions die with them)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            servers, self._servers = self._servers, [None] * self.size
+        for server in servers:
+            if server is not None:
+                server.close()
+
+
+def _result(resp: dict[str, Any]) -> ExecResult:
+    if resp.get("error"):
+        return ExecResult(error=str(resp["error"]))
+    return ExecResult(
+        stdout=resp.get("stdout", ""),
+        stderr=resp.get("stderr", ""),
+        exit_code=resp.get("exit_code"),
+        signal=resp.get("signal"),
+        timed_out=bool(resp.get("timed_out")),
+        truncated=bool(resp.get("truncated")),
+        duration=float(resp.get("duration", 0.0)),
+        new_session=bool(resp.get("new_session")),
+    )
+
+
+_POOL: SandboxPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool() -> SandboxPool:
+    """The process-wide pool, created on first use and closed at interpreter exit."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = SandboxPool()
+        return _POOL
+
+
+def shutdown_pool() -> None:
+    """Close the process-wide pool (a later `get_pool` starts a new one)."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.close()
+
+
+def _forget_after_fork() -> None:
+    # A forked host process must not share the parent's server pipes: it starts its own pool.
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+atexit.register(shutdown_pool)
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def run_code(code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
+    """Run `code` in the shared pool (blocking)."""
+    return get_pool().run(code, limits, session=session)
+
+
+async def arun_code(code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
+    """Run `code` in the shared pool (async)."""
+    return await get_pool().arun(code, limits, session=session)

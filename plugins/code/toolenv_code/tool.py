@@ -1,0 +1,107 @@
+"""The `python` tool: run model-written code in the sandbox, optionally keeping state per episode."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+import weakref
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from toolenv import Tool, ToolContext, ToolLimits, ToolResult
+from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
+
+__all__ = ["PythonTool", "format_result"]
+
+_STATE_KEY = "toolenv_code.session"
+
+
+class _SessionHandle:
+    """Lives in `ctx.state`; when the episode's state is dropped (reset/close) the session is released."""
+
+    def __init__(self, pool: SandboxPool, episode_id: str) -> None:
+        self.id = episode_id or uuid.uuid4().hex
+        self.calls = 0
+        self._finalizer = weakref.finalize(self, pool.close_session, self.id)
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+def format_result(result: ExecResult, limits: SandboxLimits) -> str:
+    """The observation text: output first, then why the run failed, if it did."""
+    parts = [p for p in (result.stdout, result.stderr) if p]
+    if result.error:
+        parts.append(f"Error: {result.error}")
+    elif result.timed_out:
+        parts.append(f"Error: the code did not finish within {limits.timeout:g} s and was stopped.")
+    elif result.signal is not None:
+        name = signal.Signals(result.signal).name if result.signal in signal.valid_signals() else str(result.signal)
+        hint = " (CPU time limit)" if result.signal == signal.SIGXCPU else ""
+        parts.append(f"Error: the process was killed by {name}{hint}.")
+    elif result.exit_code and not result.stderr:
+        parts.append(f"Error: exit status {result.exit_code}.")
+    if result.truncated:
+        parts.append("(output was truncated)")
+    return "\n".join(p.rstrip("\n") for p in parts) if parts else "(no output)"
+
+
+class PythonTool(Tool):
+    """Run Python code in a sandbox and return what it prints (stdout, then stderr).
+
+    Each call starts from a clean interpreter unless the tool is stateful, in which
+    case variables persist across the calls of one episode.
+    """
+
+    name = "python"
+    limits = ToolLimits(timeout=60.0)
+
+    class Args(BaseModel):
+        code: str = Field(description="Python source to execute; use print() to see values.")
+
+    def __init__(
+        self,
+        *,
+        stateful: bool = False,
+        sandbox: SandboxLimits | None = None,
+        pool: SandboxPool | None = None,
+        limits: ToolLimits | None = None,
+        **limit_overrides: Any,
+    ) -> None:
+        self.sandbox = sandbox or SandboxLimits()
+        if limits is None and "timeout" not in limit_overrides:
+            # The sandbox enforces its own timeout; the caller's must not cut it short.
+            limit_overrides["timeout"] = max(type(self).limits.timeout or 0.0, self.sandbox.timeout + 30.0)
+        super().__init__(limits=limits, **limit_overrides)
+        self.stateful = stateful
+        self._pool = pool
+        self._handles: weakref.WeakSet[_SessionHandle] = weakref.WeakSet()
+
+    @property
+    def pool(self) -> SandboxPool:
+        """The pool this tool runs in (the process-wide one unless given)."""
+        return self._pool or get_pool()
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        handle: _SessionHandle | None = None
+        note = ""
+        if self.stateful:
+            found = ctx.state.get(_STATE_KEY)
+            handle = found if isinstance(found, _SessionHandle) else None
+            if handle is None:
+                handle = ctx.state[_STATE_KEY] = _SessionHandle(self.pool, ctx.episode_id)
+                self._handles.add(handle)
+        result = await self.pool.arun(args.code, self.sandbox, session=handle.id if handle else None)
+        if handle is not None:
+            if result.new_session and handle.calls:
+                note = "Note: the session was restarted, so variables from earlier calls are gone.\n"
+            handle.calls += 1
+        text = note + format_result(result, self.sandbox)
+        meta = {"exit_code": result.exit_code, "duration": result.duration, "timed_out": result.timed_out}
+        return ToolResult(text=text, is_error=not result.ok, metadata=meta)
+
+    async def close(self) -> None:
+        """Release the sessions this tool opened."""
+        for handle in list(self._handles):
+            handle.release()

@@ -1,0 +1,107 @@
+"""The format reward scored through real ToolEnv episodes."""
+
+from __future__ import annotations
+
+import pytest
+
+import toolenv
+from toolenv.rewards import FormatReward, get_reward, has_block
+from toolenv.tool import tool
+
+
+@tool
+def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def run(actions: list[str], reward: toolenv.Reward | str, max_turns: int = 4) -> tuple[float, dict[str, float]]:
+    env = toolenv.ToolEnv(tools=[add], tasks=[{"question": "2+3?", "answer": "5"}], reward=reward, max_turns=max_turns)
+    env.reset(seed=0)
+    total, components = 0.0, {}
+    try:
+        for a in actions:
+            _, r, term, trunc, info = env.step(a)
+            total += float(r)
+            components = info["reward_components"]
+            if term or trunc:
+                break
+    finally:
+        env.close()
+    return total, components
+
+
+def test_clean_episode_scores_one() -> None:
+    total, comps = run([CALL, "<answer>5</answer>"], "format")
+    assert comps == {"format": 1.0}
+    assert total == 1.0
+
+
+def test_parse_error_anywhere_scores_zero() -> None:
+    total, comps = run(["<tool_call>{bad json</tool_call>", CALL, "<answer>5</answer>"], "format")
+    assert comps["format"] == 0.0 and total == 0.0
+
+
+def test_turn_without_action_scores_zero() -> None:
+    total, _ = run(["I am thinking about it.", "<answer>5</answer>"], "format")
+    assert total == 0.0
+
+
+def test_truncation_without_answer_scores_zero_unless_not_required() -> None:
+    assert run([CALL, CALL], "format", max_turns=2)[0] == 0.0
+    assert run([CALL, CALL], FormatReward(require_answer=False), max_turns=2)[0] == 1.0
+
+
+def test_tool_error_is_not_a_format_error() -> None:
+    # Wrong argument types are the tool's business; the action itself was well formed.
+    bad_args = '<tool_call>{"name": "add", "arguments": {"a": "x", "b": 1}}</tool_call>'
+    assert run([bad_args, "<answer>5</answer>"], "format")[0] == 1.0
+
+
+def test_require_think_block() -> None:
+    reward = FormatReward(require_think=True)
+    good = [f"<think>need the sum</think>{CALL}", "<think>got 5</think><answer>5</answer>"]
+    assert run(good, reward)[0] == 1.0
+    missing = [f"<think>need the sum</think>{CALL}", "<answer>5</answer>"]
+    assert run(missing, reward)[0] == 0.0
+    empty = ["<think>  </think>" + CALL, "<think>x</think><answer>5</answer>"]
+    assert run(empty, reward)[0] == 0.0
+
+
+def test_partial_credit_is_fraction_of_good_turns() -> None:
+    reward = FormatReward(partial=True)
+    total, _ = run(["<tool_call>{bad</tool_call>", CALL, "<answer>5</answer>"], reward)
+    assert total == pytest.approx(2 / 3)
+
+
+def test_format_combines_with_exact_match_by_weight() -> None:
+    spec = get_reward({"exact_match": 1.0, "format": 0.5})
+    total, comps = run([CALL, "<answer>5</answer>"], spec)
+    assert comps == {"exact_match": 1.0, "format": 1.0}
+    assert total == 1.5
+    total, comps = run([CALL, "<answer>6</answer>"], spec)
+    assert comps == {"exact_match": 0.0, "format": 1.0}
+    assert total == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>a</think>", True),
+        ("<think></think><think> b </think>", True),
+        ("<think>  </think>", False),
+        ("<think>never closed", False),
+        ("<think>" * 10_000 + "x", False),
+        ("no block", False),
+    ],
+)
+def test_has_block(text: str, expected: bool) -> None:
+    assert has_block(text, "think") is expected
+
+
+def test_invalid_think_tag_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid tag name"):
+        FormatReward(think_tag="a b")

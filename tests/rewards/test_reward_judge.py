@@ -1,0 +1,332 @@
+"""The LLM judge against a real OpenAI-compatible HTTP server on 127.0.0.1 run by the test."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+import toolenv
+from toolenv.caller import ToolCaller
+from toolenv.episode import Episode
+from toolenv.rewards import LLMJudge, get_reward, parse_judgement, reward_info
+from toolenv.types import Task
+
+SECRET = "sk-test-do-not-leak-1234"
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes | str | dict[str, Any] = ""
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def completion(text: str) -> dict[str, Any]:
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+    }
+
+
+class FakeServer:
+    """A chat-completions server that answers from a script and records what it got."""
+
+    def __init__(self) -> None:
+        self.script: list[Reply] = []
+        self.requests: list[dict[str, Any]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                raw = self.rfile.read(length)
+                owner.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(raw)})
+                reply = owner.script.pop(0) if len(owner.script) > 1 else owner.script[0]
+                if reply.delay:
+                    time.sleep(reply.delay)
+                body = reply.body
+                data = (
+                    json.dumps(body).encode()
+                    if isinstance(body, dict)
+                    else body.encode()
+                    if isinstance(body, str)
+                    else body
+                )
+                try:
+                    self.send_response(reply.status)
+                    for k, v in reply.headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer() as s:
+        yield s
+
+
+def make_episode(answer: str | None, gold: str | list[str] = "Paris") -> Episode:
+    task = Task(id="t", question="What is the capital of France?", answer=gold)
+    ep = Episode(task=task, episode_id="e", caller=ToolCaller([]))
+    ep.answer = answer
+    return ep
+
+
+def judge(server: FakeServer, **kw: Any) -> LLMJudge:
+    kw.setdefault("backoff", 0.01)
+    return LLMJudge(base_url=server.url, model="judge-model", api_key_env="TOOLENV_TEST_JUDGE_KEY", **kw)
+
+
+async def test_yes_scores_one_and_request_is_well_formed(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLENV_TEST_JUDGE_KEY", SECRET)
+    server.script = [Reply(body=completion("Yes. Both name the same city."))]
+    ep = make_episode("paris, france", gold=["Paris", "Paris, France"])
+    assert await judge(server).final(ep) == 1.0
+    (req,) = server.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert req["body"]["model"] == "judge-model"
+    prompt = req["body"]["messages"][-1]["content"]
+    assert "What is the capital of France?" in prompt
+    assert "Paris | Paris, France" in prompt
+    assert "paris, france" in prompt
+    assert reward_info(ep)["judge"] == {
+        "score": 1.0,
+        "error": None,
+        "reply": "Yes. Both name the same city.",
+        "attempts": 1,
+    }
+
+
+async def test_no_and_numeric_scores(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("No, the prediction names Lyon."))]
+    assert await judge(server).final(make_episode("Lyon")) == 0.0
+    server.script = [Reply(body=completion("Score: 0.75"))]
+    assert await judge(server).final(make_episode("Paris-ish")) == 0.75
+
+
+async def test_no_key_variable_sends_no_authorization(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOOLENV_TEST_JUDGE_KEY", raising=False)
+    server.script = [Reply(body=completion("yes"))]
+    assert await judge(server).final(make_episode("Paris")) == 1.0
+    assert "Authorization" not in server.requests[0]["headers"]
+
+
+async def test_500_every_time_gives_zero_after_retries(server: FakeServer) -> None:
+    server.script = [Reply(status=500, body="internal error")]
+    ep = make_episode("Paris")
+    assert await judge(server, retries=2).final(ep) == 0.0
+    assert len(server.requests) == 3
+    info = reward_info(ep)["judge"]
+    assert info["score"] == 0.0 and info["attempts"] == 3
+    assert "HTTP 500" in info["error"] and "after 3 attempt" in info["error"]
+
+
+async def test_429_then_success(server: FakeServer) -> None:
+    server.script = [Reply(status=429, body="slow down", headers={"Retry-After": "0"}), Reply(body=completion("yes"))]
+    ep = make_episode("Paris")
+    assert await judge(server, retries=3).final(ep) == 1.0
+    assert len(server.requests) == 2
+    assert reward_info(ep)["judge"]["attempts"] == 2 and reward_info(ep)["judge"]["error"] is None
+
+
+async def test_503_then_success(server: FakeServer) -> None:
+    server.script = [Reply(status=503), Reply(status=502), Reply(body=completion("correct"))]
+    assert await judge(server, retries=2).final(make_episode("Paris")) == 1.0
+    assert len(server.requests) == 3
+
+
+async def test_client_error_is_not_retried(server: FakeServer) -> None:
+    server.script = [Reply(status=401, body='{"error": "bad key"}')]
+    ep = make_episode("Paris")
+    assert await judge(server, retries=3).final(ep) == 0.0
+    assert len(server.requests) == 1
+    assert reward_info(ep)["judge"]["error"].startswith("HTTP 401")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "this is <html> not json",
+        '{"choices": []}',
+        '{"choices": [{"message": {}}]}',
+        "[1, 2]",
+        '{"choices": [{"message": {"content": null}}]}',
+    ],
+)
+async def test_garbage_reply_gives_zero_with_error(server: FakeServer, body: str) -> None:
+    server.script = [Reply(body=body)]
+    ep = make_episode("Paris")
+    assert await judge(server).final(ep) == 0.0
+    info = reward_info(ep)["judge"]
+    assert "reply" in info["error"] and info["score"] == 0.0
+
+
+async def test_reply_without_verdict_gives_zero_with_error(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("I cannot decide."))]
+    ep = make_episode("Paris")
+    assert await judge(server).final(ep) == 0.0
+    assert "no score" in reward_info(ep)["judge"]["error"]
+    assert reward_info(ep)["judge"]["reply"] == "I cannot decide."
+
+
+async def test_slow_response_past_timeout(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("yes"), delay=1.0)]
+    ep = make_episode("Paris")
+    assert await judge(server, timeout=0.2, retries=1).final(ep) == 0.0
+    info = reward_info(ep)["judge"]
+    assert "timed out after 0.2 s" in info["error"] and info["attempts"] == 2
+    assert len(server.requests) == 2
+
+
+async def test_slow_then_fast_recovers(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("yes"), delay=1.0), Reply(body=completion("yes"))]
+    assert await judge(server, timeout=0.3, retries=1).final(make_episode("Paris")) == 1.0
+
+
+async def test_connection_refused_gives_zero() -> None:
+    with FakeServer() as s:
+        url = s.url
+    ep = make_episode("Paris")
+    j = LLMJudge(base_url=url, retries=1, backoff=0.01)
+    assert await j.final(ep) == 0.0
+    assert "ConnectError" in reward_info(ep)["judge"]["error"]
+
+
+async def test_no_answer_skips_the_call(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("yes"))]
+    ep = make_episode(None)
+    assert await judge(server).final(ep) == 0.0
+    assert server.requests == []
+    assert reward_info(ep)["judge"]["skipped"] == "no answer"
+
+
+async def test_key_is_never_logged_or_reported(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TOOLENV_TEST_JUDGE_KEY", SECRET)
+    caplog.set_level(logging.DEBUG)
+    server.script = [Reply(status=500, body="oops"), Reply(body="garbage")]
+    j = judge(server, retries=1)
+    ep = make_episode("Paris")
+    assert await j.final(ep) == 0.0
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert caplog.records  # httpx did log the requests ...
+    assert SECRET not in caplog.text  # ... but never the key
+    assert SECRET not in repr(j) and SECRET not in json.dumps(reward_info(ep))
+    assert SECRET not in str(vars(j))
+
+
+def test_judge_in_a_tool_env_reports_its_component(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLENV_JUDGE_BASE_URL", server.url)
+    server.script = [Reply(body=completion("yes"))]
+    env = toolenv.ToolEnv(
+        tasks=[{"question": "Capital of France?", "answer": "Paris"}], reward={"exact_match": 1.0, "judge": 0.5}
+    )
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("<answer>It is Paris, of course</answer>")
+    assert terminated
+    assert info["reward_components"] == {"exact_match": 0.0, "judge": 1.0}
+    assert reward == 0.5
+    assert env.episode is not None and reward_info(env.episode)["judge"]["score"] == 1.0
+    env.close()
+
+
+def test_judge_is_registered_and_validates() -> None:
+    assert "judge" in toolenv.rewards.reward_names()
+    assert isinstance(get_reward("judge").parts["judge"][0], LLMJudge)
+    with pytest.raises(ValueError, match="timeout"):
+        LLMJudge(timeout=0)
+    with pytest.raises(ValueError, match="retries"):
+        LLMJudge(retries=-1)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("yes", 1.0),
+        ("Yes, correct.", 1.0),
+        ("NO", 0.0),
+        ("Incorrect: the answer is Lyon", 0.0),
+        ("correct", 1.0),
+        ("true", 1.0),
+        ("Score: 0.5", 0.5),
+        ("score = 4/5", 0.8),
+        ("Rating: 1", 1.0),
+        ("0.25", 0.25),
+        ("3/4", 0.75),
+        ("1", 1.0),
+        ("Score: 7", None),  # out of [0, 1]
+        ("2/0", None),
+        ("maybe", None),
+        ("", None),
+        ("The answer, yesterday's news, is wrong", None),
+        (
+            "<think>Is it yes? The gold says Lyon.</think>\nNo.",
+            0.0,
+        ),  # the verdict after the reasoning counts  # "yes" inside a word is no verdict
+    ],
+)
+def test_parse_judgement(reply: str, score: float | None) -> None:
+    assert parse_judgement(reply) == score
+
+
+async def test_lone_surrogate_in_answer_is_sent_escaped(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("no"))]
+    ep = make_episode("Par\ud800is")
+    assert await judge(server).final(ep) == 0.0
+    assert reward_info(ep)["judge"]["error"] is None
+    assert "Par\ud800is" in server.requests[0]["body"]["messages"][-1]["content"]
+
+
+async def test_unexpected_failure_is_recorded_not_raised(server: FakeServer) -> None:
+    server.script = [Reply(body=completion("yes"))]
+    ep = make_episode("Paris")
+    assert await judge(server, prompt="{question} {unknown_field}").final(ep) == 0.0
+    assert reward_info(ep)["judge"]["error"].startswith("KeyError")
+    assert server.requests == []
+
+
+async def test_many_judges_share_one_client_per_loop(server: FakeServer) -> None:
+    import asyncio
+
+    from toolenv.rewards import judge as judge_module
+
+    server.script = [Reply(body=completion("yes"))]
+    judges = [judge(server) for _ in range(20)]
+    scores = await asyncio.gather(*(j.final(make_episode("Paris")) for j in judges))
+    assert scores == [1.0] * 20 and len(server.requests) == 20
+    loop = asyncio.get_running_loop()
+    assert judge_module._client() is judge_module._CLIENTS[loop]
+    assert sum(1 for k in judge_module._CLIENTS if k is loop) == 1

@@ -1,0 +1,111 @@
+"""Reward names, spec forms, and components as the env reports them."""
+
+from __future__ import annotations
+
+import pytest
+
+import toolenv
+from toolenv.rewards import (
+    ActionPenalties,
+    ExactMatch,
+    FormatReward,
+    LLMJudge,
+    ToolCallPenalty,
+    ToolSuccessBonus,
+    WeightedSum,
+    get_reward,
+    reward_names,
+)
+from toolenv.tool import tool
+
+
+@tool
+def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+def test_builtin_names_are_registered() -> None:
+    assert {
+        "exact_match",
+        "em",
+        "f1",
+        "format",
+        "tool_call_penalty",
+        "invalid_call_penalty",
+        "answer_avoidance_penalty",
+        "penalties",
+        "tool_success",
+        "judge",
+    } <= set(reward_names())
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("format", FormatReward),
+        ("penalties", ActionPenalties),
+        ("tool_call_penalty", ToolCallPenalty),
+        ("tool_success", ToolSuccessBonus),
+        ("judge", LLMJudge),
+    ],
+)
+def test_names_build_their_reward(name: str, cls: type) -> None:
+    reward = get_reward(name)
+    assert isinstance(reward, WeightedSum)
+    assert isinstance(reward.parts[name][0], cls) and reward.weights == {name: 1.0}
+
+
+def test_spec_forms() -> None:
+    assert get_reward({"exact_match": 1.0, "format": 0.2}).weights == {"exact_match": 1.0, "format": 0.2}
+    listed = get_reward([(ExactMatch(), 1.0), ("tool_call_penalty", 0.05), (FormatReward(name="fmt"), 0.5)])
+    assert listed.weights == {"exact_match": 1.0, "tool_call_penalty": 0.05, "fmt": 0.5}
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        get_reward("nope")
+    with pytest.raises(ValueError, match="unique"):
+        get_reward([(FormatReward(), 1.0), (FormatReward(), 2.0)])
+
+
+def test_env_reports_every_component_every_step() -> None:
+    env = toolenv.ToolEnv(
+        tools=[add],
+        tasks=[{"question": "2+3?", "answer": "5"}],
+        reward={"exact_match": 1.0, "format": 0.2, "tool_call_penalty": 0.1, "tool_success": 0.05},
+    )
+    env.reset(seed=0)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    _, r1, _, _, info1 = env.step(call)
+    assert info1["reward_components"] == {
+        "exact_match": 0.0,
+        "format": 0.0,
+        "tool_call_penalty": -1.0,
+        "tool_success": 1.0,
+    }
+    assert r1 == pytest.approx(-0.1 + 0.05)
+    _, r2, term, _, info2 = env.step("<answer>5</answer>")
+    assert term
+    assert info2["reward_components"] == {
+        "exact_match": 1.0,
+        "format": 1.0,
+        "tool_call_penalty": 0.0,
+        "tool_success": 0.0,
+    }
+    assert r2 == pytest.approx(1.2)
+    assert info2["episode"]["return"] == pytest.approx(float(r1) + float(r2))
+    assert env.episode is not None
+    assert [t.reward_components for t in env.episode.turns] == [info1["reward_components"], info2["reward_components"]]
+    env.close()
+
+
+async def test_weighted_sums_nest() -> None:
+    from toolenv.env import ToolEnv
+    from toolenv.rewards import ExactMatch, TokenF1, WeightedSum
+
+    inner = WeightedSum([(ExactMatch(), 1.0), (TokenF1(), 1.0)])
+    inner.name = "inner"
+    env = ToolEnv(tasks=[{"question": "q", "answer": "x y"}], reward=[(inner, 0.5)])
+    await env.areset(seed=0)
+    _, reward, *_, info = await env.astep("<answer>x</answer>")
+    f1 = 2 * (1.0 * 0.5) / 1.5
+    assert info["reward_components"] == {"inner": pytest.approx(0.0 + f1)}
+    assert reward == pytest.approx(0.5 * f1)

@@ -1,0 +1,256 @@
+"""An LLM judge over any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, OpenAI).
+
+The judge sees the question, the gold answers and the prediction and replies with
+a score or a yes/no verdict. It never raises: a failed call (HTTP error after the
+retries, timeout, unreadable reply) scores 0 and the reason is kept in the
+episode's reward info (`reward_info(episode)[name]`). The API key is read from
+an environment variable at call time and never stored, logged or reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from toolenv.episode import Episode
+from toolenv.rewards.base import Reward, register_reward
+
+if TYPE_CHECKING:  # httpx is imported on first use so that `import toolenv` stays fast.
+    import httpx
+
+__all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeError", "LLMJudge", "parse_judgement", "record_reward_info", "reward_info"]
+
+DEFAULT_JUDGE_PROMPT = """You are grading an answer to a question against the gold answer(s).
+
+Question: {question}
+Gold answer(s): {gold}
+Predicted answer: {prediction}
+
+Is the predicted answer correct, i.e. does it mean the same as one of the gold answers?
+Reply with "yes" or "no" first, then a short reason."""
+
+_INFO_KEY = "reward_info"
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+_SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?\s*\.?\s*$")
+_VERDICT = re.compile(r"\b(yes|no|correct|incorrect|true|false)\b", re.IGNORECASE)
+_POSITIVE = frozenset({"yes", "correct", "true"})
+
+
+class JudgeError(Exception):
+    """A judge call that failed for good (reported, never raised out of the reward)."""
+
+    def __init__(self, message: str, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+def reward_info(episode: Episode) -> dict[str, dict[str, Any]]:
+    """Details rewards left about an episode (judge replies, errors), by component name.
+
+    The env reports them as `info["reward_info"]` when the episode ends.
+    """
+    return episode.reward_info
+
+
+def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
+    """Store details of component `name` for this episode (replacing earlier ones)."""
+    reward_info(episode)[name] = data
+
+
+def _fraction(num: str, den: str | None) -> float | None:
+    value = float(num)
+    if den is not None:
+        d = float(den)
+        if d <= 0:
+            return None
+        value /= d
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def parse_judgement(text: str) -> float | None:
+    """A score in [0, 1] from a judge reply, or None when the reply gives none.
+
+    Understood, in this order: `score: 0.8` or `score: 4/5`; a reply that is just a
+    number or fraction; the first yes/no (correct/incorrect, true/false) word.
+    A reasoning model's `<think>…</think>` preamble is skipped.
+    """
+    text = text.rpartition("</think>")[2] if "</think>" in text else text
+    m = _SCORE.search(text) or _NUMBER.match(text)
+    if m:
+        return _fraction(m.group(1), m.group(2))
+    v = _VERDICT.search(text)
+    if v:
+        return 1.0 if v.group(1).lower() in _POSITIVE else 0.0
+    return None
+
+
+# One AsyncClient per event loop, shared by every judge in the process: clients are
+# bound to their loop, and a vector env of many envs should not open many pools.
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+
+def _client() -> httpx.AsyncClient:
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    client = _CLIENTS.get(loop)
+    if client is None or client.is_closed:
+        client = _CLIENTS[loop] = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
+    return client
+
+
+class LLMJudge(Reward):
+    """Final reward from an LLM's verdict on the answer.
+
+    Args:
+        base_url: the server's API root, e.g. `http://127.0.0.1:8000/v1`
+            (default: `$TOOLENV_JUDGE_BASE_URL`, else vLLM's local default).
+        model: the model name the server serves (default: `$TOOLENV_JUDGE_MODEL`).
+        api_key_env: name of the environment variable holding the API key (None: no key).
+        prompt: a `str.format` template with `{question}`, `{gold}` and `{prediction}`.
+        system: an optional system message.
+        timeout: seconds for one HTTP request.
+        retries: extra attempts after a 429, a 5xx, a timeout or a connection error.
+        backoff: first retry delay in seconds, doubled each attempt (with jitter),
+            capped by `max_backoff`; a `Retry-After` header is honoured up to the cap.
+        max_tokens: reply length limit sent to the server.
+        extra_body: more fields for the request body (e.g. `{"temperature": 0}`).
+        name: the component name.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        prompt: str = DEFAULT_JUDGE_PROMPT,
+        system: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        max_tokens: int = 256,
+        extra_body: Mapping[str, Any] | None = None,
+        name: str = "judge",
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        base = base_url or os.environ.get("TOOLENV_JUDGE_BASE_URL") or "http://127.0.0.1:8000/v1"
+        self.url = base.rstrip("/") + "/chat/completions"
+        self.model = model or os.environ.get("TOOLENV_JUDGE_MODEL") or "judge"
+        self.api_key_env = api_key_env
+        self.prompt = prompt
+        self.system = system
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<LLMJudge {self.name!r} model={self.model!r} url={self.url!r}>"
+
+    def build_messages(self, episode: Episode) -> list[dict[str, str]]:
+        """The chat messages sent for `episode`."""
+        gold = " | ".join(episode.task.answers) or "(none given)"
+        fields = {"question": episode.task.question, "gold": gold, "prediction": episode.answer or ""}
+        user = self.prompt.format_map(fields)
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return [*msgs, {"role": "user", "content": user}]
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def final(self, episode: Episode) -> float:
+        if episode.answer is None:
+            record_reward_info(episode, self.name, score=0.0, error=None, reply=None, attempts=0, skipped="no answer")
+            return 0.0
+        try:
+            reply, attempts = await self.complete(self.build_messages(episode))
+        except JudgeError as exc:
+            record_reward_info(episode, self.name, score=0.0, error=str(exc), reply=None, attempts=exc.attempts)
+            return 0.0
+        except Exception as exc:  # noqa: BLE001 - a judge failure must not end the training step
+            error = f"{type(exc).__name__}: {exc}"
+            record_reward_info(episode, self.name, score=0.0, error=error, reply=None, attempts=0)
+            return 0.0
+        score = parse_judgement(reply)
+        if score is None:
+            error = "the judge's reply holds no score or yes/no verdict"
+            record_reward_info(episode, self.name, score=0.0, error=error, reply=reply[:500], attempts=attempts)
+            return 0.0
+        record_reward_info(episode, self.name, score=score, error=None, reply=reply[:500], attempts=attempts)
+        return score
+
+    async def complete(self, messages: list[dict[str, str]]) -> tuple[str, int]:
+        """The reply text for `messages` and the attempts it took.
+
+        Raises:
+            JudgeError: the request failed after the retries, or the reply is not a chat completion.
+        """
+        import httpx
+
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, **self.extra_body}
+        # ASCII-escaped JSON: model text may hold lone surrogates, which UTF-8 cannot encode
+        # (httpx's `json=` encodes without escaping and would raise).
+        content = json.dumps(body, ensure_ascii=True).encode("ascii")
+        headers = {"Content-Type": "application/json", **self._headers()}
+        client = _client()
+        last = ""
+        for attempt in range(1, self.retries + 2):
+            retry_after: float | None = None
+            try:
+                resp = await client.post(self.url, content=content, headers=headers, timeout=self.timeout)
+            except httpx.TimeoutException:
+                last = f"timed out after {self.timeout:g} s"
+            except httpx.HTTPError as exc:  # connection refused, reset, protocol errors
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.is_success:
+                    return _reply_text(resp.content, attempt), attempt
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code not in _RETRY_STATUS:
+                    raise JudgeError(last, attempt)
+                retry_after = _retry_after(resp.headers.get("retry-after"))
+            if attempt <= self.retries:
+                delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff) * (0.5 + random.random() / 2)
+                if retry_after is not None:
+                    delay = max(delay, min(retry_after, self.max_backoff))
+                await asyncio.sleep(delay)
+        raise JudgeError(f"judge request failed after {self.retries + 1} attempt(s): {last}", self.retries + 1)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: fall back to our own backoff
+
+
+def _reply_text(content: bytes, attempts: int) -> str:
+    try:
+        data = json.loads(content)
+        text = data["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise JudgeError(
+            f"the judge's reply is not a chat completion ({type(exc).__name__}): {content[:200]!r}", attempts
+        ) from None
+    if not isinstance(text, str):
+        raise JudgeError(f"the judge's reply has no text content: {content[:200]!r}", attempts)
+    return text
+
+
+register_reward("judge", LLMJudge)

@@ -1,0 +1,89 @@
+"""Tool-verified rewards: check the answer by calling one of the env's own tools.
+
+Code tasks run the answer against tests in the sandbox, SQL tasks run the
+predicted query, and so on: the tool that served the episode also scores it,
+through `episode.call_tool`, with the same limits and error handling.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from toolenv.episode import Episode
+from toolenv.rewards.base import Reward
+from toolenv.rewards.judge import record_reward_info
+from toolenv.types import ToolResult
+
+__all__ = ["ToolVerified"]
+
+BuildArgs = Callable[[Episode], "Mapping[str, Any] | None"]
+JudgeFn = Callable[[ToolResult], "float | Awaitable[float]"]
+
+
+def _default_judge(result: ToolResult) -> float:
+    return 0.0 if result.is_error else 1.0
+
+
+class ToolVerified(Reward):
+    """Final reward from calling `tool` with `build_args(episode)` and scoring the result.
+
+    Args:
+        tool: name of one of the env's tools.
+        build_args: the tool's arguments for this episode (e.g. the answer plus the
+            task's tests); returning None skips the call and scores 0.
+        judge: score of the `ToolResult` (sync or async); by default 1.0 unless it is an error.
+        score_errors: pass failed tool results to `judge` too (by default they score 0).
+        require_answer: score 0 without calling the tool when the episode has no answer.
+        name: the component name.
+
+    Nothing raises: a failure in `build_args`, the tool or `judge` scores 0 and is
+    kept in `reward_info(episode)[name]`.
+    """
+
+    def __init__(
+        self,
+        tool: str,
+        build_args: BuildArgs,
+        judge: JudgeFn = _default_judge,
+        *,
+        score_errors: bool = False,
+        require_answer: bool = True,
+        name: str = "tool_verified",
+    ) -> None:
+        self.tool = tool
+        self.build_args = build_args
+        self.judge = judge
+        self.score_errors = score_errors
+        self.require_answer = require_answer
+        self.name = name
+
+    async def final(self, episode: Episode) -> float:
+        if self.require_answer and episode.answer is None:
+            record_reward_info(episode, self.name, score=0.0, error=None, skipped="no answer")
+            return 0.0
+        try:
+            args = self.build_args(episode)
+        except Exception as exc:  # noqa: BLE001 - a reward never breaks the episode
+            return self._fail(episode, f"build_args failed: {type(exc).__name__}: {exc}")
+        if args is None:
+            record_reward_info(episode, self.name, score=0.0, error=None, skipped="build_args returned None")
+            return 0.0
+        result = await episode.call_tool(self.tool, **dict(args))
+        if result.is_error and not self.score_errors:
+            return self._fail(episode, f"tool {self.tool!r} failed: {result.text[:500]}", result)
+        try:
+            value = self.judge(result)
+            if inspect.isawaitable(value):
+                value = await value
+            score = float(value)
+        except Exception as exc:  # noqa: BLE001
+            return self._fail(episode, f"judge failed: {type(exc).__name__}: {exc}", result)
+        record_reward_info(episode, self.name, score=score, error=None, tool_output=result.text[:500])
+        return score
+
+    def _fail(self, episode: Episode, error: str, result: ToolResult | None = None) -> float:
+        output = result.text[:500] if result is not None else None
+        record_reward_info(episode, self.name, score=0.0, error=error, tool_output=output)
+        return 0.0
