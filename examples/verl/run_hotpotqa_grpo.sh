@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GRPO on toolenv/HotpotQA-v0 (Search-R1 style: <search> tags, <information> observations, exact match).
+# Single node:   bash examples/verl/run_hotpotqa_grpo.sh
+# Extra or changed verl overrides go after the script name, e.g. trainer.total_epochs=3.
+# Retriever: rows point the search tool at RETRIEVER_URL; start it first (see docs/verl.md):
+#   toolenv serve-search --host 0.0.0.0 --port 8000
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MODEL=${MODEL:-Qwen/Qwen2.5-3B-Instruct}
+DATA_DIR=${DATA_DIR:-$HOME/data/toolenv}
+RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000}
+N_GPUS=${N_GPUS:-8}
+NNODES=${NNODES:-1}
+ENV_KWARGS="{\"backend\": \"http\", \"backend_options\": {\"url\": \"$RETRIEVER_URL\"}, \"max_turns\": 4}"
+
+mkdir -p "$DATA_DIR"
+# The bundled HotpotQA sample has 100 questions: fine to check the pipeline, too small to train on.
+# For real runs pass your own tasks: --env-kwargs '{"tasks": "train.jsonl", ...}'.
+toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_train.parquet" --env-kwargs "$ENV_KWARGS"
+toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_val.parquet" --limit 32 --env-kwargs "$ENV_KWARGS"
+
+python -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$DATA_DIR/hotpotqa_train.parquet" \
+    data.val_files="$DATA_DIR/hotpotqa_val.parquet" \
+    data.train_batch_size=64 \
+    data.max_prompt_length=1024 \
+    data.max_response_length=2048 \
+    data.return_raw_chat=True \
+    actor_rollout_ref.model.path="$MODEL" \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.mode=async \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.calculate_log_probs=True \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.rollout.multi_turn.enable=True \
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4 \
+    actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/toolenv_agent.yaml" \
+    actor_rollout_ref.rollout.agent.default_agent_loop=toolenv_search_agent \
+    actor_rollout_ref.rollout.agent.num_workers=8 \
+    trainer.n_gpus_per_node="$N_GPUS" \
+    trainer.nnodes="$NNODES" \
+    trainer.logger='["console"]' \
+    trainer.project_name=toolenv \
+    trainer.experiment_name=hotpotqa-grpo \
+    "$@"

@@ -1,0 +1,252 @@
+"""ToolEnvAgentLoop against a scripted server and the tiny Qwen2 tokenizer/model (CPU, offline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
+pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+
+from toolenv.integrations.verl.data import abuild_rows
+from toolenv.integrations.verl.demo import DEMO_TASKS
+
+CALC = "toolenv.integrations.verl.demo:Calculator"
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+EXPECTED_KEYS = {
+    "score",
+    "answered",
+    "terminated",
+    "truncated",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "tool_latency_s",
+    "reward/exact_match",
+}
+
+
+async def _row(env_kwargs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    kwargs = {"tools": [CALC], "tasks": DEMO_TASKS, **(env_kwargs or {})}
+    row = (await abuild_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs))[index]
+    return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"], "data_source": row["data_source"]}
+
+
+def _segments(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) runs of the mask."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs
+
+
+def _assert_stream_is_template(tokenizer: Any, out: Any, messages: list[dict[str, Any]]) -> None:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    rendered = tokenizer.encode(text, add_special_tokens=False)
+    stream = out.prompt_ids + out.response_ids
+    # The template ends the last assistant turn with "<|im_end|>\n"; generation stops at <|im_end|>.
+    assert tokenizer.decode(rendered[len(stream) :]) == "\n"
+    assert stream == rendered[: len(stream)]
+
+
+async def test_tool_call_then_answer_masks_stream_and_reward(tiny_tokenizer, scripted_server, make_loop):
+    server = scripted_server([CALL, "The answer is <answer>42</answer>"])
+    loop = make_loop(server)
+    out = await loop.run({"temperature": 1.0, "logprobs": True}, **await _row())
+
+    # (a) mask segments: model tokens 1, observation tokens 0, exactly.
+    runs = _segments(out.response_mask)
+    assert [r[0] for r in runs] == [1, 0, 1]
+    pieces = [tiny_tokenizer.decode(out.response_ids[s:e]) for _, s, e in runs]
+    assert pieces[0] == CALL + "<|im_end|>"
+    assert pieces[1] == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert pieces[2] == "The answer is <answer>42</answer><|im_end|>"
+    # Model tokens are the server's tokens verbatim (never re-encoded), logprobs aligned.
+    assert out.response_ids[runs[0][1] : runs[0][2]] == server.emitted[0]
+    assert out.response_ids[runs[2][1] : runs[2][2]] == server.emitted[1]
+    flat_lp = [-0.01 * (i + 1) for i in range(sum(len(e) for e in server.emitted))]
+    model_lp = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1]
+    assert model_lp == pytest.approx(flat_lp)
+    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 0)
+    # The second generation saw the whole stream so far (token-in).
+    assert server.calls[1]["prompt_ids"] == out.prompt_ids + out.response_ids[: runs[1][2]]
+    assert server.calls[0]["sampling_params"]["max_tokens"] == 512
+
+    # (b) the token stream is the chat-template rendering of the final conversation.
+    assert [m["role"] for m in loop.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
+
+    # (c) reward and extra fields.
+    assert out.reward_score == 1.0
+    assert out.num_turns == 4
+    extra = out.extra_fields
+    assert extra["turn_scores"] == [0.0, 1.0]
+    assert set(extra["reward_extra_info"]) == EXPECTED_KEYS
+    assert extra["reward_extra_info"]["reward/exact_match"] == 1.0
+    assert extra["reward_extra_info"]["tool_calls"] == 1.0
+    assert extra["reward_components"] == {"exact_match": 1.0}
+    assert extra["toolenv_answer"] == "42"
+    assert extra["toolenv_stop_reason"] == "terminated"
+    assert extra["toolenv_env_id"] == "toolenv/ToolEnv-v0"
+    assert out.as_dict()["rm_scores"][-1].item() == 1.0
+
+
+async def test_wrong_answer_and_tool_error_keep_the_same_keys(scripted_server, make_loop):
+    bad_call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 ** 7"}}\n</tool_call>'
+    server = scripted_server([bad_call, "<answer>41</answer>"])
+    out = await make_loop(server).run({}, **await _row())
+    info = out.extra_fields["reward_extra_info"]
+    assert set(info) == EXPECTED_KEYS
+    assert out.reward_score == 0.0
+    assert info["tool_errors"] == 1.0
+    assert info["answered"] == 1.0
+
+
+async def test_stops_at_max_turns_without_appending_the_last_observation(tiny_tokenizer, scripted_server, make_loop):
+    server = scripted_server([CALL])
+    loop = make_loop(server, max_turns=2)
+    out = await loop.run({}, **await _row())
+    assert [r[0] for r in _segments(out.response_mask)] == [1, 0, 1]
+    assert out.extra_fields["toolenv_stop_reason"] == "max_turns"
+    assert out.extra_fields["reward_extra_info"]["answered"] == 0.0
+    assert len(server.calls) == 2
+    _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
+
+
+async def test_env_truncation_ends_the_episode(scripted_server, make_loop):
+    server = scripted_server([CALL])
+    out = await make_loop(server, max_turns=10).run({}, **await _row({"max_turns": 3}))
+    assert out.extra_fields["toolenv_stop_reason"] == "truncated"
+    assert out.extra_fields["turn_scores"] == [0.0, 0.0, 0.0]
+    assert out.extra_fields["reward_extra_info"]["truncated"] == 1.0
+
+
+async def test_response_length_bounds_the_response(scripted_server, make_loop):
+    server = scripted_server([CALL])
+    out = await make_loop(server, response_length=60, max_turns=10).run({}, **await _row())
+    assert len(out.response_ids) == len(out.response_mask) <= 60
+    assert out.extra_fields["toolenv_stop_reason"] == "response_length"
+    # Each generation was asked for no more than what was left of the budget.
+    used = 0
+    for call, emitted in zip(server.calls, server.emitted, strict=True):
+        assert call["sampling_params"]["max_tokens"] <= 60 - used
+        used += len(emitted)
+
+
+async def test_tags_parser_user_observations_and_stop_strings(tiny_tokenizer, scripted_server, make_loop):
+    env_kwargs = {"parser": "tags", "parser_kwargs": {"tags": {"calc": ["calculator", "expression"]}}}
+    # The first reply stops on the stop string, without <|im_end|>: the loop closes the turn itself.
+    server = scripted_server([("<calc>(12 + 30) / 2</calc>", False), "<answer>21</answer>"])
+    loop = make_loop(server, stop=["</calc>"])
+    out = await loop.run({}, **await _row(env_kwargs, index=1))
+    assert server.calls[0]["sampling_params"]["stop"] == ["</calc>"]
+    runs = _segments(out.response_mask)
+    assert [r[0] for r in runs] == [1, 0, 1]
+    observation = tiny_tokenizer.decode(out.response_ids[runs[1][1] : runs[1][2]])
+    assert (
+        observation == "<|im_end|>\n<|im_start|>user\n<information>21</information><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert [m["role"] for m in loop.messages][-2:] == ["user", "assistant"]
+    assert out.reward_score == 1.0
+    _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
+
+
+async def test_helper_rename_is_followed(scripted_server, make_loop):
+    """Newer verl calls the context helper ct_merge_non_assistant_msg; the loop finds either."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    from toolenv.integrations.verl.agent_loop import ToolEnvAgentLoop
+
+    class Renamed(ToolEnvAgentLoop):
+        ct_merge_context_msg = None
+        ct_merge_non_assistant_msg = AgentLoopBase.ct_merge_context_msg
+
+    server = scripted_server([CALL, "<answer>42</answer>"])
+    loop = make_loop(server, cls=Renamed)
+    assert loop._merge_context.__func__ is AgentLoopBase.ct_merge_context_msg
+    out = await loop.run({}, **await _row())
+    assert out.reward_score == 1.0
+
+
+async def test_real_tiny_model_tokens_pass_through_unchanged(tiny_model_dir, tiny_tokenizer, make_loop):
+    """A real (random) Qwen2 behind the server interface: its tokens and logprobs come back as generated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from verl.workers.rollout.replica import TokenOutput
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    emitted: list[tuple[list[int], list[float]]] = []
+
+    class HFServer:
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            torch.manual_seed(len(emitted))
+            ids = torch.tensor([prompt_ids])
+            with torch.no_grad():
+                gen = model.generate(
+                    ids,
+                    max_new_tokens=min(12, sampling_params["max_tokens"]),
+                    do_sample=True,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=tiny_tokenizer.pad_token_id,
+                )
+            new = gen.sequences[0, len(prompt_ids) :].tolist()
+            lps = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(gen.scores, new, strict=False)]
+            emitted.append((new, lps))
+            return TokenOutput(token_ids=new, log_probs=lps)
+
+    loop = make_loop(HFServer(), max_turns=3)
+    out = await loop.run({}, **await _row())
+    model_runs = [(s, e) for v, s, e in _segments(out.response_mask) if v == 1]
+    # Random text never answers: the env answers each turn with an error observation (mask 0).
+    assert out.extra_fields["toolenv_stop_reason"] == "max_turns"
+    got = [out.response_ids[s:e] for s, e in model_runs]
+    want = [ids for ids, _ in emitted]
+    assert got == want
+    model_lp = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1]
+    assert model_lp == pytest.approx([lp for _, lps in emitted for lp in lps])
+
+
+async def test_yaml_options_arrive_as_omegaconf_and_apply(scripted_server, make_loop):
+    """hydra passes nested YAML values as OmegaConf containers: env_kwargs and reward_keys still apply."""
+    from omegaconf import OmegaConf
+
+    server = scripted_server([CALL])
+    loop = make_loop(
+        server,
+        env_kwargs=OmegaConf.create({"max_turns": 1}),
+        reward_keys=OmegaConf.create(["exact_match", "format"]),
+    )
+    out = await loop.run({}, **await _row())
+    assert out.extra_fields["toolenv_stop_reason"] == "truncated"
+    assert out.extra_fields["turn_scores"] == [0.0]
+    info = out.extra_fields["reward_extra_info"]
+    assert info["reward/format"] == 0.0 and info["reward/exact_match"] == 0.0  # absent parts report 0.0
+
+
+async def test_rows_without_env_id_fail_clearly(scripted_server, make_loop):
+    loop = make_loop(scripted_server([CALL]))
+    with pytest.raises(ValueError, match=r"no extra_info\.env_id"):
+        await loop.run({}, raw_prompt=[{"role": "user", "content": "hi"}], extra_info={"index": 0})
+
+
+async def test_envs_are_pooled_across_samples(scripted_server, make_loop):
+    """verl builds a loop per sample; envs are reused, one per episode in flight."""
+    import asyncio
+
+    from toolenv.integrations.verl.envs import EnvPool
+
+    pool = EnvPool()
+    row = await _row()
+    for _ in range(2):
+        loops = [make_loop(scripted_server([CALL, "<answer>42</answer>"]), pool=pool) for _ in range(4)]
+        outs = await asyncio.gather(*(loop.run({}, **row) for loop in loops))
+        assert [o.reward_score for o in outs] == [1.0] * 4
+    assert pool.created == 4
+    assert len(list(pool.envs())) == 4
+    await pool.aclose()
+    assert list(pool.envs()) == []

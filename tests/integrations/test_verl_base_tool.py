@@ -1,0 +1,162 @@
+"""ToolEnvBaseTool: create/execute/release over real toolenv tools, and schemas verl accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
+
+import toolenv
+from toolenv.integrations.verl.demo import Calculator
+
+
+class Stats(toolenv.Tool):
+    """Summarise a list of numbers; remembers how often it ran in this trajectory."""
+
+    name = "stats"
+
+    class Args(BaseModel):
+        values: list[float] = Field(description="Numbers to summarise.", min_length=1)
+        mode: str = Field(default="mean", description="Statistic.", json_schema_extra={"enum": ["mean", "max"]})
+        digits: int | None = Field(default=None, description="Round to this many digits.", ge=0)
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        ctx.state["runs"] = ctx.state.get("runs", 0) + 1
+        value = sum(args.values) / len(args.values) if args.mode == "mean" else max(args.values)
+        if args.digits is not None:
+            value = round(value, args.digits)
+        return toolenv.ToolResult(text=f"{value} (run {ctx.state['runs']}, task {ctx.task.id})")
+
+
+class Picture(toolenv.Tool):
+    """Return a small image."""
+
+    name = "picture"
+
+    class Args(BaseModel):
+        size: int = Field(ge=1, le=64)
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        from PIL import Image
+
+        img = Image.new("RGB", (args.size, args.size), (255, 0, 0))
+        return toolenv.ToolResult(text="a red square", images=[toolenv.ToolImage.from_pil(img)])
+
+
+def test_schema_validates_and_keeps_what_verl_drops():
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+
+    adapter = ToolEnvBaseTool(tool=Stats())
+    assert adapter.name == "stats"
+    assert isinstance(adapter.tool_schema, OpenAIFunctionToolSchema)
+    assert adapter.tool_schema.model_dump(exclude_unset=True) == Stats().flat_schema()  # nothing lost
+    # What verl renders into the chat template (its tool loop dumps with exclude_none, dropping `default: null`).
+    dumped = adapter.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+    props = dumped["function"]["parameters"]["properties"]
+    assert props["values"]["items"] == {"type": "number"}
+    assert props["digits"]["type"] == ["integer", "null"]
+    assert props["digits"]["minimum"] == 0
+    # verl's own model accepts the same dict but keeps less (documented in docs/verl.md).
+    plain = OpenAIFunctionToolSchema.model_validate(Stats().flat_schema()).model_dump(exclude_none=True)
+    assert "items" not in plain["function"]["parameters"]["properties"]["values"]
+    assert plain["function"]["parameters"]["properties"]["mode"]["enum"] == ["mean", "max"]
+
+
+def test_builds_from_config_reference():
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+
+    adapter = ToolEnvBaseTool({"type": "native", "tool": "toolenv.integrations.verl.demo:Calculator"}, None)
+    assert adapter.name == "calculator"
+    assert isinstance(adapter.tool, Calculator)
+    with pytest.raises(ValueError, match=r"config\.tool"):
+        ToolEnvBaseTool({"type": "native"}, None)
+    with pytest.raises(ValueError, match="cannot import tool"):
+        ToolEnvBaseTool({"type": "native", "tool": "no_such_module:Tool"}, None)
+
+
+async def test_create_execute_release_with_task_and_trajectory_state():
+    from verl.tools.schemas import ToolResponse
+
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+
+    adapter = ToolEnvBaseTool(tool=Stats())
+    task = toolenv.Task(id="t7", question="q").model_dump_json()
+    iid, created = await adapter.create(create_kwargs={"task": task})
+    assert isinstance(created, ToolResponse)
+
+    class AgentData:  # verl's per-trajectory object: only request_id is read
+        request_id = "traj-1"
+
+    traj = AgentData()
+    resp, reward, metrics = await adapter.execute(iid, {"values": [1, 2, 6]}, agent_data=traj)
+    assert resp.text == "3.0 (run 1, task t7)"
+    assert reward == 0.0 and metrics["is_error"] is False
+    resp, _, _ = await adapter.execute(iid, {"values": [1, 5], "mode": "max"}, agent_data=traj)
+    assert resp.text == "5.0 (run 2, task t7)"  # state shared across calls of one trajectory
+    await adapter.release(iid)
+    assert iid not in adapter._contexts
+
+    # Bad arguments come back as text the model can act on, never as exceptions.
+    iid, _ = await adapter.create()
+    resp, _, metrics = await adapter.execute(iid, {"values": []})
+    assert metrics["is_error"] is True and "Invalid arguments for tool 'stats'" in resp.text
+    resp, _, metrics = await adapter.execute(iid, {"value": [1]})
+    assert "unknown argument" in resp.text.lower() and metrics["is_error"] is True
+    resp, _, metrics = await adapter.execute(iid, "not json")  # type: ignore[arg-type]
+    assert "must be a JSON object" in resp.text
+    await adapter.release(iid)
+
+
+async def test_images_travel_as_pil():
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+
+    adapter = ToolEnvBaseTool(tool=Picture())
+    iid, _ = await adapter.create()
+    resp, _, _ = await adapter.execute(iid, {"size": 4})
+    assert resp.text == "a red square"
+    assert len(resp.image) == 1 and resp.image[0].size == (4, 4)
+    assert resp.image[0].getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_agent_loop_chat_message_carries_images():
+    pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+    from PIL import Image
+
+    from toolenv.integrations.verl.agent_loop import chat_message
+
+    img = toolenv.ToolImage.from_pil(Image.new("RGB", (3, 2), (0, 0, 255)))
+    msg, images = chat_message(toolenv.Message(role="tool", content="blue", images=[img], tool_call_id="c1"))
+    assert msg["role"] == "tool" and msg["tool_call_id"] == "c1"
+    assert [b["type"] for b in msg["content"]] == ["image", "text"]
+    assert images[0].size == (3, 2) and msg["content"][0]["image"] is images[0]
+    plain, none = chat_message(toolenv.Message(role="user", content="hi"))
+    assert plain == {"role": "user", "content": "hi"} and none == []
+
+
+async def test_image_observations_need_a_vision_processor(scripted_server, make_loop):
+    """Tool images become image content blocks; with a text-only model verl's own check stops the episode."""
+    pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+    from toolenv.integrations.verl.data import abuild_rows
+
+    rows = await abuild_rows(
+        "toolenv/ToolEnv-v0",
+        env_kwargs={
+            "tools": ["toolenv.integrations.verl.demo:Calculator"],
+            "tasks": [{"question": "q", "answer": "a"}],
+        },
+    )
+    call = '<tool_call>\n{"name": "picture", "arguments": {"size": 2}}\n</tool_call>'
+    loop = make_loop(scripted_server([call]), env_kwargs={"tools": [Picture()]})
+    env = toolenv.ToolEnv(tools=[Picture()], tasks=[{"question": "q"}])
+    await env.areset()
+    _, _, _, _, step = await env.astep(call)
+    messages, images = loop._observation(env, step)
+    assert messages[0]["role"] == "tool" and messages[0]["content"][0] == {"type": "image", "image": images[0]}
+    assert images[0].size == (2, 2)
+    with pytest.raises(ValueError, match="Multimodal inputs require"):
+        await loop.run({}, raw_prompt=rows[0]["prompt"], extra_info=rows[0]["extra_info"])

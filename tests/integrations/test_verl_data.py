@@ -1,0 +1,140 @@
+"""`toolenv verl-data`, the row builder, compute_score and the runnable example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="the parquet writer needs pyarrow (pip install 'toolenv[verl]')")
+
+from toolenv.integrations.verl.data import build_rows, write_parquet
+from toolenv.integrations.verl.demo import DEMO_TASKS
+from toolenv.integrations.verl.reward import compute_score
+
+ROOT = Path(__file__).resolve().parents[2]
+CALC = "toolenv.integrations.verl.demo:Calculator"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolenv.cli", "verl-data", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_rows_round_trip_through_parquet(tmp_path):
+    import pyarrow.parquet as pq
+
+    tasks = [*DEMO_TASKS, {"id": "multi", "question": "2+3?", "answer": ["5", "five"]}]
+    rows = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": tasks, "max_turns": 3}, limit=4)
+    path = write_parquet(rows, tmp_path / "sub" / "d.parquet")
+    back = pq.read_table(path).to_pylist()
+    assert back == rows
+    first = back[0]
+    assert first["agent_name"] == "toolenv_agent" and first["data_source"] == "toolenv/ToolEnv-v0"
+    assert [m["role"] for m in first["prompt"]] == ["system", "user"]
+    assert first["prompt"][1]["content"] == "What is 6 * 7?"
+    assert '"name": "calculator"' in first["prompt"][0]["content"]
+    assert first["reward_model"] == {"style": "rule", "ground_truth": "42"}
+    extra = first["extra_info"]
+    assert extra["env_id"] == "toolenv/ToolEnv-v0" and extra["task_id"] == "calc-0" and extra["split"] == "train"
+    assert json.loads(extra["task"])["answer"] == "42"
+    assert json.loads(extra["env_kwargs"]) == {"tools": [CALC], "max_turns": 3}  # tasks are not copied per row
+    assert json.loads(extra["tools_kwargs"]["calculator"]["create_kwargs"]["task"])["id"] == "calc-0"
+    assert json.loads(back[3]["reward_model"]["ground_truth"]) == ["5", "five"]
+
+
+def test_cli_writes_parquet_and_limit(tmp_path):
+    import pyarrow.parquet as pq
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in DEMO_TASKS))
+    out = tmp_path / "calc.parquet"
+    proc = _cli(
+        "toolenv/ToolEnv-v0",
+        "--out",
+        str(out),
+        "--limit",
+        "2",
+        "--data-source",
+        "calc",
+        "--env-kwargs",
+        json.dumps({"tools": [CALC], "tasks": str(tasks)}),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["task_id"] for r in rows] == ["calc-0", "calc-1"]
+    assert {r["data_source"] for r in rows} == {"calc"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["toolenv/NoSuch-v0"], "cannot make env 'toolenv/NoSuch-v0'"),
+        (["toolenv/ToolEnv-v0", "--env-kwargs", "{bad"], "--env-kwargs is not valid JSON"),
+        (["toolenv/ToolEnv-v0"], "has no tasks"),
+        (["toolenv/ToolEnv-v0", "--split", "dev"], "rejected its keyword arguments"),
+        (["toolenv/ToolEnv-v0", "--limit", "0"], "--limit must be at least 1"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, args, message):
+    proc = _cli(*args, "--out", str(tmp_path / "x.parquet"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_compute_score_uses_the_env_reward():
+    row = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": DEMO_TASKS})[0]
+    extra, gt = row["extra_info"], row["reward_model"]["ground_truth"]
+    response = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>\n'
+        "<tool_response>\n42\n</tool_response>\nSo <answer>42</answer>"
+    )
+    good = compute_score("toolenv/ToolEnv-v0", response, gt, extra)
+    assert good == {"score": 1.0, "answered": 1.0, "reward/exact_match": 1.0}
+    assert compute_score("toolenv/ToolEnv-v0", "<answer>41</answer>", gt, extra)["score"] == 0.0
+    assert compute_score("toolenv/ToolEnv-v0", "no answer", gt, extra) == {
+        "score": 0.0,
+        "answered": 0.0,
+        "reward/exact_match": 0.0,
+    }
+    with pytest.raises(ValueError, match=r"extra_info\.env_id"):
+        compute_score("x", "<answer>1</answer>", "1", {})
+
+
+async def test_compute_score_refuses_a_running_loop():
+    with pytest.raises(RuntimeError, match="acompute_score"):
+        compute_score("x", "", "", {})
+
+
+def test_example_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "verl" / "demo_data.py"), "--out", str(tmp_path / "demo.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "3 rows" in proc.stdout and "score 1.0" in proc.stdout
+    assert (tmp_path / "demo.parquet").stat().st_size > 0
+
+
+def test_verl_is_imported_only_by_the_integration():
+    import re
+
+    pattern = re.compile(r"^\s*(import verl|from verl[. ])", re.MULTILINE)
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "toolenv").rglob("*.py")
+        if pattern.search(p.read_text(encoding="utf-8")) and "integrations/verl" not in p.as_posix()
+    ]
+    assert offenders == []
+    # and the builder/CLI side of the integration does not pull verl (or torch) in either
+    code = "import sys, toolenv.integrations.verl.data_cmd; print('verl' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr

@@ -1,0 +1,211 @@
+"""The full verl path without Ray: `toolenv verl-data` parquet → RLHFDataset → AgentLoopWorker → DataProto.
+
+The config is verl's own `ppo_trainer` composed by Hydra with the overrides the
+docs give, pointing at the example YAML files; the server is a scripted policy
+that calls the calculator on the question, then answers with the tool's result.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
+pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "verl"
+CALC = "toolenv.integrations.verl.demo:Calculator"
+
+
+class CalculatorPolicy:
+    """Scripted policy: turn 1 calls the calculator on the question, turn 2 answers with its result."""
+
+    def __init__(self, tokenizer: Any, wrong: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.wrong = wrong
+        self.calls = 0
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls += 1
+        seen = self.tokenizer.decode(prompt_ids)
+        results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", seen, re.DOTALL)
+        if results:
+            value = results[-1].strip()
+            text = f"<answer>{int(value) + 1 if self.wrong else value}</answer>"
+        else:
+            expression = re.findall(r"What is (.*?)\?", seen)[-1]
+            text = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+        ids = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids))
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo dataset written by the real CLI in a subprocess."""
+    import json
+
+    out = tmp_path_factory.mktemp("verl-data") / "calc.parquet"
+    tasks = tmp_path_factory.getbasetemp() / "calc_tasks.jsonl"
+    from toolenv.integrations.verl.demo import DEMO_TASKS
+
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in DEMO_TASKS))
+    env_kwargs = json.dumps({"tools": [CALC], "tasks": str(tasks)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolenv.cli",
+            "verl-data",
+            "toolenv/ToolEnv-v0",
+            "--out",
+            str(out),
+            "--env-kwargs",
+            env_kwargs,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 3 rows" in proc.stdout
+    return out
+
+
+def _config(model_dir: Path, parquet: Path) -> Any:
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={parquet}",
+        f"data.val_files={parquet}",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=256",
+        "data.return_raw_chat=True",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={EXAMPLES / 'toolenv_tools.yaml'}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={EXAMPLES / 'toolenv_agent.yaml'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=toolenv_agent",
+        f"reward.custom_reward_function.path={EXAMPLES / 'toolenv_reward.py'}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def _batch(config: Any, tokenizer: Any, parquet: Path) -> Any:
+    from verl import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    dataset = RLHFDataset(data_files=[str(parquet)], tokenizer=tokenizer, config=config.data, processor=None)
+    return DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
+
+
+async def test_agent_loop_worker_produces_rm_scores(tiny_model_dir, tiny_tokenizer, parquet):
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    config = _config(tiny_model_dir, parquet)
+    batch = _batch(config, tiny_tokenizer, parquet)
+    assert list(batch.non_tensor_batch["agent_name"]) == ["toolenv_agent"] * 3
+    policy = CalculatorPolicy(tiny_tokenizer)
+    worker = AgentLoopWorker(config, llm_client=policy)
+    out = await worker.generate_sequences(batch)
+
+    assert out.batch["prompts"].shape == (3, 1024)
+    assert out.batch["responses"].shape == (3, 256)
+    assert out.batch["input_ids"].shape == (3, 1280)
+    assert "rollout_log_probs" in out.batch
+    rm = out.batch["rm_scores"]
+    assert rm.sum(dim=1).tolist() == [1.0, 1.0, 1.0]
+    # The score sits on the last response token.
+    last = out.batch["attention_mask"][:, 1024:].sum(dim=1) - 1
+    assert [rm[i, int(last[i])].item() for i in range(3)] == [1.0, 1.0, 1.0]
+    # Observation tokens are masked out, model tokens in: two model segments per row.
+    for row in out.batch["response_mask"].tolist():
+        edges = sum(1 for a, b in zip(row, row[1:], strict=False) if a != b)
+        assert row[0] == 1 and edges == 3  # 1..1 0..0 1..1 0(pad)...
+    assert list(out.non_tensor_batch["score"]) == [1.0, 1.0, 1.0]
+    assert list(out.non_tensor_batch["tool_calls"]) == [1.0, 1.0, 1.0]
+    assert [list(t) for t in out.non_tensor_batch["turn_scores"]] == [[0.0, 1.0]] * 3
+    assert "reward/exact_match" in out.meta_info["reward_extra_keys"]
+    assert policy.calls == 6
+
+
+async def test_builtin_tool_agent_with_base_tool_adapter_and_compute_score(tiny_model_dir, tiny_tokenizer, parquet):
+    """verl's own tool_agent loop calling the calculator through ToolEnvBaseTool, scored by compute_score."""
+    import numpy as np
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from toolenv.integrations.verl.reward import acompute_score
+
+    config = _config(tiny_model_dir, parquet)
+    batch = _batch(config, tiny_tokenizer, parquet)
+    batch.non_tensor_batch["agent_name"] = np.array(["tool_agent"] * len(batch), dtype=object)
+    worker = AgentLoopWorker(config, llm_client=CalculatorPolicy(tiny_tokenizer))
+    out = await worker.generate_sequences(batch)
+    assert "rm_scores" not in out.batch  # tool_agent leaves scoring to the reward function
+
+    scores = []
+    for i in range(len(out)):
+        n = int(out.batch["attention_mask"][i, 1024:].sum())
+        text = tiny_tokenizer.decode(out.batch["responses"][i, :n].tolist(), skip_special_tokens=True)
+        assert f"<tool_response>\n{['42', '21', '53'][i]}\n</tool_response>" in text
+        extra = out.non_tensor_batch["extra_info"][i]
+        scores.append(await acompute_score(extra["env_id"], text, None, extra))
+    assert [s["score"] for s in scores] == [1.0, 1.0, 1.0]
+    assert all(s["answered"] == 1.0 for s in scores)
+
+    wrong = CalculatorPolicy(tiny_tokenizer, wrong=True)
+    out = await AgentLoopWorker(config, llm_client=wrong).generate_sequences(_batch(config, tiny_tokenizer, parquet))
+    extra = out.non_tensor_batch["extra_info"][0]
+    n = int(out.batch["attention_mask"][0, 1024:].sum())
+    text = tiny_tokenizer.decode(out.batch["responses"][0, :n].tolist(), skip_special_tokens=True)
+    assert (await acompute_score(extra["env_id"], text, None, extra))["score"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "script", ["run_hotpotqa_grpo.sh", "run_hotpotqa_ppo.sh", "run_spider_grpo.sh", "run_spider_ppo.sh"]
+)
+def test_launch_script_overrides_compose(script, tmp_path):
+    """Every override a launch script passes to main_ppo exists in verl's ppo_trainer config."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer import main_ppo
+
+    text = (EXAMPLES / script).read_text()
+    block = text[text.index("python -m verl.trainer.main_ppo") :].split('"$@"')[0]
+    values = {
+        "HERE": str(EXAMPLES),
+        "DATA_DIR": str(tmp_path),
+        "MODEL": "Qwen/Qwen2.5-3B-Instruct",
+        "N_GPUS": "8",
+        "NNODES": "2",
+    }
+    block = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], block.replace("\\\n", " "))
+    overrides = shlex.split(block)[3:]
+    assert overrides and all("=" in o for o in overrides)
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    agent = cfg.actor_rollout_ref.rollout.agent
+    names = [loop["name"] for loop in OmegaConf.load(agent.agent_loop_config_path)]
+    assert agent.default_agent_loop in names and "toolenv_agent" in names
+    assert cfg.trainer.nnodes == 2
+    if "ppo" in script.split("_")[-1]:
+        assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    else:
+        assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 8

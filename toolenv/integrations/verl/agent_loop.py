@@ -1,0 +1,288 @@
+"""`ToolEnvAgentLoop`: one toolenv episode per verl sample, token-in/token-out.
+
+Per turn: generate with verl's server manager from the running token ids, decode
+only the new tokens, `env.astep(text)` (the env parses and invokes its tools and
+scores the turn), then append the observation as chat messages with verl's
+continuous-token helpers, so observation tokens get mask 0 and logprob 0.0 while
+model tokens keep mask 1 and their logprobs. Model tokens are never re-encoded.
+
+Register it with verl through `actor_rollout_ref.rollout.agent.agent_loop_config_path`
+(see examples/verl/toolenv_agent.yaml); every YAML key besides `name`/`_target_`
+is a keyword argument of `__init__`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import uuid4
+
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+from toolenv.env import ToolEnv
+from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
+from toolenv.types import Message, Task, ToolResult
+
+__all__ = ["STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
+
+logger = logging.getLogger(__name__)
+
+#: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`).
+STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length")
+
+
+def chat_message(message: Message) -> tuple[dict[str, Any], list[Any]]:
+    """A toolenv Message as a verl chat dict, and its images as PIL images.
+
+    Images become `{"type": "image", "image": <PIL>}` content blocks, the form verl's
+    processors and its own tool loop use.
+    """
+    out: dict[str, Any] = {"role": message.role}
+    images = [im.to_pil() for im in message.images]
+    if images:
+        blocks: list[dict[str, Any]] = [{"type": "image", "image": im} for im in images]
+        if message.content:
+            blocks.append({"type": "text", "text": message.content})
+        out["content"] = blocks
+    else:
+        out["content"] = message.content
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    return out, images
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
+    """verl agent loop that runs the toolenv env named by each row's `extra_info`.
+
+    Args:
+        max_turns: model turns per episode; default `multi_turn.max_assistant_turns` (the env's
+            own `max_turns` truncates too).
+        env_kwargs: overrides merged over each row's `extra_info.env_kwargs`.
+        observation_role: `"tool"` (one tool message per tool result; the chat template
+            wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
+            formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for the
+            hermes parser, `"user"` otherwise.
+        reward_keys: reward component names reported for every sample (default: the env's);
+            set it when one batch mixes envs with different rewards, since verl needs the same
+            `reward_extra_info` keys on every sample.
+        stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that stops
+            without the turn-end token gets it appended with mask 0.
+        use_dataset_prompt: start from the row's `raw_prompt` (default) or re-render the env's prompt.
+        tools: verl's tool list; unused (the env owns its tools), accepted because verl passes it.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        max_turns: int | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        observation_role: str | None = None,
+        reward_keys: Sequence[str] | None = None,
+        stop: Sequence[str] | None = None,
+        use_dataset_prompt: bool = True,
+        turn_end_token: str | None = None,
+        tools: Any = None,
+        name: str | None = None,
+        pool: EnvPool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if observation_role not in (None, "tool", "user"):
+            raise ValueError(f"observation_role must be 'tool', 'user' or None, got {observation_role!r}")
+        multi_turn = self.rollout_config.get("multi_turn", {}) or {}
+        self.max_turns: int | None = max_turns or multi_turn.get("max_assistant_turns") or None
+        # hydra hands nested YAML values over as OmegaConf containers; envs get plain Python.
+        self.env_kwargs: dict[str, Any] = _plain(env_kwargs or {})
+        self.observation_role = observation_role
+        self.reward_keys: list[str] | None = list(_plain(reward_keys)) if reward_keys is not None else None
+        self.stop: list[str] = list(_plain(stop or []))
+        self.use_dataset_prompt = use_dataset_prompt
+        self.response_length: int = int(self.rollout_config.response_length)
+        self.pool = pool or shared_pool()
+        self.turn_end_id = self._turn_end_id(turn_end_token)
+        # The continuous-token helper for appended non-assistant messages was renamed after 0.9.
+        merge = getattr(self, "ct_merge_context_msg", None) or getattr(self, "ct_merge_non_assistant_msg", None)
+        if merge is None:
+            raise RuntimeError("this verl has neither ct_merge_context_msg nor ct_merge_non_assistant_msg")
+        self._merge_context = merge
+        #: The final conversation of the last `run` (chat dicts), for inspection and tests.
+        self.messages: list[dict[str, Any]] = []
+
+    def _turn_end_id(self, token: str | None) -> int | None:
+        """Id of the token that closes a turn: `token`, else ChatML's `<|im_end|>`, else EOS."""
+        # convert_tokens_to_ids, not get_vocab(): the latter copies a 150k-entry dict per sample.
+        tid = self.tokenizer.convert_tokens_to_ids(token if token is not None else "<|im_end|>")
+        if tid is not None and tid != self.tokenizer.unk_token_id:
+            return int(tid)
+        if token is not None:
+            raise ValueError(f"turn_end_token {token!r} is not in the tokenizer's vocabulary")
+        eos = self.tokenizer.eos_token_id
+        return int(eos) if eos is not None else None
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Run one episode of the row's env and task."""
+        extra_info = kwargs.get("extra_info") or {}
+        env_id, row_kwargs = env_spec_from_row(extra_info)
+        task = task_from_row(extra_info)
+        env_kwargs = {**row_kwargs, **self.env_kwargs}
+        async with self.pool.lease(env_id, env_kwargs) as env:
+            return await self._episode(env, env_id, task, sampling_params, kwargs)
+
+    async def _episode(
+        self, env: ToolEnv, env_id: str, task: Task, sampling_params: dict[str, Any], row: dict[str, Any]
+    ) -> AgentLoopOutput:
+        _, info = await env.areset(options={"task": task})
+        raw_prompt = row.get("raw_prompt")
+        if self.use_dataset_prompt and raw_prompt is not None:
+            messages = [dict(m) for m in raw_prompt]
+        else:
+            messages = [chat_message(m)[0] for m in info["messages"]]
+        mm = await self.process_multi_modal_info(messages)
+        if mm.get("videos") or mm.get("audios"):
+            raise ValueError("ToolEnvAgentLoop carries images only; this row's prompt has video or audio")
+        images: list[Any] | None = mm.get("images")
+        self._assert_mm_supported(bool(images))
+        runtime = await self.ct_build_initial_tokens(messages, images=images)
+        mask: list[int] = []
+        logprobs: list[float] = []
+        request_id = uuid4().hex
+        params = dict(sampling_params)
+        if self.stop:
+            params["stop"] = [*(params.get("stop") or []), *self.stop]
+
+        reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
+        components = dict.fromkeys(reward_keys, 0.0)
+        turn_scores: list[float] = []
+        results: list[ToolResult] = []
+        tool_latency = 0.0
+        gen_s = env_s = 0.0
+        preempted = 0
+        assistant_turns = observation_turns = 0
+        terminated = truncated = False
+        answer: str | None = None
+        stop_reason = "response_length"
+
+        while True:
+            budget = self.response_length - len(mask)
+            if budget <= 0:
+                break
+            t0 = time.perf_counter()
+            out = await self.server_manager.generate(
+                request_id=request_id,
+                prompt_ids=runtime,
+                sampling_params={**params, "max_tokens": budget},
+                image_data=images,
+            )
+            gen_s += time.perf_counter() - t0
+            preempted += out.num_preempted or 0
+            new_ids = list(out.token_ids)[:budget]
+            new_lp = list(out.log_probs)[: len(new_ids)] if out.log_probs else None
+            merged, mask, lps = await self.ct_merge_assistant_token(
+                runtime, new_ids, mask, logprobs if (logprobs or new_lp) else None, assistant_logprobs=new_lp
+            )
+            runtime = merged.token_ids
+            if lps is not None:
+                logprobs = list(lps)
+            assistant_turns += 1
+
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            t0 = time.perf_counter()
+            _, reward, terminated, truncated, step = await env.astep(text)
+            env_s += time.perf_counter() - t0
+            turn_scores.append(float(reward))
+            for k, v in step["reward_components"].items():
+                if k in components:
+                    components[k] += float(v)
+            results.extend(step["tool_results"])
+            tool_latency += sum(r.latency_s for r in step["tool_calls"])
+            if terminated or truncated:
+                answer = step.get("answer")
+                stop_reason = "terminated" if terminated else "truncated"
+                break
+            if len(mask) >= self.response_length:
+                break
+            if self.max_turns and assistant_turns >= self.max_turns:
+                stop_reason = "max_turns"
+                break
+
+            if self.turn_end_id is not None and (not new_ids or new_ids[-1] != self.turn_end_id):
+                # Generation stopped on a stop string: close the turn (not a model token, so mask 0).
+                runtime = [*runtime, self.turn_end_id]
+                mask = [*mask, 0]
+                if logprobs:
+                    logprobs = [*logprobs, 0.0]
+            new_messages, new_images = self._observation(env, step)
+            self._assert_mm_supported(bool(new_images))
+            previous = list(messages)
+            messages.extend(new_messages)
+            merged, new_mask, lps = await self._merge_context(
+                previous, messages, runtime, mask, logprobs if logprobs else None
+            )
+            if len(new_mask) >= self.response_length:
+                del messages[len(previous) :]
+                break
+            runtime, mask = merged.token_ids, new_mask
+            if logprobs:
+                logprobs = list(lps or [])
+            if new_images:
+                images = [*(images or []), *new_images]
+            observation_turns += 1
+
+        self.messages = messages
+        split = len(runtime) - len(mask)
+        score = float(sum(turn_scores))
+        errors = sum(1 for r in results if r.is_error)
+        tool_metrics = {
+            "tool_calls": float(sum(1 for r in results if r.name != "parser")),
+            "tool_errors": float(errors),
+            "tool_latency_s": tool_latency,
+        }
+        reward_extra_info: dict[str, float] = {
+            "score": score,
+            "answered": float(answer is not None),
+            "terminated": float(terminated),
+            "truncated": float(truncated),
+            "turns": float(assistant_turns),
+            **tool_metrics,
+            **{f"reward/{k}": v for k, v in components.items()},
+        }
+        return AgentLoopOutput(
+            prompt_ids=runtime[:split],
+            response_ids=runtime[split:][: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            multi_modal_data={"images": images} if images else {},
+            reward_score=score,
+            num_turns=1 + assistant_turns + observation_turns,
+            metrics=AgentLoopMetrics(generate_sequences=gen_s, tool_calls=env_s, num_preempted=preempted),
+            extra_fields={
+                "turn_scores": turn_scores,
+                "tool_rewards": [],
+                "reward_extra_info": reward_extra_info,
+                "reward_components": dict(components),
+                "tool_metrics": tool_metrics,
+                "toolenv_env_id": env_id,
+                "toolenv_task_id": task.id,
+                "toolenv_answer": answer or "",
+                "toolenv_stop_reason": stop_reason,
+            },
+        )
+
+    def _observation(self, env: ToolEnv, step: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The turn's observation as chat messages (tool or user role) plus any images in it."""
+        role = self.observation_role or ("tool" if env.parser.name == "hermes" else "user")
+        if role == "tool":
+            pairs = [chat_message(m) for m in step["messages"] if m.role == "tool"]
+            return [p[0] for p in pairs], [im for p in pairs for im in p[1]]
+        results: list[ToolResult] = step["tool_results"]
+        obs = env.parser.format_results(results) if results else ""
+        msg, images = chat_message(Message(role="user", content=obs, images=[im for r in results for im in r.images]))
+        return [msg], images

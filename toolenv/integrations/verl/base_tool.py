@@ -1,0 +1,162 @@
+"""Any toolenv `Tool` as a verl `BaseTool`, for verl's own `tool_agent` loop.
+
+In a verl tool config (`actor_rollout_ref.rollout.multi_turn.tool_config_path`):
+
+    tools:
+      - class_name: toolenv.integrations.verl.ToolEnvBaseTool
+        config: {type: native, tool: "toolenv.integrations.verl.demo:Calculator"}
+
+`config.tool` is a `"module:Name"` reference or a `toolenv.tools` plugin name;
+`config.tool_kwargs` is passed to its constructor. Leave `tool_schema` out: the
+adapter builds it from `Tool.flat_schema()`.
+
+Schemas: verl validates schemas with `OpenAIFunctionToolSchema`, whose property
+model keeps only `type`, `description` and `enum` (it drops `items`, `default`,
+`minimum`, `maxLength`...). The adapter's `tool_schema` is a subclass of that model
+that validates the same way but keeps every other key, so what verl renders into
+the chat template (`tool_schema.model_dump()`) is the tool's full schema.
+
+Calls run through toolenv's `ToolCaller` (argument validation, timeout, retries,
+truncation); failures come back as text, never as exceptions. verl creates and
+releases an instance per call, so per-trajectory tool state (`ToolContext.state`)
+is kept on verl's per-trajectory `AgentData` object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import uuid4
+
+from pydantic import ConfigDict, ValidationError
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import (
+    OpenAIFunctionParametersSchema,
+    OpenAIFunctionPropertySchema,
+    OpenAIFunctionSchema,
+    OpenAIFunctionToolSchema,
+    ToolResponse,
+)
+
+from toolenv.caller import ToolCaller
+from toolenv.integrations.verl.envs import resolve_tool
+from toolenv.tool import Tool, ToolContext
+from toolenv.types import Task, ToolCall
+
+__all__ = ["FullToolSchema", "ToolEnvBaseTool", "verl_tool_schema"]
+
+_STATE_ATTR = "_toolenv_tool_state"
+
+
+class _Property(OpenAIFunctionPropertySchema):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Parameters(OpenAIFunctionParametersSchema):
+    model_config = ConfigDict(extra="allow")
+    properties: dict[str, _Property]  # type: ignore[assignment]
+
+
+class _Function(OpenAIFunctionSchema):
+    model_config = ConfigDict(extra="allow")
+    parameters: _Parameters  # type: ignore[assignment]
+
+
+class FullToolSchema(OpenAIFunctionToolSchema):
+    """verl's tool schema model, validated the same way, keeping every JSON-schema key it does not model."""
+
+    function: _Function  # type: ignore[assignment]
+
+
+def verl_tool_schema(tool: Tool) -> FullToolSchema:
+    """The tool's flattened schema as a `FullToolSchema`.
+
+    Raises:
+        ValueError: the schema has a shape verl cannot take (e.g. a property without a `type`).
+    """
+    schema = tool.flat_schema()
+    try:
+        OpenAIFunctionToolSchema.model_validate(schema)
+        return FullToolSchema.model_validate(schema)
+    except ValidationError as exc:
+        raise ValueError(f"tool {tool.name!r}: verl rejects its schema: {exc}") from None
+
+
+def _task(value: Any) -> Task:
+    if value is None:
+        return Task()
+    if isinstance(value, Task):
+        return value
+    if isinstance(value, str):
+        return Task.model_validate_json(value)
+    return Task.model_validate(dict(value))
+
+
+class ToolEnvBaseTool(BaseTool):  # type: ignore[misc]
+    """A verl `BaseTool` that runs a toolenv `Tool` (built from `config` or passed as `tool=`)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        tool_schema: OpenAIFunctionToolSchema | None = None,
+        *,
+        tool: Tool | None = None,
+    ) -> None:
+        cfg = dict(config or {})
+        if tool is None:
+            if "tool" not in cfg:
+                raise ValueError("ToolEnvBaseTool needs config.tool: a 'module:Name' reference or a tool plugin name")
+            tool = resolve_tool(cfg["tool"], **dict(cfg.get("tool_kwargs") or {}))
+        self.tool = tool
+        self.caller = ToolCaller([tool])
+        self._contexts: dict[str, ToolContext] = {}
+        super().__init__(cfg, tool_schema or verl_tool_schema(tool))
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+        """Start an instance; `create_kwargs.task` (a Task, dict or JSON) sets the tool's `ctx.task`."""
+        instance_id = instance_id or uuid4().hex
+        create_kwargs = kwargs.get("create_kwargs") or {}
+        try:
+            task = _task(create_kwargs.get("task"))
+        except ValueError as exc:
+            return instance_id, ToolResponse(text=f"Invalid task for tool '{self.tool.name}': {exc}")
+        self._contexts[instance_id] = ToolContext(task=task, episode_id=instance_id)
+        return instance_id, ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """Run the tool; returns (response with text and images, reward 0.0, call metrics)."""
+        ctx = self._contexts.get(instance_id) or ToolContext(task=Task(), episode_id=instance_id)
+        agent_data = kwargs.get("agent_data")
+        if agent_data is not None:  # share state across the calls of one trajectory
+            state = getattr(agent_data, _STATE_ATTR, None)
+            if state is None:
+                state = {}
+                setattr(agent_data, _STATE_ATTR, state)
+            ctx = ToolContext(
+                task=ctx.task, episode_id=str(getattr(agent_data, "request_id", instance_id)), state=state
+            )
+        if isinstance(parameters, str):
+            try:
+                parameters = json.loads(parameters)
+            except json.JSONDecodeError:
+                parameters = None  # type: ignore[assignment]
+        if not isinstance(parameters, dict):
+            text = f"Arguments for tool '{self.tool.name}' must be a JSON object."
+            return ToolResponse(text=text), 0.0, {"is_error": True}
+        call = ToolCall(name=self.tool.name, arguments=parameters, id=instance_id)
+        results, records = await self.caller.invoke([call], ctx)
+        result, record = results[0], records[0]
+        metrics = {"is_error": result.is_error, "latency_s": record.latency_s, "attempts": record.attempts}
+        if result.images:
+            return ToolResponse(text=result.text, image=[im.to_pil() for im in result.images]), 0.0, metrics
+        return ToolResponse(text=result.text), 0.0, metrics
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """toolenv scores episodes with the env's reward, not per tool: always 0.0."""
+        return 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Forget the instance."""
+        self._contexts.pop(instance_id, None)

@@ -1,0 +1,126 @@
+"""verl's parquet rows from a toolenv env: one row per task, prompt from the env's own reset.
+
+A row is what `verl.utils.dataset.RLHFDataset` reads and what `ToolEnvAgentLoop`
+needs to replay the episode in a Ray worker:
+
+- `prompt`: the chat messages of `env.reset(options={"task": task})[1]["messages"]`
+- `agent_name`: the agent loop (`toolenv_agent` in examples/verl/toolenv_agent.yaml)
+- `data_source`, `ability`, `reward_model.ground_truth` (a string; JSON list for several answers)
+- `extra_info`: `index`, `split`, `env_id`, `task_id`, `task` (JSON), `env_kwargs` (JSON) and
+  `tools_kwargs` (each tool's `create_kwargs.task`, for verl's `tool_agent` with `ToolEnvBaseTool`)
+
+pyarrow cannot write an empty struct, so nested values are JSON strings or left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from toolenv.integrations.verl.envs import TASK_SELECTION_KEYS, make_env
+from toolenv.types import Message, Task
+
+__all__ = ["DEFAULT_AGENT_NAME", "abuild_rows", "build_rows", "ground_truth", "prompt_messages", "write_parquet"]
+
+DEFAULT_AGENT_NAME = "toolenv_agent"
+
+
+def ground_truth(task: Task) -> str:
+    """The gold answer as one string (several answers as a JSON list; none as "")."""
+    answers = task.answers
+    if not answers:
+        return ""
+    return answers[0] if len(answers) == 1 else json.dumps(answers, ensure_ascii=False)
+
+
+def prompt_messages(messages: Iterable[Message]) -> tuple[list[dict[str, str]], list[dict[str, bytes]]]:
+    """Chat dicts for the `prompt` column and the `images` column.
+
+    verl's dataset replaces each `<image>` in a message's text with the next image of
+    the row's `images` column, so images are put there in order.
+    """
+    out: list[dict[str, str]] = []
+    images: list[dict[str, bytes]] = []
+    for m in messages:
+        content = "<image>" * len(m.images) + m.content
+        images.extend({"bytes": im.data} for im in m.images)
+        out.append({"role": m.role, "content": content})
+    return out, images
+
+
+async def abuild_rows(
+    env_id: str,
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    agent_name: str = DEFAULT_AGENT_NAME,
+    data_source: str | None = None,
+    ability: str = "tool_use",
+) -> list[dict[str, Any]]:
+    """One verl row per task of `gym.make(env_id, **env_kwargs)` (`split=` is passed when given).
+
+    Raises:
+        ValueError: the env cannot be made, has no tasks, or `limit` is not positive.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {limit}")
+    kwargs = dict(env_kwargs or {})
+    if split is not None:
+        kwargs["split"] = split
+    env = make_env(env_id, kwargs)
+    try:
+        tasks = env.tasks[:limit] if limit is not None else env.tasks
+        if not tasks:
+            raise ValueError(f"env {env_id!r} has no tasks (pass tasks in --env-kwargs?)")
+        stored = {k: v for k, v in kwargs.items() if k not in TASK_SELECTION_KEYS}
+        rows = []
+        for index, task in enumerate(tasks):
+            _, info = await env.areset(options={"task": task})
+            prompt, images = prompt_messages(info["messages"])
+            task_json = task.model_dump_json()
+            extra: dict[str, Any] = {
+                "index": index,
+                "split": split or "train",
+                "env_id": env_id,
+                "task_id": task.id,
+                "task": task_json,
+                "env_kwargs": json.dumps(stored, ensure_ascii=False, sort_keys=True),
+            }
+            if env.tools:
+                extra["tools_kwargs"] = {t.name: {"create_kwargs": {"task": task_json}} for t in env.tools}
+            row: dict[str, Any] = {
+                "data_source": data_source or env_id,
+                "agent_name": agent_name,
+                "ability": ability,
+                "prompt": prompt,
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(task)},
+                "extra_info": extra,
+            }
+            if images:
+                row["images"] = images
+            rows.append(row)
+        return rows
+    finally:
+        await env.aclose()
+
+
+def build_rows(env_id: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Sync twin of `abuild_rows` (same keyword arguments); not for use inside an event loop."""
+    return asyncio.run(abuild_rows(env_id, **kwargs))
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write rows as one parquet file (pyarrow); parent folders are created."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise ValueError("no rows to write")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out

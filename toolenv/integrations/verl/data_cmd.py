@@ -1,0 +1,50 @@
+"""`toolenv verl-data ENV_ID --out file.parquet`: write verl's dataset for an env."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from toolenv.integrations.verl.data import DEFAULT_AGENT_NAME, build_rows, write_parquet
+
+HELP = "Write a verl parquet dataset (one row per task) for training ENV_ID with verl."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", metavar="ENV_ID", help="e.g. toolenv/Spider-v0")
+    parser.add_argument("--out", required=True, help="parquet file to write")
+    parser.add_argument("--split", default=None, help="passed to the env factory as split=... (e.g. train, dev)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument(
+        "--env-kwargs",
+        default="{}",
+        help="JSON object of env factory overrides, e.g. '{\"max_turns\": 4}'; "
+        '"tools" may list "module:Name" references or tool plugin names',
+    )
+    parser.add_argument("--agent-name", default=DEFAULT_AGENT_NAME, help="agent loop name stored in each row")
+    parser.add_argument("--data-source", default=None, help="data_source column (default: ENV_ID)")
+
+
+def _env_kwargs(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--env-kwargs is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--env-kwargs must be a JSON object")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = build_rows(
+        args.env_id,
+        env_kwargs=_env_kwargs(args.env_kwargs),
+        split=args.split,
+        limit=args.limit,
+        agent_name=args.agent_name,
+        data_source=args.data_source,
+    )
+    path = write_parquet(rows, args.out)
+    print(f"wrote {len(rows)} rows for {args.env_id} to {path}")
+    return 0

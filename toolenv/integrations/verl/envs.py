@@ -1,0 +1,185 @@
+"""Build toolenv envs from what a parquet row carries, and reuse them across samples.
+
+A verl dataset row names its env (`extra_info.env_id`) and may carry keyword
+overrides (`extra_info.env_kwargs`, JSON). Tool objects cannot travel in parquet,
+so a `tools` override lists references instead: `"package.module:Name"` (a Tool
+class, factory or instance) or the name of a `toolenv.tools` plugin.
+
+verl builds a fresh agent loop per sample; building a fresh env per sample would
+reload task lists and tool backends, so idle envs are pooled per (env_id, kwargs)
+in this process and handed to one episode at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from toolenv.env import ToolEnv
+from toolenv.tool import Tool
+from toolenv.types import Task
+
+__all__ = ["EnvPool", "env_spec_from_row", "make_env", "resolve_tool", "shared_pool", "task_from_row"]
+
+#: Factory arguments that select tasks; a row names its task itself, so they are not stored with it.
+TASK_SELECTION_KEYS = frozenset({"tasks", "limit"})
+
+
+def resolve_tool(ref: Any, **kwargs: Any) -> Tool:
+    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin name.
+
+    `kwargs` go to the class or factory.
+    """
+    if isinstance(ref, Tool):
+        return ref
+    if not isinstance(ref, str) or not ref:
+        raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
+    if ":" in ref:
+        module_name, _, attr = ref.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import tool {ref!r}: {exc}") from None
+        built = obj if isinstance(obj, Tool) else obj(**kwargs)
+        if not isinstance(built, Tool):
+            raise ValueError(f"tool reference {ref!r} built {type(built).__name__}, not a toolenv.Tool")
+        return built
+    from toolenv.registry import load_tool
+
+    return load_tool(ref, **kwargs)  # type: ignore[no-any-return]
+
+
+def _resolve_kwargs(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    kwargs = dict(env_kwargs)
+    if "tools" in kwargs:
+        kwargs["tools"] = [resolve_tool(t) for t in kwargs["tools"]]
+    return kwargs
+
+
+def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> ToolEnv:
+    """`gym.make(env_id, **env_kwargs)` unwrapped to the ToolEnv, with `tools` references resolved.
+
+    Raises:
+        ValueError: the env is unknown, its factory rejects the kwargs, or it is not a ToolEnv.
+    """
+    import gymnasium as gym
+
+    import toolenv  # noqa: F401 - registers toolenv/* ids with Gymnasium
+
+    try:
+        env = gym.make(env_id, **_resolve_kwargs(env_kwargs or {}))
+    except gym.error.Error as exc:
+        raise ValueError(f"cannot make env {env_id!r}: {exc}") from None
+    except TypeError as exc:
+        raise ValueError(f"env {env_id!r} rejected its keyword arguments: {exc}") from None
+    inner = env.unwrapped
+    if not isinstance(inner, ToolEnv):
+        raise ValueError(f"env {env_id!r} is a {type(inner).__name__}, not a toolenv.ToolEnv")
+    return inner
+
+
+def _decode(value: Any, what: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"extra_info.{what} is not valid JSON: {exc.msg}") from None
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars/arrays and OmegaConf containers (what verl hands over) as plain Python."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def env_spec_from_row(extra_info: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """`(env_id, env_kwargs)` named by a row's `extra_info`.
+
+    Raises:
+        ValueError: `env_id` is missing or `env_kwargs` is not a JSON object.
+    """
+    info = _plain(extra_info or {})
+    env_id = info.get("env_id")
+    if not isinstance(env_id, str) or not env_id:
+        raise ValueError("the dataset row has no extra_info.env_id; build the data with `toolenv verl-data`")
+    kwargs = _decode(info.get("env_kwargs") or {}, "env_kwargs")
+    if not isinstance(kwargs, dict):
+        raise ValueError("extra_info.env_kwargs must be a JSON object")
+    return env_id, kwargs
+
+
+def task_from_row(extra_info: Mapping[str, Any] | None) -> Task:
+    """The row's Task (`extra_info.task`, a JSON string or a mapping).
+
+    Raises:
+        ValueError: the task is missing or invalid.
+    """
+    raw = _plain(extra_info or {}).get("task")
+    if raw is None:
+        raise ValueError("the dataset row has no extra_info.task; build the data with `toolenv verl-data`")
+    try:
+        if isinstance(raw, str):
+            return Task.model_validate_json(raw)
+        return Task.model_validate(raw)
+    except ValueError as exc:
+        raise ValueError(f"extra_info.task is not a valid toolenv Task: {exc}") from None
+
+
+class EnvPool:
+    """Idle envs per (env_id, kwargs); `lease` hands one env to one episode at a time."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[ToolEnv]] = defaultdict(list)
+        self.created = 0
+
+    @staticmethod
+    def key(env_id: str, env_kwargs: Mapping[str, Any]) -> str:
+        """The pool key: env id plus canonical JSON of the kwargs."""
+        return env_id + "|" + json.dumps(env_kwargs, sort_keys=True, default=repr)
+
+    @asynccontextmanager
+    async def lease(self, env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
+        """Borrow an env (made on demand in a worker thread, since factories may load data)."""
+        key = self.key(env_id, env_kwargs)
+        idle = self._idle[key]
+        if idle:
+            env = idle.pop()
+        else:
+            env = await asyncio.to_thread(make_env, env_id, env_kwargs)
+            self.created += 1
+        try:
+            yield env
+        finally:
+            idle.append(env)
+
+    def envs(self) -> Iterator[ToolEnv]:
+        """Every idle env."""
+        for envs in self._idle.values():
+            yield from envs
+
+    async def aclose(self) -> None:
+        """Close every idle env's tools."""
+        for env in list(self.envs()):
+            await env.aclose()
+        self._idle.clear()
+
+
+_POOL = EnvPool()
+
+
+def shared_pool() -> EnvPool:
+    """The process-wide pool every agent loop in this (Ray worker) process shares."""
+    return _POOL

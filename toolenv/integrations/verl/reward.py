@@ -1,0 +1,68 @@
+"""`compute_score` for verl's custom reward function hook, scored by the env's own reward.
+
+Use it when the episode does not run through `ToolEnvAgentLoop` (which returns the
+env's reward itself), e.g. with verl's `tool_agent` loop and `ToolEnvBaseTool`:
+
+    reward.custom_reward_function.path=examples/verl/toolenv_reward.py
+    reward.custom_reward_function.name=compute_score
+
+verl passes the decoded response (tool observations included) as `solution_str`;
+the env's parser finds the final answer in it, and the env's reward scores that
+answer against the row's task. Tools are not re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from toolenv.integrations.verl.envs import env_spec_from_row, shared_pool, task_from_row
+
+__all__ = ["acompute_score", "compute_score"]
+
+
+async def acompute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """The env's final reward for the answer in `solution_str`: `{"score", "answered", "reward/<part>"...}`.
+
+    Raises:
+        ValueError: `extra_info` does not name an env and a task (rows from `toolenv verl-data` do).
+    """
+    env_id, env_kwargs = env_spec_from_row(extra_info)
+    task = task_from_row(extra_info)
+    async with shared_pool().lease(env_id, env_kwargs) as env:
+        await env.areset(options={"task": task})
+        episode = env.episode
+        assert episode is not None  # areset just made it
+        episode.answer = env.parser.parse(solution_str).answer
+        episode.terminated = True
+        components = await env.reward_fn.final_components(episode)
+        score = env.reward_fn.total(components, env.reward_fn.weights)
+    out = {"score": score, "answered": float(episode.answer is not None)}
+    out.update({f"reward/{k}": float(v) for k, v in components.items()})
+    return out
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """Sync twin of `acompute_score` (verl runs sync scorers in a worker thread).
+
+    Raises:
+        RuntimeError: called inside a running event loop; await `acompute_score` there.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs))
+    raise RuntimeError("compute_score cannot run inside an event loop; use `await acompute_score(...)`")
