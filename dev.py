@@ -27,7 +27,7 @@ PY = BIN / "python"
 WORKSPACE = [
     ".",
     "plugins/search",
-    "plugins/sql[duckdb]",
+    "plugins/sql",
     "plugins/code",
     "plugins/vision",
     "agents",
@@ -35,7 +35,7 @@ WORKSPACE = [
 DEV_EXTRAS = ".[dev]"
 # verl must not pull a multi-GB CUDA torch: this CPU build is pinned and installed first.
 TORCH_PIN = "torch==2.13.0"
-TEST_EXTRAS = [".[verl]", "agents[transformers]", "playwright"]
+TEST_EXTRAS = [".[verl]", "agents[transformers]", "plugins/search[web,stem]", "plugins/sql[duckdb]", "playwright"]
 
 
 def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:

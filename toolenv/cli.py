@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 from types import ModuleType
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -27,8 +28,12 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit code 2."""
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage block is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def _modules() -> dict[str, str]:
@@ -42,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     modules = _modules()
-    parser = argparse.ArgumentParser(prog="toolenv", description="Typed tool-use environments for LLM agents.")
+    parser = _Parser(prog="toolenv", description="Typed tool-use environments for LLM agents.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported; others are listed by name.
     chosen = next((a for a in argv if not a.startswith("-")), None)

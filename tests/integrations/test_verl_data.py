@@ -40,7 +40,7 @@ def test_rows_round_trip_through_parquet(tmp_path):
     assert '"name": "calculator"' in first["prompt"][0]["content"]
     assert first["reward_model"] == {"style": "rule", "ground_truth": "42"}
     extra = first["extra_info"]
-    assert extra["env_id"] == "toolenv/ToolEnv-v0" and extra["task_id"] == "calc-0" and extra["split"] == "train"
+    assert extra["env_id"] == "toolenv/ToolEnv-v0" and extra["task_id"] == "calc-0" and extra["split"] == "all"
     assert json.loads(extra["task"])["answer"] == "42"
     assert json.loads(extra["env_kwargs"]) == {"tools": [CALC], "max_turns": 3}  # tasks are not copied per row
     assert json.loads(extra["tools_kwargs"]["calculator"]["create_kwargs"]["task"])["id"] == "calc-0"
@@ -76,7 +76,7 @@ def test_cli_writes_parquet_and_limit(tmp_path):
         (["toolenv/NoSuch-v0"], "cannot make env 'toolenv/NoSuch-v0'"),
         (["toolenv/ToolEnv-v0", "--env-kwargs", "{bad"], "--env-kwargs is not valid JSON"),
         (["toolenv/ToolEnv-v0"], "has no tasks"),
-        (["toolenv/ToolEnv-v0", "--split", "dev"], "rejected its keyword arguments"),
+        (["toolenv/ToolEnv-v0", "--split", "dev"], "invalid choice: 'dev'"),
         (["toolenv/ToolEnv-v0", "--limit", "0"], "--limit must be at least 1"),
     ],
 )
@@ -138,3 +138,17 @@ def test_verl_is_imported_only_by_the_integration():
     code = "import sys, toolenv.integrations.verl.data_cmd; print('verl' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_split_is_deterministic_and_disjoint():
+    from toolenv.integrations.verl.data import split_tasks
+    from toolenv.types import load_tasks
+
+    tasks = load_tasks([{"id": f"t{i}", "question": "q"} for i in range(500)])
+    train, test = split_tasks(tasks, "train"), split_tasks(tasks, "test")
+    assert {t.id for t in train} | {t.id for t in test} == {t.id for t in tasks}
+    assert not {t.id for t in train} & {t.id for t in test}
+    assert 20 <= len(test) <= 80  # about 10 %
+    assert [t.id for t in split_tasks(list(reversed(tasks)), "test")] == [t.id for t in reversed(test)]
+    with pytest.raises(ValueError, match="unknown split"):
+        split_tasks(tasks, "dev")

@@ -15,6 +15,7 @@ pyarrow cannot write an empty struct, so nested values are JSON strings or left 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -51,6 +52,26 @@ def prompt_messages(messages: Iterable[Message]) -> tuple[list[dict[str, str]], 
     return out, images
 
 
+SPLITS = ("all", "train", "test")
+
+
+def split_tasks(tasks: list[Task], split: str | None, test_fraction: float = 0.1) -> list[Task]:
+    """A deterministic train/test split by a hash of the task id (`all` or None keeps every task).
+
+    The same id always lands in the same split, whatever the task order or the other tasks,
+    so training and validation files made separately never overlap.
+    """
+    if split is None or split == "all":
+        return list(tasks)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+
+    def is_test(task: Task) -> bool:
+        return int(hashlib.sha256(task.id.encode()).hexdigest()[:8], 16) % 10_000 < test_fraction * 10_000
+
+    return [t for t in tasks if is_test(t) == (split == "test")]
+
+
 async def abuild_rows(
     env_id: str,
     *,
@@ -61,19 +82,18 @@ async def abuild_rows(
     data_source: str | None = None,
     ability: str = "tool_use",
 ) -> list[dict[str, Any]]:
-    """One verl row per task of `gym.make(env_id, **env_kwargs)` (`split=` is passed when given).
+    """One verl row per task of `gym.make(env_id, **env_kwargs)` in `split` (see `split_tasks`).
 
     Raises:
-        ValueError: the env cannot be made, has no tasks, or `limit` is not positive.
+        ValueError: the env cannot be made, has no tasks, or `limit` or `split` is invalid.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, got {limit}")
     kwargs = dict(env_kwargs or {})
-    if split is not None:
-        kwargs["split"] = split
     env = make_env(env_id, kwargs)
     try:
-        tasks = env.tasks[:limit] if limit is not None else env.tasks
+        tasks = split_tasks(env.tasks, split)
+        tasks = tasks[:limit] if limit is not None else tasks
         if not tasks:
             raise ValueError(f"env {env_id!r} has no tasks (pass tasks in --env-kwargs?)")
         stored = {k: v for k, v in kwargs.items() if k not in TASK_SELECTION_KEYS}
@@ -84,7 +104,7 @@ async def abuild_rows(
             task_json = task.model_dump_json()
             extra: dict[str, Any] = {
                 "index": index,
-                "split": split or "train",
+                "split": split or "all",
                 "env_id": env_id,
                 "task_id": task.id,
                 "task": task_json,

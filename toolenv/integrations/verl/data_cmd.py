@@ -14,7 +14,9 @@ HELP = "Write a verl parquet dataset (one row per task) for training ENV_ID with
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env_id", metavar="ENV_ID", help="e.g. toolenv/Spider-v0")
     parser.add_argument("--out", required=True, help="parquet file to write")
-    parser.add_argument("--split", default=None, help="passed to the env factory as split=... (e.g. train, dev)")
+    parser.add_argument(
+        "--split", default="all", choices=["all", "train", "test"], help="deterministic 90/10 split by task id"
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     parser.add_argument(
         "--env-kwargs",

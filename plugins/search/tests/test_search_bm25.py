@@ -1,0 +1,160 @@
+"""The BM25 backend: retrieval on the bundled corpus, the on-disk cache and process-wide sharing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from toolenv_search.backend import Passage, SearchBackend, SearchError
+from toolenv_search.bm25 import BM25Backend
+from toolenv_search.cachedir import default_cache_dir
+from toolenv_search.corpus import bundled_corpus_path, load_corpus
+
+
+def test_bundled_corpus_is_complete() -> None:
+    passages = load_corpus(bundled_corpus_path())
+    assert len(passages) == 1000
+    assert len({p.id for p in passages}) == 1000
+    assert all(p.id.startswith("hp-") and p.title and p.text for p in passages)
+    data = bundled_corpus_path().parent
+    for name in ("SOURCE.md", "LICENSE-CC-BY-SA-4.0.txt", "LICENSE-reflexion-MIT.txt", "questions.jsonl"):
+        assert (data / name).is_file()
+
+
+async def test_title_query_ranks_its_article_first(tmp_path: Path) -> None:
+    backend = BM25Backend(cache_dir=tmp_path)
+    assert isinstance(backend, SearchBackend)
+    [hits] = await backend.search(["Constantin Medien German media group Ismaning"], 3)
+    assert hits[0].id == "hp-f93b09ca3d5f"
+    assert hits[0].title == "Constantin Medien"
+    assert len(hits) == 3
+    scores = [h.score for h in hits]
+    assert all(s is not None and s > 0 for s in scores)
+    assert scores == sorted(scores, reverse=True)  # type: ignore[type-var]
+
+
+async def test_batch_keeps_query_order(tmp_path: Path) -> None:
+    backend = BM25Backend(cache_dir=tmp_path)
+    queries = ["VIVA Poland music channel", "Constantin Medien"]
+    batch = await backend.search(queries, 2)
+    singles = [(await backend.search([q], 2))[0] for q in queries]
+    assert [[p.id for p in row] for row in batch] == [[p.id for p in row] for row in singles]
+    assert batch[0][0].title == "VIVA Poland"
+
+
+async def test_stopword_only_and_unknown_queries_find_nothing(tmp_path: Path) -> None:
+    backend = BM25Backend(cache_dir=tmp_path)
+    assert await backend.search(["the of a", "zzqxjv unknownword"], 3) == [[], []]
+    assert await backend.search([], 3) == []
+
+
+async def test_topk_larger_than_corpus_is_clamped(tmp_path: Path) -> None:
+    corpus = tmp_path / "tiny.jsonl"
+    corpus.write_text(
+        json.dumps({"id": "a", "title": "Apple", "text": "An apple is a fruit."})
+        + "\n"
+        + json.dumps({"id": "b", "contents": '"Banana"\nA banana is a yellow fruit.'})
+        + "\n",
+        encoding="utf-8",
+    )
+    backend = BM25Backend(corpus, cache_dir=tmp_path / "cache")
+    [hits] = await backend.search(["yellow fruit"], 50)
+    assert [h.id for h in hits] == ["b", "a"]
+    # Search-R1's wiki-18 "contents" form: the quoted first line is the title.
+    assert hits[0] == Passage(id="b", title="Banana", text="A banana is a yellow fruit.", score=hits[0].score)
+
+
+def test_index_is_cached_on_disk_keyed_by_corpus_hash(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "x", "title": "Xylophone", "text": "A percussion instrument."}) + "\n")
+    cache = tmp_path / "cache"
+    first = BM25Backend(corpus, cache_dir=cache).load()
+    assert first.built
+    assert (first.cache_path / "params.index.json").is_file()
+    assert first.cache_path.parent == cache / "bm25"
+    # A fresh process loads the saved index instead of building it.
+    code = (
+        "import sys; from toolenv_search.bm25 import BM25Backend; "
+        "i = BM25Backend(sys.argv[1], cache_dir=sys.argv[2]).load(); print(i.built, i.cache_path)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(corpus), str(cache)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", str(first.cache_path)]
+    # Other content, other key.
+    corpus.write_text(json.dumps({"id": "y", "title": "Yacht", "text": "A sailing boat."}) + "\n")
+    second = BM25Backend(corpus, cache_dir=cache).load()
+    assert second.built and second.cache_path != first.cache_path
+    assert [p.id for p in second.passages] == ["y"]
+
+
+def test_one_index_per_process(tmp_path: Path) -> None:
+    backends = [BM25Backend(cache_dir=tmp_path) for _ in range(50)]
+    indexes = {id(b.load()) for b in backends}
+    assert len(indexes) == 1
+
+
+def test_cache_dir_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TOOLENV_CACHE_DIR", str(tmp_path / "explicit"))
+    assert default_cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("TOOLENV_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert default_cache_dir() == tmp_path / "xdg" / "toolenv"
+
+
+async def test_bad_corpus_is_a_search_error(tmp_path: Path) -> None:
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "1", "title": "ok", "text": "fine"}\n{not json\n', encoding="utf-8")
+    with pytest.raises(SearchError, match=r"bad.jsonl:2"):
+        await BM25Backend(corpus, cache_dir=tmp_path / "cache").search(["ok"], 1)
+    missing = BM25Backend(tmp_path / "missing.jsonl", cache_dir=tmp_path / "cache")
+    with pytest.raises(SearchError, match="unavailable"):
+        await missing.search(["ok"], 1)
+
+
+def test_unknown_stemmer_language_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("Stemmer")
+    with pytest.raises(ValueError, match="unknown stemmer language 'klingon'"):
+        BM25Backend(cache_dir=tmp_path, stemmer="klingon").load()
+
+
+async def test_stemming_matches_inflections(tmp_path: Path) -> None:
+    pytest.importorskip("Stemmer")
+    corpus = tmp_path / "s.jsonl"
+    corpus.write_text(json.dumps({"id": "r", "title": "Run", "text": "She was running marathons."}) + "\n")
+    plain = BM25Backend(corpus, cache_dir=tmp_path / "c")
+    stemmed = BM25Backend(corpus, cache_dir=tmp_path / "c", stemmer="english")
+    assert await plain.search(["marathon runs"], 1) == [[]]
+    [hits] = await stemmed.search(["marathon runs"], 1)
+    assert [h.id for h in hits] == ["r"]
+
+
+def test_damaged_cache_entry_is_rebuilt(tmp_path: Path) -> None:
+    from toolenv_search.bm25 import _load_or_build
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "x", "title": "Xylophone", "text": "A percussion instrument."}) + "\n")
+    first = _load_or_build(corpus, tmp_path / "cache", None, 1.5, 0.75)
+    assert first.built
+    (first.cache_path / "params.index.json").write_text("{broken", encoding="utf-8")
+    again = _load_or_build(corpus, tmp_path / "cache", None, 1.5, 0.75)
+    assert again.built and again.cache_path == first.cache_path
+    assert [p.id for p in again.search(["xylophone"], 1)[0]] == ["x"]
+    assert not _load_or_build(corpus, tmp_path / "cache", None, 1.5, 0.75).built
+
+
+def test_index_needs_neither_scipy_nor_numba(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "for m in ('scipy', 'scipy.sparse', 'numba'): sys.modules[m] = None\n"
+        "import asyncio\n"
+        "from toolenv_search.bm25 import BM25Backend\n"
+        "b = BM25Backend(cache_dir=sys.argv[1])\n"
+        "print(b.load().retriever.csc_backend, asyncio.run(b.search(['VIVA Media'], 1))[0][0].title)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "numpy VIVA Media"

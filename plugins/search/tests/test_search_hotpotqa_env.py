@@ -1,0 +1,144 @@
+"""`toolenv/HotpotQA-v0`: Search-R1 format, oracle, rewards, hermes, sharing and the env checker."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, make_hotpotqa_env
+
+import toolenv
+from toolenv.registry import load
+
+
+def test_registered_through_entry_points() -> None:
+    env = gym.make("toolenv/HotpotQA-v0")
+    assert isinstance(env.unwrapped, toolenv.ToolEnv)
+    assert len(env.unwrapped.tasks) == 100
+    assert load("oracles", "HotpotQA-v0") is hotpotqa_oracle
+    env.close()
+
+
+def test_prompt_is_search_r1s() -> None:
+    env = make_hotpotqa_env(task_order="sequential")
+    obs, info = env.reset(seed=0)
+    task = env.tasks[0]
+    question = task.context["question"]
+    assert obs == SEARCH_R1_PROMPT.format(question=question)
+    assert "<search> query </search>" in obs and "<information> and </information>" in obs
+    assert obs.endswith(f"Question: {question}\n")
+    assert info["messages"][1].content == obs
+    assert env.parser.name == "tags"
+
+
+def test_oracle_scores_one_on_every_task() -> None:
+    env = make_hotpotqa_env()
+    total = 0.0
+    gold_found = 0
+    for task in env.tasks:
+        obs, _ = env.reset(options={"task_id": task.id})
+        turn = 0
+        terminated = truncated = False
+        while not (terminated or truncated):
+            obs, reward, terminated, truncated, info = env.step(hotpotqa_oracle(task, turn, obs))
+            if turn == 0:
+                assert obs.startswith("<information>Doc 1(Title: ") and obs.endswith("</information>")
+                gold_found += any(f"(Title: {t})" in obs for t in task.context["gold_titles"])
+            turn += 1
+        assert terminated and turn == 2
+        total += float(reward)
+    assert total == 100.0
+    assert gold_found == 100  # the gold-passage query does retrieve a gold paragraph every time
+    env.close()
+
+
+def test_f1_reward_and_exact_match_default() -> None:
+    env = make_hotpotqa_env(reward="f1", task_order="sequential")
+    env.reset(options={"task_id": "5ae6316d5542996de7b71b87"})  # gold: "Ricard Rubio i Vives"
+    _, reward, terminated, _, info = env.step("<answer> Ricard Rubio </answer>")
+    assert terminated and info["reward_components"] == {"f1": pytest.approx(2 * (2 / 2) * (2 / 4) / (1 + 2 / 4))}
+    em = make_hotpotqa_env()
+    em.reset(options={"task_id": "5ae6316d5542996de7b71b87"})
+    _, reward, *_ = em.step("<answer> Ricard Rubio </answer>")
+    assert reward == 0.0
+    em.reset(options={"task_id": "5ae6316d5542996de7b71b87"})
+    _, reward, *_ = em.step("<answer> ricard rubio i vives. </answer>")
+    assert reward == 1.0
+
+
+def test_action_penalties() -> None:
+    env = make_hotpotqa_env(invalid_action_penalty=0.1, search_penalty=0.05, task_order="sequential")
+    task = env.tasks[0]
+    env.reset(options={"task_id": task.id})
+    obs, reward, *_, info = env.step("I am not sure what to do.")
+    assert "No tool call and no final answer" in obs
+    assert reward == pytest.approx(-0.1)
+    obs, reward, *_ = env.step("<search> first </search><search> second </search>")
+    assert obs.count("<information>") == 2
+    assert reward == pytest.approx(-0.1)  # two searches at 0.05
+    obs, reward, *_ = env.step(f"<search>{'x' * 5000}</search>")  # a failed search is also invalid
+    assert "too long" in obs
+    assert reward == pytest.approx(-0.15)
+    _, reward, terminated, _, info = env.step(hotpotqa_oracle(task, 1, obs))
+    assert terminated and reward == pytest.approx(1.0)
+    assert info["episode"]["return"] == pytest.approx(0.65)
+    assert set(info["reward_components"]) == {"exact_match", "invalid_call_penalty", "tool_call_penalty"}
+
+
+def test_hermes_tool_calls_work() -> None:
+    env = make_hotpotqa_env(parser="hermes", task_order="sequential")
+    obs, _ = env.reset(options={"task_index": 0})
+    assert "<tools>" in obs and '"name": "search"' in obs
+    assert "call the search tool" in obs and "<search> query </search>" not in obs
+    task = env.tasks[0]
+    payload = {"name": "search", "arguments": {"query": gold_query(task), "topk": 2}}
+    call = f"<tool_call>{json.dumps(payload)}</tool_call>"
+    obs, reward, terminated, _, info = env.step(call)
+    assert obs.startswith("<tool_response>\nDoc 1(Title: ") and obs.count("Doc ") == 2
+    assert info["messages"][1].role == "tool" and info["messages"][1].name == "search"
+    _, reward, terminated, _, _ = env.step(f"<answer>{task.answers[0]}</answer>")
+    assert terminated and reward == 1.0
+
+
+def test_bad_searches_are_observations() -> None:
+    env = make_hotpotqa_env(task_order="sequential")
+    env.reset()
+    obs, *_ = env.step("<search>   </search>")
+    assert obs == "<information><search></search> is empty.</information>"
+    obs, *_ = env.step(f"<search>{'x' * 50_000}</search>")
+    assert "too long (50000 characters" in obs
+    obs, _, _, truncated, _ = env.step("<search> the of </search>")
+    assert obs == "<information>No results found for: the of</information>"
+
+
+def test_many_envs_share_one_index_and_limit_works() -> None:
+    envs = [make_hotpotqa_env(limit=3) for _ in range(64)]
+    assert all(len(e.tasks) == 3 for e in envs)
+    indexes = {id(e.tools[0].backend.load()) for e in envs}  # type: ignore[attr-defined]
+    assert len(indexes) == 1
+
+
+def test_custom_tasks_override() -> None:
+    env = make_hotpotqa_env(tasks=[{"question": "What is Constantin Medien?", "answer": "a German media group"}])
+    env.reset()
+    obs, *_ = env.step("<search> Constantin Medien </search>")
+    assert "Ismaning" in obs
+    _, reward, *_ = env.step("<answer>German media group</answer>")
+    assert reward == 1.0
+
+
+def test_check_env_passes() -> None:
+    env = gym.make("toolenv/HotpotQA-v0", limit=10)
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_vector_env() -> None:
+    vec = gym.make_vec("toolenv/HotpotQA-v0", num_envs=4, vectorization_mode="vector_entry_point", limit=4)
+    obs, _ = vec.reset(seed=3)
+    assert all(o.startswith("Answer the given question.") for o in obs)
+    obs, rewards, *_ = vec.step(["<search> VIVA Media </search>"] * 4)
+    assert all(o.startswith("<information>Doc 1(Title: ") for o in obs)
+    vec.close()

@@ -1,0 +1,202 @@
+"""The http backend against real servers on 127.0.0.1: ours (uvicorn), and one that misbehaves."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from toolenv_search.backend import SearchError
+from toolenv_search.bm25 import BM25Backend
+from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env
+from toolenv_search.http_backend import HTTPBackend
+from toolenv_search.tool import SearchTool
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_remote_results_equal_local_results(bm25_server: str, tmp_path: Path) -> None:
+    local = BM25Backend(cache_dir=tmp_path)
+    remote = HTTPBackend(bm25_server)
+    queries = ["Constantin Medien", "VIVA Poland music channel", "the of a"]
+    want = await local.search(queries, 4)
+    got = await remote.search(queries, 4)
+    assert [[(p.id, p.title, p.text) for p in row] for row in got] == [
+        [(p.id, p.title, p.text) for p in row] for row in want
+    ]
+    assert got[0][0].score == pytest.approx(want[0][0].score)
+    assert got[2] == []
+    await remote.aclose()
+
+
+async def test_server_speaks_search_r1_api(bm25_server: str) -> None:
+    async with httpx.AsyncClient() as client:
+        health = await client.get(bm25_server + "/health")
+        assert health.json() == {"status": "ok", "backend": "bm25"}
+        bare = await client.post(bm25_server + "/retrieve", json={"queries": ["Constantin Medien"], "topk": 1})
+        [[doc]] = bare.json()["result"]
+        assert doc["id"] == "hp-f93b09ca3d5f"
+        assert doc["contents"].startswith('"Constantin Medien"\nConstantin Medien AG')
+        scored = await client.post(bm25_server + "/retrieve", json={"queries": ["x y", "VIVA"], "return_scores": True})
+        rows = scored.json()["result"]
+        assert len(rows) == 2 and all(set(item) == {"document", "score"} for item in rows[1])
+        assert len(rows[1]) == 3  # server default topk
+        bad = await client.post(bm25_server + "/retrieve", json={"queries": []})
+        assert bad.status_code == 422 and "queries" in bad.json()["error"]
+        junk = await client.post(bm25_server + "/retrieve", content=b"not json")
+        assert junk.status_code == 422
+
+
+async def test_search_tool_over_http(bm25_server: str) -> None:
+    tool = SearchTool("http", backend_options={"url": bm25_server + "/retrieve"})
+    results, _ = await ToolCaller([tool]).invoke(
+        [ToolCall(name="search", arguments={"query": "Constantin Medien"}, id="a")], ToolContext(task=Task())
+    )
+    assert results[0].text.startswith("Doc 1(Title: Constantin Medien)")
+    await tool.close()
+
+
+async def test_backends_in_one_loop_share_one_client(bm25_server: str) -> None:
+    backends = [HTTPBackend(bm25_server) for _ in range(20)]
+    clients = {id(b._client()) for b in backends}
+    assert len(clients) == 1
+    client = backends[0]._client()
+    for b in backends[:-1]:
+        await b.aclose()
+    assert not client.is_closed
+    await backends[-1].aclose()
+    assert client.is_closed
+
+
+async def test_server_errors_are_retried_then_reported(bad_server: Any) -> None:
+    bad_server.modes = ["500"]
+    backend = HTTPBackend(bad_server.url, retries=2, backoff=0.01)
+    with pytest.raises(SearchError, match="HTTP 500") as info:
+        await backend.search(["q"], 3)
+    assert info.value.retryable
+    assert bad_server.requests == 3
+
+
+async def test_transient_500_recovers(bad_server: Any) -> None:
+    bad_server.modes = ["500", "close", "ok"]
+    backend = HTTPBackend(bad_server.url, retries=2, backoff=0.01)
+    [[hit]] = await backend.search(["capital of France"], 1)
+    assert (hit.id, hit.title, hit.text, hit.score) == ("d1", "Paris", "Paris is the capital of France.", 3.5)
+    assert bad_server.bodies[-1] == {"queries": ["capital of France"], "topk": 1, "return_scores": True}
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("garbage", "not JSON"),
+        ("badshape", "malformed response"),
+        ("close", "could not reach the retrieval server"),
+        ("hang", "did not answer within 0.3 s"),
+    ],
+)
+async def test_misbehaving_server_gives_error_observation(bad_server: Any, mode: str, message: str) -> None:
+    bad_server.modes = [mode]
+    tool = SearchTool(HTTPBackend(bad_server.url, timeout=0.3, retries=1, backoff=0.01))
+    results, records = await ToolCaller([tool]).invoke(
+        [ToolCall(name="search", arguments={"query": "anything"}, id="a")], ToolContext(task=Task())
+    )
+    assert results[0].is_error
+    assert results[0].text.startswith("Search failed: ")
+    assert message in results[0].text
+    assert records[0].error is not None
+    await tool.close()
+
+
+async def test_no_server_listening_is_an_error(tmp_path: Path) -> None:
+    backend = HTTPBackend(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
+    with pytest.raises(SearchError, match="could not reach"):
+        await backend.search(["q"], 3)
+    await backend.aclose()
+
+
+def test_serve_search_command_serves_the_env(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "TOOLENV_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolenv.cli", "serve-search", "--port", str(port), "--topk", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "serve-search did not come up"
+            time.sleep(0.1)
+        envs = make_hotpotqa_env(backend="http", backend_options={"url": url}, limit=5, task_order="sequential")
+        for task in envs.tasks:
+            envs.reset(options={"task_id": task.id})
+            obs, *_ = envs.step(hotpotqa_oracle(task, 0, ""))
+            assert obs.startswith("<information>Doc 1(Title: ") and obs.count("Doc ") == 3
+            _, reward, terminated, _, _ = envs.step(hotpotqa_oracle(task, 1, obs))
+            assert terminated and reward == 1.0
+        envs.close()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "bm25 index of 1000 passages built" in err
+
+
+def test_serve_search_bad_corpus_is_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv.cli", "serve-search", "--corpus", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"toolenv serve-search: error: corpus not found: {tmp_path / 'nope.jsonl'}"
+    ]
+
+
+def test_serve_search_busy_port_is_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "toolenv.cli", "serve-search", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("toolenv serve-search: error: [Errno 98] Address already in use")
+
+
+def test_served_connections_do_not_wait_for_delayed_acks() -> None:
+    from toolenv_search.serve_cmd import bind_socket
+
+    with bind_socket("127.0.0.1", 0) as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

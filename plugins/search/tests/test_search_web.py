@@ -1,0 +1,105 @@
+"""The DuckDuckGo backend: the persistent cache, offline mode, and failing fast with no network."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from toolenv_search.backend import Passage, SearchError
+from toolenv_search.tool import SearchTool
+from toolenv_search.web import DuckDuckGoBackend
+from toolenv_search.web_cache import ResultCache, cache_key
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
+
+SEEDED = [
+    Passage(id="https://example.org/paris", title="Paris", text="Paris is the capital of France."),
+    Passage(id="https://example.org/france", title="France", text="France is a country in Europe."),
+]
+
+
+def seed(path: Path, query: str, requested: int = 5) -> None:
+    ResultCache(path).put(cache_key("duckduckgo", "wt-wt", "moderate", query), query, requested, SEEDED)
+
+
+async def test_cached_query_is_answered_without_the_network(tmp_path: Path) -> None:
+    db = tmp_path / "web.sqlite"
+    seed(db, "capital of France")
+    backend = DuckDuckGoBackend(cache_path=db)
+
+    def no_network(query: str, topk: int) -> list[Passage]:
+        raise AssertionError("the cache should have answered")
+
+    backend._fetch = no_network  # type: ignore[method-assign]
+    # Whitespace and case do not change the key.
+    [hits] = await backend.search(["  Capital   of france "], 1)
+    assert hits == SEEDED[:1]
+    tool = SearchTool(backend)
+    results, _ = await ToolCaller([tool]).invoke(
+        [ToolCall(name="search", arguments={"query": "capital of France"}, id="a")], ToolContext(task=Task())
+    )
+    assert results[0].text == (
+        "Doc 1(Title: Paris) Paris is the capital of France.\nDoc 2(Title: France) France is a country in Europe."
+    )
+
+
+async def test_cache_persists_across_backends_and_misses_when_more_are_wanted(tmp_path: Path) -> None:
+    db = tmp_path / "web.sqlite"
+    fetched: list[tuple[str, int]] = []
+
+    def fake_fetch(query: str, topk: int) -> list[Passage]:
+        fetched.append((query, topk))
+        return SEEDED[:topk]
+
+    first = DuckDuckGoBackend(cache_path=db, rate_limit=100)
+    first._fetch = fake_fetch  # type: ignore[method-assign]
+    assert await first.search(["eiffel tower"], 2) == [SEEDED]
+    second = DuckDuckGoBackend(cache_path=db, offline=True)
+    assert await second.search(["eiffel tower"], 1) == [SEEDED[:1]]
+    with pytest.raises(SearchError, match="offline"):
+        await second.search(["eiffel tower"], 3)  # only 2 were asked for before
+    assert fetched == [("eiffel tower", 2)]
+    assert len(ResultCache(db)) == 1
+
+
+async def test_offline_miss_is_an_error(tmp_path: Path) -> None:
+    backend = DuckDuckGoBackend(cache_path=tmp_path / "w.sqlite", offline=True)
+    with pytest.raises(SearchError, match="no cached web results for 'never seen'"):
+        await backend.search(["never seen"], 3)
+
+
+def closed_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_no_network_gives_a_quick_error_observation(tmp_path: Path) -> None:
+    pytest.importorskip("ddgs")
+    # All traffic goes to a closed port on 127.0.0.1 (a dead proxy): the network is unreachable
+    # here whether or not the machine has one, and nothing ever leaves loopback.
+    proxy = f"http://127.0.0.1:{closed_loopback_port()}"
+    backend = DuckDuckGoBackend(cache_path=tmp_path / "w.sqlite", timeout=2.0, rate_limit=50, proxy=proxy)
+    tool = SearchTool(backend)
+    # The guard only keeps a broken test from hanging the suite; the backend's own timeout is 2 s.
+    results, _ = await asyncio.wait_for(
+        ToolCaller([tool]).invoke(
+            [ToolCall(name="search", arguments={"query": "toolenv offline test"}, id="a")], ToolContext(task=Task())
+        ),
+        timeout=30,
+    )
+    assert results[0].is_error
+    assert results[0].text.startswith("Search failed: web search")
+    assert results[0].retryable
+    assert len(ResultCache(tmp_path / "w.sqlite")) == 0  # failures are not cached
+
+
+def test_missing_ddgs_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ddgs", None)  # makes `import ddgs` fail
+    backend = DuckDuckGoBackend(cache_path=tmp_path / "w.sqlite")
+    with pytest.raises(SearchError, match=r"pip install 'toolenv-search\[web\]'"):
+        backend._fetch("q", 3)

@@ -1,0 +1,203 @@
+"""The embedded default backend: a BM25 index (bm25s) over a local JSONL corpus.
+
+The index is built once per corpus content and tokenizer settings, saved under a
+cache directory keyed by their hash, and held once per process: any number of
+`BM25Backend` objects (e.g. 1,024 envs from 1,024 factory calls) for the same
+corpus share one in-memory index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bm25s  # type: ignore[import-untyped]
+import numpy as np
+
+from toolenv_search.backend import Passage, SearchError
+from toolenv_search.cachedir import default_cache_dir
+from toolenv_search.corpus import bundled_corpus_path, file_digest, load_corpus
+
+__all__ = ["BM25Backend", "BM25Index", "default_cache_dir"]
+
+_FORMAT = 1  # bump when the on-disk layout changes
+
+
+def _stemmer(name: str | None) -> Any:
+    if name is None:
+        return None
+    try:
+        import Stemmer  # type: ignore[import-not-found,unused-ignore]  # PyStemmer
+    except ImportError:
+        raise ValueError(
+            f"stemmer={name!r} needs PyStemmer: pip install 'toolenv-search[stem]' (or use stemmer=None)"
+        ) from None
+    try:
+        return Stemmer.Stemmer(name)
+    except KeyError:
+        known = ", ".join(Stemmer.algorithms())
+        raise ValueError(f"unknown stemmer language {name!r}; known: {known}") from None
+
+
+@dataclass
+class BM25Index:
+    """A loaded index and the passages it ranks (position i in the index is `passages[i]`)."""
+
+    retriever: Any
+    passages: list[Passage]
+    stemmer: Any
+    stopwords: str
+    cache_path: Path
+    built: bool  # True when this process built it, False when it came from the cache
+
+    def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        """Top passages per query, best first; passages that share no term with the query are left out."""
+        if not queries:
+            return []
+        k = max(1, min(topk, len(self.passages)))
+        tokens = bm25s.tokenize(
+            queries, stopwords=self.stopwords, stemmer=self.stemmer, return_ids=False, show_progress=False
+        )
+        docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+        out: list[list[Passage]] = []
+        for row_docs, row_scores in zip(np.asarray(docs), np.asarray(scores), strict=True):
+            hits = []
+            for doc, score in zip(row_docs.tolist(), row_scores.tolist(), strict=True):
+                if score <= 0.0:
+                    continue
+                hits.append(self.passages[int(doc)].model_copy(update={"score": float(score)}))
+            out.append(hits)
+        return out
+
+
+def _build(passages: list[Passage], stemmer: Any, stopwords: str, k1: float, b: float) -> Any:
+    texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
+    tokens = bm25s.tokenize(texts, stopwords=stopwords, stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25(k1=k1, b=b)
+    retriever.index(tokens, show_progress=False)
+    return retriever
+
+
+def _load_or_build(corpus: Path, cache_root: Path, stemmer_name: str | None, k1: float, b: float) -> BM25Index:
+    stopwords = "en"
+    settings = json.dumps(
+        {
+            "corpus": file_digest(corpus),
+            "stem": stemmer_name,
+            "stop": stopwords,
+            "k1": k1,
+            "b": b,
+            "fmt": _FORMAT,
+            "bm25s": getattr(bm25s, "__version__", "unknown"),  # its on-disk format may change between versions
+        },
+        sort_keys=True,
+    )
+    key = hashlib.sha256(settings.encode()).hexdigest()[:20]
+    target = cache_root / "bm25" / key
+    passages = load_corpus(corpus)
+    stemmer = _stemmer(stemmer_name)
+    if (target / "params.index.json").exists():
+        try:
+            retriever = bm25s.BM25.load(str(target), mmap=True, show_progress=False)
+            if int(retriever.scores["num_docs"]) == len(passages):
+                return BM25Index(retriever, passages, stemmer, stopwords, target, built=False)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt below
+    retriever = _build(passages, stemmer, stopwords, k1, b)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Save into a private directory, then rename: concurrent processes never see half an index.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        retriever.save(str(tmp), show_progress=False)
+        (tmp / "settings.json").write_text(settings, encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race; its index is the same
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass  # a read-only cache only costs a rebuild next time
+    return BM25Index(retriever, passages, stemmer, stopwords, target, built=True)
+
+
+_INDEXES: dict[tuple[Any, ...], BM25Index] = {}
+_LOCKS: dict[tuple[Any, ...], threading.Lock] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+class BM25Backend:
+    """BM25 over a JSONL corpus (default: the bundled HotpotQA paragraphs).
+
+    Args:
+        corpus: path of a JSONL corpus (`id`, `title`, `text` per line).
+        cache_dir: where built indexes are kept (default `default_cache_dir()`).
+        stemmer: a Snowball language such as `"english"` (needs PyStemmer), or None.
+        k1, b: BM25 parameters.
+    """
+
+    name = "bm25"
+
+    def __init__(
+        self,
+        corpus: str | Path | None = None,
+        *,
+        cache_dir: str | Path | None = None,
+        stemmer: str | None = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+    ) -> None:
+        self.corpus = Path(corpus).resolve() if corpus is not None else bundled_corpus_path()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.stemmer = stemmer
+        self.k1 = k1
+        self.b = b
+        self._index: BM25Index | None = None
+
+    def _key(self) -> tuple[Any, ...]:
+        st = self.corpus.stat()
+        # The cache dir is not part of the key: wherever it was saved, the index in memory is the same.
+        return (str(self.corpus), st.st_size, st.st_mtime_ns, self.stemmer, self.k1, self.b)
+
+    def load(self) -> BM25Index:
+        """The shared index, loading it from the cache or building it on first use (thread-safe).
+
+        Raises:
+            FileNotFoundError: the corpus does not exist.
+            ValueError: the corpus is malformed, or the stemmer is unavailable.
+        """
+        if self._index is not None:
+            return self._index
+        key = self._key()
+        with _REGISTRY_LOCK:
+            lock = _LOCKS.setdefault(key, threading.Lock())
+        with lock:
+            index = _INDEXES.get(key)
+            if index is None:
+                index = _INDEXES[key] = _load_or_build(self.corpus, self.cache_dir, self.stemmer, self.k1, self.b)
+        self._index = index
+        return index
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        """Rank the corpus for each query (in a worker thread, so the event loop keeps running)."""
+        try:
+            index = self._index if self._index is not None else await asyncio.to_thread(self.load)
+        except (OSError, ValueError) as exc:
+            raise SearchError(f"The search index is unavailable: {exc}") from exc
+        if len(index.passages) <= 5000:  # sub-millisecond: a thread hop would cost more than it saves
+            return index.search(queries, topk)
+        return await asyncio.to_thread(index.search, queries, topk)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the index stays shared for the process."""
+
+    def __repr__(self) -> str:
+        return f"<BM25Backend corpus={str(self.corpus)!r}>"

@@ -1,0 +1,130 @@
+"""`toolenv/HotpotQA-v0`: multi-hop QA over the bundled HotpotQA corpus, in Search-R1's format.
+
+The model searches with `<search> query </search>`, reads `<information>Doc 1(Title: ...)
+...</information>`, and answers with `<answer> ... </answer>`; the reward is exact
+match (Search-R1's), or token F1 with `reward="f1"`. `parser="hermes"` gives the
+same env with JSON tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from toolenv import ActionParser, Task, ToolEnv, WeightedSum, get_reward, load_tasks
+from toolenv.parsers import TagParser
+from toolenv.rewards.penalties import InvalidCallPenalty, ToolCallPenalty
+from toolenv_search.backend import SearchBackend
+from toolenv_search.corpus import bundled_questions_path
+from toolenv_search.tool import SearchTool
+
+__all__ = ["SEARCH_R1_PROMPT", "hotpotqa_oracle", "hotpotqa_tasks", "make_hotpotqa_env"]
+
+#: Search-R1's instruction prompt (its `make_prefix`, base-model form): Search-R1 checkpoints see their training text.
+SEARCH_R1_PROMPT = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> "
+    "and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
+    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+#: The same instructions for native tool calling (hermes): the search tool replaces the tags.
+TOOL_CALL_PROMPT = (
+    "Answer the given question. Reason step by step. If you find you lack some knowledge, call the search tool; "
+    "its results come back as tool responses. You can search as many times as you want. "
+    "If you find no further external knowledge needed, provide the answer inside <answer> and </answer>, "
+    "without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+def _gold_titles(row: Mapping[str, Any]) -> list[str]:
+    titles: list[str] = []
+    for fact in row.get("supporting_facts", []):
+        if fact and fact[0] not in titles:
+            titles.append(str(fact[0]))
+    return titles
+
+
+def hotpotqa_tasks(path: str | Path | None = None, *, prompt: str = SEARCH_R1_PROMPT) -> list[Task]:
+    """The HotpotQA questions as Tasks; gold titles, doc ids and supporting facts go in `context`."""
+    tasks = []
+    src = Path(path) if path is not None else bundled_questions_path()
+    with src.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            tasks.append(
+                Task(
+                    id=str(row["id"]),
+                    question=prompt.format(question=row["question"]),
+                    answer=list(row["answers"]),
+                    context={
+                        "question": row["question"],
+                        "gold_titles": _gold_titles(row),
+                        "gold_doc_ids": list(row.get("gold_doc_ids", [])),
+                        "supporting_facts": row.get("supporting_facts", []),
+                    },
+                    metadata={"type": row.get("type"), "level": row.get("level")},
+                )
+            )
+    return tasks
+
+
+def _is_tags(parser: str | ActionParser) -> bool:
+    return parser == "tags" or isinstance(parser, TagParser)
+
+
+def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
+    """The HotpotQA env; every keyword is optional.
+
+    Keywords of this env: `backend` (a `SearchBackend` or name; default the shared
+    bundled BM25 index), `backend_options`, `topk` (3), `limit` (first N tasks),
+    `tasks`, `reward` (`"exact_match"`, `"f1"`, or any spec), `invalid_action_penalty`
+    (charged per parse error, failed call or empty turn) and `search_penalty` (per
+    search call), both sizes of the core's per-turn penalties, default 0. The rest
+    (`parser`, `max_turns`, `prompt_template`, ...) go to `ToolEnv`.
+    """
+    parser: str | ActionParser = overrides.pop("parser", "tags")
+    tags = _is_tags(parser)
+    backend: SearchBackend | str = overrides.pop("backend", "bm25")
+    tool = SearchTool(backend, topk=overrides.pop("topk", 3), backend_options=overrides.pop("backend_options", None))
+    given: Iterable[Any] | str | Path | None = overrides.pop("tasks", None)
+    if given is None:
+        tasks = hotpotqa_tasks(prompt=SEARCH_R1_PROMPT if tags else TOOL_CALL_PROMPT)
+    else:
+        tasks = load_tasks(given)
+    limit = overrides.pop("limit", None)
+    if limit is not None:
+        tasks = tasks[: int(limit)]
+    reward = get_reward(overrides.pop("reward", "exact_match"))
+    parts = dict(reward.parts)
+    # The core's penalties carry their sign and size; they join the spec at weight 1.
+    invalid = float(overrides.pop("invalid_action_penalty", 0.0))
+    if invalid:
+        parts["invalid_call_penalty"] = (InvalidCallPenalty(-abs(invalid)), 1.0)
+    per_search = float(overrides.pop("search_penalty", 0.0))
+    if per_search:
+        parts["tool_call_penalty"] = (ToolCallPenalty(-abs(per_search)), 1.0)
+    overrides.setdefault("prompt_template", "{question}" if tags else "{instructions}\n\n{question}")
+    overrides.setdefault("max_turns", 5)
+    return ToolEnv(tools=[tool], tasks=tasks, parser=parser, reward=WeightedSum(parts), **overrides)
+
+
+def gold_query(task: Task) -> str:
+    """A "gold passage query": the titles of the task's supporting facts (else the raw question)."""
+    titles = task.context.get("gold_titles") or []
+    return " ".join(titles) if titles else str(task.context.get("question", task.question))
+
+
+def hotpotqa_oracle(task: Task, turn: int, observation: str) -> str:
+    """Turn 0 searches the gold passages, turn 1 answers with the gold answer (tags format)."""
+    if turn == 0:
+        return f"<think> I will look up the supporting articles. </think><search> {gold_query(task)} </search>"
+    answer = task.answers[0] if task.answers else ""
+    return f"<think> The passages give the answer. </think><answer> {answer} </answer>"
