@@ -57,7 +57,7 @@ def pip(*args: str, constraint: str | None = None) -> None:
 
 
 def ensure_venv() -> None:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - dev.py itself runs before anything checks the version
         sys.exit(f"dev.py: toolenv needs Python 3.10 or newer, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating virtual environment {VENV.relative_to(ROOT) if VENV.is_relative_to(ROOT) else VENV}")
@@ -85,8 +85,20 @@ def demo(args: argparse.Namespace) -> int:
     envs = args.envs or ["toolenv/Spider-v0", "toolenv/HotpotQA-v0"]
     for env_id in envs:
         name = env_id.split("/")[-1].lower()
-        sh(toolenv, "rollout", env_id, "--agent", args.agent, "-n", str(args.n), "--concurrency", "16",
-           "--out", runs / name, *(args.agent_args or []))
+        sh(
+            toolenv,
+            "rollout",
+            env_id,
+            "--agent",
+            args.agent,
+            "-n",
+            str(args.n),
+            "--concurrency",
+            "16",
+            "--out",
+            runs / name,
+            *(args.agent_args or []),
+        )
     sh(toolenv, "view", *(runs / e.split("/")[-1].lower() for e in envs), "--out", runs / "report.html")
     print(f"\nreport: {runs / 'report.html'}  (open it in a browser; `toolenv view runs/... --serve` serves it)")
     return 0
@@ -98,7 +110,8 @@ def ensure_chromium() -> None:
         return
     if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
         sh("apt-get", "update", "-qq", check=False)
-        sh("apt-get", "install", "-y", "-qq", "chromium", check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        sh("apt-get", "install", "-y", "-qq", "chromium", check=False, env=quiet)
     if not shutil.which("chromium"):
         print("note: chromium is not installed; the browser test of the report will skip")
 
