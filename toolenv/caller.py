@@ -19,7 +19,7 @@ from typing import Any
 from asyncio_throttle.throttler import Throttler
 from pydantic import BaseModel, ValidationError
 
-from toolenv.tool import Tool, ToolContext
+from toolenv.tool import Tool, ToolContext, ToolLimits
 from toolenv.types import ToolCall, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
@@ -87,6 +87,27 @@ def _validation_message(tool: Tool, exc: ValidationError) -> str:
         parts.append(f"{loc}: {err['msg']}")
     expected = ", ".join(tool.Args.model_fields)
     return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". Expected arguments: {expected}."
+
+
+def _being_cancelled() -> bool:
+    """True when the running task was asked to stop (as opposed to a tool's inner cancellation)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return task is None or cancelling is None or cancelling() > 0  # 3.10 has no cancelling(): assume so
+
+
+def _describe(exc: BaseException, limit: int = 2000) -> str:
+    """`Type: message`, even for exceptions whose `__str__` itself fails, cut to `limit`."""
+    try:
+        msg = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not escape
+        msg = "<the exception's message could not be rendered>"
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return truncate_middle(text, limit)[0]
+
+
+def _clip(name: str, limit: int = 80) -> str:
+    return name if len(name) <= limit else name[:limit] + "..."
 
 
 @functools.cache
@@ -175,7 +196,7 @@ class ToolCaller:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            result = ToolResult.error(f"Unknown tool '{call.name}'. Available tools: {known}.")
+            result = ToolResult.error(f"Unknown tool '{_clip(call.name)}'. Available tools: {known}.")
         else:
             unknown = _unknown_arguments(tool, call.arguments)
             try:
@@ -192,7 +213,7 @@ class ToolCaller:
             else:
                 call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
                 result, attempts = await self._run_with_retries(tool, args, call_ctx)
-        text, cut = truncate_middle(result.text, tool.limits.max_output_chars if tool else None)
+        text, cut = truncate_middle(result.text, (tool.limits if tool else ToolLimits()).max_output_chars)
         result = result.model_copy(
             update={"text": text, "name": call.name, "call_id": call.id}
         )  # never mutate a tool's object
@@ -233,14 +254,16 @@ class ToolCaller:
                     pass
             return await self._guarded(tool, args, ctx)
         except asyncio.CancelledError:
-            raise
+            if _being_cancelled():
+                raise  # the step itself is cancelled (Ctrl-C, a shutdown): not the tool's failure
+            return ToolResult.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
         except (TimeoutError, asyncio.TimeoutError):
             return ToolResult.error(
                 f"Tool '{tool.name}' timed out after {tool.limits.timeout:g} s. Try a simpler or smaller request.",
                 retryable=True,
             )
-        except Exception as exc:  # noqa: BLE001 - every tool failure becomes an observation
-            return ToolResult.error(f"Tool '{tool.name}' failed: {type(exc).__name__}: {exc}")
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - every tool failure becomes an observation
+            return ToolResult.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
 
     @staticmethod
     async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:

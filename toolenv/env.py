@@ -22,6 +22,9 @@ __all__ = ["DEFAULT_TEMPLATE", "ToolEnv"]
 
 DEFAULT_TEMPLATE = "{instructions}\n\nQuestion: {question}\n"
 
+#: Parse errors reported per step; more are summarised so a pathological reply cannot flood the context.
+MAX_PARSE_ERRORS = 5
+
 NO_ACTION = (
     "No tool call and no final answer found in your reply. Call a tool in the format described above, "
     "or give the final answer as <answer>...</answer>."
@@ -145,7 +148,10 @@ class ToolEnv(gym.Env[str, str]):
         parsed = self.parser.parse(action)
         results, records = await self.caller.invoke(parsed.tool_calls, ep.context())
         if parsed.errors:
-            results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in parsed.errors)]
+            errors = parsed.errors[:MAX_PARSE_ERRORS]
+            if len(parsed.errors) > MAX_PARSE_ERRORS:
+                errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
+            results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
         turn = Turn(action=action, parsed=parsed, results=results, records=records)
         ep.turns.append(turn)
         if parsed.answer is not None:

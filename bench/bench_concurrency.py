@@ -1,0 +1,165 @@
+"""Concurrent episodes through `ToolVectorEnv` with a tool of 50 ms simulated I/O.
+
+Every episode makes 4 turns, each one call of a tool that awaits
+`asyncio.sleep(0.05)`. All episodes share one event loop, so the ideal wall
+time is 4 x 50 ms whatever the number of episodes; the table shows how close
+toolenv stays as episodes go from 1 to 1,024, beside the floor of the same
+waits as bare coroutines (`asyncio.gather`, no env), and with `gc.freeze()` after
+setup, which shows what the garbage collector costs. Goal: within 1.2x of ideal at 1,024.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from typing import Any
+
+from _common import median, parse_args, table, write
+from pydantic import BaseModel
+
+import toolenv
+
+LATENCY = 0.05
+TURNS = 4
+IDEAL = TURNS * LATENCY
+ACTION = '<tool_call>{"name": "io", "arguments": {"key": "k"}}</tool_call>'
+GOAL = 1.2
+
+
+class SimulatedIO(toolenv.Tool):
+    """Wait 50 ms as a network call would, then answer."""
+
+    name = "io"
+
+    class Args(BaseModel):
+        key: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        await asyncio.sleep(LATENCY)
+        return toolenv.ToolResult(text=f"value of {args.key}")
+
+
+TOOL = SimulatedIO()  # one tool object shared by every env, as a plugin's process-wide tool is
+TASKS = [{"id": "t", "question": "q", "answer": "a"}]
+
+
+def make() -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[TOOL], tasks=TASKS, max_turns=TURNS)
+
+
+async def episode_wall(venv: toolenv.ToolVectorEnv) -> tuple[float, float]:
+    """(reset seconds, seconds for the 4 tool turns) of one batch of episodes."""
+    t0 = time.perf_counter()
+    await venv.areset(seed=0)
+    t1 = time.perf_counter()
+    actions = [ACTION] * venv.num_envs
+    for turn in range(TURNS):
+        _, _, _, truncs, infos = await venv.astep(actions)
+        assert not any(r.is_error for rs in infos["tool_results"] for r in rs)
+        assert bool(truncs.all()) == (turn == TURNS - 1)
+    return t1 - t0, time.perf_counter() - t1
+
+
+async def bare_asyncio(n: int) -> float:
+    """The floor: the same waits as plain coroutines in one `asyncio.gather` per turn, no env."""
+    t0 = time.perf_counter()
+    for _ in range(TURNS):
+        await asyncio.gather(*(asyncio.sleep(LATENCY) for _ in range(n)))
+    return time.perf_counter() - t0
+
+
+async def batch_walls(n: int, rounds: int, freeze: bool) -> tuple[float, float]:
+    """Median (reset, 4-turn) seconds of `rounds` batches of `n` episodes after one warm-up batch.
+
+    With `freeze`, the objects alive after the warm-up (the envs, their tools and tasks) are moved
+    out of the garbage collector's sight with `gc.freeze()`, so collections walk only new objects.
+    """
+    venv = toolenv.ToolVectorEnv([make] * n)
+    await episode_wall(venv)  # warm-up round
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    resets, walls = [], []
+    try:
+        for _ in range(rounds):
+            r, w = await episode_wall(venv)
+            resets.append(r)
+            walls.append(w)
+    finally:
+        if freeze:
+            gc.unfreeze()
+        await venv.aclose()
+    return median(resets), median(walls)
+
+
+async def measure(n: int, rounds: int) -> dict[str, float]:
+    reset, wall = await batch_walls(n, rounds, freeze=False)
+    _, frozen = await batch_walls(n, rounds, freeze=True)
+    floor = median([await bare_asyncio(n) for _ in range(rounds)])
+    return {
+        "episodes": n,
+        "reset_ms": reset * 1e3,
+        "wall_ms": wall * 1e3,
+        "wall_gc_frozen_ms": frozen * 1e3,
+        "ideal_ms": IDEAL * 1e3,
+        "x_ideal": wall / IDEAL,
+        "asyncio_floor_ms": floor * 1e3,
+        "x_floor": wall / floor,
+        "overhead_us_per_step": (wall - IDEAL) / (n * TURNS) * 1e6,
+        "episode_turns_per_s": n * TURNS / wall,
+    }
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    counts = [1, 16, 128] if args.quick else [1, 4, 16, 64, 256, 1024]
+    rounds = 1 if args.quick else 5
+    rows = [asyncio.run(measure(n, rounds)) for n in counts]
+    table(
+        [
+            [
+                r["episodes"],
+                r["wall_ms"],
+                r["wall_gc_frozen_ms"],
+                r["asyncio_floor_ms"],
+                r["ideal_ms"],
+                r["x_ideal"],
+                r["x_floor"],
+                r["overhead_us_per_step"],
+                r["reset_ms"],
+            ]
+            for r in rows
+        ],
+        [
+            "episodes",
+            "toolenv ms",
+            "+gc.freeze ms",
+            "bare asyncio ms",
+            "ideal ms",
+            "× ideal",
+            "× asyncio",
+            "µs/step over",
+            "reset ms",
+        ],
+    )
+    top = rows[-1]
+    verdict = "met" if top["x_ideal"] <= GOAL else "NOT met"
+    print(f"goal: {top['episodes']} episodes within {GOAL}× of ideal: {top['x_ideal']:.2f}× ({verdict})")
+    write(
+        "concurrency",
+        {
+            "quick": args.quick,
+            "latency_s": LATENCY,
+            "turns": TURNS,
+            "rounds": rounds,
+            "goal_x_ideal": GOAL,
+            "goal_met": top["x_ideal"] <= GOAL,
+            "rows": rows,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

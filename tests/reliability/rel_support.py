@@ -1,0 +1,150 @@
+"""Shared helpers of the reliability suite: which envs exist, how to build them, process gauges.
+
+Every registered env (`toolenv.registry.entries("envs")`) plus the core
+`toolenv/ToolEnv-v0` is exercised. The core env gets a few typed test tools whose
+schemas cover the shapes models get wrong (ints, bounded optionals, fixed-size
+lists, enums). Counts scale with environment variables so CI stays fast and a
+full run is one variable away (see docs/reliability.md):
+
+- `TOOLENV_REL_FUZZ_ACTIONS`: mutated actions per env (CI: 10,000).
+- `TOOLENV_REL_EPISODES`: episodes of the leak test (CI: 1,000; full: 5,000).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pytest
+from pydantic import Field
+
+import toolenv
+from toolenv import registry
+from toolenv.tool import tool
+
+CORE = "ToolEnv-v0"
+FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
+EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "1000"))
+
+# The code envs run each ```python block in a sandbox; a 2 s sandbox limit keeps a mutated
+# program that happens to loop from costing a minute (the default), and `format` scores
+# answers without running the tests (the grading path is fuzzed separately, fewer times).
+CHEAP = {
+    "HumanEval-v0": {"sandbox": {"timeout": 2.0}, "reward": "format"},
+    "MBPP-v0": {"sandbox": {"timeout": 2.0}, "reward": "format"},
+}
+SANDBOX_ONLY = {k: {"sandbox": v["sandbox"]} for k, v in CHEAP.items()}
+
+
+@tool
+def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+@tool
+async def lookup(query: Annotated[str, Field(min_length=1, max_length=200)], topk: int | None = None) -> str:
+    """Look a phrase up in a tiny in-memory table."""
+    table = {"paris": "capital of France", "ottawa": "capital of Canada"}
+    hits = [v for k, v in table.items() if k in query.lower()]
+    return "\n".join(hits[: topk or 5]) or "no match"
+
+
+@tool
+def box(
+    bbox: Annotated[list[float], Field(min_length=4, max_length=4)],
+    units: Literal["auto", "pixels", "normalized"] = "auto",
+) -> str:
+    """Area of a box [x1, y1, x2, y2]."""
+    x1, y1, x2, y2 = bbox
+    return f"{abs(x2 - x1) * abs(y2 - y1):g} ({units})"
+
+
+CORE_TASKS = [
+    {"id": "sum", "question": "2+3?", "answer": "5"},
+    {"id": "capital", "question": "Capital of France?", "answer": "Paris"},
+    {"id": "area", "question": "Area of [0, 0, 2, 3]?", "answer": "6"},
+]
+
+# Valid actions for the core env, the seed corpus its mutation fuzzer starts from.
+CORE_CORPUS = [
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    '<tool_call>\n{"name": "lookup", "arguments": {"query": "paris", "topk": 1}}\n</tool_call>',
+    '<tool_call>\n{"name": "box", "arguments": {"bbox": [0, 0, 2, 3], "units": "pixels"}}\n</tool_call>',
+    '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    '<tool_call>{"name": "lookup", "arguments": {"query": "ottawa"}}</tool_call>',
+    "<answer>5</answer>",
+    "I think the answer is <answer>Paris</answer>",
+]
+
+
+def env_names() -> list[str]:
+    """The core env and every installed env plugin, by registry name."""
+    return [CORE, *sorted({e.name for e in registry.entries("envs")})]
+
+
+def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
+    """Build env `name` (a registry name) with `overrides` passed to its factory."""
+    if name == CORE:
+        kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": "hermes"}
+        kwargs.update(overrides)
+        return toolenv.ToolEnv(**kwargs)
+    env = registry.load("envs", name)(**overrides)
+    assert isinstance(env, toolenv.ToolEnv)
+    return env
+
+
+def oracle(name: str) -> Any:
+    """The env's oracle, or None (the core env has none)."""
+    if name == CORE:
+        return None
+    try:
+        return registry.load("oracles", name)
+    except registry.PluginError:
+        return None
+
+
+# ---------------------------------------------------------------------- process gauges (Linux /proc)
+PROC = Path("/proc/self")
+needs_proc = pytest.mark.skipif(not PROC.exists(), reason="process gauges read /proc (Linux only)")
+
+
+def open_fds() -> int:
+    """File descriptors open in this process."""
+    return len(os.listdir(PROC / "fd"))
+
+
+def thread_count() -> int:
+    """OS threads of this process."""
+    return len(os.listdir(PROC / "task"))
+
+
+def child_pids() -> set[int]:
+    """Live direct children of this process (zombies excluded)."""
+    me = os.getpid()
+    kids: set[int] = set()
+    for task in os.listdir(PROC / "task"):
+        try:
+            text = (PROC / "task" / task / "children").read_text()
+        except OSError:
+            continue
+        kids.update(int(p) for p in text.split())
+    alive = set()
+    for pid in kids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[1]) == me:
+            alive.add(pid)
+    return alive
+
+
+def rss_mb() -> float:
+    """Resident set size in MiB."""
+    for line in (PROC / "status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

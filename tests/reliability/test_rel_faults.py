@@ -1,0 +1,306 @@
+"""Faulty tools on the core env: each fault becomes an error observation and the env keeps going.
+
+Tools raise, hang past their timeout, return the wrong type or megabytes of
+text, and kill their own worker thread or process. After every fault the same
+episode makes a normal call, which must still work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from rel_support import add, make_env
+
+import toolenv
+from toolenv.tool import tool
+
+TIMEOUT = 0.4
+# A timeout may fire late by scheduling, never early: allow 10 % plus this much.
+SCHEDULING_ALLOWANCE = 0.05
+
+
+def call(name: str, **arguments: Any) -> str:
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def still_works(env: toolenv.ToolEnv) -> None:
+    """The episode goes on: a healthy call right after the fault returns its answer."""
+    obs, _, term, trunc, info = env.step(call("add", a=2, b=3))
+    assert not term and not trunc
+    assert [r.text for r in info["tool_results"]] == ["5"] and not info["tool_results"][0].is_error
+
+
+def faulty_env(*tools: toolenv.Tool) -> toolenv.ToolEnv:
+    env = make_env("ToolEnv-v0", tools=[add, *tools], max_turns=1000)
+    env.reset(seed=0)
+    return env
+
+
+def one_result(env: toolenv.ToolEnv, action: str) -> toolenv.ToolResult:
+    _, _, _, _, info = env.step(action)
+    (result,) = info["tool_results"]
+    assert isinstance(result, toolenv.ToolResult)
+    return result
+
+
+# ---------------------------------------------------------------------- raising
+@tool
+async def explode(kind: str) -> str:
+    """Raise the named exception."""
+    errors: dict[str, Exception] = {
+        "runtime": RuntimeError("boom"),
+        "value": ValueError("bad value"),
+        "os": OSError(28, "No space left on device"),
+        "recursion": RecursionError("maximum recursion depth exceeded"),
+        "memory": MemoryError(),
+        "timeout": TimeoutError("upstream timed out"),
+    }
+    raise errors[kind]
+
+
+@pytest.mark.parametrize("kind", ["runtime", "value", "os", "recursion", "memory", "timeout"])
+def test_rel_raising_tool(kind: str) -> None:
+    env = faulty_env(explode)
+    result = one_result(env, call("explode", kind=kind))
+    assert result.is_error and "explode" in result.text
+    still_works(env)
+    env.close()
+
+
+@tool
+def explode_in_thread() -> str:
+    """A sync tool (run in a worker thread) that raises."""
+    raise RuntimeError(f"boom in {threading.current_thread().name}")
+
+
+def test_rel_raising_sync_tool_in_worker_thread() -> None:
+    env = faulty_env(explode_in_thread)
+    result = one_result(env, call("explode_in_thread"))
+    assert result.is_error and "boom in" in result.text
+    still_works(env)
+    env.close()
+
+
+# ---------------------------------------------------------------------- hanging
+@tool(timeout=TIMEOUT)
+async def hang() -> str:
+    """Never answer (an async wait)."""
+    await asyncio.sleep(3600)
+    return "unreachable"
+
+
+@tool(timeout=TIMEOUT)
+def hang_sync() -> str:
+    """Block a worker thread well past the timeout."""
+    time.sleep(TIMEOUT * 3)
+    return "late"
+
+
+def assert_fired_on_time(seconds: float) -> None:
+    assert TIMEOUT <= seconds <= TIMEOUT * 1.1 + SCHEDULING_ALLOWANCE, f"timeout fired after {seconds:.3f} s"
+
+
+@pytest.mark.parametrize("hanger", [hang, hang_sync], ids=["async", "thread"])
+def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
+    env = faulty_env(hanger)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _, _, _, _, info = env.step(call(hanger.name))
+        wall = time.perf_counter() - t0
+        (result,) = info["tool_results"]
+        assert result.is_error and "timed out" in result.text
+        assert_fired_on_time(info["tool_calls"][0].latency_s)
+        assert_fired_on_time(wall)
+        still_works(env)
+    env.close()
+
+
+def test_rel_concurrent_hangs_in_one_turn_time_out_together() -> None:
+    """Eight hanging calls and one good call in one turn: one timeout's worth of wall time."""
+    env = faulty_env(hang)
+    action = "".join(call("hang") for _ in range(8)) + call("add", a=1, b=1)
+    t0 = time.perf_counter()
+    _, _, _, _, info = env.step(action)
+    assert_fired_on_time(time.perf_counter() - t0)
+    results = info["tool_results"]
+    assert [r.is_error for r in results] == [True] * 8 + [False]
+    assert results[-1].text == "2"
+    env.close()
+
+
+# ---------------------------------------------------------------------- wrong types and huge outputs
+class WrongType(toolenv.Tool):
+    """Return something that is not a ToolResult."""
+
+    name = "wrong_type"
+
+    class Args(BaseModel):
+        kind: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> Any:
+        values: dict[str, Any] = {
+            "int": 42,
+            "none": None,
+            "str": "plain text",
+            "dict": {"text": "hi"},
+            "list": [toolenv.ToolResult(text="a")],
+            "bytes": b"\xff\xfe",
+            "exception": RuntimeError("returned, not raised"),
+        }
+        return values[args.kind]
+
+
+@pytest.mark.parametrize("kind", ["int", "none", "str", "dict", "list", "bytes", "exception"])
+def test_rel_wrong_return_type(kind: str) -> None:
+    env = faulty_env(WrongType())
+    result = one_result(env, call("wrong_type", kind=kind))
+    assert result.is_error and "not a ToolResult" in result.text
+    still_works(env)
+    env.close()
+
+
+class Flood(toolenv.Tool):
+    """Return megabytes of text."""
+
+    name = "flood"
+    limits = toolenv.ToolLimits(max_output_chars=4096)
+
+    class Args(BaseModel):
+        megabytes: int
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text="head " + "x" * (args.megabytes << 20) + " tail")
+
+
+@pytest.mark.parametrize("megabytes", [1, 16])
+def test_rel_huge_output_is_truncated(megabytes: int) -> None:
+    env = faulty_env(Flood())
+    obs, _, _, _, info = env.step(call("flood", megabytes=megabytes))
+    (result,) = info["tool_results"]
+    assert len(result.text) <= 4096 and "characters truncated" in result.text
+    assert result.text.startswith("head ") and result.text.endswith(" tail")
+    assert len(obs) < 4096 + 200 and info["tool_calls"][0].truncated
+    still_works(env)
+    env.close()
+
+
+# ---------------------------------------------------------------------- a tool's own worker dies
+@tool(timeout=10.0)
+async def suicidal_worker() -> str:
+    """Start a worker process that kills itself with SIGKILL, and report how it ended."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    code = await proc.wait()
+    if code != 0:
+        raise RuntimeError(f"worker process died (exit status {code})")
+    return "worker finished"
+
+
+def test_rel_tool_worker_process_killed() -> None:
+    env = faulty_env(suicidal_worker)
+    result = one_result(env, call("suicidal_worker"))
+    assert result.is_error and f"exit status {-signal.SIGKILL}" in result.text
+    still_works(env)
+    env.close()
+
+
+@tool
+def thread_exits() -> str:
+    """End its own worker thread with SystemExit (what `sys.exit()` does in a thread)."""
+    raise SystemExit(3)
+
+
+class _BadMessage(Exception):
+    def __str__(self) -> str:
+        raise ValueError("even the message is broken")
+
+
+@tool
+async def bad_message() -> str:
+    """Raise an exception whose message cannot be rendered."""
+    raise _BadMessage
+
+
+@tool
+async def self_cancelled() -> str:
+    """Await a future something else cancelled (the tool's own inner task was cancelled)."""
+    fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    fut.cancel()
+    return await fut
+
+
+ESCAPES = [thread_exits, bad_message, self_cancelled]
+
+
+@pytest.mark.parametrize("fault", ESCAPES, ids=lambda t: t.name)
+def test_rel_fault_escapes_are_closed(fault: toolenv.Tool) -> None:
+    """SystemExit from a worker thread, an unprintable exception, an inner cancellation."""
+    env = faulty_env(fault)
+    try:
+        assert one_result(env, call(fault.name)).is_error
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("fault", ESCAPES, ids=lambda t: t.name)
+def test_rel_env_survives_escaped_fault(fault: toolenv.Tool) -> None:
+    """Even when such a fault escapes one step, the env and its episode keep working."""
+    env = faulty_env(fault)
+    with contextlib.suppress(BaseException):  # nothing escapes now; kept so this test stands alone
+        env.step(call(fault.name))
+    still_works(env)
+    env.close()
+
+
+# ---------------------------------------------------------------------- a plugin sandbox whose process dies
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        "import os\nos._exit(7)",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "import threading, os\nthreading.Thread(target=lambda: os._exit(0)).start()\nimport time\ntime.sleep(5)",
+    ],
+    ids=["sigkill-self", "exit", "kill-parent", "thread-exits-process"],
+)
+def test_rel_code_sandbox_process_dies(code: str) -> None:
+    """The python tool's sandbox process is killed from inside; the next call still runs."""
+    try:
+        env = make_env("HumanEval-v0", sandbox={"timeout": 5.0}, max_turns=100)
+    except toolenv.PluginError as exc:
+        pytest.skip(f"toolenv-code is not installed: {exc}")
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    obs, _, term, trunc, info = env.step(f"```python\n{code}\n```")
+    assert time.perf_counter() - t0 < 10
+    assert not term and not trunc and info["tool_results"]
+    obs, _, _, _, info = env.step("```python\nprint(6 * 7)\n```")
+    (result,) = info["tool_results"]
+    assert not result.is_error and result.text.strip() == "42", result.text
+    env.close()
+
+
+def test_rel_every_fault_in_one_turn() -> None:
+    """Raise, hang, wrong type and flood in one action: every call answers, in order."""
+    env = faulty_env(explode, hang, WrongType(), Flood())
+    action = call("explode", kind="runtime") + call("hang") + call("wrong_type", kind="int")
+    action += call("flood", megabytes=2) + call("add", a=20, b=22)
+    t0 = time.perf_counter()
+    _, _, _, _, info = env.step(action)
+    assert_fired_on_time(time.perf_counter() - t0)
+    results = info["tool_results"]
+    assert [r.name for r in results] == ["explode", "hang", "wrong_type", "flood", "add"]
+    assert [r.is_error for r in results] == [True, True, True, False, False]
+    assert results[-1].text == "42" and len(results[3].text) <= 4096
+    still_works(env)
+    env.close()

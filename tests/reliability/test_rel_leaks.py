@@ -1,0 +1,136 @@
+"""Many episodes across every installed env leave no file descriptors, threads or processes behind.
+
+Each env first plays its working set of tasks once, because heavy resources
+(the code sandbox server, search indexes, per-database handles) are shared
+process-wide on purpose and may be cached per task. The baseline is taken after
+that; then `TOOLENV_REL_EPISODES` episodes (1,000 in CI, 5,000 in the full run)
+cycle over the same tasks, played by oracles with a malformed turn first, on
+envs built and closed in batches: anything that grows now grows per episode.
+After the last close, open fds, threads and child processes must return to the
+baseline; resident memory growth is reported and bounded.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rel_support import (
+    CORE,
+    EPISODES,
+    SANDBOX_ONLY,
+    child_pids,
+    env_names,
+    make_env,
+    needs_proc,
+    open_fds,
+    oracle,
+    rss_mb,
+    thread_count,
+)
+
+import toolenv
+
+BATCH = 10  # episodes per env instance: construction and close are exercised too
+WORKING_SET = 20  # distinct tasks per env
+MALFORMED = '<tool_call>{"name": "nope", "arguments": {</tool_call><answer'
+
+
+def core_policy(task: toolenv.Task, turn: int, observation: str) -> str:
+    if turn == 0:
+        return '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    return f"<answer>{task.answers[0]}</answer>"
+
+
+def play(env: toolenv.ToolEnv, policy: Callable[..., str], index: int) -> None:
+    """One episode: a malformed turn, then the oracle until the episode ends."""
+    obs, _ = env.reset(options={"task_index": index})
+    assert env.episode is not None
+    _, _, term, trunc, info = env.step(MALFORMED)
+    assert any(r.is_error for r in info["tool_results"]) and not term
+    for turn in range(8):
+        obs, _, term, trunc, _ = env.step(policy(env.episode.task, turn, obs))
+        if term or trunc:
+            return
+    raise AssertionError("the oracle did not finish the episode")
+
+
+def gauges() -> dict[str, Any]:
+    gc.collect()
+    return {"fds": open_fds(), "threads": thread_count(), "children": child_pids(), "rss_mb": rss_mb()}
+
+
+def settle(baseline: dict[str, Any], seconds: float = 10.0) -> dict[str, Any]:
+    """Gauges once they are back at the baseline, or the last reading after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = gauges()
+        back = (
+            now["fds"] <= baseline["fds"]
+            and now["threads"] <= baseline["threads"]
+            and now["children"] <= baseline["children"]
+        )
+        if back or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+@needs_proc
+def test_rel_no_leaks_across_episodes() -> None:
+    names = env_names()
+    policies = {n: (core_policy if n == CORE else oracle(n)) for n in names}
+    names = [n for n in names if policies[n] is not None]
+    kwargs = {n: {"max_turns": 10, **SANDBOX_ONLY.get(n, {})} for n in names}
+    for n in names:  # warm-up: process-wide pools and per-task caches fill here, once
+        env = make_env(n, **kwargs[n])
+        for i in range(WORKING_SET):
+            play(env, policies[n], i)
+        env.close()
+    baseline = gauges()
+    per_env = max(1, EPISODES // len(names))
+    played = 0
+    t0 = time.perf_counter()
+    peak_fds = baseline["fds"]
+    for n in names:
+        for start in range(0, per_env, BATCH):
+            env = make_env(n, **kwargs[n])
+            for i in range(start, min(per_env, start + BATCH)):
+                play(env, policies[n], i % WORKING_SET)
+                played += 1
+            peak_fds = max(peak_fds, open_fds())
+            env.close()
+    elapsed = time.perf_counter() - t0
+    after = settle(baseline)
+    growth = after["rss_mb"] - baseline["rss_mb"]
+    print(
+        f"\n[leaks] {played} episodes over {len(names)} envs in {elapsed:.1f} s: "
+        f"fds {baseline['fds']}->{after['fds']} (peak {peak_fds}), threads {baseline['threads']}->{after['threads']}, "
+        f"children {len(baseline['children'])}->{len(after['children'])}, "
+        f"RSS {baseline['rss_mb']:.0f}->{after['rss_mb']:.0f} MiB ({growth:+.1f})"
+    )
+    assert played >= per_env * len(names)
+    assert after["fds"] <= baseline["fds"], "file descriptors leaked"
+    assert after["threads"] <= baseline["threads"], "threads leaked"
+    assert after["children"] <= baseline["children"], f"child processes leaked: {after['children']}"
+    # Bounded: a few kB per episode at most (caches are bounded; trajectories are not kept).
+    assert growth < 64 + played * 0.02, f"RSS grew {growth:.1f} MiB over {played} episodes"
+
+
+@needs_proc
+def test_rel_vector_env_close_releases_everything() -> None:
+    """A 64-env ToolVectorEnv of the core env: its loop, threads and fds go away on close."""
+    env = make_env(CORE)
+    env.reset(seed=0)
+    env.close()
+    baseline = gauges()
+    for _ in range(3):
+        venv = toolenv.ToolVectorEnv([lambda: make_env(CORE, max_turns=3)] * 64)
+        venv.reset(seed=0)
+        for _ in range(4):
+            venv.step(['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'] * 64)
+        venv.close()
+    after = settle(baseline)
+    assert after["fds"] <= baseline["fds"] and after["threads"] <= baseline["threads"]
+    assert after["children"] <= baseline["children"]
