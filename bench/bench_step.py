@@ -29,30 +29,44 @@ class Noop(toolenv.Tool):
         return toolenv.ToolResult(text="ok")
 
 
+TURNS = 8  # steps per episode, as in real tool-use episodes; the env is reset between them
+
+
 def make() -> toolenv.ToolEnv:
-    return toolenv.ToolEnv(tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=10**9)
+    return toolenv.ToolEnv(tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS + 1)
+
+
+def time_sync(env: toolenv.ToolEnv, steps: int) -> float:
+    """Seconds per `step`, resets excluded."""
+    total = 0.0
+    for _ in range(steps // TURNS):
+        env.reset(seed=0)
+        t0 = time.perf_counter()
+        for _ in range(TURNS):
+            env.step(ACTION)
+        total += time.perf_counter() - t0
+    return total / (steps // TURNS * TURNS)
+
+
+async def time_async(env: toolenv.ToolEnv, steps: int) -> float:
+    """Seconds per `astep`, resets excluded."""
+    total = 0.0
+    for _ in range(steps // TURNS):
+        await env.areset(seed=0)
+        t0 = time.perf_counter()
+        for _ in range(TURNS):
+            await env.astep(ACTION)
+        total += time.perf_counter() - t0
+    return total / (steps // TURNS * TURNS)
 
 
 def main() -> None:
     args = parse_args(__doc__ or "")
-    n = 500 if args.quick else 20_000
+    n = 800 if args.quick else 20_000
     env = make()
-    env.reset(seed=0)
-    step_s = median(repeat(lambda: env.step(ACTION), n))
-
+    step_s = median([time_sync(env, n) for _ in range(5)])
     aenv = make()
-
-    async def astep_bench() -> float:
-        await aenv.areset(seed=0)
-        per = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                await aenv.astep(ACTION)
-            per.append((time.perf_counter() - t0) / n)
-        return median(per)
-
-    astep_s = asyncio.run(astep_bench())
+    astep_s = median([asyncio.run(time_async(aenv, n)) for _ in range(5)])
     parse_s = median(repeat(lambda: env.parser.parse(ACTION), n))
     rows = [
         ["parse only", parse_s * 1e6, 1.0],

@@ -30,7 +30,7 @@ else:  # pragma: no cover - 3.10 has no asyncio.timeout
     _timeout = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ToolCallRecord:
     """How one call went. Wall-clock fields are left out of equality so that two
     runs that behaved the same compare equal (Gymnasium's determinism check)."""

@@ -72,7 +72,11 @@ class WeightedSum(Reward):
         return self.total(await self.final_components(episode), self.weights)
 
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
-        return {k: await r.turn(episode, turn) for k, (r, _) in self.parts.items()}
+        # Rewards that keep the default `turn` score 0 every step: skip the await (hot path).
+        return {
+            k: (await r.turn(episode, turn) if type(r).turn is not Reward.turn else 0.0)
+            for k, (r, _) in self.parts.items()
+        }
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
