@@ -1,0 +1,116 @@
+"""The crop tool on real images: boxes, units, resizing, path safety, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
+from toolenv_vision import CropTool, ImageRefError, resolve_image, zoom_size
+from toolenv_vision.images import DATA_DIR
+
+
+def call(tool: CropTool, task: Task, **arguments: object) -> object:
+    caller = ToolCaller([tool])
+    results, _ = asyncio.run(
+        caller.invoke([ToolCall(name="crop", arguments=arguments, id="c")], ToolContext(task=task))
+    )
+    return results[0]
+
+
+PHOTO = Task(id="p", context={"image": "astronaut.png"})  # 512x512
+
+
+def test_pixel_crop_is_enlarged_to_min_pixels() -> None:
+    tool = CropTool(min_pixels=200 * 200, max_pixels=400 * 400)
+    r = call(tool, PHOTO, bbox=[100, 100, 150, 150])
+    assert not r.is_error, r.text
+    (img,) = r.images
+    assert (img.width, img.height) == (200, 200)
+    assert r.metadata["bbox"] == [100, 100, 150, 150] and r.metadata["zoom"] == 4.0
+    assert "zoom ×4" in r.text and img.data_url().startswith("data:image/png;base64,")
+    # the returned pixels really are the enlarged region
+    expected = Image.open(DATA_DIR / "astronaut.png").convert("RGB").crop((100, 100, 150, 150)).resize((200, 200))
+    got = img.to_pil().convert("RGB")
+    diff = sum(abs(a - b) for pa, pb in zip(got.getdata(), expected.getdata()) for a, b in zip(pa, pb))
+    assert diff / (200 * 200 * 3) < 8  # same picture up to resampling differences
+
+
+def test_normalized_and_auto_units_agree_with_pixels() -> None:
+    tool = CropTool()
+    a = call(tool, PHOTO, bbox=[0.25, 0.25, 0.5, 0.5])
+    b = call(tool, PHOTO, bbox=[0.25, 0.25, 0.5, 0.5], units="normalized")
+    c = call(tool, PHOTO, bbox=[128, 128, 256, 256], units="pixels")
+    assert a.metadata["bbox"] == b.metadata["bbox"] == c.metadata["bbox"] == [128, 128, 256, 256]
+    assert a.images[0].data == c.images[0].data
+
+
+def test_large_crop_is_shrunk_to_max_pixels() -> None:
+    r = call(CropTool(min_pixels=16, max_pixels=100 * 100), PHOTO, bbox=[0, 0, 512, 256])
+    w, h = r.metadata["size"]
+    assert w * h <= 100 * 100 and abs(w / h - 2.0) < 0.05
+
+
+@pytest.mark.parametrize("w,h", [(10, 10), (3000, 20), (1, 1), (512, 512), (7, 1300)])
+def test_zoom_size_keeps_aspect_and_bounds(w: int, h: int) -> None:
+    lo, hi = 224 * 224, 1024 * 1024
+    ow, oh = zoom_size(w, h, lo, hi)
+    assert ow * oh <= hi
+    assert math.isclose(ow / oh, w / h, rel_tol=0.25) or min(ow, oh) == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"bbox": [0, 0, 600, 100]}, "reaches outside the 512x512 image"),
+        ({"bbox": [100, 100, 50, 150]}, "x1 < x2"),
+        ({"bbox": [10, 10, 12, 12]}, "at least 8 px"),
+        ({"bbox": [0, 0, 1.5, 0.5], "units": "normalized"}, "values above 1"),
+        ({"bbox": [0, 0, 10]}, "at least 4 items"),
+        ({"bbox": ["a", 0, 10, 10]}, "valid number"),
+        ({"bbox": [float("nan"), 0, 10, 10]}, "finite number"),
+        ({"bbox": [-5, 0, 10, 10]}, "greater than or equal to 0"),
+        ({"bbox": [0, 0, 1e300, 1e300]}, "outside"),
+        ({"bbox": [0, 0, 10, 10], "zoom": 3}, "unknown argument"),
+    ],
+)
+def test_bad_boxes_are_error_observations(arguments: dict[str, object], message: str) -> None:
+    r = call(CropTool(), PHOTO, **arguments)
+    assert r.is_error and message in r.text, r.text
+
+
+@pytest.mark.parametrize("ref", ["../pyproject.toml", "/etc/passwd", "..\\x.png", "", "nope.png", 3, "a\x00b"])
+def test_image_paths_never_escape_the_root(ref: object) -> None:
+    with pytest.raises(ImageRefError):
+        resolve_image(ref)
+    r = call(CropTool(), Task(context={"image": ref}), bbox=[0, 0, 10, 10])
+    assert r.is_error and "Cannot open the task image" in r.text
+
+
+def test_symlink_out_of_root_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "secret.png"
+    Image.new("RGB", (20, 20)).save(outside)
+    (root / "link.png").symlink_to(outside)
+    Image.new("RGB", (20, 20), (255, 0, 0)).save(root / "ok.png")
+    with pytest.raises(ImageRefError, match="outside the image root"):
+        resolve_image("link.png", root)
+    r = call(CropTool(root), Task(context={"image": "ok.png"}), bbox=[0, 0, 10, 10])
+    assert not r.is_error and r.images[0].to_pil().convert("RGB").getpixel((0, 0)) == (255, 0, 0)
+
+
+def test_a_non_image_file_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "fake.png").write_text("not an image")
+    r = call(CropTool(tmp_path), Task(context={"image": "fake.png"}), bbox=[0, 0, 10, 10])
+    assert r.is_error and "not a readable image" in r.text
+
+
+def test_schema_is_flat_and_complete() -> None:
+    flat = CropTool().flat_schema()["function"]["parameters"]
+    assert flat["properties"]["bbox"]["items"]["type"] == "number"
+    assert flat["properties"]["units"]["enum"] == ["auto", "pixels", "normalized"]

@@ -1,0 +1,94 @@
+"""VisualSearch-v0: deterministic tasks, the oracle scores 1.0, and the crop really shows the code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+from gymnasium.utils.env_checker import check_env
+from PIL import Image, ImageChops
+
+import toolenv
+from toolenv_vision import code_patch, generate_tasks, task_image, visualsearch_oracle
+from toolenv_vision.envs import DEFAULT_OVERVIEW_SIZE, make_visualsearch_env
+
+
+def test_tasks_are_deterministic_and_extend_by_count() -> None:
+    a, b = generate_tasks(20, seed=3), generate_tasks(20, seed=3)
+    assert [t.model_dump() for t in a] == [t.model_dump() for t in b]
+    assert [t.id for t in generate_tasks(30, seed=3)][:20] == [t.id for t in a]
+    assert [t.answer for t in generate_tasks(20, seed=4)] != [t.answer for t in a]
+
+
+def test_oracle_scores_one_on_every_task() -> None:
+    env = make_visualsearch_env()
+    assert len(env.tasks) == 200
+
+    async def run_all() -> list[float]:
+        rewards = []
+        for task in env.tasks:
+            obs, _ = await env.areset(options={"task": task})
+            total, turn = 0.0, 0
+            while True:
+                obs, r, term, trunc, info = await env.astep(visualsearch_oracle(task, turn, obs))
+                total += float(r)
+                turn += 1
+                if term or trunc:
+                    break
+            rewards.append(total)
+        return rewards
+
+    rewards = asyncio.run(run_all())
+    assert rewards == [1.0] * 200
+
+
+def test_the_crop_shows_the_drawn_code() -> None:
+    env = make_visualsearch_env(num_tasks=12)
+    for task in env.tasks:
+        env.reset(options={"task": task})
+        _, _, _, _, info = env.step(visualsearch_oracle(task, 0, ""))
+        (result,) = info["tool_results"]
+        assert not result.is_error, result.text
+        crop = result.images[0].to_pil().convert("RGB")
+        render = task.context["render"]
+        expected = code_patch(task.answer, tuple(render["fg"]), tuple(render["bg"]))
+        # the crop is the code patch enlarged: shrink it back and compare pixel by pixel
+        back = crop.resize(expected.size, Image.Resampling.NEAREST)
+        diff = ImageChops.difference(back, expected)
+        mean = sum(sum(px) for px in diff.getdata()) / (expected.width * expected.height * 3)
+        assert mean < 12, (task.id, mean)
+
+
+def test_overview_is_too_coarse_and_rides_in_the_first_message() -> None:
+    env = make_visualsearch_env(num_tasks=2)
+    obs, info = env.reset(options={"task_index": 0})
+    (image,) = info["messages"][-1].images
+    assert max(image.width, image.height) <= DEFAULT_OVERVIEW_SIZE
+    full = task_image(env.tasks[0].context)
+    assert max(full.size) / max(image.width, image.height) >= 2.5  # the code shrinks to a few pixels
+    assert "crop" in obs
+
+
+def test_wrong_answer_scores_zero_and_hermes_is_default() -> None:
+    env = make_visualsearch_env(num_tasks=1)
+    env.reset(options={"task_index": 0})
+    assert isinstance(env.parser, toolenv.get_parser("hermes").__class__)
+    assert env.step("<answer>NOPE</answer>")[1] == 0.0
+
+
+def test_checker_passes() -> None:
+    check_env(gym.make("toolenv/VisualSearch-v0", num_tasks=5).unwrapped)
+    results = __import__("toolenv.checker", fromlist=["check_env"]).check_env(make_visualsearch_env(num_tasks=5))
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_example_runs() -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "vision_example.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert last["reward"] == 1.0 and last["crop_size"][0] >= 224

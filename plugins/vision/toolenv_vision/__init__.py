@@ -1,0 +1,33 @@
+"""toolenv-vision: a `crop` (zoom-in) tool and the `toolenv/VisualSearch-v0` environment.
+
+Needs Pillow. Images are named by tasks as paths relative to an image root (the
+bundled scikit-image photos by default) and decoded once per process.
+"""
+
+from __future__ import annotations
+
+from toolenv_vision.crop import CropArgs, CropTool, PixelBox, zoom_size
+from toolenv_vision.envs import VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
+from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
+from toolenv_vision.render import CodeOverlay, code_patch, task_image
+from toolenv_vision.tasks import ALPHABET, generate_tasks
+
+__all__ = [
+    "ALPHABET",
+    "DATA_DIR",
+    "PHOTOS",
+    "CodeOverlay",
+    "CropArgs",
+    "CropTool",
+    "ImageRefError",
+    "PixelBox",
+    "VisualSearchEnv",
+    "code_patch",
+    "generate_tasks",
+    "make_visualsearch_env",
+    "overview_image",
+    "resolve_image",
+    "task_image",
+    "visualsearch_oracle",
+    "zoom_size",
+]

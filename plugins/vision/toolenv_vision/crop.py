@@ -1,0 +1,184 @@
+"""The `crop` tool: zoom into a region of the task's image and return it as an image.
+
+Box rules (also in the tool description the model sees):
+
+* `bbox` is `[x1, y1, x2, y2]`, left/top inclusive, right/bottom exclusive (Pillow's crop).
+* `units="pixels"`: pixels of the task image; fractions are rounded outwards.
+* `units="normalized"`: fractions of width and height in [0, 1].
+* `units="auto"` (default): normalised when all four values are ≤ 1, pixels otherwise.
+* The box must lie inside the image, with x1 < x2, y1 < y2 and each side at least
+  `min_size` pixels of the task image.
+
+The crop is resized, aspect ratio kept, so that its pixel count lies within
+[`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from toolenv import Task, Tool, ToolContext, ToolImage, ToolResult
+from toolenv_vision.images import ImageRefError
+from toolenv_vision.render import task_image
+
+__all__ = ["DEFAULT_MAX_PIXELS", "DEFAULT_MIN_PIXELS", "CropArgs", "CropTool", "PixelBox", "zoom_size"]
+
+DEFAULT_MIN_PIXELS = 224 * 224
+DEFAULT_MAX_PIXELS = 1024 * 1024
+DEFAULT_MIN_SIZE = 8
+
+Coordinate = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
+
+
+class CropArgs(BaseModel):
+    """Arguments of the crop tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bbox: list[Coordinate] = Field(
+        min_length=4,
+        max_length=4,
+        description="Region [x1, y1, x2, y2]: pixels of the image, or fractions in [0, 1] of its width and height.",
+    )
+    units: Literal["auto", "pixels", "normalized"] = Field(
+        default="auto",
+        description="How to read bbox; 'auto' means normalized when all four values are <= 1, pixels otherwise.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CropArgs:
+        x1, y1, x2, y2 = self.bbox
+        if not (x1 < x2 and y1 < y2):
+            raise ValueError(f"bbox {_fmt(self.bbox)} must have x1 < x2 and y1 < y2")
+        if self.units == "normalized" and max(self.bbox) > 1:
+            raise ValueError(f"normalized bbox {_fmt(self.bbox)} has values above 1")
+        return self
+
+    @property
+    def normalized(self) -> bool:
+        """Whether the bbox is in fractions of the image size (the auto rule applied)."""
+        return self.units == "normalized" or (self.units == "auto" and max(self.bbox) <= 1)
+
+
+class PixelBox(BaseModel):
+    """A crop box in whole pixels, validated against the image (pass `context={"width", "height", "min_size"}`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    x1: int
+    y1: int
+    x2: int
+    y2: int
+
+    @model_validator(mode="after")
+    def _inside(self, info: ValidationInfo) -> PixelBox:
+        ctx = info.context or {}
+        width, height, min_size = ctx.get("width"), ctx.get("height"), ctx.get("min_size", 1)
+        if width is not None and height is not None and (self.x2 > width or self.y2 > height):
+            raise ValueError(f"box {self.as_list()} reaches outside the {width}x{height} image")
+        if self.x2 - self.x1 < min_size or self.y2 - self.y1 < min_size:
+            raise ValueError(
+                f"box {self.as_list()} is {self.x2 - self.x1}x{self.y2 - self.y1} px; each side must be at least "
+                f"{min_size} px"
+            )
+        return self
+
+    def as_list(self) -> list[int]:
+        """`[x1, y1, x2, y2]`."""
+        return [self.x1, self.y1, self.x2, self.y2]
+
+    @classmethod
+    def from_args(cls, args: CropArgs, width: int, height: int, min_size: int) -> PixelBox:
+        """Whole-pixel box of `args` on a `width`×`height` image, rounded outwards.
+
+        Raises:
+            ValidationError: the box leaves the image or is smaller than `min_size`.
+        """
+        sx, sy = (width, height) if args.normalized else (1, 1)
+        x1, y1, x2, y2 = args.bbox
+        box = {"x1": math.floor(x1 * sx), "y1": math.floor(y1 * sy), "x2": math.ceil(x2 * sx), "y2": math.ceil(y2 * sy)}
+        return cls.model_validate(box, context={"width": width, "height": height, "min_size": min_size})
+
+
+def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Output size for a `width`×`height` crop: same aspect ratio, pixel count in [min_pixels, max_pixels]."""
+    area = width * height
+    if min_pixels <= area <= max_pixels:
+        return width, height
+    scale = math.sqrt((min_pixels if area < min_pixels else max_pixels) / area)
+    w, h = max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+    if w * h > max_pixels:  # rounding up overshot the cap (or the range is narrow): round down instead
+        w, h = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+    return w, h
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def _error_text(exc: ValidationError) -> str:
+    return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors(include_url=False))
+
+
+class CropTool(Tool):
+    """Zoom in: crop a region of the task's image and return it enlarged.
+
+    bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image, or normalized to [0, 1];
+    with units="auto" values all <= 1 are read as normalized. The box must lie inside the image.
+    """
+
+    name = "crop"
+    Args = CropArgs
+
+    def __init__(
+        self,
+        image_root: str | Path | None = None,
+        *,
+        min_pixels: int = DEFAULT_MIN_PIXELS,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        min_size: int = DEFAULT_MIN_SIZE,
+        **limits: Any,
+    ) -> None:
+        super().__init__(**limits)
+        if not 1 <= min_pixels <= max_pixels:
+            raise ValueError(f"need 1 <= min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
+        if min_size < 1:
+            raise ValueError(f"min_size must be at least 1, got {min_size}")
+        self.image_root = Path(image_root) if image_root is not None else None
+        self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
+
+    async def run(self, args: CropArgs, ctx: ToolContext) -> ToolResult:
+        # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
+        return await asyncio.to_thread(self.crop, args, ctx.task)
+
+    def crop(self, args: CropArgs, task: Task) -> ToolResult:
+        """The synchronous crop of `task`'s image; errors come back as error results."""
+        try:
+            image = task_image(task.context, self.image_root)
+        except ImageRefError as exc:
+            return ToolResult.error(f"Cannot open the task image: {exc}.")
+        try:
+            box = PixelBox.from_args(args, image.width, image.height, self.min_size)
+        except ValidationError as exc:
+            units = "normalized" if args.normalized else "pixels"
+            return ToolResult.error(
+                f"Invalid bbox {_fmt(args.bbox)} ({units}): {_error_text(exc)}. "
+                f"The image is {image.width}x{image.height} px."
+            )
+        region = image.crop((box.x1, box.y1, box.x2, box.y2))
+        size = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels)
+        if size != region.size:
+            region = region.resize(size, Image.Resampling.LANCZOS)
+        zoom = size[0] / (box.x2 - box.x1)
+        text = (
+            f"Cropped region {box.as_list()} ({box.x2 - box.x1}x{box.y2 - box.y1} px of the "
+            f"{image.width}x{image.height} image), shown at {size[0]}x{size[1]}, zoom ×{zoom:.3g}"
+        )
+        meta = {"bbox": box.as_list(), "size": list(size), "zoom": zoom, "image_size": [image.width, image.height]}
+        return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)

@@ -1,0 +1,89 @@
+"""VisualSearch tasks: a short code drawn small somewhere in a bundled photo, chosen by seed.
+
+Each task is a pure function of `(seed, index)`, so the same arguments give the same
+tasks on every machine. The image itself is not stored: `context["render"]` is the
+recipe that `toolenv_vision.render.task_image` turns into pixels on demand.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+
+from PIL import ImageStat
+
+from toolenv import Task
+from toolenv_vision.images import PHOTOS, resolve_image
+from toolenv_vision.render import CodeOverlay, patch_size, scaled_photo
+
+__all__ = ["ALPHABET", "DEFAULT_LONG_SIDE", "QUESTION", "generate_tasks"]
+
+ALPHABET = "ACDEFHJKLMNPRTUVWXY34679"
+"""Letters and digits that cannot be mistaken for one another (no 0/O, 1/I/L-like pairs, 2/Z, 5/S, 8/B)."""
+
+DEFAULT_LONG_SIDE = 1344
+"""Task images are scaled to this longer side (48 × 28 px, a multiple of Qwen-VL's patch grid)."""
+
+MARGIN = 8
+
+QUESTION = (
+    "Somewhere in this {width}x{height} photo there is a small box with a {length}-character code "
+    "(capital letters and digits). It is too small to read at the size you see: use the crop tool to zoom in "
+    "(bbox in pixels of the {width}x{height} image, or normalized to [0, 1]), then reply with the code as "
+    "<answer>CODE</answer>."
+)
+
+
+def generate_tasks(
+    num_tasks: int = 200,
+    seed: int = 0,
+    *,
+    code_length: int = 4,
+    long_side: int = DEFAULT_LONG_SIDE,
+    photos: Sequence[str] = PHOTOS,
+) -> list[Task]:
+    """`num_tasks` VisualSearch tasks drawn from `seed` over the bundled `photos`.
+
+    Task `i` depends only on `(seed, i)`: asking for more tasks extends the list.
+
+    Raises:
+        ValueError: a non-positive count or code length, or a canvas too small for the code.
+    """
+    return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos)))
+
+
+@functools.lru_cache(maxsize=16)
+def _generate(num_tasks: int, seed: int, code_length: int, long_side: int, photos: tuple[str, ...]) -> tuple[Task, ...]:
+    # Cached so that many env factory calls (a vector env) share one task list.
+    if num_tasks < 1 or code_length < 1 or not photos:
+        raise ValueError(f"need num_tasks >= 1, code_length >= 1 and photos, got {num_tasks}, {code_length}, {photos}")
+    return tuple(_task(seed, i, code_length, long_side, photos) for i in range(num_tasks))
+
+
+def _task(seed: int, index: int, code_length: int, long_side: int, photos: tuple[str, ...]) -> Task:
+    rng = random.Random(f"toolenv-vision/VisualSearch:{seed}:{index}")  # str seeds hash deterministically
+    photo = photos[rng.randrange(len(photos))]
+    code = "".join(rng.choice(ALPHABET) for _ in range(code_length))
+    canvas = scaled_photo(resolve_image(photo), long_side)
+    w, h = patch_size(code)
+    if canvas.width < w + 2 * MARGIN or canvas.height < h + 2 * MARGIN:
+        raise ValueError(f"a {long_side} px canvas is too small for a {code_length}-character code")
+    x, y = rng.randint(MARGIN, canvas.width - w - MARGIN), rng.randint(MARGIN, canvas.height - h - MARGIN)
+    box = (x, y, x + w, y + h)
+    # Contrast with what is underneath: a dark box on bright regions, a light one on dark regions.
+    brightness = ImageStat.Stat(canvas.crop(box).convert("L")).mean[0]
+    dark, light = (20, 20, 20), (250, 250, 250)
+    bg, fg = (dark, light) if brightness >= 128 else (light, dark)
+    overlay = CodeOverlay(long_side=long_side, text=code, box=box, fg=fg, bg=bg)
+    return Task(
+        id=f"visualsearch-{seed}-{index}",
+        question=QUESTION.format(width=canvas.width, height=canvas.height, length=code_length),
+        answer=code,
+        context={
+            "image": photo,
+            "render": overlay.model_dump(mode="json"),
+            "box": list(box),
+            "size": [canvas.width, canvas.height],
+        },
+    )
