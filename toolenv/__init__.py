@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "ActionParser": "toolenv.parsers",
+    "Agent": "toolenv.agent",
+    "AgentAction": "toolenv.agent",
     "Episode": "toolenv.episode",
     "ExactMatch": "toolenv.rewards",
     "Message": "toolenv.types",
@@ -33,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "ToolLimits": "toolenv.tool",
     "ToolResult": "toolenv.types",
     "ToolVectorEnv": "toolenv.vector",
+    "Trajectory": "toolenv.trajectory",
     "Turn": "toolenv.episode",
     "UnicodeText": "toolenv.spaces",
     "WeightedSum": "toolenv.rewards",
@@ -40,11 +43,14 @@ _EXPORTS: dict[str, str] = {
     "get_reward": "toolenv.rewards",
     "load_tasks": "toolenv.types",
     "load_tool": "toolenv.registry",
+    "rollout": "toolenv.rollout",
     "tool": "toolenv.tool",
 }
 
 __all__ = [
     "ActionParser",
+    "Agent",
+    "AgentAction",
     "Episode",
     "ExactMatch",
     "Message",
@@ -63,6 +69,7 @@ __all__ = [
     "ToolLimits",
     "ToolResult",
     "ToolVectorEnv",
+    "Trajectory",
     "Turn",
     "UnicodeText",
     "WeightedSum",
@@ -71,18 +78,22 @@ __all__ = [
     "get_reward",
     "load_tasks",
     "load_tool",
+    "rollout",
     "tool",
 ]
 
 if TYPE_CHECKING:
+    from toolenv.agent import Agent, AgentAction
     from toolenv.caller import ToolCaller, ToolCallRecord
     from toolenv.env import ToolEnv
     from toolenv.episode import Episode, Turn
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
+    from toolenv.rollout import rollout
     from toolenv.spaces import UnicodeText
     from toolenv.tool import Tool, ToolContext, ToolLimits, tool
+    from toolenv.trajectory import Trajectory
     from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, load_tasks
     from toolenv.vector import ToolVectorEnv
 

@@ -1,0 +1,223 @@
+"""The `openai` agent against a real OpenAI-compatible HTTP server on 127.0.0.1 (scripted replies)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from toolenv_agents.openai_compat import OpenAIAgent, render_tool_calls
+
+import toolenv
+from toolenv.parsers import get_parser
+from toolenv.rollout import arollout
+
+SECRET = "sk-test-very-secret-0123456789"
+
+
+class Server:
+    """Pops one scripted reply per request.
+
+    Steps: ("json", status, obj, headers) | ("raw", status, bytes) | ("sleep", seconds, obj).
+    """
+
+    def __init__(self) -> None:
+        self.script: list[tuple[Any, ...]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                    step = outer.script.pop(0) if outer.script else ("json", 500, {"error": "script empty"}, {})
+                kind = step[0]
+                if kind == "sleep":
+                    time.sleep(step[1])
+                    step = ("json", 200, step[2], {})
+                    kind = "json"
+                payload = json.dumps(step[2]).encode() if kind == "json" else step[2]
+                self.send_response(step[1])
+                for k, v in (step[3] if kind == "json" else {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def chat(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None, **choice: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return {
+        "choices": [{"index": 0, "message": msg, "finish_reason": "stop", **choice}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 7},
+    }
+
+
+def call(name: str, args: dict[str, Any], cid: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+class Add(toolenv.Tool):
+    """Add two integers."""
+
+    name = "add"
+
+    class Args(BaseModel):
+        a: int
+        b: int
+
+    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
+        return toolenv.ToolResult(text=str(args.a + args.b))
+
+
+def make_env(parser: str = "hermes") -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[Add()], tasks=[{"id": "t1", "question": "2+3?", "answer": "5"}], parser=parser)
+
+
+def agent(server: Server, **kw: Any) -> OpenAIAgent:
+    kw.setdefault("backoff", 0.01)
+    return OpenAIAgent(model="tiny", base_url=server.url, **kw)
+
+
+async def test_native_tool_calling_end_to_end(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    server.script = [
+        ("json", 200, chat("Let me add.", [call("add", {"a": 2, "b": 3}, "srv_1")]), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0 and traj.turns[0].results[0].text == "5"
+    assert traj.turns[0].parsed.tool_calls[0].id == "srv_1"
+    assert traj.turns[0].completion_tokens == 7 and traj.prompt_tokens() == 100
+    first, second = (r["body"] for r in server.requests)
+    assert first["tools"][0]["function"]["name"] == "add" and first["model"] == "tiny"
+    assert server.requests[0]["auth"] == f"Bearer {SECRET}"
+    # The second request answers the call by id with the tool result, and keeps the model's own content.
+    msgs = second["messages"]
+    assistant = next(m for m in msgs if m["role"] == "assistant")
+    assert assistant["content"] == "Let me add." and assistant["tool_calls"][0]["id"] == "srv_1"
+    assert {"role": "tool", "tool_call_id": "srv_1", "content": "5"} in msgs
+    assert SECRET not in traj.model_dump_json() and SECRET not in repr(agent(server))
+
+
+async def test_retries_429_500_and_malformed_json(server: Server) -> None:
+    server.script = [
+        ("json", 429, {"error": "slow down"}, {"Retry-After": "0"}),
+        ("json", 500, {"error": "boom"}, {}),
+        ("raw", 200, b"{not json"),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server, max_retries=3), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0
+    assert traj.turns[0].agent_metadata["attempts"] == 4 and len(server.requests) == 4
+
+
+async def test_gives_up_and_records_error_without_key(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    server.script = [("json", 503, {"error": f"echo {SECRET}"}, {})] * 3
+    res = await arollout(make_env, agent(server, max_retries=2), n=1)
+    err = res.trajectories[0].error or ""
+    assert "failed after 3 attempt(s)" in err and "HTTP 503" in err and SECRET not in err
+
+
+async def test_client_error_is_not_retried(server: Server) -> None:
+    server.script = [("json", 400, {"error": "bad model"}, {})]
+    res = await arollout(make_env, agent(server), n=1)
+    assert "HTTP 400" in (res.trajectories[0].error or "") and len(server.requests) == 1
+
+
+async def test_slow_reply_times_out_then_retries(server: Server) -> None:
+    server.script = [("sleep", 1.5, chat("<answer>5</answer>")), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(make_env, agent(server, timeout=0.5, max_retries=1), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2
+
+
+async def test_server_down_is_an_episode_error() -> None:
+    a = OpenAIAgent(model="m", base_url="http://127.0.0.1:9/v1", max_retries=1, backoff=0.01, connect_timeout=1)
+    res = await arollout(make_env, a, n=1)
+    assert "connection failed" in (res.trajectories[0].error or "")
+
+
+async def test_concurrency_cap(server: Server) -> None:
+    tasks = [{"id": f"t{i}", "question": "2+3?", "answer": "5"} for i in range(6)]
+    server.script = [("sleep", 0.3, chat("<answer>5</answer>"))] * 6
+    start = time.perf_counter()
+    res = await arollout(lambda: make_env(), agent(server, max_concurrency=2), tasks=tasks, concurrency=6)
+    assert res.summary.success_rate == 1.0
+    assert time.perf_counter() - start >= 0.85  # 6 requests, 2 at a time, 0.3 s each
+
+
+async def test_text_chat_and_completions_modes(server: Server) -> None:
+    server.script = [
+        (
+            "json",
+            200,
+            chat('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}', stop_reason="</tool_call>"),
+            {},
+        ),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server, tool_calling="text"), n=1)
+    assert res.trajectories[0].reward == 1.0
+    body = server.requests[1]["body"]
+    assert body["stop"] == ["</tool_call>"] and "tools" not in body
+    assert body["messages"][-1]["role"] == "user" and "<tool_response>" in body["messages"][-1]["content"]
+    server.requests.clear()
+    server.script = [
+        (
+            "json",
+            200,
+            {
+                "choices": [
+                    {
+                        "text": '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}',
+                        "finish_reason": "stop",
+                        "stop_reason": "</tool_call>",
+                    }
+                ]
+            },
+            {},
+        ),
+        ("json", 200, {"choices": [{"text": " <answer>5</answer>", "finish_reason": "stop"}]}, {}),
+    ]
+    res = await arollout(make_env, agent(server, api="completions"), n=1)
+    assert res.trajectories[0].reward == 1.0 and server.requests[0]["path"] == "/v1/completions"
+    prompt = server.requests[1]["body"]["prompt"]
+    assert prompt.startswith(res.trajectories[0].prompt) and "</tool_call>\n<tool_response>\n5" in prompt
+
+
+def test_render_tool_calls_for_each_parser() -> None:
+    calls = [{"name": "search", "arguments": {"query": "paris"}, "id": "c1"}]
+    assert render_tool_calls("", calls, get_parser("tags")) == "<search>paris</search>"
+    code = [{"name": "python", "arguments": {"code": "print(1)"}, "id": "c1"}]
+    assert render_tool_calls("", code, get_parser("codeblock")) == "```python\nprint(1)\n```"
+    parsed = get_parser("hermes").parse(render_tool_calls("hi", calls, get_parser("hermes")))
+    assert parsed.tool_calls[0].arguments == {"query": "paris"} and parsed.tool_calls[0].id == "c1"

@@ -1,0 +1,135 @@
+"""The `transformers` agent: a local Hugging Face causal LM with its chat template.
+
+The env's messages are rendered with the tokenizer's chat template (the env's
+tool schemas passed as `tools`, so Qwen/Hermes templates list them), the model
+generates until EOS or one of the parser's stop strings, and the action carries
+the generated token ids and their log-probabilities — what an RL trainer needs.
+Generation runs in a worker thread, one at a time per model, so the event loop
+keeps stepping other episodes' tools meanwhile. Works on the CPU.
+
+Needs the `transformers` extra and torch (install the build you want first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.types import Message
+
+__all__ = ["TransformersAgent"]
+
+
+class TransformersAgent(Agent):
+    """Generates actions with a local model.
+
+    Args:
+        model: a local model directory (or a hub id when the hub is reachable).
+        device: a torch device string (`"cpu"`, `"cuda"`).
+        max_new_tokens: the generation budget per action.
+        temperature: 0 for greedy decoding, otherwise sampling at this temperature.
+        top_p: nucleus sampling when sampling.
+        seed: seeds sampling (each action reseeds with seed + turn).
+        tool_role: the role given to tool results (`"tool"`, or `"user"` for templates without it).
+        dtype: torch dtype name (`"float32"`, `"bfloat16"`).
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        device: str = "cpu",
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        tool_role: str = "tool",
+        dtype: str = "float32",
+    ) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise AgentError(
+                f"the transformers agent needs torch and transformers ({exc}); "
+                "install torch, then toolenv-agents[transformers]"
+            ) from exc
+        self.model = str(model)
+        self.device = device
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.tool_role = tool_role
+        self._torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(self.model, dtype=getattr(torch, dtype))
+        self.lm: Any = loaded.to(device)
+        self.lm.eval()
+        if self.tokenizer.chat_template is None:
+            raise AgentError(f"the tokenizer of {self.model} has no chat template")
+        self._lock = threading.Lock()  # one generate() at a time per model
+
+    def _chat(self, messages: list[Message]) -> list[dict[str, Any]]:
+        out = []
+        for m in messages:
+            role = self.tool_role if m.role == "tool" else m.role
+            out.append({"role": role, "content": m.content})
+        return out
+
+    def prompt_ids(self, messages: list[Message], env_info: EnvInfo) -> list[int]:
+        """The chat-templated prompt, as token ids."""
+        rendered = self.tokenizer.apply_chat_template(
+            self._chat(messages),
+            tools=list[Any](env_info.tool_schemas) or None,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+    def _generate(self, prompt: list[int], stop: tuple[str, ...], turn: int) -> tuple[list[int], list[float]]:
+        torch = self._torch
+        with self._lock, torch.inference_mode():
+            torch.manual_seed(self.seed + turn)
+            input_ids = torch.tensor([prompt], device=self.device)
+            kwargs: dict[str, Any] = {
+                "max_new_tokens": self.max_new_tokens,
+                "do_sample": self.temperature > 0,
+                "return_dict_in_generate": True,
+                "output_scores": True,
+                "pad_token_id": self.tokenizer.pad_token_id
+                if self.tokenizer.pad_token_id is not None
+                else self.tokenizer.eos_token_id,
+                "attention_mask": torch.ones_like(input_ids),
+            }
+            if self.temperature > 0:
+                kwargs.update(temperature=self.temperature, top_p=self.top_p)
+            else:  # greedy: clear sampling defaults a model's generation config may carry
+                kwargs.update(temperature=None, top_p=None, top_k=None)
+            if stop:
+                kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+            out = self.lm.generate(input_ids, **kwargs)
+        new = out.sequences[0, len(prompt) :].tolist()
+        logprobs = [
+            float(torch.log_softmax(score[0].float(), dim=-1)[tok]) for score, tok in zip(out.scores, new, strict=False)
+        ]
+        return new, logprobs
+
+    async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
+        prompt = self.prompt_ids(messages, env_info)
+        ids, logprobs = await asyncio.to_thread(self._generate, prompt, env_info.stop, env_info.turn)
+        eos = self.tokenizer.eos_token_id
+        text_ids = ids[:-1] if ids and ids[-1] == eos else ids
+        text = str(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+        return AgentAction(
+            text=text,
+            token_ids=ids,
+            logprobs=logprobs,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(ids),
+        )

@@ -1,0 +1,388 @@
+"""The `openai` agent: any OpenAI-compatible server (vLLM, SGLang, OpenAI) over httpx.
+
+Three ways to talk to the server:
+- `api="chat", tool_calling="native"` (default): the env's tool schemas go out as `tools`;
+  returned `tool_calls` are rendered as an action in the env parser's format
+  (`hermes`: `<tool_call>{json}</tool_call>`; `tags`: `<tag>arg</tag>` for tools mapped to a
+  tag; `codeblock`: a ```` ```python ```` block for its code tool; any other parser gets hermes).
+  Later turns send the env's tool results back as `tool` messages with matching call ids.
+- `api="chat", tool_calling="text"`: plain chat; the model writes the parser's format itself,
+  each observation goes back as a user message, generation stops at the parser's stop strings.
+- `api="completions"`: one growing text prompt (the env's prompt, then action + observation).
+
+One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
+episode of a rollout. 429s, 5xx, timeouts, dropped connections and malformed JSON are
+retried with exponential backoff (honouring `Retry-After`). The API key is read from an
+environment variable (`OPENAI_API_KEY` unless `api_key_env` says otherwise) and is never
+logged, recorded or shown in errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+from typing import Any, Literal
+
+import httpx
+
+from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.parsers import CodeBlockParser, TagParser
+from toolenv.parsers.base import ActionParser
+from toolenv.types import Message, Task
+
+__all__ = ["OpenAIAgent", "render_tool_calls"]
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+def render_tool_calls(content: str, calls: list[dict[str, Any]], parser: ActionParser | None) -> str:
+    """Native tool calls (`{"id", "name", "arguments"}` with decoded arguments) as action text for `parser`."""
+    parts = [content.strip()] if content and content.strip() else []
+    for call in calls:
+        name, args = call["name"], call["arguments"]
+        if isinstance(parser, TagParser):
+            tag = next(
+                (
+                    t
+                    for t, (tool, arg) in parser.tags.items()
+                    if tool == name and isinstance(args, dict) and arg in args
+                ),
+                None,
+            )
+            if tag is not None:
+                arg = parser.tags[tag][1]
+                parts.append(f"<{tag}>{args[arg]}</{tag}>")
+                continue
+        if (
+            isinstance(parser, CodeBlockParser)
+            and name == parser.tool
+            and isinstance(args, dict)
+            and parser.arg in args
+        ):
+            parts.append(f"```python\n{args[parser.arg]}\n```")
+            continue
+        body = {"name": name, "arguments": args, "id": call.get("id") or ""}
+        parts.append(f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>")
+    return "\n".join(parts)
+
+
+class _Shared:
+    """The pool and the cap, shared by every spawned copy; rebuilt if the event loop changes."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.client: httpx.AsyncClient | None = None
+        self.semaphore: asyncio.Semaphore | None = None
+
+
+class OpenAIAgent(Agent):
+    """An agent backed by an OpenAI-compatible HTTP server.
+
+    Args:
+        model: the served model name.
+        base_url: the API root, e.g. `http://127.0.0.1:8000/v1` (default: `$OPENAI_BASE_URL`
+            or OpenAI's).
+        api: `"chat"` (`/chat/completions`) or `"completions"` (`/completions`).
+        tool_calling: `"native"` (send tool schemas, read `tool_calls`) or `"text"`; chat only.
+        api_key_env: the environment variable holding the key (no key: no Authorization header).
+        temperature, top_p, max_tokens: sampling settings (None: the server's default).
+        timeout: seconds for one request to answer; connect_timeout for the connection.
+        max_retries: extra attempts after a 429/5xx/timeout/malformed reply.
+        backoff, max_backoff: first retry delay and its cap, in seconds (doubling, with jitter).
+        max_concurrency: requests in flight at once across all episodes (also the pool size).
+        logprobs: ask for per-token log-probabilities.
+        return_token_ids: ask vLLM for generated token ids (`return_token_ids`).
+        extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`).
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        *,
+        api: Literal["chat", "completions"] = "chat",
+        tool_calling: Literal["native", "text"] = "native",
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = 1024,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        max_concurrency: int = 32,
+        logprobs: bool = False,
+        return_token_ids: bool = False,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
+        if tool_calling not in ("native", "text"):
+            raise ValueError(f"tool_calling must be 'native' or 'text', got {tool_calling!r}")
+        if max_retries < 0 or max_concurrency < 1 or timeout <= 0:
+            raise ValueError("max_retries must be >= 0, max_concurrency >= 1 and timeout > 0")
+        self.model = model
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        self.api = api
+        self.tool_calling = tool_calling if api == "chat" else "text"
+        self.api_key_env = api_key_env
+        self.sampling = {
+            k: v
+            for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
+            if v is not None
+        }
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_concurrency = max_concurrency
+        self.logprobs = logprobs
+        self.return_token_ids = return_token_ids
+        self.extra_body = dict(extra_body or {})
+        self._shared = _Shared()
+        self._reset_episode()
+
+    def __repr__(self) -> str:  # no key, ever
+        return f"OpenAIAgent(model={self.model!r}, base_url={self.base_url!r}, api={self.api!r})"
+
+    # ------------------------------------------------------------------ episode state
+    def _reset_episode(self) -> None:
+        self._transcript: list[dict[str, Any]] = []  # chat text mode
+        self._prompt = ""  # completions mode
+        self._contents: dict[str, str] = {}  # native mode: rendered action -> the model's own content
+
+    def spawn(self) -> OpenAIAgent:
+        twin = super().spawn()
+        assert isinstance(twin, OpenAIAgent)
+        twin._reset_episode()
+        return twin
+
+    def reset(self, task: Task) -> None:
+        self._reset_episode()
+
+    # ------------------------------------------------------------------ HTTP
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None
+
+    def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        sh = self._shared
+        loop = asyncio.get_running_loop()
+        if sh.client is None or sh.semaphore is None or sh.loop is not loop:
+            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            sh.client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, limits=limits)
+            sh.semaphore = asyncio.Semaphore(self.max_concurrency)
+            sh.loop = loop
+        return sh.client, sh.semaphore
+
+    def _redact(self, text: str) -> str:
+        key = self._key()
+        return text.replace(key, "***") if key else text
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """POST with retries; returns the decoded JSON and the attempts used.
+
+        A hand-written loop rather than a retry library: it needs the status code rules
+        (429/5xx retry, other 4xx fail at once) and `Retry-After`, which is most of the code.
+        """
+        client, sem = self._client()
+        headers = {"Content-Type": "application/json"}
+        key = self._key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            retry_after: float | None = None
+            try:
+                async with sem:
+                    resp = await client.post(path, json=body, headers=headers)
+            except httpx.TimeoutException as exc:
+                last = f"timed out ({type(exc).__name__})"
+            except httpx.TransportError as exc:
+                last = f"connection failed ({type(exc).__name__}: {exc})"
+            else:
+                if resp.status_code == 429 or resp.status_code >= 500:
+                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    retry_after = _retry_after(resp)
+                elif resp.status_code >= 400:
+                    raise AgentError(
+                        self._redact(f"{self.base_url}{path} answered HTTP {resp.status_code}: {resp.text[:500]}")
+                    )
+                else:
+                    try:
+                        data = resp.json()
+                    except ValueError:
+                        last = f"malformed JSON in the reply: {resp.text[:100]!r}"
+                    else:
+                        if isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"]:
+                            return data, attempt + 1
+                        last = f"a reply without choices: {str(data)[:200]}"
+            if attempt < self.max_retries:
+                delay = min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
+                await asyncio.sleep(min(retry_after, self.max_backoff) if retry_after is not None else delay)
+        raise AgentError(self._redact(f"{self.base_url}{path} failed after {self.max_retries + 1} attempt(s): {last}"))
+
+    # ------------------------------------------------------------------ acting
+    async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
+        if self.api == "completions":
+            return await self._act_completions(observation, env_info)
+        if self.tool_calling == "native":
+            return await self._act_native(messages, env_info)
+        return await self._act_chat_text(observation, messages, env_info)
+
+    def _body(self, **fields: Any) -> dict[str, Any]:
+        return {"model": self.model, **self.sampling, **fields, **self.extra_body}
+
+    async def _act_completions(self, observation: str, env_info: EnvInfo) -> AgentAction:
+        self._prompt = observation if env_info.turn == 0 else f"{self._prompt}\n{observation}\n"
+        body = self._body(prompt=self._prompt, **self._gen_options(env_info))
+        if self.logprobs:
+            body["logprobs"] = 1
+        data, attempts = await self._post("/completions", body)
+        choice = data["choices"][0]
+        text = _with_stop(str(choice.get("text") or ""), choice, env_info.stop)
+        self._prompt += text
+        lp = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
+        return self._action(text, data, choice, attempts, lp)
+
+    async def _act_chat_text(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
+        if env_info.turn == 0 or not self._transcript:
+            self._transcript = [m.to_openai() for m in messages if m.role in ("system", "user")]
+        else:
+            images = [im for m in _since_last_assistant(messages) for im in m.images]
+            self._transcript.append(Message(role="user", content=observation, images=images).to_openai())
+        body = self._body(messages=self._transcript, **self._gen_options(env_info))
+        data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        text = _with_stop(str(msg.get("content") or ""), choice, env_info.stop)
+        self._transcript.append({"role": "assistant", "content": text})
+        return self._action(text, data, choice, attempts, _chat_logprobs(choice))
+
+    async def _act_native(self, messages: list[Message], env_info: EnvInfo) -> AgentAction:
+        body = self._body(messages=self._native_messages(messages))
+        if env_info.tool_schemas:
+            body["tools"] = env_info.tool_schemas
+        data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        content = str(msg.get("content") or "")
+        calls = [_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])]
+        text = render_tool_calls(content, calls, env_info.parser) if calls else content
+        if calls:
+            self._contents[text] = content
+        action = self._action(text, data, choice, attempts, _chat_logprobs(choice))
+        action.metadata["native_tool_calls"] = len(calls)
+        return action
+
+    def _native_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
+        """The env's messages in the OpenAI shape, tool results answering their calls by id."""
+        out: list[dict[str, Any]] = []
+        open_ids: set[str] = set()
+        pending_user: list[Message] = []
+        for m in messages:
+            if m.role == "tool" and m.tool_call_id and m.tool_call_id in open_ids:
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+                open_ids.discard(m.tool_call_id)
+                if m.images:  # tool messages carry text only; images follow as a user message
+                    pending_user.append(
+                        Message(role="user", content=f"Images from {m.name or 'the tool'}:", images=m.images)
+                    )
+                continue
+            if m.role == "tool":  # parser errors and the like: no call to answer
+                pending_user.append(Message(role="user", content=m.content, images=m.images))
+                continue
+            open_ids.clear()
+            out.extend(p.to_openai() for p in pending_user)
+            pending_user = []
+            if m.role == "assistant" and m.tool_calls:
+                d = m.model_copy(update={"content": self._contents.get(m.content, _strip_calls(m.content))}).to_openai()
+                d["content"] = d["content"] or None
+                out.append(d)
+                open_ids = {c.id for c in m.tool_calls}
+            else:
+                out.append(m.to_openai())
+        out.extend(p.to_openai() for p in pending_user)
+        return out
+
+    def _gen_options(self, env_info: EnvInfo) -> dict[str, Any]:
+        return {"stop": list(env_info.stop)[:4]} if env_info.stop else {}
+
+    def _with_logprobs(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.logprobs:
+            body["logprobs"] = True
+        if self.return_token_ids:
+            body["return_token_ids"] = True
+        return body
+
+    def _action(
+        self, text: str, data: dict[str, Any], choice: dict[str, Any], attempts: int, logprobs: Any
+    ) -> AgentAction:
+        usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
+        ids = choice.get("token_ids")
+        return AgentAction(
+            text=text,
+            token_ids=[int(i) for i in ids] if isinstance(ids, list) else None,
+            logprobs=[float(x) for x in logprobs if x is not None] if isinstance(logprobs, list) else None,
+            prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
+            completion_tokens=usage.get("completion_tokens")
+            if isinstance(usage.get("completion_tokens"), int)
+            else None,
+            metadata={"finish_reason": choice.get("finish_reason"), "attempts": attempts},
+        )
+
+    async def aclose(self) -> None:
+        sh = self._shared
+        if sh.client is not None:
+            await sh.client.aclose()
+        sh.client, sh.semaphore, sh.loop = None, None, None
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _with_stop(text: str, choice: dict[str, Any], stops: tuple[str, ...]) -> str:
+    """Put back the stop string the server cut off (vLLM: `stop_reason`, SGLang: `matched_stop`)."""
+    matched = choice.get("stop_reason") or choice.get("matched_stop")
+    if choice.get("finish_reason") == "stop" and isinstance(matched, str) and matched in stops:
+        return text + matched
+    return text
+
+
+def _chat_logprobs(choice: dict[str, Any]) -> list[Any] | None:
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        return [t.get("logprob") for t in lp["content"] if isinstance(t, dict)]
+    return None
+
+
+def _decode_call(raw: Any, index: int) -> dict[str, Any]:
+    fn = raw.get("function", {}) if isinstance(raw, dict) else {}
+    args: Any = fn.get("arguments", {})
+    if isinstance(args, str):
+        with contextlib.suppress(json.JSONDecodeError):  # left as a string: the env's parser reports it
+            args = json.loads(args) if args.strip() else {}
+    call_id = raw.get("id") if isinstance(raw, dict) else None
+    return {"name": str(fn.get("name", "")), "arguments": args, "id": call_id or f"call_{index}"}
+
+
+def _strip_calls(content: str) -> str:
+    return _TOOL_CALL_BLOCK.sub("", content).strip()
+
+
+def _since_last_assistant(messages: list[Message]) -> list[Message]:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "assistant":
+            return messages[i + 1 :]
+    return []

@@ -1,0 +1,103 @@
+"""The report in a real headless browser (Debian chromium driven by playwright)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolenv.report import build_report
+from toolenv.rollout import rollout
+from toolenv.trajectory import read_trajectories
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = pytest.mark.browser
+
+
+def _skip_reason() -> str | None:
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        return "Debian chromium is not installed (apt-get install -y chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright Python package is not installed"
+    return None
+
+
+def test_report_in_chromium(tmp_path: Path) -> None:
+    reason = _skip_reason()
+    if reason:
+        print(f"skipping: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("rollout_example", root / "examples" / "rollout_example.py")
+    assert spec and spec.loader
+    example = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("rollout_example", example)
+    spec.loader.exec_module(example)
+
+    class HalfRight(example.ScriptedAgent):  # wrong answers on the sums: a mix of rewards to filter
+        async def act(self, observation, messages, env_info):  # type: ignore[no-untyped-def]
+            action = await super().act(observation, messages, env_info)
+            if env_info.task.id.startswith("sum") and "<answer>" in action.text:
+                action.text = "<answer>wrong</answer>"
+            return action
+
+    rollout(example.ENV_ID, HalfRight(), out=tmp_path)
+    page_path = build_report(tmp_path)
+    image = (
+        next(t for t in read_trajectories(tmp_path / "trajectories.jsonl") if t.task.id == "color").turns[0].results[0]
+    )
+    # Pydantic writes URL-safe base64; this swatch's encoding has - or _, so the page must convert it.
+    assert set(image.model_dump(mode="json")["images"][0]["data"]) & {"-", "_"}
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), args=ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.on(
+                "console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+            )
+            page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+            page.on(
+                "request",
+                lambda r: problems.append(f"request: {r.url}") if not r.url.startswith(("file:", "data:")) else None,
+            )
+            page.goto(page_path.as_uri())
+            rows = page.locator("#episode-list tbody tr")
+            assert rows.count() == 4
+            page.fill("#f-min", "1")
+            assert rows.count() == 2
+            page.fill("#f-min", "")
+            page.select_option("#f-status", "fail")
+            assert rows.count() == 2
+            page.select_option("#f-status", "")
+            page.fill("#f-text", "color")
+            assert rows.count() == 1
+            rows.first.click()
+            detail = page.locator("#detail")
+            assert "task color" in detail.inner_text()
+            img = detail.locator("img.tool-image")
+            assert img.count() == 1
+            assert img.evaluate("i => i.complete && i.naturalWidth") == 24
+            page.fill("#f-text", "price")
+            rows.first.click()
+            assert page.locator("#detail table.rows td", has_text="pear").count() == 1
+        finally:
+            browser.close()
+    assert problems == []

@@ -1,0 +1,226 @@
+"""The rollout runner on the example env (real tools, real files, real subprocesses)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import toolenv
+from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo, load_agent
+from toolenv.registry import PluginError
+from toolenv.rollout import arollout, rollout
+from toolenv.trajectory import read_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+_spec = importlib.util.spec_from_file_location("rollout_example", EXAMPLES / "rollout_example.py")
+assert _spec and _spec.loader
+example = importlib.util.module_from_spec(_spec)
+sys.modules["rollout_example"] = example
+_spec.loader.exec_module(example)
+
+
+class Flaky(Agent):
+    """Solves tasks like the scripted agent but fails on the task named in `fail`."""
+
+    def __init__(self, fail: str = "price", delay: float = 0.0) -> None:
+        self.fail = fail
+        self.delay = delay
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        import asyncio
+
+        await asyncio.sleep(self.delay)
+        if env_info.task.id == self.fail:
+            raise AgentError("server down (simulated)")
+        return await example.ScriptedAgent().act(observation, messages, env_info)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_rollout_records_typed_trajectories(tmp_path: Path) -> None:
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), concurrency=3, out=tmp_path / "run")
+    assert res.summary.episodes == 4 and res.summary.success_rate == 1.0 and res.summary.mean_reward == 1.0
+    assert res.summary.tool_mix == {"add": 2, "lookup": 1, "swatch": 1}
+    lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    trajs = {t.task.id: t for t in read_trajectories(tmp_path / "run" / "trajectories.jsonl", strict=True)}
+    color = trajs["color"]
+    assert color.env_id == example.ENV_ID and color.agent == "scripted" and color.success
+    first = color.turns[0]
+    assert first.parsed.tool_calls[0].name == "swatch"
+    assert first.results[0].images[0].data.startswith(b"\x89PNG")  # image survives the JSON round trip
+    assert first.calls[0].name == "swatch" and first.calls[0].latency_s >= 0
+    assert color.turns[1].reward_components == {"exact_match": 1.0}
+    assert trajs["price"].turns[0].results[0].metadata["rows"] == [["pear", 5]]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["episodes"] == 4 and summary["tool_latency_s"]["count"] == 4
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["env_id"] == example.ENV_ID
+
+
+def test_agent_error_is_recorded_not_raised(tmp_path: Path) -> None:
+    res = rollout(example.ENV_ID, Flaky("price"), out=tmp_path)
+    by_id = {t.task.id: t for t in res.trajectories}
+    assert "server down" in (by_id["price"].error or "") and not by_id["price"].success
+    assert by_id["price"].turns == []
+    assert all(t.success for k, t in by_id.items() if k != "price")
+    assert res.summary.episode_errors == 1 and res.summary.success_rate == 0.75
+
+
+def test_resume_skips_finished_and_retries_errors(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, Flaky("sum-2"), out=tmp_path, n=2)
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path)
+    assert (res.new, res.skipped) == (2, 2)
+    assert res.summary.episodes == 4 and res.summary.episode_errors == 1
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, retry_errors=True)
+    assert (res.new, res.skipped) == (1, 3)
+    assert res.summary.episode_errors == 0 and res.summary.success_rate == 1.0
+    assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 4
+
+
+def test_resume_drops_a_partial_last_line(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, n=2)
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(path.read_text() + '{"schema_version": 1, "env_id": "rollout_ex')  # a killed write
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path)
+    assert (res.new, res.skipped) == (2, 2)
+    assert len(read_trajectories(path, strict=True)) == 4
+
+
+def test_samples_and_seeds(tmp_path: Path) -> None:
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), n=2, samples=3, seed=10, out=tmp_path)
+    keys = sorted(t.key for t in res.trajectories)
+    assert keys == [("sum-1", 0), ("sum-1", 1), ("sum-1", 2), ("sum-2", 0), ("sum-2", 1), ("sum-2", 2)]
+    assert sorted(t.seed for t in res.trajectories) == list(range(10, 16))
+
+
+def test_factory_env_and_bad_arguments(tmp_path: Path) -> None:
+    res = rollout(lambda: example.make_env(max_turns=1), example.ScriptedAgent(), n=1)
+    assert res.trajectories[0].truncated and res.trajectories[0].reward == 0.0 and res.out is None
+    with pytest.raises(ValueError, match="only 4 tasks"):
+        rollout(example.ENV_ID, example.ScriptedAgent(), n=9)
+    rollout(example.ENV_ID, example.ScriptedAgent(), n=1, out=tmp_path)
+    with pytest.raises(FileExistsError):
+        rollout(example.ENV_ID, example.ScriptedAgent(), n=1, out=tmp_path, resume=False)
+    with pytest.raises(PluginError, match="no agent named"):
+        load_agent("no-such-agent")
+
+
+def test_rollout_is_callable_after_submodule_import() -> None:
+    import toolenv.rollout as _mod  # noqa: F401 - rebinding toolenv.rollout is the point
+
+    res = toolenv.rollout(example.ENV_ID, example.ScriptedAgent(), n=1)
+    assert res.summary.episodes == 1
+
+
+async def test_arollout_runs_concurrently() -> None:
+    start = time.perf_counter()
+    res = await arollout(example.ENV_ID, Flaky(fail="", delay=0.3), concurrency=4)
+    # 4 episodes × 2 actions × 0.3 s: about 0.6 s when concurrent, 2.4 s when not.
+    assert res.summary.success_rate == 1.0
+    assert time.perf_counter() - start < 2.0
+
+
+def test_cli_rollout_then_resume(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolenv.cli",
+        "rollout",
+        f"rollout_example:{example.ENV_ID}",
+        "--agent",
+        "rollout_example:ScriptedAgent",
+        "-n",
+        "3",
+        "-c",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "success rate" in out.stdout and "100.0%" in out.stdout
+    assert "3 new, 0 already done" in out.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert "0 new, 3 already done" in again.stdout
+
+
+def test_cli_error_is_one_line(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolenv.cli",
+        "rollout",
+        "toolenv/ToolEnv-v0",
+        "--agent",
+        "no-such-agent",
+        "--out",
+        str(tmp_path),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "no agent named 'no-such-agent'" in out.stderr
+
+
+def test_ctrl_c_keeps_written_trajectories(tmp_path: Path) -> None:
+    slow = tmp_path / "slow_agent.py"
+    slow.write_text(
+        "import asyncio\nfrom rollout_example import ScriptedAgent\n"
+        "class Slow(ScriptedAgent):\n"
+        "    async def act(self, o, m, i):\n"
+        "        await asyncio.sleep(0.0 if i.task.id == 'sum-1' else 30)\n"
+        "        return await super().act(o, m, i)\n"
+    )
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolenv.cli",
+        "rollout",
+        f"rollout_example:{example.ENV_ID}",
+        "--agent",
+        "slow_agent:Slow",
+        "-c",
+        "4",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    path = tmp_path / "run" / "trajectories.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "1 trajectories kept" in err
+    kept = read_trajectories(path, strict=True)
+    assert [t.task.id for t in kept] == ["sum-1"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted"] is True
+
+
+def test_example_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "rollout_example.py"), str(tmp_path / "calc")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "mean reward 1.00 over 4 episodes" in out.stdout
+    assert (tmp_path / "calc" / "report.html").stat().st_size > 1000

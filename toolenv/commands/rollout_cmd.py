@@ -1,0 +1,104 @@
+"""`toolenv rollout ENV_ID --agent NAME -n N --concurrency C --out runs/NAME`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = "Run an agent on an env concurrently; write trajectories (JSONL), a summary table and summary.json."
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare string such as a path or a model name
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", metavar="ENV_ID", help="a registered env id, e.g. toolenv/Spider-v0")
+    parser.add_argument(
+        "--agent", required=True, help="agent plugin name (openai, transformers, oracle, replay) or module:attr"
+    )
+    parser.add_argument("--model", help="model name or path, passed to the agent as model=")
+    parser.add_argument("--base-url", help="server URL, passed to the agent as base_url=")
+    parser.add_argument(
+        "--agent-arg",
+        action="append",
+        type=_kv,
+        default=[],
+        metavar="KEY=VALUE",
+        help="another agent argument (VALUE parsed as JSON when it is JSON); repeatable",
+    )
+    parser.add_argument(
+        "--env-arg",
+        action="append",
+        type=_kv,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gym.make keyword (max_turns=6, parser=tags...); repeatable",
+    )
+    parser.add_argument("--tasks", type=Path, help="a JSONL file of tasks to run instead of the env's own")
+    parser.add_argument("-n", type=int, default=None, help="run the first N tasks (default: all)")
+    parser.add_argument("--samples", type=int, default=1, help="attempts per task (default 1)")
+    parser.add_argument("--concurrency", "-c", type=int, default=8, help="episodes in flight (default 8)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory, e.g. runs/NAME")
+    parser.add_argument("--seed", type=int, default=0, help="episode i resets with seed+i (default 0)")
+    parser.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as success (default 1.0)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="start the output afresh instead of resuming")
+    mode.add_argument("--retry-errors", action="store_true", help="on resume, rerun episodes that ended with an error")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolenv.report.console import print_summary
+    from toolenv.rollout import arollout
+    from toolenv.trajectory import read_trajectories
+
+    agent_kwargs: dict[str, Any] = dict(args.agent_arg)
+    if args.model is not None:
+        agent_kwargs["model"] = args.model
+    if args.base_url is not None:
+        agent_kwargs["base_url"] = args.base_url
+    try:
+        result = asyncio.run(
+            arollout(
+                args.env_id,
+                args.agent,
+                n=args.n,
+                tasks=args.tasks,
+                samples=args.samples,
+                concurrency=args.concurrency,
+                out=args.out,
+                overwrite=args.overwrite,
+                retry_errors=args.retry_errors,
+                env_kwargs=dict(args.env_arg),
+                agent_kwargs=agent_kwargs,
+                seed=args.seed,
+                success_threshold=args.success_threshold,
+                progress=not args.no_progress,
+            )
+        )
+    except KeyboardInterrupt:
+        path = args.out / "trajectories.jsonl"
+        kept = len(read_trajectories(path)) if path.exists() else 0
+        print(
+            f"toolenv rollout: interrupted; {kept} trajectories kept in {path} (run the same command to resume)",
+            file=sys.stderr,
+        )
+        return 130
+    print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
+    print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
+    errors = sum(t.error is not None for t in result.trajectories)
+    if errors:
+        first = next(t.error for t in result.trajectories if t.error is not None)
+        print(f"{errors} episode(s) ended with an error, e.g.: {first}", file=sys.stderr)
+    return 0

@@ -1,0 +1,129 @@
+"""Terminal output of a rollout: a live progress bar and the closing summary table.
+
+Rich draws both when it is installed; without it the progress bar is off and the
+table is plain text, so the core keeps working with its minimal dependencies.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import TracebackType
+from typing import IO, Any
+
+from toolenv.report.summary import Summary
+from toolenv.trajectory import Trajectory
+
+__all__ = ["Progress", "format_summary", "print_summary", "summary_rows"]
+
+
+class Progress:
+    """Episodes done, mean reward so far, tool errors and rate, updated per finished episode."""
+
+    def __init__(self, total: int, *, enabled: bool = True, stream: IO[str] | None = None, label: str = "rollout"):
+        self.total = total
+        self.done = 0
+        self.reward_sum = 0.0
+        self.tool_errors = 0
+        self.episode_errors = 0
+        self.started = time.perf_counter()
+        self._bar: Any = None
+        self._task: Any = None
+        if not enabled:
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+        except ImportError:  # pragma: no cover - rich is optional
+            return
+        console = Console(file=stream or sys.stderr)
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self._task = self._bar.add_task(label, total=total, stats=self.stats())
+
+    def stats(self) -> str:
+        """The text beside the bar."""
+        mean = self.reward_sum / self.done if self.done else 0.0
+        rate = self.done / max(time.perf_counter() - self.started, 1e-9)
+        text = f"reward {mean:.3f} | tool errors {self.tool_errors} | {rate:.2f} ep/s"
+        return text + (f" | failed {self.episode_errors}" if self.episode_errors else "")
+
+    def update(self, traj: Trajectory) -> None:
+        """Count one finished episode."""
+        self.done += 1
+        self.reward_sum += traj.reward
+        self.tool_errors += traj.tool_errors
+        self.episode_errors += traj.error is not None
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, stats=self.stats())
+
+    def __enter__(self) -> Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _lat(stats: Any) -> str:
+    if stats is None:
+        return "-"
+    return f"p50 {stats.p50:.3f}s  p90 {stats.p90:.3f}s  p99 {stats.p99:.3f}s"
+
+
+def summary_rows(s: Summary) -> list[tuple[str, str]]:
+    """The summary as (metric, value) rows."""
+    rows = [
+        ("episodes", str(s.episodes)),
+        ("mean reward", f"{s.mean_reward:.4f} (std {s.std_reward:.4f})"),
+        ("success rate", f"{s.success_rate:.1%}"),
+        ("turns / episode", f"{s.mean_turns:.2f}"),
+        ("tool calls / episode", f"{s.tool_calls_per_episode:.2f}"),
+        ("tool error rate", f"{s.tool_error_rate:.1%}"),
+        ("failed episodes", str(s.episode_errors)),
+        ("truncated", f"{s.truncated_rate:.1%}"),
+        ("episode latency", _lat(s.episode_latency_s)),
+        ("agent latency / action", _lat(s.agent_latency_s)),
+        ("tool latency / call", _lat(s.tool_latency_s)),
+    ]
+    if s.tool_mix:
+        rows.append(("tool mix", ", ".join(f"{k} {v}" for k, v in s.tool_mix.items())))
+    if s.completion_tokens is not None:
+        rows.append(("tokens (prompt / completion)", f"{s.prompt_tokens or 0} / {s.completion_tokens}"))
+    if s.wall_time_s is not None:
+        rows.append(("wall time", f"{s.wall_time_s:.1f}s"))
+    return rows
+
+
+def format_summary(s: Summary) -> str:
+    """The summary as a plain two-column text table."""
+    rows = summary_rows(s)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def print_summary(s: Summary, *, title: str = "rollout summary", stream: IO[str] | None = None) -> None:
+    """Print the summary table (Rich when installed)."""
+    out = stream or sys.stdout
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is optional
+        print(f"{title}\n{format_summary(s)}", file=out)
+        return
+    table = Table(title=title)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    for k, v in summary_rows(s):
+        table.add_row(k, v)
+    Console(file=out).print(table)

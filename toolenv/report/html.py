@@ -1,0 +1,100 @@
+"""The trajectory report: one self-contained HTML file (inline CSS, JS, SVG and images).
+
+Python draws the summary charts as SVG and embeds the trajectories as JSON; the
+page's script (`report.js`) renders the filterable episode list and each episode
+as a conversation. Nothing is fetched when the file is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from html import escape
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from toolenv.report.console import summary_rows
+from toolenv.report.summary import Summary, summarize
+from toolenv.report.svg import bar_chart, histogram
+from toolenv.trajectory import Trajectory, read_trajectories
+
+__all__ = ["build_report", "load_run", "render_report"]
+
+REPORT = "report.html"
+
+
+def _asset(name: str) -> str:
+    return resources.files("toolenv.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def load_run(run: str | Path) -> tuple[list[Trajectory], Path]:
+    """The trajectories of a run directory (or of a `.jsonl` file) and the directory.
+
+    Raises:
+        FileNotFoundError: no trajectories file there.
+    """
+    path = Path(run)
+    file = path if path.is_file() else path / "trajectories.jsonl"
+    if not file.is_file():
+        raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
+    return read_trajectories(file), file.parent
+
+
+def _charts(trajs: Sequence[Trajectory], summary: Summary) -> list[str]:
+    rewards = [t.reward for t in trajs]
+    turns = [float(len(t.turns)) for t in trajs]
+    mix = summary.tool_mix
+    lat = [
+        (name, stats)
+        for name, stats in (
+            ("episode", summary.episode_latency_s),
+            ("agent/act", summary.agent_latency_s),
+            ("tool/call", summary.tool_latency_s),
+        )
+        if stats is not None
+    ]
+    lat_labels = [f"{name} {p}" for name, _ in lat for p in ("p50", "p90", "p99")]
+    lat_values = [getattr(s, p) for _, s in lat for p in ("p50", "p90", "p99")]
+    return [
+        histogram(rewards, title="Reward distribution", xlabel="episode reward"),
+        histogram(turns, title="Turns per episode", xlabel="turns", integer=True),
+        bar_chart(list(mix), list(mix.values()), title="Tool-call mix", xlabel="calls per tool"),
+        bar_chart(lat_labels, lat_values, title="Latency percentiles (s)", xlabel="seconds"),
+    ]
+
+
+def _json_for_script(data: Any) -> str:
+    # Inside <script> only "</" and "<!--" are dangerous; escaping every <, > and & covers both.
+    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_report(
+    trajs: Sequence[Trajectory], *, title: str = "toolenv trajectories", summary: Summary | None = None
+) -> str:
+    """The report page for `trajs` as one HTML string."""
+    summary = summary or summarize(trajs)
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary_rows(summary))
+    data = {"title": title, "episodes": [t.model_dump(mode="json") for t in trajs]}
+    page = _asset("template.html")
+    page = page.replace("__TITLE__", escape(title))
+    for key, value in {
+        "__GENERATED__": escape(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        "__CSS__": _asset("report.css"),
+        "__SUMMARY_ROWS__": rows,
+        "__CHARTS__": "".join(f'<figure class="chart-box">{svg}</figure>' for svg in _charts(trajs, summary)),
+        "__JS__": _asset("report.js"),
+        "__DATA__": _json_for_script(data),
+    }.items():
+        page = page.replace(key, value, 1)
+    return page
+
+
+def build_report(run: str | Path, out: str | Path | None = None, *, title: str | None = None) -> Path:
+    """Write the report of a run directory; returns the HTML file's path (default `RUN/report.html`)."""
+    trajs, folder = load_run(run)
+    target = Path(out) if out is not None else folder / REPORT
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(trajs, title=title or f"toolenv · {folder.name}"), encoding="utf-8")
+    return target

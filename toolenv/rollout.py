@@ -1,0 +1,423 @@
+"""The rollout runner: an agent against an env, many episodes at once, one JSON line per episode.
+
+Episodes run as coroutines in one event loop, `concurrency` at a time, each
+worker owning one env (`gym.make(env_id).unwrapped`, stepped with
+`areset`/`astep`). Each finished trajectory is appended to
+`OUT/trajectories.jsonl` and flushed, so a run stopped by Ctrl-C keeps what it
+wrote and a second run with the same `OUT` skips the finished (task id, sample)
+pairs. Agent and env failures end their episode with `Trajectory.error`, never the
+run. `OUT/summary.json` holds the summary of every trajectory in the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import types
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
+from toolenv.env import ToolEnv
+from toolenv.report.console import Progress
+from toolenv.report.summary import Summary, summarize
+from toolenv.trajectory import CallStats, Trajectory, TurnRecord, iter_trajectory_lines
+from toolenv.types import Task, load_tasks
+
+__all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
+
+TRAJECTORIES = "trajectories.jsonl"
+SUMMARY = "summary.json"
+RUN_CONFIG = "run.json"
+_SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
+
+EnvSpec = str | Callable[[], Any]
+
+
+@dataclass
+class RolloutResult:
+    """What a rollout produced: every trajectory in the output (earlier runs' included) and their summary."""
+
+    trajectories: list[Trajectory]
+    summary: Summary
+    out: Path | None = None
+    new: int = 0
+    skipped: int = 0
+
+
+# ---------------------------------------------------------------------- envs and tasks
+def _make_env(env: EnvSpec, env_kwargs: Mapping[str, Any]) -> tuple[ToolEnv, str]:
+    """A bare ToolEnv and its id."""
+    if isinstance(env, str):
+        import gymnasium as gym
+
+        import toolenv._gym
+
+        toolenv._gym.register_envs()
+        made = gym.make(env, **env_kwargs)
+        env_id = env
+    else:
+        if env_kwargs:
+            raise ValueError("env_kwargs are only used with an env id; pass them to your factory instead")
+        made = env()
+        spec = getattr(made, "spec", None)
+        env_id = getattr(spec, "id", "") or ""
+    bare = getattr(made, "unwrapped", made)
+    if not isinstance(bare, ToolEnv):
+        raise TypeError(f"{env_id or env!r} built {type(bare).__name__}, not a toolenv.ToolEnv")
+    return bare, env_id
+
+
+def _select_tasks(first: ToolEnv, tasks: Any, n: int | None) -> list[Task]:
+    chosen = load_tasks(tasks) if tasks is not None else list(first.tasks)
+    if not chosen:
+        raise ValueError("the env has no tasks; pass tasks=... (or --tasks FILE)")
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if n > len(chosen):
+            raise ValueError(f"asked for {n} episodes but there are only {len(chosen)} tasks (use samples for repeats)")
+        chosen = chosen[:n]
+    dupes = sorted(k for k, c in Counter(t.id for t in chosen).items() if c > 1)
+    if dupes:
+        raise ValueError(f"task ids must be unique for a resumable run; repeated: {', '.join(dupes[:5])}")
+    return chosen
+
+
+# ---------------------------------------------------------------------- one episode
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _error(where: str, exc: BaseException) -> str:
+    msg = str(exc).strip() or type(exc).__name__
+    return f"{where}: {type(exc).__name__}: {msg}"[:2000]
+
+
+async def run_episode(
+    env: ToolEnv,
+    agent: Agent,
+    task: Task,
+    *,
+    env_id: str = "",
+    sample: int = 0,
+    seed: int | None = None,
+    success_threshold: float = 1.0,
+) -> Trajectory:
+    """Play one episode of `task` with `agent` (already spawned for it) and record it.
+
+    Never raises for agent or env failures: they end the episode with `error` set.
+    """
+    start = time.perf_counter()
+    traj = Trajectory(
+        env_id=env_id, agent=agent.label, model=agent.model, task=task, sample=sample, seed=seed, started_at=_now()
+    )
+    try:
+        obs, info = await env.areset(seed=seed, options={"task": task})
+    except Exception as exc:  # noqa: BLE001 - recorded in the trajectory
+        traj.error = _error("env reset failed", exc)
+        traj.duration_s = time.perf_counter() - start
+        return traj
+    ep = env.episode
+    assert ep is not None
+    messages = list(info.get("messages", []))
+    traj.episode_id, traj.prompt, traj.prompt_messages = ep.episode_id, obs, list(messages)
+    schemas = env.tool_schemas()
+    done = False
+    try:
+        agent.reset(task)
+    except Exception as exc:  # noqa: BLE001
+        traj.error, done = _error("agent reset failed", exc), True
+    while not done:
+        turn = len(ep.turns)
+        env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser)
+        t0 = time.perf_counter()
+        try:
+            action = await agent.act(obs, list(messages), env_info)
+            if isinstance(action, str):
+                action = AgentAction(text=action)
+            if not isinstance(action, AgentAction):
+                raise TypeError(f"act() returned {type(action).__name__}, not an AgentAction")
+        except Exception as exc:  # noqa: BLE001 - a failing agent ends its episode only
+            traj.error = _error(f"agent failed on turn {turn}", exc)
+            break
+        t1 = time.perf_counter()
+        try:
+            obs, reward, term, trunc, info = await env.astep(action.text)
+        except Exception as exc:  # noqa: BLE001
+            traj.error = _error(f"env step failed on turn {turn}", exc)
+            break
+        t2 = time.perf_counter()
+        rec = ep.turns[-1]
+        traj.turns.append(
+            TurnRecord(
+                index=turn,
+                action=action.text,
+                parsed=rec.parsed,
+                results=rec.results,
+                calls=[CallStats(**asdict(r)) for r in rec.records],
+                observation=obs,
+                reward=float(reward),
+                reward_components=dict(rec.reward_components),
+                agent_latency_s=t1 - t0,
+                env_latency_s=t2 - t1,
+                prompt_tokens=action.prompt_tokens,
+                completion_tokens=action.completion_tokens,
+                token_ids=action.token_ids,
+                logprobs=action.logprobs,
+                agent_metadata=action.metadata,
+            )
+        )
+        messages.extend(info.get("messages", []))
+        done = bool(term or trunc)
+    traj.answer, traj.terminated, traj.truncated = ep.answer, ep.terminated, ep.truncated
+    traj.reward = sum(t.reward for t in traj.turns)
+    comps: dict[str, float] = {}
+    for t in traj.turns:
+        for k, v in t.reward_components.items():
+            comps[k] = comps.get(k, 0.0) + v
+    traj.reward_components = comps
+    traj.success = traj.error is None and traj.reward >= success_threshold
+    traj.duration_s = time.perf_counter() - start
+    return traj
+
+
+# ---------------------------------------------------------------------- output files
+class _Output:
+    """`trajectories.jsonl` (append, flushed per line), `summary.json`, `run.json`."""
+
+    def __init__(self, out: Path, *, resume: bool, overwrite: bool, retry_errors: bool) -> None:
+        self.dir = out
+        self.path = out / TRAJECTORIES
+        self.previous: list[Trajectory] = []
+        self._fh: IO[str] | None = None
+        out.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
+            if not resume:
+                raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
+            self._load(retry_errors)
+        else:
+            self.path.write_text("", encoding="utf-8")
+
+    def _load(self, retry_errors: bool) -> None:
+        keep: list[str] = []
+        dropped = 0
+        for _, traj, line in iter_trajectory_lines(self.path):
+            if traj is None or (retry_errors and traj.error is not None):
+                dropped += 1
+                continue
+            self.previous.append(traj)
+            keep.append(line if line.endswith("\n") else line + "\n")
+        raw = self.path.read_bytes()
+        if dropped or not raw.endswith(b"\n"):
+            # A partial last line (a killed run) or dropped failures: rewrite atomically.
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(keep), encoding="utf-8")
+            tmp.replace(self.path)
+
+    def write(self, traj: Trajectory) -> None:
+        if self._fh is None:
+            self._fh = self.path.open("a", encoding="utf-8")
+        self._fh.write(traj.to_json_line() + "\n")
+        self._fh.flush()
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        (self.dir / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+
+    def write_summary(self, summary: Summary) -> None:
+        tmp = self.dir / (SUMMARY + ".tmp")
+        tmp.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.dir / SUMMARY)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _redact(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in kwargs.items()}
+
+
+# ---------------------------------------------------------------------- the runner
+async def arollout(
+    env: EnvSpec,
+    agent: str | Agent,
+    *,
+    n: int | None = None,
+    tasks: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
+    samples: int = 1,
+    concurrency: int = 8,
+    out: str | Path | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    retry_errors: bool = False,
+    env_kwargs: Mapping[str, Any] | None = None,
+    agent_kwargs: Mapping[str, Any] | None = None,
+    seed: int | None = 0,
+    success_threshold: float = 1.0,
+    progress: bool = False,
+    progress_stream: IO[str] | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> RolloutResult:
+    """Roll `agent` out on `env`; see `rollout` for the arguments."""
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    the_agent = load_agent(agent, **dict(agent_kwargs or {}))
+    first, env_id = _make_env(env, dict(env_kwargs or {}))
+    chosen = _select_tasks(first, tasks, n)
+    work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
+    output = (
+        _Output(Path(out), resume=resume, overwrite=overwrite, retry_errors=retry_errors) if out is not None else None
+    )
+    previous = output.previous if output else []
+    if previous and env_id and any(t.env_id != env_id for t in previous):
+        other = next(t.env_id for t in previous if t.env_id != env_id)
+        raise ValueError(f"{output.path if output else out} holds trajectories of {other!r}, not {env_id!r}")
+    done_keys = {t.key for t in previous}
+    todo = [w for w in work if (w[1].id, w[2]) not in done_keys]
+    if output:
+        output.write_config(
+            {
+                "env_id": env_id,
+                "agent": the_agent.label,
+                "model": the_agent.model,
+                "episodes": len(work),
+                "samples": samples,
+                "concurrency": concurrency,
+                "seed": seed,
+                "success_threshold": success_threshold,
+                "env_kwargs": _redact(env_kwargs or {}),
+                "agent_kwargs": _redact(agent_kwargs or {}),
+                "started_at": _now(),
+            }
+        )
+    envs = [first] + [_make_env(env, dict(env_kwargs or {}))[0] for _ in range(min(concurrency, len(todo)) - 1)]
+    queue: asyncio.Queue[tuple[int, Task, int]] = asyncio.Queue()
+    for w in todo:
+        queue.put_nowait(w)
+    new: list[Trajectory] = []
+    started = time.perf_counter()
+    bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
+
+    async def worker(w_env: ToolEnv) -> None:
+        while True:
+            try:
+                index, task, sample = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            traj = await run_episode(
+                w_env,
+                the_agent.spawn(),
+                task,
+                env_id=env_id,
+                sample=sample,
+                seed=None if seed is None else seed + index,
+                success_threshold=success_threshold,
+            )
+            new.append(traj)
+            if output:
+                output.write(traj)
+            bar.update(traj)
+            if on_trajectory is not None:
+                on_trajectory(traj)
+
+    interrupted = False
+    try:
+        with bar:
+            await asyncio.gather(*(worker(e) for e in envs))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupted = True
+        raise
+    finally:
+        everything = previous + new
+        summary = summarize(everything, wall_time_s=time.perf_counter() - started, interrupted=interrupted)
+        if output:
+            output.close()
+            output.write_summary(summary)
+        for e in envs:
+            with contextlib.suppress(Exception):  # closing is best effort; the run's data is written
+                await e.aclose()
+        await the_agent.aclose()
+    return RolloutResult(everything, summary, Path(out) if out is not None else None, len(new), len(work) - len(todo))
+
+
+def rollout(
+    env: EnvSpec,
+    agent: str | Agent,
+    *,
+    n: int | None = None,
+    tasks: str | Path | Iterable[Task | Mapping[str, Any]] | None = None,
+    samples: int = 1,
+    concurrency: int = 8,
+    out: str | Path | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    retry_errors: bool = False,
+    env_kwargs: Mapping[str, Any] | None = None,
+    agent_kwargs: Mapping[str, Any] | None = None,
+    seed: int | None = 0,
+    success_threshold: float = 1.0,
+    progress: bool = False,
+) -> RolloutResult:
+    """Run `agent` on `env` for `n` tasks (all when None), `concurrency` episodes at a time.
+
+    Args:
+        env: an env id (`"toolenv/Spider-v0"`) made with `gym.make(env, **env_kwargs)`, or a
+            zero-argument factory returning a ToolEnv (called once per concurrent worker).
+        agent: an Agent, an agent plugin name (`"oracle"`, `"openai"`) or `"module:attr"`,
+            built with `agent_kwargs`.
+        n: the first `n` tasks of the env (or of `tasks`).
+        tasks: tasks to run instead of the env's own (Tasks, dicts or a JSONL path).
+        samples: attempts per task (trajectories carry `sample`).
+        concurrency: episodes in flight at once.
+        out: a directory for `trajectories.jsonl`, `summary.json` and `run.json`.
+        resume: skip (task id, sample) pairs already in `out`.
+        overwrite: start `out` afresh.
+        retry_errors: on resume, drop and rerun episodes that ended with an error.
+        seed: episode `i` resets with `seed + i` (None: unseeded).
+        success_threshold: an episode succeeds when its reward reaches this and it has no error.
+        progress: draw a live progress bar on stderr.
+
+    Returns:
+        Every trajectory in `out` (this run's and earlier ones) and their summary.
+    """
+    return asyncio.run(
+        arollout(
+            env,
+            agent,
+            n=n,
+            tasks=tasks,
+            samples=samples,
+            concurrency=concurrency,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            retry_errors=retry_errors,
+            env_kwargs=env_kwargs,
+            agent_kwargs=agent_kwargs,
+            seed=seed,
+            success_threshold=success_threshold,
+            progress=progress,
+        )
+    )
+
+
+class _CallableModule(types.ModuleType):
+    """Importing the submodule `toolenv.rollout` rebinds the package attribute `toolenv.rollout`
+    from the function to this module; making the module callable keeps `toolenv.rollout(...)` working."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RolloutResult:
+        return rollout(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
