@@ -1,0 +1,210 @@
+"""Running Python code: toolenv-code's sandbox against GEM's and SkyRL-gym's python tools and `python -c`.
+
+Every row runs the same three snippets (a trivial `print(1)`, a ~50 ms compute
+loop, a failing snippet) through its framework's own entry point:
+
+- toolenv: `toolenv_code.run_code` on the warm fork-server pool, isolation on
+  (namespaces, read-only root, unprivileged uid, rlimits: see the printed summary).
+- GEM (`gem-llm`): `PythonCodeTool().execute_action("<python>…</python>")`
+  (a `python -c` subprocess in a fresh temp dir, import blacklist, no bwrap here).
+- SkyRL-gym (`skyrl-gym`): `PythonCodeExecutorToolGroup().execute_tool("python", code)`
+  (an unsandboxed `python -c` subprocess).
+- `python -c`: `subprocess.run([sys.executable, "-c", code])`, the bare floor of the peers.
+
+It reports median and p90 latency of sequential calls, executions per second
+with as many parallel callers as toolenv's pool has servers (the same for every
+row), and each row's median latency over the fastest non-toolenv row. Goal:
+toolenv at least 10x faster than the fastest of those on the trivial snippet.
+All rows run in one process in `.venv-bench`; `--quick` without it measures
+toolenv and `python -c` only.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import _peers
+from _common import machine, median, table, write
+
+SNIPPETS = {
+    "trivial": "print(1)",
+    "compute_50ms": (
+        "import time\nt = time.perf_counter()\nn = 0\nwhile time.perf_counter() - t < 0.05:\n    n += 1\nprint(n > 0)"
+    ),
+    "failing": "def f():\n    return 1 / 0\nf()\n",
+}
+TOOLENV = "toolenv run_code"
+Runner = Callable[[str], tuple[bool, str]]  # code -> (ok, output): ok is False for an error
+
+
+def runners() -> tuple[dict[str, Runner], dict[str, str]]:
+    """Every row importable here, and why the others were skipped."""
+    from toolenv_code import run_code
+
+    def toolenv(code: str) -> tuple[bool, str]:
+        r = run_code(code)
+        return r.ok, r.stdout + r.stderr
+
+    def plain(code: str) -> tuple[bool, str]:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        return p.returncode == 0, p.stdout + p.stderr
+
+    rows: dict[str, Runner] = {TOOLENV: toolenv, "python -c": plain}
+    skipped: dict[str, str] = {}
+    try:
+        from gem.tools.python_code_tool import PythonCodeTool  # type: ignore[import-not-found,unused-ignore]
+
+        gem_tool = PythonCodeTool(timeout=10)
+
+        def gem(code: str) -> tuple[bool, str]:
+            _valid, has_error, obs, _ = gem_tool.execute_action(f"<python>{code}</python>")
+            return not has_error, obs
+
+        rows["GEM PythonCodeTool"] = gem
+    except ImportError as exc:
+        skipped["GEM PythonCodeTool"] = f"gem-llm is not importable in {sys.prefix} ({exc})"
+    try:
+        from skyrl_gym.tools.python import PythonCodeExecutorToolGroup  # type: ignore[import-not-found,unused-ignore]
+
+        group = PythonCodeExecutorToolGroup(timeout=10)
+
+        def skyrl(code: str) -> tuple[bool, str]:
+            out = group.execute_tool("python", code)
+            return not out.startswith("Error executing"), out
+
+        rows["SkyRL python tool"] = skyrl
+    except ImportError as exc:
+        skipped["SkyRL python tool"] = f"skyrl-gym is not importable in {sys.prefix} ({exc})"
+    return rows, skipped
+
+
+def check(name: str, fn: Runner) -> None:
+    """Every row must really run the snippets: right output, and the failure seen as one."""
+    ok, out = fn(SNIPPETS["trivial"])
+    assert ok and "1" in out, (name, out)
+    ok, out = fn(SNIPPETS["failing"])
+    assert not ok and "ZeroDivisionError" in out, (name, out)
+
+
+def latencies(fn: Runner, code: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn(code)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def throughput(fn: Runner, code: str, n: int, workers: int) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(fn, [code] * n))
+    return n / (time.perf_counter() - t0)
+
+
+def measure_all(rows: dict[str, Runner], quick: bool, workers: int) -> dict[str, dict[str, dict[str, float]]]:
+    """snippet -> row -> median/p90 latency and executions per second."""
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for snippet, code in SNIPPETS.items():
+        slow = snippet == "compute_50ms"
+        results[snippet] = {}
+        for name, fn in rows.items():
+            fast = name == TOOLENV and not slow
+            n = (20 if fast else 5) if quick else (300 if fast else 20 if slow else 40)
+            fn(code)  # warm-up
+            lat = latencies(fn, code, n)
+            results[snippet][name] = {
+                "median_ms": median(lat) * 1e3,
+                "p90_ms": _peers.percentile(lat, 0.9) * 1e3,
+                "exec_per_s": throughput(fn, code, max(n, 2 * workers), workers),
+                "n": n,
+            }
+    return results
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    """Latency and throughput of every row on every snippet, in this process."""
+    from toolenv_code import get_pool, isolation_report
+
+    report = isolation_report()  # also starts and warms every server
+    workers = get_pool().size
+    rows, skipped = runners()
+    for name, fn in rows.items():
+        check(name, fn)
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="bench-peers-code-") as tmp:
+        os.chdir(tmp)  # GEM makes its temp dirs in the cwd
+        try:
+            results = measure_all(rows, quick, workers)
+        finally:
+            os.chdir(here)
+    return {
+        "results": results,
+        "skipped": skipped,
+        "isolation": report.model_dump(),
+        "isolation_summary": report.summary(),
+        "workers": workers,
+        "versions": _peers.versions("toolenv", "toolenv-code", "gem-llm", "skyrl-gym"),
+        "python": sys.executable,
+    }
+
+
+def main() -> int:
+    args = _peers.parse_args(__doc__.splitlines()[0])
+    extras = {"toolenv-code": _peers.editable("code")}
+    got = _peers.run(__file__, args, measure, extras)
+    if got is None:
+        return 1
+    result, note = got
+    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {result['python']}")
+    print(f"isolation: {result['isolation_summary']}; parallel callers: {result['workers']}")
+    table_rows, ratios = [], {}
+    for snippet, by_row in result["results"].items():
+        peers = {k: v for k, v in by_row.items() if k != TOOLENV}
+        fastest = min(peers, key=lambda k: peers[k]["median_ms"])
+        base = peers[fastest]["median_ms"]
+        ratios[snippet] = {"fastest_peer": fastest, "speedup": base / by_row[TOOLENV]["median_ms"]}
+        for name, r in sorted(by_row.items(), key=lambda kv: kv[1]["median_ms"]):
+            row = [snippet, name, r["median_ms"], r["p90_ms"], r["exec_per_s"], r["median_ms"] / base]
+            table_rows.append(row)
+    table(table_rows, ["snippet", "runner", "median ms", "p90 ms", "exec/s", "× fastest peer"])
+    for label, why in result["skipped"].items():
+        print(f"not measured: {label}: {why}")
+    trivial = ratios["trivial"]
+    met = trivial["speedup"] >= 10
+    goal = (
+        f"goal (toolenv ≥10× faster than the fastest peer on the trivial snippet, isolation on): "
+        f"{'met' if met else 'NOT met'}: {trivial['speedup']:.1f}× vs {trivial['fastest_peer']}"
+    )
+    print(goal)
+    if note:
+        print(note)
+    write(
+        "peers_code",
+        {
+            "quick": args.quick,
+            "snippets": SNIPPETS,
+            "results": result["results"],
+            "speedup_vs_fastest_peer": ratios,
+            "goal_10x_trivial_met": met,
+            "isolation": result["isolation"],
+            "workers": result["workers"],
+            "skipped": result["skipped"],
+            "versions": result["versions"],
+            "measured_with": result["python"],
+            "note": note,
+        },
+        args.out,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
