@@ -78,13 +78,13 @@ def install_base() -> None:
 
 
 def demo(args: argparse.Namespace) -> int:
-    """The main job: oracle rollouts on the bundled data, then the HTML report."""
+    """The main job: rollouts on the bundled data (oracle agent by default), then one HTML report."""
     install_base()
     toolenv = BIN / "toolenv"
     runs = ROOT / "runs"
-    envs = args.envs or ["toolenv/Spider-v0", "toolenv/HotpotQA-v0"]
-    for env_id in envs:
-        name = env_id.split("/")[-1].lower()
+    envs = args.envs or ["toolenv/Spider-v0", "toolenv/HotpotQA-v0", "toolenv/VisualSearch-v0"]
+    outs = [runs / env_id.split("/")[-1].lower() for env_id in envs]
+    for env_id, out in zip(envs, outs):
         sh(
             toolenv,
             "rollout",
@@ -96,11 +96,12 @@ def demo(args: argparse.Namespace) -> int:
             "--concurrency",
             "16",
             "--out",
-            runs / name,
-            *(args.agent_args or []),
+            out,
+            *(args.rollout_args or []),
         )
-    sh(toolenv, "view", *(runs / e.split("/")[-1].lower() for e in envs), "--out", runs / "report.html")
-    print(f"\nreport: {runs / 'report.html'}  (open it in a browser; `toolenv view runs/... --serve` serves it)")
+    report = runs / "report.html"
+    sh(toolenv, "view", *outs, "--out", report)
+    print(f"\nreport: {report}\n(open it in a browser, or: {toolenv} view {' '.join(map(str, outs))} --serve)")
     return 0
 
 
@@ -142,7 +143,7 @@ def main() -> int:
     d.add_argument("--agent", default="oracle")
     d.add_argument("-n", type=int, default=50)
     d.add_argument("--envs", nargs="*")
-    d.add_argument("agent_args", nargs="*", help="passed to `toolenv rollout` (after --)")
+    d.add_argument("rollout_args", nargs="*", help="more `toolenv rollout` options, after --")
     t = sub.add_parser("test", help="set up and run lint, type checks and the whole test suite")
     t.add_argument("--no-bench", action="store_true", help="skip the quick benchmark run")
     t.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")

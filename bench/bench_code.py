@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from _common import parse_args, table, write
+
 from toolenv_code import get_pool, isolation_report
 
 SNIPPETS = {

@@ -44,6 +44,7 @@ def rank_bm25_rows(corpus: Path, queries: list[str]) -> dict[str, Any]:
     import bm25s  # type: ignore[import-untyped]
     import numpy as np
     from rank_bm25 import BM25Okapi  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
     from toolenv_search.corpus import load_corpus
 
     def tok(texts: list[str]) -> list[list[str]]:
@@ -106,6 +107,7 @@ def overlap(a: list[str], b: list[str]) -> float:
 def measure(quick: bool) -> dict[str, Any]:
     """Both libraries on both corpora, in this process."""
     from bench_search import synthetic_corpus
+
     from toolenv_search.corpus import bundled_corpus_path, bundled_questions_path
 
     skipped: dict[str, str] = {}

@@ -31,11 +31,10 @@ ROWS = ("toolenv SQLTool (cold guard)", "toolenv SQLTool (warm)", "SkyRL SQL too
 
 
 async def measure_async(quick: bool) -> dict[str, Any]:
+    from toolenv import ToolContext
     from toolenv_sql import DATA_DIR, SQLTool
     from toolenv_sql.datasets import spider_tasks
     from toolenv_sql.guard import _prepare
-
-    from toolenv import ToolContext
 
     tasks = list(spider_tasks())
     if quick:

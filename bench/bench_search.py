@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+
 from toolenv_search.bm25 import BM25Backend, _load_or_build
 from toolenv_search.corpus import bundled_corpus_path, bundled_questions_path
 from toolenv_search.http_backend import HTTPBackend

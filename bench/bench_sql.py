@@ -21,13 +21,13 @@ from functools import partial
 from typing import Any
 
 from _common import parse_args, table, write
+
+from toolenv import Task, ToolContext
 from toolenv_sql import DATA_DIR, SQLTool, execute
 from toolenv_sql.datasets import spider_tasks
 from toolenv_sql.envs import make_spider_env
 from toolenv_sql.executor import sqlite_uri
 from toolenv_sql.guard import _prepare
-
-from toolenv import Task, ToolContext
 
 
 def p90(xs: list[float]) -> float:

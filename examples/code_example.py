@@ -6,10 +6,10 @@ Run: python examples/code_example.py  (needs `pip install -e plugins/code`)
 from __future__ import annotations
 
 import gymnasium as gym
-from toolenv_code import isolation_report, run_code
 
 import toolenv  # noqa: F401 - registers toolenv/* env ids
 from toolenv.registry import load
+from toolenv_code import isolation_report, run_code
 
 # 1. The sandbox on its own: a fresh process per call, limits, no network.
 print("isolation:", isolation_report().summary())

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import toolenv
+from toolenv import tool
 from toolenv.rewards import (
     FormatReward,
     InvalidCallPenalty,
@@ -25,7 +26,6 @@ from toolenv.rewards import (
     ToolVerified,
     reward_info,
 )
-from toolenv.tool import tool
 
 
 @tool

@@ -26,8 +26,8 @@ import gymnasium as gym
 from pydantic import BaseModel, Field
 
 import toolenv
+from toolenv import tool
 from toolenv.agent import AgentAction, EnvInfo
-from toolenv.tool import tool  # not `toolenv.tool`: once the submodule is imported that name is the module
 
 ENV_ID = "rollout_example/Calc-v0"
 PRICES = {"apple": 3, "pear": 5, "plum": 2}

@@ -16,9 +16,9 @@ import time
 
 import gymnasium as gym
 import uvicorn
-from toolenv_search import BM25Backend, create_app, hotpotqa_oracle, make_hotpotqa_env
 
 import toolenv
+from toolenv_search import BM25Backend, create_app, hotpotqa_oracle, make_hotpotqa_env
 
 
 def run_oracle(env: toolenv.ToolEnv, n: int) -> float:

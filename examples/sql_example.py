@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import gymnasium as gym
-from toolenv_sql import SQLTool
 
 import toolenv
 from toolenv import Task, ToolCall, ToolCaller, ToolContext
+from toolenv_sql import SQLTool
 
 
 def play_chinook() -> None:

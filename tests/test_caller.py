@@ -7,8 +7,8 @@ import pytest
 from pydantic import BaseModel
 
 import toolenv
+from toolenv import ToolContext, tool
 from toolenv.caller import ToolCaller, truncate_middle
-from toolenv.tool import ToolContext, tool
 from toolenv.types import Task, ToolCall, ToolResult
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 import toolenv
+from toolenv import ToolContext
 from toolenv.checker import check_env, check_tool
 from toolenv.env import ToolEnv
-from toolenv.tool import ToolContext
 from toolenv.types import ToolResult
 
 from .conftest import TASKS, Add

@@ -86,7 +86,7 @@ def test_reset_picks_tasks_by_seed_id_index_and_sequence() -> None:
 
 
 def test_tags_parser_with_information_markers() -> None:
-    from toolenv.tool import tool
+    from toolenv import tool
 
     @tool
     def search(query: str) -> str:

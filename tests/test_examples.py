@@ -29,15 +29,24 @@ def test_training_loop() -> None:
 
 def test_custom_plugin_installs_and_is_discovered(tmp_path: Path) -> None:
     target = tmp_path / "site"
-    pip = run("-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-              str(EXAMPLES / "custom_plugin"))
+    pip = run(
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(target),
+        str(EXAMPLES / "custom_plugin"),
+    )
     assert pip.returncode == 0, pip.stderr
     code = (
         "import json, gymnasium as gym, toolenv\n"
         "from toolenv.commands.list_cmd import collect\n"
         "env = gym.make('toolenv/WordCount-v0')\n"
         "env.reset(options={'task_id': '1'})\n"
-        "obs, *_ = env.step('<tool_call>{\"name\": \"word_count\", \"arguments\": {\"text\": \"a b c\"}}</tool_call>')\n"
+        'obs, *_ = env.step(\'<tool_call>{"name": "word_count", "arguments": {"text": "a b c"}}</tool_call>\')\n'
         "r = env.step('<answer>6</answer>')[1]\n"
         "print(json.dumps({'obs': obs, 'reward': r, 'tools': [t['name'] for t in collect()['tools']]}))\n"
     )
@@ -46,7 +55,11 @@ def test_custom_plugin_installs_and_is_discovered(tmp_path: Path) -> None:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["obs"] == "<tool_response>\n3\n</tool_response>"
     assert res["reward"] == 1.0 and "word_count" in res["tools"]
-    check = subprocess.run([str(Path(sys.executable).parent / "toolenv"), "check", "toolenv/WordCount-v0"],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)})
+    check = subprocess.run(
+        [str(Path(sys.executable).parent / "toolenv"), "check", "toolenv/WordCount-v0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "0 failed" in check.stdout

@@ -137,7 +137,7 @@ def test_plugin_tool_is_discovered_and_callable(site: Path) -> None:
         site,
         """
         import asyncio, json, toolenv
-        from toolenv.tool import ToolContext
+        from toolenv import ToolContext
         t = toolenv.load_tool("shout")
         r = asyncio.run(t.run(t.Args(text="hi"), ToolContext(task=toolenv.Task())))
         print(json.dumps({"text": r.text, "schema": t.schema()["function"]["name"]}))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from toolenv.report import build_report
-from toolenv.rollout import rollout
+from toolenv.runner import rollout
 from toolenv.trajectory import read_trajectories
 
 CHROMIUM = "/usr/bin/chromium"

@@ -16,7 +16,7 @@ import pytest
 
 from toolenv.report import build_report, render_report, summarize
 from toolenv.report.svg import histogram
-from toolenv.rollout import rollout
+from toolenv.runner import rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("rollout_example", ROOT / "examples" / "rollout_example.py")

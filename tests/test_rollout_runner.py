@@ -16,7 +16,7 @@ import pytest
 import toolenv
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo, load_agent
 from toolenv.registry import PluginError
-from toolenv.rollout import arollout, rollout
+from toolenv.runner import arollout, rollout
 from toolenv.trajectory import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,11 +118,16 @@ def test_factory_env_and_bad_arguments(tmp_path: Path) -> None:
         load_agent("no-such-agent")
 
 
-def test_rollout_is_callable_after_submodule_import() -> None:
-    import toolenv.rollout as _mod  # noqa: F401 - rebinding toolenv.rollout is the point
+def test_rollout_and_tool_stay_functions_after_every_submodule_import() -> None:
+    import importlib
+    import pkgutil
 
+    for mod in pkgutil.iter_modules(toolenv.__path__):
+        if not mod.name.startswith("integrations"):
+            importlib.import_module(f"toolenv.{mod.name}")
     res = toolenv.rollout(example.ENV_ID, example.ScriptedAgent(), n=1)
     assert res.summary.episodes == 1
+    assert toolenv.tool(lambda: "x").name == "<lambda>"
 
 
 async def test_arollout_runs_concurrently() -> None:

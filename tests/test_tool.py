@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import toolenv
-from toolenv.tool import ToolContext, ToolLimits, tool
+from toolenv import ToolContext, ToolLimits, tool
 from toolenv.types import Task, ToolResult
 
 

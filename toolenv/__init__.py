@@ -25,14 +25,14 @@ _EXPORTS: dict[str, str] = {
     "Reward": "toolenv.rewards",
     "Task": "toolenv.types",
     "TokenF1": "toolenv.rewards",
-    "Tool": "toolenv.tool",
+    "Tool": "toolenv._tool",
     "ToolCall": "toolenv.types",
     "ToolCallRecord": "toolenv.caller",
     "ToolCaller": "toolenv.caller",
-    "ToolContext": "toolenv.tool",
+    "ToolContext": "toolenv._tool",
     "ToolEnv": "toolenv.env",
     "ToolImage": "toolenv.types",
-    "ToolLimits": "toolenv.tool",
+    "ToolLimits": "toolenv._tool",
     "ToolResult": "toolenv.types",
     "ToolVectorEnv": "toolenv.vector",
     "Trajectory": "toolenv.trajectory",
@@ -43,8 +43,8 @@ _EXPORTS: dict[str, str] = {
     "get_reward": "toolenv.rewards",
     "load_tasks": "toolenv.types",
     "load_tool": "toolenv.registry",
-    "rollout": "toolenv.rollout",
-    "tool": "toolenv.tool",
+    "rollout": "toolenv.runner",
+    "tool": "toolenv._tool",
 }
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from toolenv._tool import Tool, ToolContext, ToolLimits, tool
     from toolenv.agent import Agent, AgentAction
     from toolenv.caller import ToolCaller, ToolCallRecord
     from toolenv.env import ToolEnv
@@ -90,9 +91,8 @@ if TYPE_CHECKING:
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
-    from toolenv.rollout import rollout
+    from toolenv.runner import rollout
     from toolenv.spaces import UnicodeText
-    from toolenv.tool import Tool, ToolContext, ToolLimits, tool
     from toolenv.trajectory import Trajectory
     from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, load_tasks
     from toolenv.vector import ToolVectorEnv

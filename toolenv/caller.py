@@ -19,7 +19,7 @@ from typing import Any
 from asyncio_throttle.throttler import Throttler
 from pydantic import BaseModel, ValidationError
 
-from toolenv.tool import Tool, ToolContext, ToolLimits
+from toolenv._tool import Tool, ToolContext, ToolLimits
 from toolenv.types import ToolCall, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]

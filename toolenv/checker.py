@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolenv._tool import Tool, ToolContext
 from toolenv.env import ToolEnv
-from toolenv.tool import Tool, ToolContext
 from toolenv.types import Task
 
 __all__ = ["CheckFailed", "CheckResult", "check_env", "check_tool"]

@@ -10,12 +10,12 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from toolenv._tool import Tool
 from toolenv.caller import ToolCaller
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import ActionParser, get_parser
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
-from toolenv.tool import Tool
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks
 
 __all__ = ["DEFAULT_TEMPLATE", "ToolEnv"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolenv._tool import ToolContext
 from toolenv.caller import ToolCaller, ToolCallRecord
-from toolenv.tool import ToolContext
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult
 
 __all__ = ["Episode", "Turn"]

@@ -91,7 +91,7 @@ def load_tool(name: str, **kwargs: Any) -> Any:
     Raises:
         PluginError: unknown, duplicated or broken plugin, or the object does not build a Tool.
     """
-    from toolenv.tool import Tool
+    from toolenv._tool import Tool
 
     obj = load("tools", name)
     tool = obj if isinstance(obj, Tool) else obj(**kwargs)

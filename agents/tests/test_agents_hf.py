@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 import toolenv
-from toolenv.rollout import arollout
+from toolenv.runner import arollout
 
 CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools:\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}"

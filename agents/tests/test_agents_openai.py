@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from toolenv_agents.openai_compat import OpenAIAgent, render_tool_calls
 
 import toolenv
 from toolenv.parsers import get_parser
-from toolenv.rollout import arollout
+from toolenv.runner import arollout
+from toolenv_agents.openai_compat import OpenAIAgent, render_tool_calls
 
 SECRET = "sk-test-very-secret-0123456789"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from toolenv_agents.oracle import OracleAgent
-from toolenv_agents.replay import ReplayAgent, load_replay
 
 import toolenv
 from toolenv.registry import entries
-from toolenv.rollout import rollout
+from toolenv.runner import rollout
+from toolenv_agents.oracle import OracleAgent
+from toolenv_agents.replay import ReplayAgent, load_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>'

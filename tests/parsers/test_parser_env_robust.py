@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import toolenv
-from toolenv.tool import tool
+from toolenv import tool
 
 FRAGMENTS = [
     "<tool_call>",

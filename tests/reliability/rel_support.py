@@ -20,8 +20,7 @@ import pytest
 from pydantic import Field
 
 import toolenv
-from toolenv import registry
-from toolenv.tool import tool
+from toolenv import registry, tool
 
 CORE = "ToolEnv-v0"
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from rel_support import add, make_env
 
 import toolenv
-from toolenv.tool import tool
+from toolenv import tool
 
 TIMEOUT = 0.4
 # A timeout may fire late by scheduling, never early: allow 10 % plus this much.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import toolenv
+from toolenv import tool
 from toolenv.rewards import FormatReward, get_reward, has_block
-from toolenv.tool import tool
 
 
 @tool

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 import toolenv
+from toolenv import tool
 from toolenv.episode import Episode, Turn
 from toolenv.rewards import (
     ActionPenalties,
@@ -17,7 +18,6 @@ from toolenv.rewards import (
     TurnReward,
     get_reward,
 )
-from toolenv.tool import tool
 
 
 @tool

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import toolenv
+from toolenv import tool
 from toolenv.rewards import (
     ActionPenalties,
     ExactMatch,
@@ -16,7 +17,6 @@ from toolenv.rewards import (
     get_reward,
     reward_names,
 )
-from toolenv.tool import tool
 
 
 @tool

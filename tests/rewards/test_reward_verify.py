@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 import toolenv
+from toolenv import Tool, ToolContext
 from toolenv.episode import Episode
 from toolenv.rewards import ToolVerified, reward_info
-from toolenv.tool import Tool, ToolContext
 from toolenv.types import ToolResult
 
 

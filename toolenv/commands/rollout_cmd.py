@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolenv.report.console import print_summary
-    from toolenv.rollout import arollout
+    from toolenv.runner import arollout
     from toolenv.trajectory import read_trajectories
 
     agent_kwargs: dict[str, Any] = dict(args.agent_arg)

@@ -12,8 +12,10 @@ HELP = "Write a self-contained HTML report of a rollout directory; optionally se
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", type=Path, help="a run directory (runs/NAME) or its trajectories.jsonl")
-    parser.add_argument("--out", type=Path, help="where to write the HTML (default RUN/report.html)")
+    parser.add_argument(
+        "run", metavar="RUN", type=Path, nargs="+", help="run directories (runs/NAME) or trajectories.jsonl files"
+    )
+    parser.add_argument("--out", type=Path, help="where to write the HTML (default: the first RUN/report.html)")
     parser.add_argument("--title", help="page title")
     parser.add_argument("--serve", action="store_true", help="serve the report on http://127.0.0.1:PORT/ until Ctrl-C")
     parser.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765; 0 picks a free one)")

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from toolenv.tool import Tool
+from toolenv._tool import Tool
 from toolenv.types import ParsedAction, ToolResult
 
 __all__ = ["ActionParser", "get_parser", "parser_names"]

@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser, tools_json
-from toolenv.tool import Tool
 from toolenv.types import ParsedAction, ToolCall, ToolResult
 
 __all__ = ["HermesParser"]

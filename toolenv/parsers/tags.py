@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser
-from toolenv.tool import Tool
 from toolenv.types import ParsedAction, ToolCall, ToolResult
 
 __all__ = ["DEFAULT_TAGS", "TagParser"]

@@ -91,10 +91,24 @@ def render_report(
     return page
 
 
-def build_report(run: str | Path, out: str | Path | None = None, *, title: str | None = None) -> Path:
-    """Write the report of a run directory; returns the HTML file's path (default `RUN/report.html`)."""
-    trajs, folder = load_run(run)
-    target = Path(out) if out is not None else folder / REPORT
+def build_report(
+    run: str | Path | Sequence[str | Path], out: str | Path | None = None, *, title: str | None = None
+) -> Path:
+    """Write the report of one or more runs; returns the HTML file's path (default `RUN/report.html`).
+
+    Several runs (e.g. one per env) make one page whose env filter tells them apart.
+    """
+    runs = [run] if isinstance(run, (str, Path)) else list(run)
+    if not runs:
+        raise ValueError("no run to report on")
+    trajs: list[Trajectory] = []
+    folders: list[Path] = []
+    for r in runs:
+        t, folder = load_run(r)
+        trajs += t
+        folders.append(folder)
+    target = Path(out) if out is not None else folders[0] / REPORT
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_report(trajs, title=title or f"toolenv · {folder.name}"), encoding="utf-8")
+    name = " + ".join(f.name for f in folders)
+    target.write_text(render_report(trajs, title=title or f"toolenv · {name}"), encoding="utf-8")
     return target

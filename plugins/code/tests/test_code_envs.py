@@ -12,10 +12,10 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from toolenv_code.envs import make_humaneval_env, make_mbpp_env
 
 import toolenv
 from toolenv.registry import load
+from toolenv_code.envs import make_humaneval_env, make_mbpp_env
 
 ROOT = Path(__file__).resolve().parents[3]
 

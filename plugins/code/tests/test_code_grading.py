@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks, split_check
 from toolenv_code.grading import TestSpec, extract_code, run_tests, solution_source
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from toolenv_code.sandbox import SandboxLimits, get_pool, run_code
 
 FAST = SandboxLimits(timeout=2.0, cpu_seconds=2)

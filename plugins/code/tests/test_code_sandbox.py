@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+
 from toolenv_code import isolation_report
 from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool, run_code
 from toolenv_code.tool import format_result

@@ -6,9 +6,9 @@ import gc
 import json
 
 import gymnasium as gym
-from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
 
 import toolenv  # noqa: F401 - registers the env ids
+from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
 
 
 def _call(code: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.server import create_app
 

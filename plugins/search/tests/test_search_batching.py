@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.batching import Batcher
 from toolenv_search.http_backend import HTTPBackend

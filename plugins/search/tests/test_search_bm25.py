@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from toolenv_search.backend import Passage, SearchBackend, SearchError
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.cachedir import default_cache_dir

@@ -7,10 +7,10 @@ import json
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, make_hotpotqa_env
 
 import toolenv
 from toolenv.registry import load
+from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, make_hotpotqa_env
 
 
 def test_registered_through_entry_points() -> None:

@@ -12,13 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
 from toolenv_search.backend import SearchError
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env
 from toolenv_search.http_backend import HTTPBackend
 from toolenv_search.tool import SearchTool
-
-from toolenv import Task, ToolCall, ToolCaller, ToolContext
 
 
 def free_port() -> int:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolenv_search.backend import Passage, SearchError
-from toolenv_search.bm25 import BM25Backend
-from toolenv_search.tool import SearchTool, format_passages
-
 import toolenv
 from toolenv import Task, ToolCall, ToolCaller, ToolContext
 from toolenv.parsers import TagParser
+from toolenv_search.backend import Passage, SearchError
+from toolenv_search.bm25 import BM25Backend
+from toolenv_search.tool import SearchTool, format_passages
 
 
 class FixedBackend:

@@ -7,12 +7,12 @@ import socket
 from pathlib import Path
 
 import pytest
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.tool import SearchTool
 from toolenv_search.web import DuckDuckGoBackend
 from toolenv_search.web_cache import ResultCache, cache_key
-
-from toolenv import Task, ToolCall, ToolCaller, ToolContext
 
 SEEDED = [
     Passage(id="https://example.org/paris", title="Paris", text="Paris is the capital of France."),

@@ -9,13 +9,13 @@ from collections.abc import Callable
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from toolenv_sql.envs import chinook_oracle, make_chinook_env, make_spider_env, spider_oracle
-from toolenv_sql.reward import ExecutionMatch, clean_sql, rows_match
 
 import toolenv
 from toolenv import Task, ToolEnv
 from toolenv.registry import load
 from toolenv.rewards import reward_names
+from toolenv_sql.envs import chinook_oracle, make_chinook_env, make_spider_env, spider_oracle
+from toolenv_sql.reward import ExecutionMatch, clean_sql, rows_match
 
 Oracle = Callable[[Task, int, str], str]
 

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from toolenv_sql import DATA_DIR
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import execute, run_query, sqlite_uri

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+
 from toolenv_sql.errors import SQLError
 from toolenv_sql.guard import is_ordered, prepare
 

@@ -8,9 +8,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from toolenv_sql import DATA_DIR, SQLTool
 
 from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+from toolenv_sql import DATA_DIR, SQLTool
 
 SPIDER_DB = DATA_DIR / "spider_dev_sample/database"
 SINGER = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"

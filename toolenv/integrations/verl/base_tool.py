@@ -38,9 +38,9 @@ from verl.tools.schemas import (
     ToolResponse,
 )
 
+from toolenv._tool import Tool, ToolContext
 from toolenv.caller import ToolCaller
 from toolenv.integrations.verl.envs import resolve_tool
-from toolenv.tool import Tool, ToolContext
 from toolenv.types import Task, ToolCall
 
 __all__ = ["FullToolSchema", "ToolEnvBaseTool", "verl_tool_schema"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from toolenv.tool import Tool, ToolContext
+from toolenv._tool import Tool, ToolContext
 from toolenv.types import ToolResult
 
 __all__ = ["DEMO_TASKS", "Calculator", "evaluate"]

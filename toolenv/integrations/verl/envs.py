@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from toolenv._tool import Tool
 from toolenv.env import ToolEnv
-from toolenv.tool import Tool
 from toolenv.types import Task
 
 __all__ = ["EnvPool", "env_spec_from_row", "make_env", "resolve_tool", "shared_pool", "task_from_row"]

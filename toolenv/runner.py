@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
-import types
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -410,14 +408,3 @@ def rollout(
             progress=progress,
         )
     )
-
-
-class _CallableModule(types.ModuleType):
-    """Importing the submodule `toolenv.rollout` rebinds the package attribute `toolenv.rollout`
-    from the function to this module; making the module callable keeps `toolenv.rollout(...)` working."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> RolloutResult:
-        return rollout(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

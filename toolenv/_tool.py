@@ -138,9 +138,7 @@ def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (ann, default)
-    model = create_model(
-        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
     return model, ctx_param
 
 
