@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import _peers
@@ -163,7 +164,8 @@ def main() -> int:
     if got is None:
         return 1
     result, note = got
-    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {result['python']}")
+    venv = Path(result["python"]).parent.parent.name
+    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")
     print(f"isolation: {result['isolation_summary']}; parallel callers: {result['workers']}")
     table_rows, ratios = [], {}
     for snippet, by_row in result["results"].items():

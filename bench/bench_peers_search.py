@@ -153,7 +153,8 @@ def main() -> int:
     if got is None:
         return 1
     result, note = got
-    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {result['python']}")
+    venv = Path(result["python"]).parent.parent.name
+    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")
     rows = []
     for c in result["corpora"]:
         ours, peer = c["toolenv"], c.get("rank-bm25")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import _peers
@@ -106,7 +107,8 @@ def main() -> int:
         for name, xs in per_query.items()
     }
     skyrl = stats.get("SkyRL SQL tool")
-    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {result['python']}")
+    venv = Path(result["python"]).parent.parent.name
+    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")
     print(f"{result['queries']} Spider gold queries, median of {result['reps']} calls each; median/p90 over queries")
     rows = []
     for name, s in stats.items():

@@ -273,7 +273,8 @@ def main() -> int:
     else:
         note = f"{peers_env.VENV} is absent (--quick does not create it): toolenv only, peers not measured"
         result = measure(n)
-    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {result['python']}")
+    venv = Path(result["python"]).parent.parent.name
+    print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")
     report(result, args.quick, n, args.out, note)
     return 0
 

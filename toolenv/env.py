@@ -55,7 +55,7 @@ class ToolEnv(gym.Env[str, str]):
         parser_kwargs: passed to the parser factory when `parser` is a name.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - Gymnasium's convention
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
 
     def __init__(
         self,
