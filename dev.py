@@ -32,10 +32,18 @@ WORKSPACE = [
     "plugins/vision",
     "agents",
 ]
-DEV_EXTRAS = ".[dev]"
+# The same distributions with the extras the test suite exercises (verl, DuckDB, ddgs, ...).
+TEST_WORKSPACE = [
+    ".[dev,verl]",
+    "plugins/search[web,stem]",
+    "plugins/sql[duckdb]",
+    "plugins/code",
+    "plugins/vision",
+    "agents[transformers]",
+]
 # verl must not pull a multi-GB CUDA torch: this CPU build is pinned and installed first.
 TORCH_PIN = "torch==2.13.0"
-TEST_EXTRAS = [".[verl]", "agents[transformers]", "plugins/search[web,stem]", "plugins/sql[duckdb]", "playwright"]
+TEST_EXTRAS = ["playwright"]
 
 
 def sh(*cmd: str | Path, check: bool = True, **kw: object) -> int:
@@ -84,7 +92,7 @@ def demo(args: argparse.Namespace) -> int:
     runs = ROOT / "runs"
     envs = args.envs or ["toolenv/Spider-v0", "toolenv/HotpotQA-v0", "toolenv/VisualSearch-v0"]
     outs = [runs / env_id.split("/")[-1].lower() for env_id in envs]
-    for env_id, out in zip(envs, outs):
+    for env_id, out in zip(envs, outs, strict=True):
         sh(
             toolenv,
             "rollout",
@@ -121,7 +129,7 @@ def test(args: argparse.Namespace) -> int:
     """The whole suite: lint, types, tests (verl tests included), benchmarks in quick mode."""
     ensure_venv()
     pip(TORCH_PIN)
-    pip(*editable(WORKSPACE), *editable([DEV_EXTRAS]), *TEST_EXTRAS, constraint=TORCH_PIN)
+    pip(*editable(TEST_WORKSPACE), *TEST_EXTRAS, constraint=TORCH_PIN)
     ensure_chromium()
     sh(BIN / "ruff", "check", ".")
     sh(BIN / "ruff", "format", "--check", ".")
