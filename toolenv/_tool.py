@@ -31,7 +31,7 @@ class ToolLimits(BaseModel):
     max_output_chars: int | None = Field(default=8192, ge=16, description="Text longer than this is cut in the middle.")
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolContext:
     """What a tool knows about the episode calling it.
 

@@ -169,7 +169,7 @@ class ToolEnv(gym.Env[str, str]):
             for k, v in (await self.reward_fn.final_components(ep)).items():
                 components[k] = components.get(k, 0.0) + v
         turn.reward_components = components
-        turn.reward = self.reward_fn.total(components, self.reward_fn.weights)
+        turn.reward = self.reward_fn.weighted(components)
         new_messages = _turn_messages(action, parsed, results)
         ep.messages.extend(new_messages)
         info: dict[str, Any] = {
@@ -245,7 +245,6 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     calls: list[ToolCall] | None = parsed.tool_calls or None
     msgs = [Message(role="assistant", content=action, tool_calls=calls)]
     for r in results:
-        msgs.append(
-            Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, images=r.images)
-        )
+        extra: dict[str, Any] = {"images": r.images} if r.images else {}
+        msgs.append(Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, **extra))
     return msgs

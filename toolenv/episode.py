@@ -12,7 +12,7 @@ from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult
 __all__ = ["Episode", "Turn"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """One model turn: the raw action, what was parsed, and what the tools returned."""
 

@@ -52,6 +52,7 @@ class WeightedSum(Reward):
         if len(set(names)) != len(names):
             raise ValueError(f"reward component names must be unique, got {names}")
         self.parts = dict(zip(names, items, strict=True))
+        self._weights = {k: w for k, (_, w) in self.parts.items()}
 
     @staticmethod
     def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
@@ -60,16 +61,20 @@ class WeightedSum(Reward):
 
     @property
     def weights(self) -> dict[str, float]:
-        """Weight of each component."""
-        return {k: w for k, (_, w) in self.parts.items()}
+        """Weight of each component (a copy)."""
+        return dict(self._weights)
 
     async def turn(self, episode: Episode, turn: Turn) -> float:
         """The weighted total of the parts' per-step rewards (so sums nest)."""
-        return self.total(await self.turn_components(episode, turn), self.weights)
+        return self.total(await self.turn_components(episode, turn), self._weights)
 
     async def final(self, episode: Episode) -> float:
         """The weighted total of the parts' final rewards (so sums nest)."""
-        return self.total(await self.final_components(episode), self.weights)
+        return self.total(await self.final_components(episode), self._weights)
+
+    def weighted(self, components: Mapping[str, float]) -> float:
+        """The weighted sum of `components` with this sum's weights."""
+        return self.total(components, self._weights)
 
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
         # Rewards that keep the default `turn` score 0 every step: skip the await (hot path).
