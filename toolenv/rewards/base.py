@@ -53,6 +53,7 @@ class WeightedSum(Reward):
             raise ValueError(f"reward component names must be unique, got {names}")
         self.parts = dict(zip(names, items, strict=True))
         self._weights = {k: w for k, (_, w) in self.parts.items()}
+        self._per_turn = [(k, r) for k, (r, _) in self.parts.items() if type(r).turn is not Reward.turn]
 
     @staticmethod
     def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
@@ -77,11 +78,11 @@ class WeightedSum(Reward):
         return self.total(components, self._weights)
 
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
-        # Rewards that keep the default `turn` score 0 every step: skip the await (hot path).
-        return {
-            k: (await r.turn(episode, turn) if type(r).turn is not Reward.turn else 0.0)
-            for k, (r, _) in self.parts.items()
-        }
+        # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
+        components = dict.fromkeys(self.parts, 0.0)
+        for k, r in self._per_turn:
+            components[k] = await r.turn(episode, turn)
+        return components
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
