@@ -3,15 +3,22 @@
 Importing this package registers every built-in name (`reward_names()` lists them).
 """
 
-from toolenv.rewards.base import Reward, RewardSpec, WeightedSum, get_reward, register_reward, reward_names
+from toolenv.rewards.base import (
+    Reward,
+    RewardSpec,
+    WeightedSum,
+    get_reward,
+    record_reward_info,
+    register_reward,
+    reward_info,
+    reward_names,
+)
 from toolenv.rewards.format import FormatReward, has_block, turn_is_well_formed
 from toolenv.rewards.judge import (
     DEFAULT_JUDGE_PROMPT,
     JudgeError,
     LLMJudge,
     parse_judgement,
-    record_reward_info,
-    reward_info,
 )
 from toolenv.rewards.match import ExactMatch, TokenF1, exact_match, normalize_answer, token_f1
 from toolenv.rewards.penalties import (

@@ -13,7 +13,16 @@ from typing import Any
 
 from toolenv.episode import Episode, Turn
 
-__all__ = ["Reward", "RewardSpec", "WeightedSum", "get_reward", "register_reward", "reward_names"]
+__all__ = [
+    "Reward",
+    "RewardSpec",
+    "WeightedSum",
+    "get_reward",
+    "record_reward_info",
+    "register_reward",
+    "reward_info",
+    "reward_names",
+]
 
 
 class Reward(abc.ABC):  # noqa: B024 - both hooks are optional; the ABC marks it as a base
@@ -86,6 +95,19 @@ class WeightedSum(Reward):
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
+
+
+def reward_info(episode: Episode) -> dict[str, dict[str, Any]]:
+    """Details rewards left about an episode (judge replies, errors), by component name.
+
+    The env reports them as `info["reward_info"]` when the episode ends.
+    """
+    return episode.reward_info
+
+
+def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
+    """Store details of component `name` for this episode (replacing earlier ones)."""
+    reward_info(episode)[name] = data
 
 
 RewardSpec = str | Reward | Mapping[str, float] | Sequence[tuple[Reward | str, float]]

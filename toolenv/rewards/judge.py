@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolenv.episode import Episode
-from toolenv.rewards.base import Reward, register_reward
+from toolenv.rewards.base import Reward, record_reward_info, register_reward
 
 if TYPE_CHECKING:  # httpx is imported on first use so that `import toolenv` stays fast.
     import httpx
 
-__all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeError", "LLMJudge", "parse_judgement", "record_reward_info", "reward_info"]
+__all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeError", "LLMJudge", "parse_judgement"]
 
 DEFAULT_JUDGE_PROMPT = """You are grading an answer to a question against the gold answer(s).
 
@@ -35,7 +35,6 @@ Predicted answer: {prediction}
 Is the predicted answer correct, i.e. does it mean the same as one of the gold answers?
 Reply with "yes" or "no" first, then a short reason."""
 
-_INFO_KEY = "reward_info"
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?\s*\.?\s*$")
@@ -49,19 +48,6 @@ class JudgeError(Exception):
     def __init__(self, message: str, attempts: int = 1) -> None:
         super().__init__(message)
         self.attempts = attempts
-
-
-def reward_info(episode: Episode) -> dict[str, dict[str, Any]]:
-    """Details rewards left about an episode (judge replies, errors), by component name.
-
-    The env reports them as `info["reward_info"]` when the episode ends.
-    """
-    return episode.reward_info
-
-
-def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
-    """Store details of component `name` for this episode (replacing earlier ones)."""
-    reward_info(episode)[name] = data
 
 
 def _fraction(num: str, den: str | None) -> float | None:

@@ -12,8 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from toolenv.episode import Episode
-from toolenv.rewards.base import Reward
-from toolenv.rewards.judge import record_reward_info
+from toolenv.rewards.base import Reward, record_reward_info
 from toolenv.types import ToolResult
 
 __all__ = ["ToolVerified"]

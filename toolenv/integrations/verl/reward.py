@@ -43,7 +43,7 @@ async def acompute_score(
         episode.answer = env.parser.parse(solution_str).answer
         episode.terminated = True
         components = await env.reward_fn.final_components(episode)
-        score = env.reward_fn.total(components, env.reward_fn.weights)
+        score = env.reward_fn.weighted(components)
     out = {"score": score, "answered": float(episode.answer is not None)}
     out.update({f"reward/{k}": float(v) for k, v in components.items()})
     return out
