@@ -42,9 +42,17 @@ async def test_exceptions_and_wrong_return_types_become_errors() -> None:
         async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
             return "not a result"  # type: ignore[return-value]
 
-    results, _ = await ToolCaller([boom, Wrong()]).invoke([ToolCall(name="boom"), ToolCall(name="wrong")], ctx())
+    class BadText(Wrong):
+        name = "bad_text"
+
+        async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=42)  # type: ignore[arg-type]
+
+    calls = [ToolCall(name="boom"), ToolCall(name="wrong"), ToolCall(name="bad_text")]
+    results, _ = await ToolCaller([boom, Wrong(), BadText()]).invoke(calls, ctx())
     assert results[0].text == "Tool 'boom' failed: ValueError: bad thing"
     assert "returned str, not a ToolResult" in results[1].text
+    assert results[2].is_error and "text is int, not str" in results[2].text
 
 
 async def test_timeout_fires_and_is_reported(sleep_tool: toolenv.Tool) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from toolenv.types import Message, Task, ToolCall, ToolImage, ToolResult, load_tasks
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, load_tasks
 
 
 def test_load_tasks_from_list_assigns_ids() -> None:
@@ -61,3 +61,21 @@ def test_message_to_openai_with_tool_calls_and_images() -> None:
 def test_models_forbid_unknown_fields() -> None:
     with pytest.raises(ValueError):
         Task.model_validate({"question": "q", "answr": "typo"})
+
+
+def test_step_types_validate_and_serialise_like_models() -> None:
+    # The per-step types are dataclasses; validation goes through Pydantic on demand.
+    with pytest.raises(ValueError, match="bogus"):
+        Message.model_validate({"role": "user", "bogus": 1})
+    with pytest.raises(ValueError):
+        Message.model_validate({"role": "narrator"})
+    with pytest.raises(TypeError):
+        ToolCall(name="x", argumnts={})  # type: ignore[call-arg]
+    call = ToolCall.model_validate({"name": "add", "arguments": {"a": 1}})
+    assert call == ToolCall(name="add", arguments={"a": 1}) and call.id == ""
+    assert call.model_copy(update={"id": "c9"}).id == "c9" and call.id == ""
+    dumped = Message(role="assistant", content="hi", tool_calls=[call]).model_dump(mode="json")
+    assert dumped["tool_calls"] == [{"name": "add", "arguments": {"a": 1}, "id": ""}]
+    assert set(ParsedAction.model_json_schema()["properties"]) == {"tool_calls", "answer", "text", "errors"}
+    again = ParsedAction.model_validate_json(ParsedAction(tool_calls=[call], answer="4").model_dump_json())
+    assert again.tool_calls == [call] and again.answer == "4" and again.is_final

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from toolenv.vector import ToolVectorEnv
+from toolenv.vector import ToolVectorEnv, batch_infos
 
 from .conftest import TASKS, Add, Sleep
 
@@ -53,3 +56,52 @@ def test_sync_vector_env_works() -> None:
     obs, _ = venv.reset(seed=0)
     assert len(obs) == 2
     venv.close()
+
+
+_LEAF = st.one_of(
+    st.integers(-5, 5),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+    st.none(),
+)
+_INFO = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "final_obs"]),
+    st.one_of(_LEAF, st.dictionaries(st.sampled_from(["x", "y"]), _LEAF, max_size=2)),
+    max_size=4,
+)
+
+
+def _kinds_agree(infos: list[dict[str, Any]]) -> bool:
+    for key in {k for info in infos for k in info}:
+        values = [info[key] for info in infos if key in info]
+        if len({type(v) for v in values}) > 1:
+            return False
+        if isinstance(values[0], dict) and not _kinds_agree(values):
+            return False
+    return True
+
+
+def _same(ours: Any, theirs: Any) -> None:
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict) and list(ours) == list(theirs)
+        for key in theirs:
+            _same(ours[key], theirs[key])
+    else:
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        assert [repr(v) for v in ours.tolist()] == [repr(v) for v in theirs.tolist()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_INFO, min_size=1, max_size=5))
+def test_batch_infos_matches_gymnasiums_layout(infos: list[dict[str, Any]]) -> None:
+    # Envs that disagree about a key's kind (a dict in one, a number in another) make
+    # Gymnasium's own merge fail or overwrite; the layout is only defined when they agree.
+    assume(_kinds_agree(infos))
+    reference = ToolVectorEnv.__new__(ToolVectorEnv)
+    reference.num_envs = len(infos)
+    theirs: dict[str, Any] = {}
+    for i, info in enumerate(infos):
+        theirs = reference._add_info(theirs, info, i)
+    _same(batch_infos(infos), theirs)

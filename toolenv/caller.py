@@ -24,6 +24,8 @@ from toolenv.types import ToolCall, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
+_NO_TOOL_LIMITS = ToolLimits()
+
 if sys.version_info >= (3, 11):
     _timeout = asyncio.timeout
 else:  # pragma: no cover - 3.10 has no asyncio.timeout
@@ -212,11 +214,20 @@ class ToolCaller:
                 result = ToolResult.error(msg)
             else:
                 call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
-                result, attempts = await self._run_with_retries(tool, args, call_ctx)
-        text, cut = truncate_middle(result.text, (tool.limits if tool else ToolLimits()).max_output_chars)
-        result = result.model_copy(
-            update={"text": text, "name": call.name, "call_id": call.id}
-        )  # never mutate a tool's object
+                if tool.limits.retries:
+                    result, attempts = await self._run_with_retries(tool, args, call_ctx)
+                else:  # the common case, one coroutine frame shorter
+                    result, attempts = await self._run_once(tool, args, call_ctx), 1
+        text, cut = truncate_middle(result.text, (tool.limits if tool else _NO_TOOL_LIMITS).max_output_chars)
+        result = ToolResult(  # a copy: never mutate a tool's object (it may be cached and returned again)
+            text=text,
+            images=result.images,
+            metadata=result.metadata,
+            is_error=result.is_error,
+            retryable=result.retryable,
+            name=call.name,
+            call_id=call.id,
+        )
         record = ToolCallRecord(
             name=call.name,
             call_id=call.id,
@@ -289,6 +300,11 @@ class ToolCaller:
         if not isinstance(result, ToolResult):
             return ToolResult.error(
                 f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
+            )
+        if not isinstance(result.text, str):  # a dataclass does not check its fields' types
+            return ToolResult.error(
+                f"Tool '{tool.name}' returned a ToolResult whose text is {type(result.text).__name__}, "
+                "not str (a bug in the tool)."
             )
         return result
 

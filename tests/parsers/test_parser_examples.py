@@ -63,6 +63,23 @@ def test_hermes_bad_calls_become_errors(body: str, message: str) -> None:
     assert action.errors[0].startswith("Tool call 1")
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "x", "arguments": {"s": "\\ud800 lone surrogate escape"}}',
+        '{"name": "x", "arguments": {"s": "\ud800 raw lone surrogate"}}',
+        '{"name": "x", "arguments": {"n": ' + "9" * 400 + "}}",  # past a 64-bit integer
+        '{"name": "x", "arguments": {"f": NaN, "g": -Infinity, "h": 1e400}}',
+        '{"name": "x", "arguments": {"a": 1, "a": 2, "nested": [{"k": null}, true, "\\u00e9"]}}',
+    ],
+)
+def test_hermes_decodes_json_exactly_as_the_json_module(body: str) -> None:
+    # The fast decoder hands everything it refuses to `json`; the result never differs.
+    (call,) = HermesParser().parse(f"<tool_call>{body}</tool_call>").tool_calls
+    expected = json.loads(body)["arguments"]
+    assert json.dumps(call.arguments) == json.dumps(expected)
+
+
 def test_hermes_unclosed_call_does_not_swallow_the_next() -> None:
     text = (
         '<tool_call>{"name": "a", "arguments": {}}\n'

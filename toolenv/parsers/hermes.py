@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pydantic_core import from_json
+
 from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult
@@ -85,9 +87,18 @@ class HermesParser(ActionParser):
         return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
 
 
+def _loads(text: str) -> Any:
+    """JSON via pydantic-core's parser (4x faster than `json`), with `json` deciding every
+    case it refuses: the error message, lone surrogates, integers past its range."""
+    try:
+        return from_json(text)
+    except (ValueError, TypeError):
+        return json.loads(text)
+
+
 def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     try:
-        obj: Any = json.loads(body)
+        obj: Any = _loads(body)
     except (ValueError, RecursionError) as exc:  # ValueError: also ints past Python's 4300-digit limit
         return None, (
             f"Tool call {index + 1} is not valid JSON ({_json_problem(exc)}). "
@@ -98,7 +109,7 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models double-encode the arguments
         try:
-            args = json.loads(args)
+            args = _loads(args)
         except (ValueError, RecursionError):
             return None, f'Tool call {index + 1}: "arguments" is a string that is not JSON.'
     if not isinstance(args, dict):
