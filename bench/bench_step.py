@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from _common import median, parse_args, repeat, table, write
 from pydantic import BaseModel
 
 import toolenv
+from toolenv.env import _turn_messages
+from toolenv.episode import Turn
 
 ACTION = '<tool_call>{"name": "noop", "arguments": {"x": 1}}</tool_call>'
 
@@ -60,6 +63,45 @@ async def time_async(env: toolenv.ToolEnv, steps: int) -> float:
     return total / (steps // TURNS * TURNS)
 
 
+def drive(coro: Any) -> Any:
+    """Run a coroutine that never suspends to its end without an event loop (for timing parts)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("the coroutine suspended")
+
+
+def breakdown(env: toolenv.ToolEnv, n: int) -> dict[str, float]:
+    """Median seconds of each part of one astep, each timed on its own."""
+    drive(env.areset(seed=0))
+    ep = env.episode
+    assert ep is not None
+    parsed = env.parser.parse(ACTION)
+    ctx = ep.context()
+    results, records = drive(env.caller.invoke(parsed.tool_calls, ctx))
+    turn = Turn(action=ACTION, parsed=parsed, results=results, records=records)
+    loop = asyncio.new_event_loop()
+
+    async def nothing() -> None:
+        return None
+
+    parts = {
+        "parse (find tags, JSON, ToolCall)": lambda: env.parser.parse(ACTION),
+        "invoke (Pydantic args, run, result, record)": lambda: drive(env.caller.invoke(parsed.tool_calls, ctx)),
+        "reward (components, weighted sum)": lambda: env.reward_fn.weighted(
+            drive(env.reward_fn.turn_components(ep, turn))
+        ),
+        "chat messages": lambda: _turn_messages(ACTION, parsed, results),
+        "observation text": lambda: env.parser.format_results(results),
+        "event-loop round trip (sync step only)": lambda: loop.run_until_complete(nothing()),
+    }
+    try:
+        return {name: median(repeat(fn, n)) for name, fn in parts.items()}
+    finally:
+        loop.close()
+
+
 def main() -> None:
     args = parse_args(__doc__ or "")
     n = 800 if args.quick else 20_000
@@ -67,7 +109,8 @@ def main() -> None:
     step_s = median([time_sync(env, n) for _ in range(5)])
     aenv = make()
     astep_s = median([asyncio.run(time_async(aenv, n)) for _ in range(5)])
-    parse_s = median(repeat(lambda: env.parser.parse(ACTION), n))
+    parts = breakdown(make(), n)
+    parse_s = parts["parse (find tags, JSON, ToolCall)"]
     rows = [
         ["parse only", parse_s * 1e6, 1.0],
         ["astep", astep_s * 1e6, astep_s / parse_s],
@@ -79,6 +122,13 @@ def main() -> None:
         f"goal: astep < {goals['astep_us']} µs ({'met' if astep_s * 1e6 < 30 else 'NOT met'}), "
         f"step < {goals['step_us']} µs ({'met' if step_s * 1e6 < 60 else 'NOT met'})"
     )
+    print("\nwhere one astep goes (each part timed alone; the rest is episode bookkeeping and the info dict):")
+    in_astep = {k: v for k, v in parts.items() if "sync step" not in k}
+    rest = astep_s - sum(in_astep.values())
+    table(
+        [[k, v * 1e6, v / astep_s] for k, v in parts.items()] + [["rest of astep", rest * 1e6, rest / astep_s]],
+        ["part", "µs", "share of astep"],
+    )
     write(
         "step",
         {
@@ -87,6 +137,7 @@ def main() -> None:
             "parse_us": parse_s * 1e6,
             "astep_us": astep_s * 1e6,
             "step_us": step_s * 1e6,
+            "parts_us": {k: v * 1e6 for k, v in parts.items()},
             "goals": goals,
         },
         args.out,

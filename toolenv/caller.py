@@ -187,9 +187,9 @@ class ToolCaller:
         if not calls:
             return [], []
         if len(calls) == 1:
-            pairs = [await self._call(calls[0], ctx)]
-        else:
-            pairs = list(await asyncio.gather(*(self._call(c, ctx) for c in calls)))
+            result, record = await self._call(calls[0], ctx)
+            return [result], [record]
+        pairs = await asyncio.gather(*(self._call(c, ctx) for c in calls))
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     async def _call(self, call: ToolCall, ctx: ToolContext) -> tuple[ToolResult, ToolCallRecord]:

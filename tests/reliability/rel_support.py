@@ -7,7 +7,7 @@ lists, enums). Counts scale with environment variables so CI stays fast and a
 full run is one variable away (see docs/reliability.md):
 
 - `TOOLENV_REL_FUZZ_ACTIONS`: mutated actions per env (CI: 10,000).
-- `TOOLENV_REL_EPISODES`: episodes of the leak test (CI: 1,000; full: 5,000).
+- `TOOLENV_REL_EPISODES`: episodes of the leak test (5,000 in CI and in the full run).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from toolenv import registry, tool
 
 CORE = "ToolEnv-v0"
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
-EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "1000"))
+EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))
 
 # The code envs run each ```python block in a sandbox; a 2 s sandbox limit keeps a mutated
 # program that happens to loop from costing a minute (the default), and `format` scores

@@ -67,7 +67,11 @@ class WeightedSum(Reward):
     @staticmethod
     def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
         """The weighted sum of `components`."""
-        return float(sum(weights.get(k, 0.0) * v for k, v in components.items()))
+        total = 0.0
+        for k, v in components.items():
+            if v:  # most per-step components are 0: skip the lookup (hot path)
+                total += weights.get(k, 0.0) * v
+        return float(total)
 
     @property
     def weights(self) -> dict[str, float]:
