@@ -73,6 +73,14 @@ class Tool:
         """Execute one call with validated `args`."""
         raise NotImplementedError
 
+    async def release(self, ctx: ToolContext) -> None:
+        """Free what this tool holds for the episode of `ctx` (a session, a browser page).
+
+        Called once per episode and tool when the episode ends: after its last step's
+        rewards, when `reset` abandons it, or when the env closes. `ctx.state` is the
+        episode's state. Errors are logged, never raised into the step.
+        """
+
     async def close(self) -> None:
         """Release resources (processes, connections). Called by `ToolEnv.close`."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 import sys
 import time
@@ -25,6 +26,7 @@ from toolenv.types import ToolCall, ToolResult
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
 _NO_TOOL_LIMITS = ToolLimits()
+_log = logging.getLogger("toolenv")
 
 if sys.version_info >= (3, 11):
     _timeout = asyncio.timeout
@@ -179,6 +181,8 @@ class ToolCaller:
             if t.name in self.tools:
                 raise ValueError(f"two tools are named {t.name!r}")
             self.tools[t.name] = t
+        # Only tools that override `release` are called at episode end (the common case is none).
+        self._releasing = [t for t in self.tools.values() if type(t).release is not Tool.release]
 
     async def invoke(
         self, calls: Sequence[ToolCall], ctx: ToolContext
@@ -307,6 +311,14 @@ class ToolCaller:
                 "not str (a bug in the tool)."
             )
         return result
+
+    async def release(self, ctx: ToolContext) -> None:
+        """Call `release(ctx)` of every tool that has one; a failing release is logged, not raised."""
+        for t in self._releasing:
+            try:
+                await t.release(ctx)
+            except Exception:  # noqa: BLE001 - one tool's cleanup must not stop the others or the step
+                _log.warning("tool %r failed to release episode %s", t.name, ctx.episode_id, exc_info=True)
 
     async def aclose(self) -> None:
         """Close every tool."""

@@ -131,6 +131,7 @@ class ToolEnv(gym.Env[str, str]):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
         super().reset(seed=seed)
+        await self.aend_episode()
         task = self._pick_task(options or {})
         obs, messages = self.render_prompt(task)
         self._episode = Episode(task=task, episode_id=uuid.uuid4().hex, caller=self.caller, messages=list(messages))
@@ -182,6 +183,7 @@ class ToolEnv(gym.Env[str, str]):
             "reward_components": dict(components),
         }
         if ep.terminated or ep.truncated:
+            await self.aend_episode()
             info["answer"] = ep.answer
             info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
             info["episode"] = {
@@ -192,8 +194,20 @@ class ToolEnv(gym.Env[str, str]):
             }
         return obs, turn.reward, ep.terminated, ep.truncated, info
 
+    async def aend_episode(self) -> None:
+        """Let the tools free what they hold for the current episode (`Tool.release`).
+
+        The env calls this itself when an episode ends, when `reset` abandons one and on
+        close; call it when you stop stepping an unfinished episode for good. Idempotent.
+        """
+        ep = self._episode
+        if ep is not None and not ep.released:
+            ep.released = True
+            await self.caller.release(ep.context())
+
     async def aclose(self) -> None:
-        """Close the tools."""
+        """Release the current episode, then close the tools."""
+        await self.aend_episode()
         await self.caller.aclose()
 
     # ------------------------------------------------------------------ sync API
@@ -216,6 +230,10 @@ class ToolEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one model turn: `(observation, reward, terminated, truncated, info)`."""
         return self._run(self.astep(action))  # type: ignore[no-any-return]
+
+    def end_episode(self) -> None:
+        """Sync twin of `aend_episode`."""
+        self._run(self.aend_episode())
 
     def close(self) -> None:
         """Close the tools and the private event loop."""

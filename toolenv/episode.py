@@ -39,6 +39,7 @@ class Episode:
     reward_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
+    released: bool = False
 
     def context(self) -> ToolContext:
         """A tool context for the current turn."""

@@ -18,7 +18,8 @@ _STATE_KEY = "toolenv_code.session"
 
 
 class _SessionHandle:
-    """Lives in `ctx.state`; when the episode's state is dropped (reset/close) the session is released."""
+    """Lives in `ctx.state`; released when the episode ends (`PythonTool.release`), or at the
+    latest when the episode's state is collected."""
 
     def __init__(self, pool: SandboxPool, episode_id: str) -> None:
         self.id = episode_id or uuid.uuid4().hex
@@ -100,6 +101,12 @@ class PythonTool(Tool):
         text = note + format_result(result, self.sandbox)
         meta = {"exit_code": result.exit_code, "duration": result.duration, "timed_out": result.timed_out}
         return ToolResult(text=text, is_error=not result.ok, metadata=meta)
+
+    async def release(self, ctx: ToolContext) -> None:
+        """The episode ended: close its session now rather than when its state is collected."""
+        handle = ctx.state.pop(_STATE_KEY, None)
+        if isinstance(handle, _SessionHandle):
+            handle.release()
 
     async def close(self) -> None:
         """Release the sessions this tool opened."""

@@ -163,6 +163,7 @@ class EnvPool:
         try:
             yield env
         finally:
+            await env.aend_episode()  # a sample cut short (length budget) frees its tools' sessions now
             idle.append(env)
 
     def envs(self) -> Iterator[ToolEnv]:
