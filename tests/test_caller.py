@@ -64,6 +64,16 @@ async def test_timeout_fires_and_is_reported(sleep_tool: toolenv.Tool) -> None:
     assert records[0].error and records[0].latency_s >= 0.05
 
 
+async def test_a_tools_own_timeout_without_a_limit_is_reported() -> None:
+    @tool(timeout=None)
+    async def slow_service() -> str:
+        raise TimeoutError("upstream took too long")
+
+    results, _ = await ToolCaller([slow_service]).invoke([ToolCall(name="slow_service")], ctx())
+    assert results[0].is_error and results[0].retryable
+    assert results[0].text == "Tool 'slow_service' timed out. Try a simpler or smaller request."
+
+
 async def test_calls_in_a_turn_run_concurrently(sleep_tool: toolenv.Tool) -> None:
     calls = [ToolCall(name="sleep", arguments={"seconds": 0.2}, id=f"c{i}") for i in range(5)]
     start = time.perf_counter()

@@ -181,6 +181,7 @@ class ToolCaller:
             if t.name in self.tools:
                 raise ValueError(f"two tools are named {t.name!r}")
             self.tools[t.name] = t
+        self._allowed = {name: _argument_names(t.Args) for name, t in self.tools.items()}
         # Only tools that override `release` are called at episode end (the common case is none).
         self._releasing = [t for t in self.tools.values() if type(t).release is not Tool.release]
 
@@ -204,7 +205,12 @@ class ToolCaller:
             known = ", ".join(sorted(self.tools)) or "none"
             result = ToolResult.error(f"Unknown tool '{_clip(call.name)}'. Available tools: {known}.")
         else:
-            unknown = _unknown_arguments(tool, call.arguments)
+            allowed = self._allowed[call.name]
+            unknown = (
+                []
+                if allowed is None or allowed.issuperset(call.arguments)
+                else _unknown_arguments(tool, call.arguments)
+            )
             try:
                 if unknown:
                     raise ValueError(unknown)
@@ -218,10 +224,13 @@ class ToolCaller:
                 result = ToolResult.error(msg)
             else:
                 call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
-                if tool.limits.retries:
+                lim = tool.limits
+                if lim.retries:
                     result, attempts = await self._run_with_retries(tool, args, call_ctx)
-                else:  # the common case, one coroutine frame shorter
+                elif lim.max_concurrency or lim.rate_limit:
                     result, attempts = await self._run_once(tool, args, call_ctx), 1
+                else:  # the common case: no limiter, two coroutine frames shorter
+                    result, attempts = await self._guarded(tool, args, call_ctx), 1
         text, cut = truncate_middle(result.text, (tool.limits if tool else _NO_TOOL_LIMITS).max_output_chars)
         result = ToolResult(  # a copy: never mutate a tool's object (it may be cached and returned again)
             text=text,
@@ -254,53 +263,55 @@ class ToolCaller:
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def _run_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        """One attempt, after the tool's concurrency cap and rate limit let it through."""
         limiter = _limiter(tool)
-        try:
-            if limiter is None:
-                return await self._guarded(tool, args, ctx)
-            if limiter.semaphore is not None:
-                async with limiter.semaphore:
-                    if limiter.throttler is not None:
-                        async with limiter.throttler:
-                            pass
-                    return await self._guarded(tool, args, ctx)
-            if limiter.throttler is not None:
-                async with limiter.throttler:
-                    pass
+        if limiter is None:
             return await self._guarded(tool, args, ctx)
+        if limiter.semaphore is not None:
+            async with limiter.semaphore:
+                if limiter.throttler is not None:
+                    async with limiter.throttler:
+                        pass
+                return await self._guarded(tool, args, ctx)
+        if limiter.throttler is not None:
+            async with limiter.throttler:
+                pass
+        return await self._guarded(tool, args, ctx)
+
+    @staticmethod
+    async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        """One run of the tool under its timeout; every failure becomes an error result."""
+        timeout = tool.limits.timeout
+        try:
+            coro = tool.run(args, ctx)
+            if timeout is None:
+                result = await coro
+            else:
+                # Most in-process tools finish without ever suspending; arming a timer costs
+                # more than such a call, so the first step runs bare and the deadline is set
+                # only if the tool actually waits. No library offers this lazy deadline.
+                try:
+                    first = coro.send(None)
+                except StopIteration as stop:
+                    result = stop.value
+                else:
+                    resumed = _Resumed(coro, first)
+                    if _timeout is not None:
+                        async with _timeout(timeout):
+                            result = await resumed
+                    else:  # pragma: no cover - Python 3.10
+                        result = await asyncio.wait_for(_as_coroutine(resumed), timeout)
         except asyncio.CancelledError:
             if _being_cancelled():
                 raise  # the step itself is cancelled (Ctrl-C, a shutdown): not the tool's failure
             return ToolResult.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
         except (TimeoutError, asyncio.TimeoutError):
+            after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
             return ToolResult.error(
-                f"Tool '{tool.name}' timed out after {tool.limits.timeout:g} s. Try a simpler or smaller request.",
-                retryable=True,
+                f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True
             )
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - every tool failure becomes an observation
             return ToolResult.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
-
-    @staticmethod
-    async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
-        timeout = tool.limits.timeout
-        coro = tool.run(args, ctx)
-        if timeout is None:
-            result = await coro
-        else:
-            # Most in-process tools finish without ever suspending; arming a timer costs
-            # more than such a call, so the first step runs bare and the deadline is set
-            # only if the tool actually waits. No library offers this lazy deadline.
-            try:
-                first = coro.send(None)
-            except StopIteration as stop:
-                result = stop.value
-            else:
-                resumed = _Resumed(coro, first)
-                if _timeout is not None:
-                    async with _timeout(timeout):
-                        result = await resumed
-                else:  # pragma: no cover - Python 3.10
-                    result = await asyncio.wait_for(_as_coroutine(resumed), timeout)
         if not isinstance(result, ToolResult):
             return ToolResult.error(
                 f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
