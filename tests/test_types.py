@@ -79,3 +79,15 @@ def test_step_types_validate_and_serialise_like_models() -> None:
     assert set(ParsedAction.model_json_schema()["properties"]) == {"tool_calls", "answer", "text", "errors"}
     again = ParsedAction.model_validate_json(ParsedAction(tool_calls=[call], answer="4").model_dump_json())
     assert again.tool_calls == [call] and again.answer == "4" and again.is_final
+
+
+def test_from_pil_is_lossless_png_and_passes_save_params() -> None:
+    pil = pytest.importorskip("PIL.Image", reason="Pillow comes with toolenv-vision")
+    noise = pil.frombytes("RGB", (64, 48), bytes((i * 7919) % 251 for i in range(64 * 48 * 3)))
+    png = ToolImage.from_pil(noise)
+    assert (png.mime, png.width, png.height) == ("image/png", 64, 48)
+    assert png.to_pil().tobytes() == noise.tobytes()  # zlib level 1 is still lossless
+    slow = ToolImage.from_pil(noise, compress_level=9)
+    assert slow.to_pil().tobytes() == noise.tobytes() and slow.data != png.data
+    jpeg = ToolImage.from_pil(noise, "JPEG", quality=50)
+    assert jpeg.mime == "image/jpeg" and jpeg.to_pil().size == (64, 48)

@@ -105,10 +105,17 @@ class ToolImage(_Model):
     model_config = ConfigDict(extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
 
     @classmethod
-    def from_pil(cls, image: PILImage, fmt: str = "PNG") -> ToolImage:
-        """Encode a PIL image."""
+    def from_pil(cls, image: PILImage, fmt: str = "PNG", **save_params: Any) -> ToolImage:
+        """Encode a PIL image; `save_params` go to `Image.save` (e.g. `quality=90` for JPEG).
+
+        PNG defaults to zlib level 1: on photos it encodes about 4x faster than Pillow's
+        default level 6 for about 10% more bytes, and envs encode an image on every reset
+        and every crop.
+        """
+        if fmt.upper() == "PNG":
+            save_params.setdefault("compress_level", 1)
         buf = io.BytesIO()
-        image.save(buf, format=fmt)
+        image.save(buf, format=fmt, **save_params)
         return cls(data=buf.getvalue(), mime=f"image/{fmt.lower()}", width=image.width, height=image.height)
 
     def to_pil(self) -> PILImage:
