@@ -160,3 +160,23 @@ def test_step_info_is_fresh_each_call() -> None:
     i2 = env.step(CALL)[-1]
     assert i1 is not i2 and i1["reward_components"] is not i2["reward_components"]
     assert isinstance(toolenv.ToolEnv, type)
+
+
+def test_areset_renders_through_the_async_hook() -> None:
+    import threading
+
+    class Threaded(toolenv.ToolEnv):
+        rendered_in: list[str] = []  # noqa: RUF012 - test bookkeeping
+
+        def render_prompt(self, task: toolenv.Task) -> tuple[str, list[toolenv.Message]]:
+            self.rendered_in.append(threading.current_thread().name)
+            return super().render_prompt(task)
+
+        async def arender_prompt(self, task: toolenv.Task) -> tuple[str, list[toolenv.Message]]:
+            return await asyncio.to_thread(self.render_prompt, task)
+
+    env = Threaded(tools=[Add()], tasks=TASKS)
+    obs, info = env.reset(seed=0)
+    assert "Question:" in obs and info["messages"][-1].role == "user"
+    assert Threaded.rendered_in and Threaded.rendered_in[0] != threading.current_thread().name
+    env.close()

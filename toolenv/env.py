@@ -125,6 +125,11 @@ class ToolEnv(gym.Env[str, str]):
         text = self.prompt_template.format_map(fields)
         return text, [Message(role="system", content=system), Message(role="user", content=task.question)]
 
+    async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
+        """`render_prompt` as `areset` calls it: override to move heavy rendering (images)
+        off the event loop, e.g. `return await asyncio.to_thread(self.render_prompt, task)`."""
+        return self.render_prompt(task)
+
     # ------------------------------------------------------------------ async API
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -133,7 +138,7 @@ class ToolEnv(gym.Env[str, str]):
         super().reset(seed=seed)
         await self.aend_episode()
         task = self._pick_task(options or {})
-        obs, messages = self.render_prompt(task)
+        obs, messages = await self.arender_prompt(task)
         self._episode = Episode(task=task, episode_id=uuid.uuid4().hex, caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}
 

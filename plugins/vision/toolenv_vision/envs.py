@@ -7,6 +7,7 @@ full-resolution image of a task is `toolenv_vision.task_image(task.context)`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import Mapping
@@ -45,6 +46,11 @@ class VisualSearchEnv(ToolEnv):
         self.image_root = Path(image_root) if image_root is not None else None
         self.overview_size = overview_size
         super().__init__(*args, **kwargs)
+
+    async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
+        """Decoding, resizing and PNG encoding release the GIL: render in a worker thread, so
+        concurrent episodes keep stepping while one resets."""
+        return await asyncio.to_thread(self.render_prompt, task)
 
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The text prompt, and chat messages whose user message holds the overview image."""
