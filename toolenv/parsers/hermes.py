@@ -67,9 +67,12 @@ class HermesParser(ActionParser):
                     errors.append(err)
                 elif call is not None:
                     calls.append(call)
-        pieces.append(text[pos:])
-        rest = "".join(pieces)
-        answer, rest = self.find_answer(rest) if self.answer_tag else (None, rest)
+        if pieces:
+            pieces.append(text[pos:])
+            rest = "".join(pieces)
+        else:
+            rest = text
+        answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
         return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
@@ -106,7 +109,7 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
         )
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, f'Tool call {index + 1} needs a JSON object with a string "name".'
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
     if isinstance(args, str):  # some models double-encode the arguments
         try:
             args = _loads(args)
