@@ -2,32 +2,55 @@
 
 Runs in a process just forked from the fork server (PID 1 of its own PID
 namespace when the kernel allows it) and never returns to the server's code.
+One-shot runs use a *warm spare* (`spare_main`): a child forked ahead of time that
+has done every request-independent step (stdio, cwd, environment, signals, the
+page faults of a first `exec`) and blocks on its "go" pipe; the request then only
+costs the rlimits, the uid drop and the code itself. Sessions use `enter_child`.
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C module under `signal`; no stubs
 import builtins
 import contextlib
 import io
 import linecache
+import mmap
 import os
 import random
 import resource
 import signal
 import sys
-import tempfile
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
-from toolenv_code._protocol import ProtocolError, read_frame, write_frame
+from toolenv_code._protocol import GO_LIMITS, ProtocolError, decode_go, encode_go, read_frame, write_frame
 
-__all__ = ["CPU_EXIT", "enter_child", "exec_user", "fresh_namespace", "session_loop"]
+__all__ = [
+    "CHILD_ENV",
+    "CPU_EXIT",
+    "SPARE_DONE",
+    "enter_child",
+    "exec_user",
+    "fresh_namespace",
+    "premake_stdio",
+    "session_loop",
+    "spare_main",
+    "warm_interpreter",
+]
 
 SESSION_REQ_FD, SESSION_STATUS_FD = 3, 4
+SPARE_GO_FD = 3
 #: Exit status of a child stopped by RLIMIT_CPU (128 + SIGXCPU, as a shell would show it).
 CPU_EXIT = 128 + signal.SIGXCPU
+#: First byte of a spare's shared status page once its code has finished (the second is the status).
+SPARE_DONE = 1
 _SOURCE_NAME = "<python>"
-_CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+#: The whole environment of sandboxed code (plus HOME and TMPDIR = its work dir). The fork
+#: server adopts it at start, so a child only sets the two per-run variables.
+CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+_MAX_FD = 1 << 20
+_WARM_GO = encode_go(dict.fromkeys(GO_LIMITS, 1), "pass")
 
 
 def _print_exception(exc: BaseException) -> None:
@@ -56,6 +79,23 @@ def exec_user(code: str, namespace: dict[str, Any]) -> int:
     return status
 
 
+def warm_interpreter() -> None:
+    """Run a printing and a failing snippet once, output discarded, in the fork server.
+
+    Lazy one-time work (code paths, caches, imports inside `traceback`) then happens
+    once before any fork instead of in every child.
+    """
+    saved = sys.stdout, sys.stderr
+    with open(os.devnull, "w", encoding="utf-8") as null:
+        sys.stdout = sys.stderr = null
+        try:
+            exec_user("print(1)", fresh_namespace())
+            exec_user("def f():\n    return 1 / 0\nf()\n", fresh_namespace())
+        finally:
+            sys.stdout, sys.stderr = saved
+    linecache.cache.pop(_SOURCE_NAME, None)
+
+
 def _set_limits(limits: dict[str, Any]) -> None:
     cpu = int(limits["cpu_seconds"])
     mb = 1024 * 1024
@@ -66,8 +106,27 @@ def _set_limits(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"], limits["max_open_files"]))
 
 
-def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int]) -> None:
-    """In the forked child: new session, stdio onto pipes, limits, lower uid, fresh stdio objects.
+def _drop_privileges(limits: dict[str, Any], uid: int) -> None:
+    """The last steps before user code: kernel limits, then the unprivileged uid."""
+    _set_limits(limits)
+    if uid > 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+def _set_env(workdir: str) -> None:
+    if os.environ.keys() - {"HOME", "TMPDIR"} != CHILD_ENV.keys():  # the server normally did this once
+        os.environ.clear()
+        os.environ.update(CHILD_ENV)
+    os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+    tempfile = sys.modules.get("tempfile")  # not imported in the server: it would read TMPDIR itself
+    if tempfile is not None:
+        vars(tempfile)["tempdir"] = workdir
+
+
+def _prepare(workdir: str, fds: list[int]) -> None:
+    """Everything that does not depend on the request: session, stdio, cwd, env, signals.
 
     `fds` become descriptors 1, 2, 3... in order; everything else above 2 is closed.
     """
@@ -77,31 +136,105 @@ def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int]) 
     os.dup2(null, 0)
     for target, fd in enumerate(high, start=1):
         os.dup2(fd, target)
-    os.closerange(len(fds) + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.closerange(len(fds) + 1, _MAX_FD)
     os.chdir(workdir)
-    os.environ.clear()
-    os.environ.update(_CHILD_ENV, HOME=workdir, TMPDIR=workdir)
-    tempfile.tempdir = workdir
-    _set_limits(limits)
-    if uid > 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    random.seed()
+    _set_env(workdir)
+    # `random` reseeds itself after `os.fork` (its at-fork hook); `spare_main` reseeds explicitly.
     sys.argv = [""]
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    # Unbuffered text streams: output printed before a kill (timeout, CPU limit) is not lost.
-    sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
-    )
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
-    )
-    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.stdin, sys.stdout, sys.stderr = _STDIO or _make_stdio()
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    # `_signal` rather than `signal`: the latter's enum conversions touch (so copy) many more pages.
+    _signal.signal(signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(signal.SIGPIPE, _signal.SIG_DFL)
     # PID 1 of a namespace ignores the kernel's SIGXCPU unless it has a handler.
-    signal.signal(signal.SIGXCPU, _cpu_exceeded)
+    _signal.signal(signal.SIGXCPU, _cpu_exceeded)
+
+
+def _make_stdio() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
+    """Text streams on descriptors 0, 1 and 2 as `python -c` would have them, but unbuffered.
+
+    Unbuffered, so output printed before a kill (timeout, CPU limit) is not lost.
+    """
+    stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    out, err = (
+        io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                         write_through=True)
+        for fd in (1, 2)
+    )  # fmt: skip
+    return stdin, out, err
+
+
+_STDIO: tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper] | None = None
+
+
+def premake_stdio() -> None:
+    """Build the children's stdio objects once, in the fork server, on stand-in pipes.
+
+    The objects only hold descriptor numbers: in a child, 1 and 2 are its output pipes.
+    Built here (with pipes in place, so they know they are not seekable), every child
+    inherits them instead of constructing three streams itself.
+    """
+    global _STDIO
+    saved = os.dup(1), os.dup(2)
+    r, w = os.pipe()
+    try:
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        _STDIO = _make_stdio()
+        for stream in _STDIO:
+            stream.seekable()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, r, w):
+            os.close(fd)
+
+
+def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int]) -> None:
+    """In a forked session child: `_prepare`, then limits and the lower uid right away."""
+    _prepare(workdir, fds)
+    _drop_privileges(limits, uid)
+
+
+def _read_to_eof(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoReturn:
+    """A warm spare: prepare, wait for the go message, drop privileges, run it, report, exit.
+
+    `fds` are the stdout and stderr pipes and the read end of the go pipe (→ 1, 2, 3);
+    `status_fd` is a memfd shared with the server (mapped here, then closed).
+    The go pipe is closed before the code runs, so the code sees only 0, 1 and 2.
+    When the code is done the status goes to the page shared with the server, then
+    every descriptor is closed: the server answers on that EOF instead of waiting
+    for the whole interpreter to be torn down (it still reaps the process after).
+    """
+    try:
+        status = mmap.mmap(status_fd, mmap.PAGESIZE)
+        _prepare(workdir, fds)  # closes status_fd with every other stray descriptor
+        random.seed()  # a spare cloned by the zygote ran no at-fork hooks
+        # Take the page faults of a first exec and of decoding a request before the request.
+        exec_user("pass", fresh_namespace())
+        decode_go(_WARM_GO)
+        message = _read_to_eof(SPARE_GO_FD)
+        os.close(SPARE_GO_FD)
+        if not message:  # the server closed us unused
+            os._exit(0)
+        limits, code = decode_go(message)
+        _drop_privileges(limits, uid)
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the server
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+        os._exit(120)
+    code_status = exec_user(code, fresh_namespace()) & 0xFF
+    status[1] = code_status
+    status[0] = SPARE_DONE
+    os.closerange(0, _MAX_FD)
+    os._exit(code_status)
 
 
 def _cpu_exceeded(signum: int, frame: object) -> None:

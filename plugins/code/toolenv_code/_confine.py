@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 from toolenv_code import _linux
@@ -113,6 +112,12 @@ def _enter_user_ns() -> None:
             fh.write(text)
 
 
+def _mkdtemp() -> str:
+    import tempfile  # only on this fallback path (see `_server._rmtree`)
+
+    return tempfile.mkdtemp(prefix="toolenv-code-")
+
+
 def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
     """Enter namespaces where the kernel allows it; fall back step by step where not."""
     iso = Isolation()
@@ -123,7 +128,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
             _enter_user_ns()
             iso.user_ns = True
         except OSError:
-            iso.workroot = tempfile.mkdtemp(prefix="toolenv-code-")
+            iso.workroot = _mkdtemp()
             return iso
     iso.mount_ns = iso.net_ns = True
     try:
@@ -140,6 +145,6 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True
     except OSError:
-        iso.workroot = tempfile.mkdtemp(prefix="toolenv-code-")
+        iso.workroot = _mkdtemp()
     iso.uid_drop = uid_base > 0 and os.geteuid() == 0 and not iso.user_ns
     return iso

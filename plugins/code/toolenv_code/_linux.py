@@ -3,13 +3,12 @@
 `unshare`/`setns` arrived in `os` only in 3.12, and `mount`/`prctl` are not in the
 standard library at all. The PyPI wrappers (python-prctl, pyroute2's netns helpers,
 "unshare" packages) each cover one call, need a C toolchain or are unmaintained, so
-four ctypes calls into libc are the smaller, dependency-free choice.
+a few ctypes calls into libc are the smaller, dependency-free choice.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = [
@@ -25,6 +24,7 @@ __all__ = [
     "MS_RDONLY",
     "MS_REC",
     "MS_REMOUNT",
+    "clone_sibling",
     "mount",
     "set_child_subreaper",
     "setns",
@@ -46,8 +46,14 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
 _PR_SET_CHILD_SUBREAPER = 36
+_CLONE_PARENT = 0x00008000
+_SYS_CLONE3 = 435  # the same number on every architecture
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The interpreter's own symbols include libc's. `ctypes.util.find_library` would import
+# `subprocess` (and with it `threading`, whose at-fork hook then runs in every child).
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 def _check(ret: int, what: str) -> None:
@@ -61,7 +67,7 @@ def unshare(flags: int) -> None:
     if hasattr(os, "unshare"):  # Python 3.12+
         os.unshare(flags)
         return
-    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+    _check(_libc.unshare(flags), "unshare")
 
 
 def setns(fd: int, nstype: int) -> None:
@@ -69,7 +75,7 @@ def setns(fd: int, nstype: int) -> None:
     if hasattr(os, "setns"):  # Python 3.12+
         os.setns(fd, nstype)
         return
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+    _check(_libc.setns(fd, nstype), "setns")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -85,3 +91,30 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 def set_child_subreaper() -> None:
     """Make orphaned descendants reparent to this process, so it can reap them."""
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls")
+    ]
+
+
+# PyDLL keeps the GIL held across the call, so the new process starts out owning it.
+_clone3 = ctypes.PyDLL(None, use_errno=True).syscall
+
+
+def clone_sibling(new_pid_ns: bool) -> int:
+    """`clone3(CLONE_PARENT [| CLONE_NEWPID])`: fork a *sibling* (a child of our parent).
+
+    Returns 0 in the new process and its pid in the caller, like `fork`. Unlike
+    `os.fork`, no at-fork hooks run in the new process (it must reseed `random` itself).
+    This lets a pristine helper process fork children that belong to the fork server,
+    so the server itself never forks and its memory is never shared copy-on-write again.
+    """
+    args = _CloneArgs(flags=_CLONE_PARENT | (CLONE_NEWPID if new_pid_ns else 0))
+    pid = int(_clone3(_SYS_CLONE3, ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args))))
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone3: {os.strerror(err)}")
+    return pid

@@ -6,26 +6,52 @@ a read-only view of the host filesystem, a private tmpfs on /tmp) and pre-import
 common modules, so that a run costs one `fork` rather than an interpreter start. Each
 child becomes PID 1 of its own PID namespace (killing it kills everything it spawned),
 drops to a per-server uid, applies rlimits, chdirs into a fresh directory and runs the
-code. Only the standard library is imported here.
+code. One-shot runs go to a *warm spare*: the next child is forked and prepared while
+the server waits for the next request, so a run only pays for handing over the code,
+the uid drop and rlimits, and the code itself. Spares are forked by a *zygote* (see
+`Server.start_zygote`) so that the server's own memory stays private between runs.
+Only the standard library is imported here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import math
+import mmap
 import os
-import selectors
-import shutil
+import select
 import signal
+import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolenv_code import _linux
-from toolenv_code._child import CPU_EXIT, enter_child, exec_user, fresh_namespace, session_loop
+from toolenv_code._child import (
+    CHILD_ENV,
+    CPU_EXIT,
+    SPARE_DONE,
+    enter_child,
+    premake_stdio,
+    session_loop,
+    spare_main,
+    warm_interpreter,
+)
 from toolenv_code._confine import Isolation, setup_isolation
-from toolenv_code._protocol import ProtocolError, read_frame, write_frame
+from toolenv_code._protocol import ProtocolError, encode_go, read_frame, write_all, write_frame
+
+
+def _rmtree(path: str) -> None:
+    # Imported on first use: `shutil` pulls in zlib, bz2 and lzma, and every shared library
+    # mapped here makes each fork (and each child's exit) a little slower.
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
 
 # Imported once here so every forked child starts with them loaded.
 PRELOAD = (
@@ -44,6 +70,7 @@ PRELOAD = (
     "json",
     "math",
     "operator",
+    "random",
     "re",
     "statistics",
     "string",
@@ -96,12 +123,27 @@ class Child:
     uid_index: int = 0
     last_used: float = field(default_factory=time.monotonic)
     exit_status: int | None = None
+    #: A spare's page shared with the server: [SPARE_DONE, exit status] once its code has finished.
+    done_page: mmap.mmap | None = None
+
+    def finished(self) -> int | None:
+        """The exit status a spare reported through its shared page, if it did.
+
+        The page is mapped in the sandboxed process too: code that forges it only ends
+        its own run early (and could set its exit status with `os._exit` anyway).
+        """
+        page = self.done_page
+        return page[1] if page is not None and page[0] == SPARE_DONE else None
 
     def close_fds(self) -> None:
         for fd in (self.pidfd, self.out_r, self.err_r, self.req_w, self.status_r):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        self.pidfd = self.out_r = self.err_r = self.req_w = self.status_r = -1
+        if self.done_page is not None:
+            self.done_page.close()
+            self.done_page = None
 
 
 class Server:
@@ -113,6 +155,10 @@ class Server:
         self.max_sessions = max_sessions
         self.session_idle = session_idle
         self.sessions: dict[str, Child] = {}
+        self.spare: Child | None = None  # the next one-shot run's child, forked ahead
+        self.dying: list[Child] = []  # finished one-shot children, reaped after the answer
+        self.zygote: socket.socket | None = None  # see `start_zygote`
+        self.zygote_pid = 0
         self.counter = 0
         self.own_pidns = -1
         try:
@@ -134,17 +180,8 @@ class Server:
             os.chown(path, uid, uid)
         return path
 
-    def _fork(self, limits: dict[str, Any], uid_index: int, session: bool) -> Child:
-        uid = self.uid_base + uid_index if self.uid_base else 0
-        workdir = self._workdir(uid)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        fds = [out_w, err_w]
-        req_r = req_w = status_r = status_w = -1
-        if session:
-            req_r, req_w = os.pipe()
-            status_r, status_w = os.pipe()
-            fds += [req_r, status_w]
+    def _spawn(self, workdir: str, fds: list[int], run: Callable[[], None]) -> int:
+        """Fork a child that runs `run` (never returning); close `fds` (its pipe ends) here."""
         if self.iso.pid_ns:
             _linux.unshare(_linux.CLONE_NEWPID)  # the next child is PID 1 of a fresh PID namespace
         try:
@@ -153,51 +190,153 @@ class Server:
             pid = -1
         if pid != 0 and self.iso.pid_ns:
             _linux.setns(self.own_pidns, _linux.CLONE_NEWPID)  # back to ours for the next unshare
-        if pid < 0:
-            for fd in (out_r, out_w, err_r, err_w, req_r, req_w, status_r, status_w):
-                if fd >= 0:
-                    os.close(fd)
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise OSError("fork failed")
         if pid == 0:  # the child: never returns
             try:
-                enter_child(workdir, limits, uid, fds)
-                if session:
-                    session_loop()
-                os._exit(exec_user(limits["code"], fresh_namespace()))
+                run()
             except BaseException:  # noqa: BLE001 - a forked child must never return into the server
                 with contextlib.suppress(BaseException):
                     traceback.print_exc()
-                os._exit(120)
-        for fd in (out_w, err_w, req_r, status_w):
-            if fd >= 0:
+            os._exit(120)
+        for fd in fds:
+            os.close(fd)
+        if pid < 0:
+            _rmtree(workdir)
+            raise OSError("fork failed")
+        return pid
+
+    def _fork(self, limits: dict[str, Any], uid_index: int) -> Child:
+        """A session child: prepared, limited and running its request loop right away."""
+        uid = self.uid_base + uid_index if self.uid_base else 0
+        workdir = self._workdir(uid)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        req_r, req_w = os.pipe()
+        status_r, status_w = os.pipe()
+        fds = [out_w, err_w, req_r, status_w]
+
+        def run() -> None:
+            enter_child(workdir, limits, uid, fds)
+            session_loop()
+
+        try:
+            pid = self._spawn(workdir, fds, run)
+        except OSError:
+            for fd in (out_r, err_r, req_w, status_r):
                 os.close(fd)
+            raise
         return Child(pid, os.pidfd_open(pid), out_r, err_r, workdir, req_w, status_r, uid_index)
 
+    def _fork_spare(self) -> Child:
+        """A warm spare for the next one-shot run (uid index 0); `req_w` is its go pipe.
+
+        Forked by the zygote when there is one (its pid then arrives later, see `_ready`),
+        else here.
+        """
+        uid = self.uid_base if self.uid_base else 0
+        workdir = self._workdir(uid)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        go_r, go_w = os.pipe()
+        # The status page: a memfd both sides map (the child closes its descriptor at once).
+        memfd = os.memfd_create("toolenv-status", os.MFD_CLOEXEC)
+        theirs = [out_w, err_w, go_r, memfd]
+        child = Child(0, -1, out_r, err_r, workdir, req_w=go_w)
+        try:
+            os.ftruncate(memfd, mmap.PAGESIZE)
+            child.done_page = mmap.mmap(memfd, mmap.PAGESIZE)
+            if self.zygote is not None:
+                try:
+                    socket.send_fds(self.zygote, [f"{workdir}\0{uid}".encode()], theirs)
+                except OSError:  # the zygote died: fork spares here from now on
+                    self._stop_zygote()
+            if self.zygote is None:
+                child.pid = self._spawn(workdir, [], lambda: spare_main(workdir, uid, theirs[:3], memfd))
+                child.pidfd = os.pidfd_open(child.pid)
+        except OSError:
+            child.close_fds()
+            _rmtree(workdir)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return child
+
+    def _ready(self, child: Child) -> None:
+        """Learn the pid of a spare the zygote forked (it is our child all the same)."""
+        if child.pid > 0:
+            return
+        data = self.zygote.recv(8) if self.zygote is not None else b""
+        pid = int.from_bytes(data, "little", signed=True) if len(data) == 4 else 0
+        if pid <= 0:  # the zygote is gone or cannot clone: fork spares here from now on
+            self._stop_zygote()
+            raise OSError(-pid if pid < 0 else 0, "the zygote could not fork a spare")
+        child.pid = pid
+        child.pidfd = os.pidfd_open(pid)
+
+    def start_zygote(self) -> None:
+        """Fork the zygote: a pristine copy of this server whose only job is forking spares.
+
+        It forks them with `clone_sibling`, so they are children of the server all the
+        same, while the server itself stops forking: its memory is no longer made
+        copy-on-write again before every run, so the request path takes no page faults.
+        """
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                _zygote_loop(theirs, self.iso.pid_ns)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.zygote, self.zygote_pid = ours, pid
+
+    def _stop_zygote(self) -> None:
+        if self.zygote is None:
+            return
+        self.zygote.close()  # it exits on EOF
+        self.zygote = None
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.zygote_pid, 0)
+
     def _kill(self, child: Child) -> None:
+        if child.exit_status is not None or child.pid <= 0:
+            return  # reaped (the pid may belong to someone else by now) or never started
         with contextlib.suppress(OSError):
-            os.kill(child.pid, signal.SIGKILL)
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
         if not self.iso.pid_ns:
             with contextlib.suppress(OSError):
                 os.killpg(child.pid, signal.SIGKILL)
 
-    def _reap(self, child: Child) -> None:
-        if child.exit_status is None:
-            with contextlib.suppress(ChildProcessError):
+    @staticmethod
+    def _wait(child: Child) -> None:
+        if child.exit_status is None and child.pid > 0:
+            try:
                 _, status = os.waitpid(child.pid, 0)
-                child.exit_status = status
+            except ChildProcessError:  # reaped by `_reap_orphans`
+                status = 0
+            child.exit_status = status
+
+    def _reap(self, child: Child) -> None:
+        self._wait(child)
         child.close_fds()
-        shutil.rmtree(child.workdir, ignore_errors=True)
+        try:
+            os.rmdir(child.workdir)  # most runs leave it empty
+        except OSError:
+            _rmtree(child.workdir)
 
     # -- watching
     def _collect(self, child: Child, timeout: float, cap: int, session: bool) -> dict[str, Any]:
+        # `select.poll` with plain ints rather than `selectors`: far fewer Python objects
+        # touched per run, so fewer copy-on-write faults on the critical path.
         out, err = Capture(cap), Capture(cap)
-        sel = selectors.DefaultSelector()
-        sel.register(child.out_r, selectors.EVENT_READ, out)
-        sel.register(child.err_r, selectors.EVENT_READ, err)
-        sel.register(child.pidfd, selectors.EVENT_READ, "exit")
-        if session:
-            sel.register(child.status_r, selectors.EVENT_READ, "status")
+        outputs = {child.out_r: out, child.err_r: err}
+        poller = select.poll()
+        for fd in (child.out_r, child.err_r, child.pidfd, *([child.status_r] if session else [])):
+            poller.register(fd, select.POLLIN)
         start = time.monotonic()
         deadline = start + timeout
         exited = timed_out = False
@@ -210,37 +349,45 @@ class Server:
                 if finish_by is None:
                     timed_out = True
                 break
-            events = sel.select(limit - now)
-            for key, _ in events:
-                if key.data == "exit":
+            for fd, _ in poller.poll(math.ceil((limit - now) * 1000)):
+                if fd == child.pidfd:
                     exited = True
-                    sel.unregister(child.pidfd)
-                elif key.data == "status":
+                    poller.unregister(fd)
+                elif fd == child.status_r:
                     with contextlib.suppress(ProtocolError, OSError, ValueError):
-                        session_status = int(read_frame(child.status_r)["exit_code"])
-                    sel.unregister(child.status_r)
-                else:
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        key.data.add(data)
-                    else:
-                        sel.unregister(key.fd)
-            outputs_open = child.out_r in sel.get_map() or child.err_r in sel.get_map()
+                        session_status = int(read_frame(fd)["exit_code"])
+                    poller.unregister(fd)
+                elif not self._read_into(fd, outputs):
+                    poller.unregister(fd)
             if (exited or session_status is not None) and finish_by is None:
                 # Output written before exit/status is already in the pipes; give stragglers a moment.
                 finish_by = time.monotonic() + (0.0 if session and not exited else 0.25)
-            if exited and not outputs_open:
+            if exited and not outputs:
                 break
             if session and session_status is not None and not exited:
-                self._drain(sel)
+                while outputs and any(self._read_into(fd, outputs) for fd, _ in poller.poll(0) if fd in outputs):
+                    pass
                 break
-        sel.close()
+            if not outputs and not exited and child.finished() is not None:
+                break  # a spare reported its status and closed its pipes: all its output is in
         duration = time.monotonic() - start
         result: dict[str, Any] = {"timed_out": timed_out, "duration": duration}
-        if timed_out or (exited and not session):
+        reported = None if session or timed_out else child.finished()
+        if reported is not None:
+            # Answer now; the kill takes down whatever the code left behind (PID namespace),
+            # and the process is reaped and its work dir removed right after the answer.
             self._kill(child)
             self._drain_nonblocking(child, out, err)
-            self._reap(child)
+            result.update(exit_code=reported, signal=None, alive=False)
+            self.dying.append(child)
+        elif timed_out or (exited and not session):
+            self._kill(child)
+            self._drain_nonblocking(child, out, err)
+            if session:
+                self._reap(child)
+            else:
+                self._wait(child)
+                self.dying.append(child)
             status = child.exit_status or 0
             if os.WIFSIGNALED(status):
                 result.update(exit_code=None, signal=os.WTERMSIG(status))
@@ -258,20 +405,14 @@ class Server:
         return result
 
     @staticmethod
-    def _drain(sel: selectors.BaseSelector) -> None:
-        while True:
-            events = sel.select(0)
-            got = False
-            for key, _ in events:
-                if isinstance(key.data, Capture):
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        key.data.add(data)
-                        got = True
-                    else:
-                        sel.unregister(key.fd)
-            if not got:
-                return
+    def _read_into(fd: int, outputs: dict[int, Capture]) -> bool:
+        """Read what `fd` has into its capture; at EOF forget it and return False."""
+        data = os.read(fd, 65536)
+        if data:
+            outputs[fd].add(data)
+            return True
+        del outputs[fd]
+        return False
 
     @staticmethod
     def _drain_nonblocking(child: Child, out: Capture, err: Capture) -> None:
@@ -286,9 +427,50 @@ class Server:
 
     # -- operations
     def op_run(self, req: dict[str, Any]) -> dict[str, Any]:
-        limits = dict(req["limits"], code=req["code"])
-        child = self._fork(limits, 0, session=False)
-        return self._collect(child, float(req["limits"]["timeout"]), int(req["limits"]["max_output_bytes"]), False)
+        self._reap_dying(block=True)  # the last run's processes are gone before the next starts
+        limits = req["limits"]
+        go = encode_go(limits, str(req["code"]))
+        for attempt in (0, 1):
+            child, self.spare = self.spare, None
+            try:
+                if child is None:
+                    child = self._fork_spare()
+                self._ready(child)
+                write_all(child.req_w, go)
+            except OSError:  # no spare, or it died before its go message: try a fresh one
+                if child is not None:
+                    self._kill(child)
+                    self._reap(child)
+                if attempt:
+                    raise
+                continue
+            os.close(child.req_w)  # EOF ends the message
+            child.req_w = -1
+            return self._collect(child, float(limits["timeout"]), int(limits["max_output_bytes"]), False)
+        raise AssertionError("unreachable")
+
+    def after_request(self) -> None:
+        """Work kept off the critical path: fork the next spare, reap finished runs."""
+        if self.spare is None:
+            with contextlib.suppress(OSError):
+                self.spare = self._fork_spare()
+        self._reap_dying(block=False)
+
+    def _reap_dying(self, block: bool) -> None:
+        """Reap finished one-shot children (all of them, waiting if need be, when `block`)."""
+        still = []
+        for child in self.dying:
+            if not block and child.exit_status is None:
+                try:
+                    pid, status = os.waitpid(child.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pid, status = child.pid, 0
+                if pid == 0:
+                    still.append(child)
+                    continue
+                child.exit_status = status
+            self._reap(child)
+        self.dying = still
 
     def _evict_sessions(self) -> None:
         now = time.monotonic()
@@ -312,12 +494,13 @@ class Server:
         limits = req["limits"]
         child = self.sessions.get(sid)
         created = child is None
+        self._reap_dying(block=True)
         if child is None:
             self._evict_sessions()
             used = {c.uid_index for c in self.sessions.values()}
             index = next(i for i in range(1, self.max_sessions + 2) if i not in used)
             session_limits = dict(limits, cpu_seconds=limits["session_cpu_seconds"])
-            child = self._fork(session_limits, index, session=True)
+            child = self._fork(session_limits, index)
             self.sessions[sid] = child
         child.last_used = time.monotonic()
         try:
@@ -337,9 +520,18 @@ class Server:
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         iso = self.iso
+        if self.spare is not None:
+            try:
+                self._ready(self.spare)
+            except OSError:
+                self._kill(self.spare)
+                self._reap(self.spare)
+                self.spare = None
         return {
             "pid": os.getpid(),
             "sessions": sorted(self.sessions),
+            "spare_pid": self.spare.pid if self.spare and self.spare.pid > 0 else None,
+            "zygote_pid": self.zygote_pid if self.zygote else None,
             "isolation": {
                 "mount_ns": iso.mount_ns,
                 "net_ns": iso.net_ns,
@@ -360,6 +552,7 @@ class Server:
             "stats": self.op_stats,
         }
         while True:
+            self._idle(req_fd)
             try:
                 req = read_frame(req_fd)
             except (ProtocolError, OSError):
@@ -370,15 +563,39 @@ class Server:
             except Exception as exc:  # noqa: BLE001 - every request gets an answer
                 resp = {"error": f"sandbox server error: {type(exc).__name__}: {exc}"}
             write_frame(resp_fd, resp)
+            self.after_request()
             self._reap_orphans()
+        self.close()
+
+    def close(self) -> None:
+        """Kill the spare, the dying and every session, and remove their work dirs."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            with contextlib.suppress(OSError):
+                self._ready(spare)
+            self.dying.append(spare)
+        for child in self.dying:
+            self._kill(child)
+        while self.dying:
+            self._reap(self.dying.pop())
         for sid in list(self.sessions):
             self._close_session(sid)
+        self._stop_zygote()
         if not self.iso.private_tmp:
-            shutil.rmtree(self.iso.workroot, ignore_errors=True)
+            _rmtree(self.iso.workroot)
+
+    def _idle(self, req_fd: int) -> None:
+        """Until the next request arrives, reap one-shot children as they finish."""
+        while self.dying:
+            ready = select.select([req_fd, *(c.pidfd for c in self.dying)], [], [])[0]
+            self._reap_dying(block=False)
+            if req_fd in ready:
+                return
 
     def _reap_orphans(self) -> None:
-        """Collect zombies reparented to us (we are a subreaper); note dead sessions."""
-        by_pid = {c.pid: c for c in self.sessions.values()}
+        """Collect zombies reparented to us (we are a subreaper); note dead children of ours."""
+        children = [*self.sessions.values(), *self.dying, *([self.spare] if self.spare else [])]
+        by_pid = {c.pid: c for c in children}
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -390,6 +607,33 @@ class Server:
                 by_pid[pid].exit_status = status
 
 
+def _zygote_loop(sock: socket.socket, pid_ns: bool) -> None:
+    """The zygote: for each (work dir, uid, descriptors) message, clone a spare; reply with its pid."""
+    keep = sock.fileno()
+    os.closerange(3, keep)  # none of the server's descriptors (the client's pipes above all)
+    os.closerange(keep + 1, 1 << 20)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 4)
+        except OSError:
+            return
+        if not msg or len(fds) != 4:
+            return
+        workdir, uid = msg.decode().rsplit("\0", 1)
+        try:
+            pid = _linux.clone_sibling(pid_ns)
+        except OSError as exc:
+            pid = -(exc.errno or 1)
+        if pid == 0:
+            try:
+                spare_main(workdir, int(uid), fds[:3], fds[3])
+            finally:
+                os._exit(120)
+        for fd in fds:
+            os.close(fd)
+        sock.send(pid.to_bytes(4, "little", signed=True))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: `main([uid_base, tmpfs_mb, max_sessions, session_idle_seconds])`."""
     args = sys.argv[1:] if argv is None else argv
@@ -398,10 +642,20 @@ def main(argv: list[str] | None = None) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
+    os.environ.clear()  # children inherit this environment, not the host's
+    os.environ.update(CHILD_ENV)
     for name in PRELOAD:
         __import__(name)
+    warm_interpreter()
+    premake_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes us, not Ctrl-C
     iso = setup_isolation(tmpfs_mb, uid_base)
     server = Server(iso, uid_base, max_sessions, session_idle)
+    # Objects alive now are never collected: a GC pass in a child would otherwise write to
+    # (and so copy) every page of the heap shared with the server.
+    gc.collect()
+    gc.freeze()
+    server.start_zygote()
+    server.after_request()  # the first spare
     write_frame(resp_fd, {"ready": True, **server.op_stats({})})
     server.serve(req_fd, resp_fd)

@@ -52,7 +52,7 @@ class ExecResult(BaseModel):
     signal: int | None = Field(default=None, description="The signal that killed the process, if any.")
     timed_out: bool = False
     truncated: bool = Field(default=False, description="Output exceeded `max_output_bytes` and was cut.")
-    duration: float = Field(default=0.0, description="Seconds from fork to exit.")
+    duration: float = Field(default=0.0, description="Seconds from handing the code over to its end.")
     error: str | None = Field(default=None, description="A sandbox failure (not the code's own error).")
     new_session: bool = Field(default=False, description="A stateful call that started a fresh session.")
 
@@ -131,6 +131,7 @@ class SandboxPool:
         self._opts = (tmpfs_mb, max_sessions, session_idle)
         self._servers: list[_Server | None] = [None] * self.size
         self._busy = [False] * self.size
+        self._next = 0
         self._cond = threading.Condition()
         self._session_slot: dict[str, int] = {}
         self._pending_close: list[str] = []
@@ -148,9 +149,12 @@ class SandboxPool:
                         self._busy[slot] = True
                         return slot
                 else:
-                    for i in range(self.size):
+                    # Round robin: the least recently used server has had longest to fork its spare.
+                    for k in range(self.size):
+                        i = (self._next + k) % self.size
                         if not self._busy[i]:
                             self._busy[i] = True
+                            self._next = i + 1
                             return i
                 self._cond.wait()
 
