@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 
@@ -60,9 +61,18 @@ def test_endless_rows_time_out_while_fetching(numbers_db: Path) -> None:
         run_query(numbers_db, "sqlite", endless, timeout=0.3, max_rows=10)
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="sqlite3.Connection.setlimit (the value-size cap) needs Python 3.11+"
+)
 def test_memory_bomb_values_are_refused(numbers_db: Path) -> None:
     with pytest.raises(SQLError, match="too big"):
         run_query(numbers_db, "sqlite", "SELECT zeroblob(500000000)")
+
+
+def test_unencodable_sql_is_an_sql_error(numbers_db: Path) -> None:
+    # A lone surrogate cannot be sent to SQLite: 3.10 raises sqlite3.Warning, 3.11+ UnicodeEncodeError.
+    with pytest.raises(SQLError, match="SQLite"):
+        run_query(numbers_db, "sqlite", "SELECT coun\ud800t(*) FROM n")
 
 
 @pytest.mark.parametrize(

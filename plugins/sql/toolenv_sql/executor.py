@@ -107,7 +107,9 @@ class _SQLiteConnection:
             if time.monotonic() > self.deadline or str(exc) == "interrupted":
                 raise _timeout_error(timeout) from None
             raise _engine_error("SQLite", exc) from None
-        except (sqlite3.Error, OverflowError, ValueError) as exc:
+        # sqlite3.Warning is not an sqlite3.Error: Python 3.10 raises it for SQL text that
+        # cannot be encoded (a lone surrogate), where 3.11+ raise UnicodeEncodeError.
+        except (sqlite3.Error, sqlite3.Warning, OverflowError, ValueError) as exc:
             raise _engine_error("SQLite", exc) from None
         finally:
             self.deadline = math.inf
