@@ -97,7 +97,13 @@ def _being_cancelled() -> bool:
     """True when the running task was asked to stop (as opposed to a tool's inner cancellation)."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
-    return task is None or cancelling is None or cancelling() > 0  # 3.10 has no cancelling(): assume so
+    # Python 3.10 has no cancelling(): there `_run_in_task` turns the tool's own cancellation
+    # into `_SelfCancelled`, so a CancelledError that gets this far is the step's.
+    return task is None or cancelling is None or cancelling() > 0
+
+
+def _cancelled(tool: Tool) -> ToolResult:
+    return ToolResult.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
 
 
 def _describe(exc: BaseException, limit: int = 2000) -> str:
@@ -166,8 +172,57 @@ class _Resumed:
                 return stop.value
 
 
-async def _as_coroutine(awaitable: _Resumed) -> Any:  # pragma: no cover - Python 3.10
-    return await awaitable
+class _SelfCancelled(Exception):
+    """The tool cancelled its own work (told apart from the step's cancellation on 3.10)."""
+
+
+@dataclass(slots=True)
+class _Exited:
+    """A tool's SystemExit, carried out of its task (a task re-raises it out of the event loop)."""
+
+    exc: SystemExit
+
+
+async def _catch_exit(coro: Coroutine[Any, Any, Any]) -> Any:  # pragma: no cover - Python 3.10
+    try:
+        return await coro
+    except SystemExit as exc:
+        return _Exited(exc)
+
+
+async def _run_in_task(coro: Coroutine[Any, Any, Any], timeout: float | None) -> Any:  # pragma: no cover - 3.10
+    """Python 3.10's deadline (it has no `asyncio.timeout`): the whole tool in one child task.
+
+    The whole call runs in that task, so libraries that pin state to the current task
+    (anyio's cancel scopes inside httpx) see one task throughout. Shielding the task tells
+    apart the three ways it can end cancelled, which 3.10's `Task` cannot (no
+    `cancelling()`): our deadline, the step's own cancellation, and the tool cancelling itself.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(_catch_exit(coro))
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    handle = loop.call_later(timeout, expire) if timeout is not None else None
+    try:
+        result = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():  # the step is being cancelled: take the tool down with it
+            task.cancel()
+            raise
+        if expired:
+            raise asyncio.TimeoutError from None
+        raise _SelfCancelled from None
+    finally:
+        if handle is not None:
+            handle.cancel()
+    if isinstance(result, _Exited):
+        raise result.exc
+    return result
 
 
 class ToolCaller:
@@ -284,7 +339,9 @@ class ToolCaller:
         timeout = tool.limits.timeout
         try:
             coro = tool.run(args, ctx)
-            if timeout is None:
+            if _timeout is None:  # pragma: no cover - Python 3.10
+                result = await _run_in_task(coro, timeout)
+            elif timeout is None:
                 result = await coro
             else:
                 # Most in-process tools finish without ever suspending; arming a timer costs
@@ -295,16 +352,14 @@ class ToolCaller:
                 except StopIteration as stop:
                     result = stop.value
                 else:
-                    resumed = _Resumed(coro, first)
-                    if _timeout is not None:
-                        async with _timeout(timeout):
-                            result = await resumed
-                    else:  # pragma: no cover - Python 3.10
-                        result = await asyncio.wait_for(_as_coroutine(resumed), timeout)
+                    async with _timeout(timeout):
+                        result = await _Resumed(coro, first)
         except asyncio.CancelledError:
             if _being_cancelled():
                 raise  # the step itself is cancelled (Ctrl-C, a shutdown): not the tool's failure
-            return ToolResult.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
+            return _cancelled(tool)
+        except _SelfCancelled:  # pragma: no cover - Python 3.10
+            return _cancelled(tool)
         except (TimeoutError, asyncio.TimeoutError):
             after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
             return ToolResult.error(

@@ -107,7 +107,7 @@ def solution_source(answer: str, prefix: str = "") -> str:
         return code
     try:
         ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # 3.10 raises ValueError for a null byte
         return prefix + code  # a body that continues the prompt's signature (HumanEval completion style)
     return prefix.rstrip("\n") + "\n\n" + code
 
