@@ -78,3 +78,28 @@ def test_session_idle_timeout() -> None:
         assert "old" not in pool.stats()[0]["sessions"]
     finally:
         pool.close()
+
+
+def test_session_closes_at_episode_end_and_on_abandoning_reset() -> None:
+    env = gym.make("toolenv/MBPP-v0", parser="hermes", stateful=True, limit=3, max_turns=8)
+    gc.disable()  # the episode's state stays referenced: only the release hook can close it
+    try:
+        env.reset(seed=0)
+        env.step(_call("x = 1"))
+        first = env.unwrapped.episode.episode_id
+        assert first in _live_sessions()
+        *_, terminated, _, _ = env.step("<answer>def f(): pass</answer>")
+        assert terminated and first not in _live_sessions()
+        env.reset(seed=1)
+        env.step(_call("y = 2"))
+        second = env.unwrapped.episode.episode_id
+        assert second in _live_sessions()
+        env.reset(seed=2)  # abandons the unfinished second episode
+        assert second not in _live_sessions()
+        env.step(_call("z = 3"))
+        third = env.unwrapped.episode.episode_id
+        env.close()
+        assert third not in _live_sessions()
+    finally:
+        gc.enable()
+        env.close()
