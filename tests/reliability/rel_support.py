@@ -13,6 +13,7 @@ full run is one variable away (see docs/reliability.md):
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -112,6 +113,27 @@ needs_proc = pytest.mark.skipif(not PROC.exists(), reason="process gauges read /
 def open_fds() -> int:
     """File descriptors open in this process."""
     return len(os.listdir(PROC / "fd"))
+
+
+DB_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".duckdb")
+
+
+def database_fds() -> dict[str, int]:
+    """Open descriptors per database file: the SQL executor's per-thread connection caches."""
+    per_file: dict[str, int] = {}
+    for fd in os.listdir(PROC / "fd"):
+        try:
+            target = os.readlink(PROC / "fd" / fd)
+        except OSError:  # closed while listing (listdir's own descriptor among them)
+            continue
+        if target.endswith(DB_SUFFIXES):
+            per_file[target] = per_file.get(target, 0) + 1
+    return per_file
+
+
+def sql_threads() -> int:
+    """Threads of the SQL executor's pool (started lazily, up to its size)."""
+    return sum(t.name.startswith("toolenv-sql") for t in threading.enumerate())
 
 
 def thread_count() -> int:

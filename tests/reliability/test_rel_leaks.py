@@ -7,7 +7,11 @@ that; then `TOOLENV_REL_EPISODES` episodes (5,000, in CI too)
 cycle over the same tasks, played by oracles with a malformed turn first, on
 envs built and closed in batches: anything that grows now grows per episode.
 After the last close, open fds, threads and child processes must return to the
-baseline; resident memory growth is reported and bounded.
+baseline; resident memory growth is reported and bounded. The SQL executor's
+pool threads and their cached connections are counted apart: which pool thread
+runs a query is up to the scheduler, so a thread may open its first connection
+to a database after the baseline; the bound there is one connection per thread
+and database file, which a leak (a connection per query or episode) breaks.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from rel_support import (
     EPISODES,
     SANDBOX_ONLY,
     child_pids,
+    database_fds,
     env_names,
     make_env,
     needs_proc,
     open_fds,
     oracle,
     rss_mb,
+    sql_threads,
     thread_count,
 )
 
@@ -58,8 +64,18 @@ def play(env: toolenv.ToolEnv, policy: Callable[..., str], index: int) -> None:
 
 
 def gauges() -> dict[str, Any]:
+    """fds and threads other than the SQL executor's (see the module docstring), children, RSS."""
     gc.collect()
-    return {"fds": open_fds(), "threads": thread_count(), "children": child_pids(), "rss_mb": rss_mb()}
+    db = database_fds()
+    pool = sql_threads()
+    return {
+        "fds": open_fds() - sum(db.values()),
+        "threads": thread_count() - pool,
+        "children": child_pids(),
+        "rss_mb": rss_mb(),
+        "db_fds": db,
+        "sql_threads": pool,
+    }
 
 
 def settle(baseline: dict[str, Any], seconds: float = 10.0) -> dict[str, Any]:
@@ -108,12 +124,16 @@ def test_rel_no_leaks_across_episodes() -> None:
         f"\n[leaks] {played} episodes over {len(names)} envs in {elapsed:.1f} s: "
         f"fds {baseline['fds']}->{after['fds']} (peak {peak_fds}), threads {baseline['threads']}->{after['threads']}, "
         f"children {len(baseline['children'])}->{len(after['children'])}, "
+        f"database connections {sum(baseline['db_fds'].values())}->{sum(after['db_fds'].values())} "
+        f"on {after['sql_threads']} pool threads, "
         f"RSS {baseline['rss_mb']:.0f}->{after['rss_mb']:.0f} MiB ({growth:+.1f})"
     )
     assert played >= EPISODES
     assert after["fds"] <= baseline["fds"], "file descriptors leaked"
     assert after["threads"] <= baseline["threads"], "threads leaked"
     assert after["children"] <= baseline["children"], f"child processes leaked: {after['children']}"
+    per_db_bound = after["sql_threads"] + 1  # each pool thread, plus the calling thread's inline queries
+    assert all(n <= per_db_bound for n in after["db_fds"].values()), f"database connections leaked: {after['db_fds']}"
     # Bounded: a few kB per episode at most (caches are bounded; trajectories are not kept).
     assert growth < 64 + played * 0.02, f"RSS grew {growth:.1f} MiB over {played} episodes"
 
