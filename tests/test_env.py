@@ -85,6 +85,32 @@ def test_reset_picks_tasks_by_seed_id_index_and_sequence() -> None:
     assert [seq.reset()[1]["task_id"] for _ in range(4)] == ["t1", "t2", "t3", "t1"]
 
 
+def test_seeded_generator_matches_gymnasium_though_made_lazily() -> None:
+    import numpy as np
+    from gymnasium.error import Error
+    from gymnasium.utils import seeding
+
+    env = make()
+    env.reset(seed=11, options={"task_index": 0})  # the task is given: nothing drawn yet
+    expected, _ = seeding.np_random(11)
+    assert env.np_random_seed == 11
+    assert env.np_random.integers(10**9, size=4).tolist() == expected.integers(10**9, size=4).tolist()
+    env.reset(seed=11)  # a random task draws from a fresh generator of the same seed
+    first = env.unwrapped.np_random.integers(10**9)
+    again = make()
+    again.reset(seed=11)
+    assert again.np_random.integers(10**9) == first
+    env.reset()  # no seed: the generator carries on
+    assert env.np_random_seed == 11
+    env.np_random = np.random.default_rng(3)  # Gymnasium's setter: seed unknown
+    assert env.np_random_seed == -1
+    with pytest.raises(Error, match="greater or equal to zero"):
+        env.reset(seed=-1)
+    single = make(tasks=TASKS[:1])
+    assert single.reset(seed=5)[1]["task_id"] == TASKS[0]["id"]
+    assert single.np_random_seed == 5
+
+
 def test_tags_parser_with_information_markers() -> None:
     from toolenv import tool
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
+import numpy as np
+from gymnasium.utils import seeding
 
 from toolenv._tool import Tool
 from toolenv.caller import ToolCaller
@@ -93,6 +95,32 @@ class ToolEnv(gym.Env[str, str]):
         self._next_index = 0
         self._episode: Episode | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._seed: int | None = None  # a reset's seed whose generator is not made yet
+        self._rng: np.random.Generator | None = None
+
+    # ------------------------------------------------------------------ seeding
+    # Gymnasium's `reset(seed=...)` builds the generator at once (a SeedSequence and a PCG64,
+    # ~12 µs, more than the rest of a reset), though a reset given its task never draws from
+    # it. Here the generator is made from the seed on first use: same numbers, same API.
+    # It has to be Gymnasium's own `_np_random` slot that is lazy, since `np_random`,
+    # `np_random_seed` and Gymnasium's env checker all read that attribute.
+    def _seed_lazily(self, seed: int | None) -> None:
+        if seed is None:
+            return
+        if not (isinstance(seed, int) and seed >= 0):
+            seeding.np_random(seed)  # raises Gymnasium's own error for a bad seed
+        self._rng, self._seed, self._np_random_seed = None, seed, seed
+
+    @property
+    def _np_random(self) -> np.random.Generator | None:
+        if self._rng is None and self._seed is not None:
+            self._rng, self._np_random_seed = seeding.np_random(self._seed)
+            self._seed = None
+        return self._rng
+
+    @_np_random.setter
+    def _np_random(self, value: np.random.Generator | None) -> None:
+        self._rng, self._seed = value, None
 
     # ------------------------------------------------------------------ tasks and prompts
     def _pick_task(self, options: Mapping[str, Any]) -> Task:
@@ -113,6 +141,8 @@ class ToolEnv(gym.Env[str, str]):
             task = self.tasks[self._next_index % len(self.tasks)]
             self._next_index += 1
             return task
+        if len(self.tasks) == 1:  # `integers(1)` draws nothing: skip making the generator for it
+            return self.tasks[0]
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
@@ -135,7 +165,7 @@ class ToolEnv(gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
-        super().reset(seed=seed)
+        self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         await self.aend_episode()
         task = self._pick_task(options or {})
         obs, messages = await self.arender_prompt(task)
