@@ -56,7 +56,7 @@ def ensure(extras: dict[str, list[str]]) -> None:
         if heavy:
             print(f"skipping {dist}: it would install {', '.join(heavy)} (no torch in the bench venv)")
             continue
-        print(f"installing {dist} into {peers_env.VENV}")
+        print(f"installing {dist} into {peers_env.shown(peers_env.VENV)}")
         proc = _pip("install", "--quiet", *spec)
         if proc.returncode != 0:
             print(f"installing {dist} failed: {proc.stderr.strip()[-300:]}")
@@ -80,7 +80,8 @@ def run(
     if not args.quick:
         ensure(extras)
     if not peers_env.PY.exists():
-        note = f"{peers_env.VENV} is absent (--quick does not create it): toolenv only, peers not measured"
+        absent = peers_env.shown(peers_env.VENV)
+        note = f"{absent} is absent (--quick does not create it): toolenv only, peers not measured"
         return measure(args.quick), note
     env = dict(os.environ)
     # Peers spawn a bare `python`: make it the bench venv's interpreter, like every other row.
@@ -95,7 +96,7 @@ def run(
     )
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
-        print(f"{Path(script).name}: the worker in {peers_env.VENV} failed", file=sys.stderr)
+        print(f"{Path(script).name}: the worker in {peers_env.shown(peers_env.VENV)} failed", file=sys.stderr)
         return None
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result, ""

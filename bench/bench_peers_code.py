@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import _peers
+import peers_env
 from _common import machine, median, table, write
 
 SNIPPETS = {
@@ -153,7 +154,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "isolation_summary": report.summary(),
         "workers": workers,
         "versions": _peers.versions("toolenv", "toolenv-code", "gem-llm", "skyrl-gym"),
-        "python": sys.executable,
+        "python": peers_env.shown(sys.executable),
     }
 
 

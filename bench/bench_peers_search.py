@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import _peers
+import peers_env
 from _common import machine, table, write
 
 TOPK = 5
@@ -142,7 +143,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "corpora": corpora,
         "skipped": skipped,
         "versions": _peers.versions("toolenv", "toolenv-search", "bm25s", "rank-bm25", "numpy"),
-        "python": sys.executable,
+        "python": peers_env.shown(sys.executable),
     }
 
 

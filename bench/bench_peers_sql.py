@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _peers
+import peers_env
 from _common import machine, median, table, write
 
 ROWS = ("toolenv SQLTool (cold guard)", "toolenv SQLTool (warm)", "SkyRL SQL tool")
@@ -86,7 +87,7 @@ async def measure_async(quick: bool) -> dict[str, Any]:
         "reps": reps,
         "skipped": skipped,
         "versions": _peers.versions("toolenv", "toolenv-sql", "sqlglot", "skyrl-gym", "pandas"),
-        "python": sys.executable,
+        "python": peers_env.shown(sys.executable),
     }
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import peers_env
 from _common import machine, median, repeat, table, write
 
 ACTION = '<tool_call>{"name": "noop", "arguments": {"x": 1}}</tool_call>'
@@ -211,7 +212,7 @@ def measure(n: int) -> dict[str, Any]:
         seconds[label] = runner(n)
     for dist in ("toolenv", "pydantic", "gymnasium"):
         versions[dist] = metadata.version(dist)
-    return {"seconds": seconds, "skipped": skipped, "versions": versions, "python": sys.executable}
+    return {"seconds": seconds, "skipped": skipped, "versions": versions, "python": peers_env.shown(sys.executable)}
 
 
 def report(result: dict[str, Any], quick: bool, n: int, out: Path | None, note: str) -> None:
@@ -252,7 +253,6 @@ def main() -> int:
     if args.worker:  # inside .venv-bench: measure and hand the numbers back as JSON
         print(json.dumps(measure(n)))
         return 0
-    import peers_env
 
     note = ""
     if not args.quick:
@@ -267,11 +267,12 @@ def main() -> int:
         )
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
-            print(f"bench_peers_step: the worker in {peers_env.VENV} failed", file=sys.stderr)
+            print(f"bench_peers_step: the worker in {peers_env.shown(peers_env.VENV)} failed", file=sys.stderr)
             return 1
         result = json.loads(proc.stdout.strip().splitlines()[-1])
     else:
-        note = f"{peers_env.VENV} is absent (--quick does not create it): toolenv only, peers not measured"
+        absent = peers_env.shown(peers_env.VENV)
+        note = f"{absent} is absent (--quick does not create it): toolenv only, peers not measured"
         result = measure(n)
     venv = Path(result["python"]).parent.parent.name
     print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")

@@ -20,6 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("TOOLENV_BENCH_VENV", ROOT / ".venv-bench"))
 PY = VENV / ("Scripts" if os.name == "nt" else "bin") / "python"
+
+
+def shown(path: str | Path) -> str:
+    """`path` as output and results show it: relative to the repository, never a machine path."""
+    p = Path(path)
+    try:
+        return Path(os.path.abspath(p)).relative_to(ROOT).as_posix()
+    except ValueError:
+        return p.name
+
+
 # distribution name -> module it provides
 PEERS = {"gem-llm": "gem", "skyrl-gym": "skyrl_gym"}
 FORBIDDEN = ("torch", "nvidia-", "triton")
@@ -55,12 +66,12 @@ def ensure(verbose: bool = True) -> dict[str, bool]:
     """Create `.venv-bench` with toolenv (editable) and every peer that installs without torch."""
     say = print if verbose else (lambda *a, **k: None)
     if not PY.exists():
-        say(f"creating {VENV}")
+        say(f"creating {shown(VENV)}")
         venv.create(VENV, with_pip=True)
     if _pip("show", "toolenv").returncode != 0:
         proc = _pip("install", "--quiet", "-e", str(ROOT))
         if proc.returncode != 0:
-            raise RuntimeError(f"installing toolenv into {VENV} failed: {proc.stderr.strip()[-400:]}")
+            raise RuntimeError(f"installing toolenv into {shown(VENV)} failed: {proc.stderr.strip()[-400:]}")
     state = installed()
     for dist, ok in state.items():
         if ok:
