@@ -45,6 +45,10 @@ _SQLITE_LIMIT_LENGTH = 0
 _SQLITE_LIMIT_ATTACHED = 7
 
 _SQLITE_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+# Without `Connection.setlimit` (Python 3.10) the value-size cap cannot be set, so the two
+# functions whose one job is building a value as large as asked are refused instead.
+# (printf's width is left alone: text-to-SQL uses it, and 3.11+ make it return NULL past the cap.)
+_SIZE_BOMBS = frozenset() if hasattr(sqlite3.Connection, "setlimit") else frozenset({"zeroblob", "randomblob"})
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None
     if action in _SQLITE_ALLOWED:
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_FUNCTION:
-        return sqlite3.SQLITE_DENY if (arg2 or "").lower() in DENIED_FUNCTIONS else sqlite3.SQLITE_OK
+        name = (arg2 or "").lower()
+        return sqlite3.SQLITE_DENY if name in DENIED_FUNCTIONS or name in _SIZE_BOMBS else sqlite3.SQLITE_OK
     return sqlite3.SQLITE_DENY
 
 
