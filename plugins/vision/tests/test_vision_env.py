@@ -71,6 +71,10 @@ def test_overview_is_too_coarse_and_rides_in_the_first_message() -> None:
     full = task_image(env.tasks[0].context)
     assert max(full.size) / max(image.width, image.height) >= 2.5  # the code shrinks to a few pixels
     assert "crop" in obs
+    # JPEG: a photo overview is a fraction of its PNG size, and decodes to the same picture.
+    assert image.mime == "image/jpeg" and image.to_pil().size == (image.width, image.height)
+    png = toolenv.ToolImage.from_pil(image.to_pil())
+    assert len(image.data) * 3 < len(png.data)
 
 
 def test_wrong_answer_scores_zero_and_hermes_is_default() -> None:

@@ -23,6 +23,9 @@ __all__ = ["DEFAULT_OVERVIEW_SIZE", "VisualSearchEnv", "make_visualsearch_env", 
 
 DEFAULT_OVERVIEW_SIZE = 448
 """Longer side of the first-observation image (16 × 28 px): a third of the task image, too coarse to read the code."""
+OVERVIEW_JPEG_QUALITY = 90
+"""The overview is a downscaled photo, so JPEG: about 7x smaller than PNG (it rides in every
+episode's trajectory) and 19x faster to encode. Crops, which must stay legible, remain PNG."""
 
 
 class VisualSearchEnv(ToolEnv):
@@ -48,7 +51,7 @@ class VisualSearchEnv(ToolEnv):
         super().__init__(*args, **kwargs)
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
-        """Decoding, resizing and PNG encoding release the GIL: render in a worker thread, so
+        """Decoding, resizing and encoding release the GIL: render in a worker thread, so
         concurrent episodes keep stepping while one resets."""
         return await asyncio.to_thread(self.render_prompt, task)
 
@@ -61,7 +64,7 @@ class VisualSearchEnv(ToolEnv):
 
 
 def overview_image(context: Mapping[str, Any], root: str | Path | None, size: int) -> ToolImage:
-    """The task image shrunk (never enlarged) so its longer side is at most `size`, as PNG (cached)."""
+    """The task image shrunk (never enlarged) so its longer side is at most `size`, as JPEG (cached)."""
     key = json.dumps({"image": context.get("image"), "render": context.get("render")}, sort_keys=True)
     return _overview(key, str(root) if root is not None else None, size)
 
@@ -72,7 +75,7 @@ def _overview(key: str, root: str | None, size: int) -> ToolImage:
     if max(image.size) > size:
         image = image.copy()
         image.thumbnail((size, size))  # in place, aspect kept, never enlarges
-    return ToolImage.from_pil(image)
+    return ToolImage.from_pil(image.convert("RGB"), "JPEG", quality=OVERVIEW_JPEG_QUALITY)
 
 
 def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
