@@ -172,3 +172,38 @@ def test_records_compare_equal_regardless_of_latency() -> None:
     b = ToolCallRecord("x", "c0", 1, None, False, latency_s=0.9)
     assert a == b
     assert a != ToolCallRecord("x", "c0", 2, None, False, latency_s=0.1)
+
+
+async def test_args_model_that_overrides_model_validate_is_still_called_through_it() -> None:
+    seen: list[object] = []
+
+    class Upper(BaseModel):
+        word: str
+
+        @classmethod
+        def model_validate(cls, obj: object, **kw: object) -> Upper:  # type: ignore[override]
+            seen.append(obj)
+            return super().model_validate({"word": str(obj["word"]).upper()})  # type: ignore[index]
+
+    class Shout(toolenv.Tool):
+        name = "shout"
+        Args = Upper
+
+        async def run(self, args: Upper, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=args.word)
+
+    @tool
+    def echo(word: str) -> str:
+        return word
+
+    caller = ToolCaller([Shout(), echo])
+    results, _ = await caller.invoke(
+        [
+            ToolCall(name="shout", arguments={"word": "hi"}, id="a"),
+            ToolCall(name="echo", arguments={"word": "hi"}, id="b"),
+            ToolCall(name="echo", arguments={"word": 3}, id="c"),
+        ],
+        ctx(),
+    )
+    assert [r.text for r in results[:2]] == ["HI", "hi"] and seen == [{"word": "hi"}]
+    assert results[2].is_error and "word: Input should be a valid string" in results[2].text

@@ -7,13 +7,14 @@ Every failure (unknown tool, bad arguments, exception, timeout) becomes a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
 import sys
 import time
 import weakref
-from collections.abc import Coroutine, Generator, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,15 @@ def _argument_names(model: type[BaseModel]) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def _validator(model: type[BaseModel]) -> Callable[[Any], Any]:
+    """`model.model_validate`, or the core validator it wraps when the model does not override
+    it: the same validation at half the cost (`model_validate` adds ~0.4 µs of wrapper per call)."""
+    if getattr(model.model_validate, "__func__", None) is BaseModel.model_validate.__func__:  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):  # a model not built yet (forward refs): each call reports it
+            return model.__pydantic_validator__.validate_python
+    return model.model_validate
+
+
 def _unknown_arguments(tool: Tool, arguments: dict[str, Any]) -> list[str]:
     # Pydantic models ignore unknown keys by default; a model that invents an argument
     # should hear about it rather than have it silently dropped.
@@ -237,6 +247,7 @@ class ToolCaller:
                 raise ValueError(f"two tools are named {t.name!r}")
             self.tools[t.name] = t
         self._allowed = {name: _argument_names(t.Args) for name, t in self.tools.items()}
+        self._validate = {name: _validator(t.Args) for name, t in self.tools.items()}
         # Only tools that override `release` are called at episode end (the common case is none).
         self._releasing = [t for t in self.tools.values() if type(t).release is not Tool.release]
 
@@ -269,7 +280,7 @@ class ToolCaller:
             try:
                 if unknown:
                     raise ValueError(unknown)
-                args = tool.Args.model_validate(call.arguments)
+                args = self._validate[call.name](call.arguments)
             except ValueError as exc:  # ValidationError is a ValueError
                 msg = (
                     _validation_message(tool, exc)

@@ -182,7 +182,10 @@ class ToolEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             action = str(action)
         parsed = self.parser.parse(action)
-        results, records = await self.caller.invoke(parsed.tool_calls, ep.context())
+        if parsed.tool_calls:
+            results, records = await self.caller.invoke(parsed.tool_calls, ep.context())
+        else:  # an answer or a malformed turn: no context to build, no call to make
+            results, records = [], []
         if parsed.errors:
             errors = parsed.errors[:MAX_PARSE_ERRORS]
             if len(parsed.errors) > MAX_PARSE_ERRORS:
