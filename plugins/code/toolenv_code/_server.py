@@ -16,6 +16,7 @@ Only the standard library is imported here.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import math
 import mmap
@@ -161,13 +162,9 @@ class Server:
         self.zygote_pid = 0
         self.counter = 0
         self.own_pidns = -1
-        try:
+        iso.pid_ns = _pid_ns_round_trip_works()
+        if iso.pid_ns:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-            _linux.unshare(_linux.CLONE_NEWPID)
-            _linux.setns(self.own_pidns, _linux.CLONE_NEWPID)
-            iso.pid_ns = True
-        except OSError:
-            iso.pid_ns = False
         with contextlib.suppress(OSError):
             _linux.set_child_subreaper()
 
@@ -288,7 +285,7 @@ class Server:
         if pid == 0:
             try:
                 ours.close()
-                _zygote_loop(theirs, self.iso.pid_ns)
+                _zygote_loop(theirs)
             finally:
                 os._exit(0)
         theirs.close()
@@ -607,8 +604,33 @@ class Server:
                 by_pid[pid].exit_status = status
 
 
-def _zygote_loop(sock: socket.socket, pid_ns: bool) -> None:
-    """The zygote: for each (work dir, uid, descriptors) message, clone a spare; reply with its pid."""
+def _pid_ns_round_trip_works() -> bool:
+    """Whether this process may `unshare(CLONE_NEWPID)` and `setns` back, as `_spawn` does per child.
+
+    Tried in a throwaway child: in a user namespace the `unshare` succeeds but the way back
+    is refused, and a process left with a pending PID namespace can fork only until the
+    first child in it (its init) exits; every later fork then fails.
+    """
+    pid = os.fork()
+    if pid == 0:
+        try:
+            own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            _linux.unshare(_linux.CLONE_NEWPID)
+            _linux.setns(own, _linux.CLONE_NEWPID)
+        except BaseException:  # noqa: BLE001 - a forked child must never return into the server
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def _zygote_loop(sock: socket.socket) -> None:
+    """The zygote: for each (work dir, uid, descriptors) message, clone a spare; reply with its pid.
+
+    Each spare gets a PID namespace of its own wherever `clone3(CLONE_NEWPID)` is allowed,
+    which includes a user namespace, where the server's own unshare-and-back (`_spawn`) is
+    refused; where it is not allowed, spares are cloned without one from then on.
+    """
+    pid_ns = True
     keep = sock.fileno()
     os.closerange(3, keep)  # none of the server's descriptors (the client's pipes above all)
     os.closerange(keep + 1, 1 << 20)
@@ -624,6 +646,12 @@ def _zygote_loop(sock: socket.socket, pid_ns: bool) -> None:
             pid = _linux.clone_sibling(pid_ns)
         except OSError as exc:
             pid = -(exc.errno or 1)
+            if pid_ns and exc.errno in (errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS):
+                pid_ns = False
+                try:
+                    pid = _linux.clone_sibling(False)
+                except OSError as again:
+                    pid = -(again.errno or 1)
         if pid == 0:
             try:
                 spare_main(workdir, int(uid), fds[:3], fds[3])

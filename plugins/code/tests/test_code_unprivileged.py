@@ -1,0 +1,88 @@
+"""The sandbox run by an ordinary user, as on a laptop: no root, maybe a user namespace.
+
+CI runs as root, where the fork server enters namespaces directly; this starts a
+whole pool as uid 65534 instead. There the server may `unshare` a PID namespace but
+not `setns` back, so it must notice that before forking, and the zygote gives every
+run its own PID namespace with `clone3` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+NOBODY = 65534
+MARK = "29.4217"  # `sleep 29.4217`: a background process of this test, findable in /proc
+
+_SCRIPT = f"""
+import json
+from toolenv_code.sandbox import SandboxLimits, SandboxPool
+
+pool = SandboxPool(size=1)
+out = {{"prints": [pool.run(f"print({{i}})").stdout for i in range(6)]}}
+out["pid"] = int(pool.run("import os; print(os.getpid())").stdout)
+escape = (
+    "import os, subprocess\\n"
+    "if os.fork() == 0:\\n"
+    "    os.setsid()\\n"
+    "    subprocess.Popen(['sleep', '{MARK}'])\\n"
+    "    os._exit(0)\\n"
+    "print('left')\\n"
+)
+out["escape"] = pool.run(escape, SandboxLimits(timeout=5)).stdout
+spin = pool.run("while True: pass", SandboxLimits(timeout=1, cpu_seconds=5))
+out["spin"] = [spin.timed_out, spin.duration]
+out["isolation"] = pool.stats()[0]["isolation"]
+pool.close()
+print(json.dumps(out))
+"""
+
+
+def _as_nobody(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "TMPDIR": str(cwd)}
+    return subprocess.run(
+        args, cwd=cwd, env=env, user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True, timeout=120
+    )
+
+
+def _marked_sleeps() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline == f"sleep\0{MARK}\0".encode():
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="starting the pool as another user needs root (CI runs as root)",
+)
+def test_the_sandbox_works_and_confines_for_an_unprivileged_user(tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)
+    reachable = _as_nobody([sys.executable, "-c", "import toolenv_code"], tmp_path)
+    if reachable.returncode != 0:
+        pytest.skip(f"this checkout is not readable by uid {NOBODY}: {reachable.stderr.strip()[-200:]}")
+    done = _as_nobody([sys.executable, "-c", _SCRIPT], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["prints"] == [f"{i}\n" for i in range(6)]
+    assert out["escape"] == "left\n"
+    timed_out, duration = out["spin"]
+    assert timed_out and 1.0 <= duration < 1.5
+    if out["isolation"]["user_ns"]:  # the kernel let an ordinary user have namespaces
+        assert out["pid"] == 1, "each run should be PID 1 of its own PID namespace"
+    deadline = time.monotonic() + 5
+    while _marked_sleeps() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _marked_sleeps(), "a background process escaped the call"
