@@ -133,3 +133,11 @@ def test_tool_timeout_covers_sandbox_timeout() -> None:
     tool = PythonTool(sandbox=SandboxLimits(timeout=120))
     assert tool.limits.timeout is not None and tool.limits.timeout > 120
     assert PythonTool(timeout=5).limits.timeout == 5
+
+
+def test_other_platforms_get_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(RuntimeError, match=r"needs Linux .* this is darwin"):
+        SandboxPool(size=1)

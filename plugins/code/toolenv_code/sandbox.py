@@ -125,6 +125,11 @@ class SandboxPool:
     def __init__(
         self, size: int | None = None, *, tmpfs_mb: int = 256, max_sessions: int = 16, session_idle: float = 900.0
     ) -> None:
+        if not sys.platform.startswith("linux"):
+            raise RuntimeError(
+                f"the code sandbox needs Linux (namespaces, pidfds, rlimits); this is {sys.platform}. "
+                "Run it in a Linux container or VM."
+            )
         if not 1 <= max_sessions <= _UIDS_PER_SERVER - 2:
             raise ValueError(f"max_sessions must be between 1 and {_UIDS_PER_SERVER - 2}, got {max_sessions}")
         self.size = size or max(2, os.cpu_count() or 2)
