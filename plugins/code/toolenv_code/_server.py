@@ -611,7 +611,10 @@ def _pid_ns_round_trip_works() -> bool:
     is refused, and a process left with a pending PID namespace can fork only until the
     first child in it (its init) exits; every later fork then fails.
     """
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
     if pid == 0:
         try:
             own = os.open("/proc/self/ns/pid", os.O_RDONLY)
