@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
+async def _cancel_on_sigint(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run `coro` so that Ctrl-C cancels it, then raise KeyboardInterrupt.
+
+    This is what `asyncio.run` does from Python 3.11 on. Python 3.10's raises
+    KeyboardInterrupt wherever the signal lands, inside the event loop's own code too,
+    and its shutdown can then hang. A second Ctrl-C interrupts as usual.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        loop.remove_signal_handler(signal.SIGINT)
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if not interrupted:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
 def run(args: argparse.Namespace) -> int:
     from toolenv.report.console import print_summary
     from toolenv.runner import arollout
@@ -70,21 +105,23 @@ def run(args: argparse.Namespace) -> int:
         agent_kwargs["base_url"] = args.base_url
     try:
         result = asyncio.run(
-            arollout(
-                args.env_id,
-                args.agent,
-                n=args.n,
-                tasks=args.tasks,
-                samples=args.samples,
-                concurrency=args.concurrency,
-                out=args.out,
-                overwrite=args.overwrite,
-                retry_errors=args.retry_errors,
-                env_kwargs=dict(args.env_arg),
-                agent_kwargs=agent_kwargs,
-                seed=args.seed,
-                success_threshold=args.success_threshold,
-                progress=not args.no_progress,
+            _cancel_on_sigint(
+                arollout(
+                    args.env_id,
+                    args.agent,
+                    n=args.n,
+                    tasks=args.tasks,
+                    samples=args.samples,
+                    concurrency=args.concurrency,
+                    out=args.out,
+                    overwrite=args.overwrite,
+                    retry_errors=args.retry_errors,
+                    env_kwargs=dict(args.env_arg),
+                    agent_kwargs=agent_kwargs,
+                    seed=args.seed,
+                    success_threshold=args.success_threshold,
+                    progress=not args.no_progress,
+                )
             )
         )
     except KeyboardInterrupt:
