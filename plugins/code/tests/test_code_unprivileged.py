@@ -19,6 +19,7 @@ import pytest
 
 NOBODY = 65534
 MARK = "29.4217"  # `sleep 29.4217`: a background process of this test, findable in /proc
+SESSION_MARK = "29.4218"  # the same, left behind by a stateful session
 
 _SCRIPT = f"""
 import json
@@ -38,6 +39,10 @@ escape = (
 out["escape"] = pool.run(escape, SandboxLimits(timeout=5)).stdout
 spin = pool.run("while True: pass", SandboxLimits(timeout=1, cpu_seconds=5))
 out["spin"] = [spin.timed_out, spin.duration]
+out["session"] = [pool.run(c, session="s").stdout for c in ("import os; x = os.getpid()", "print(x, os.getpid())")]
+pool.run(escape.replace("{MARK}", "{SESSION_MARK}"), session="s")
+pool.close_session("s")
+out["after_close"] = pool.run("print('next')").stdout  # the close is carried out on this request
 out["isolation"] = pool.stats()[0]["isolation"]
 pool.close()
 print(json.dumps(out))
@@ -51,7 +56,7 @@ def _as_nobody(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _marked_sleeps() -> list[int]:
+def _marked_sleeps(mark: str = MARK) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -59,7 +64,7 @@ def _marked_sleeps() -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if cmdline == f"sleep\0{MARK}\0".encode():
+            if cmdline == f"sleep\0{mark}\0".encode():
                 found.append(int(entry.name))
     return found
 
@@ -84,9 +89,12 @@ def test_the_sandbox_works_and_confines_for_an_unprivileged_user(tmp_path: Path)
     assert out["escape"] == "left\n"
     timed_out, duration = out["spin"]
     assert timed_out and 1.0 <= duration < 1.5
+    assert out["session"][0] == "" and out["after_close"] == "next\n"
     if out["isolation"]["user_ns"]:  # the kernel let an ordinary user have namespaces
         assert out["pid"] == 1, "each run should be PID 1 of its own PID namespace"
-    deadline = time.monotonic() + 5
-    while _marked_sleeps() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _marked_sleeps(), "a background process escaped the call"
+        assert out["session"][1] == "1 1\n", "a session should be PID 1 of its own PID namespace"
+    for mark, what in ((MARK, "call"), (SESSION_MARK, "session")):
+        deadline = time.monotonic() + 5
+        while _marked_sleeps(mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _marked_sleeps(mark), f"a background process outlived its {what}"

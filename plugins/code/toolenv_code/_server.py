@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import json
 import math
 import mmap
 import os
+import random
 import select
 import signal
 import socket
@@ -215,13 +217,38 @@ class Server:
             enter_child(workdir, limits, uid, fds)
             session_loop()
 
+        # Here only the zygote can give the session a PID namespace (see `_zygote_loop`).
+        pid = self._zygote_session(workdir, uid, limits, fds) if not self.iso.pid_ns else 0
         try:
-            pid = self._spawn(workdir, fds, run)
+            if pid > 0:
+                for fd in fds:
+                    os.close(fd)
+            else:
+                pid = self._spawn(workdir, fds, run)
         except OSError:
             for fd in (out_r, err_r, req_w, status_r):
                 os.close(fd)
             raise
         return Child(pid, os.pidfd_open(pid), out_r, err_r, workdir, req_w, status_r, uid_index)
+
+    def _zygote_session(self, workdir: str, uid: int, limits: dict[str, Any], fds: list[int]) -> int:
+        """Have the zygote clone a session child; its pid, or 0 when there is no zygote to ask."""
+        spare = self.spare
+        if spare is not None and spare.pid <= 0:  # replies come in order: the spare's is first
+            try:
+                self._ready(spare)
+            except OSError:
+                self.spare = None
+                self._reap(spare)
+        if self.zygote is None:
+            return 0
+        message = "\0".join(("session", workdir, str(uid), json.dumps(limits))).encode()
+        try:
+            socket.send_fds(self.zygote, [message], fds)
+            return self._zygote_pid()
+        except OSError:  # the zygote is gone or cannot clone: the server forks sessions itself
+            self._stop_zygote()
+            return 0
 
     def _fork_spare(self) -> Child:
         """A warm spare for the next one-shot run (uid index 0); `req_w` is its go pipe.
@@ -243,7 +270,7 @@ class Server:
             child.done_page = mmap.mmap(memfd, mmap.PAGESIZE)
             if self.zygote is not None:
                 try:
-                    socket.send_fds(self.zygote, [f"{workdir}\0{uid}".encode()], theirs)
+                    socket.send_fds(self.zygote, [f"spare\0{workdir}\0{uid}\0".encode()], theirs)
                 except OSError:  # the zygote died: fork spares here from now on
                     self._stop_zygote()
             if self.zygote is None:
@@ -262,13 +289,17 @@ class Server:
         """Learn the pid of a spare the zygote forked (it is our child all the same)."""
         if child.pid > 0:
             return
+        child.pid = self._zygote_pid()
+        child.pidfd = os.pidfd_open(child.pid)
+
+    def _zygote_pid(self) -> int:
+        """The zygote's reply to the oldest request not yet answered: the pid it cloned."""
         data = self.zygote.recv(8) if self.zygote is not None else b""
         pid = int.from_bytes(data, "little", signed=True) if len(data) == 4 else 0
-        if pid <= 0:  # the zygote is gone or cannot clone: fork spares here from now on
+        if pid <= 0:  # the zygote is gone or cannot clone: fork children here from now on
             self._stop_zygote()
-            raise OSError(-pid if pid < 0 else 0, "the zygote could not fork a spare")
-        child.pid = pid
-        child.pidfd = os.pidfd_open(pid)
+            raise OSError(-pid if pid < 0 else 0, "the zygote could not fork a child")
+        return pid
 
     def start_zygote(self) -> None:
         """Fork the zygote: a pristine copy of this server whose only job is forking spares.
@@ -627,11 +658,12 @@ def _pid_ns_round_trip_works() -> bool:
 
 
 def _zygote_loop(sock: socket.socket) -> None:
-    """The zygote: for each (work dir, uid, descriptors) message, clone a spare; reply with its pid.
+    """The zygote: for each (kind, work dir, uid, extra, descriptors) message, clone a spare or
+    (where the server cannot give one a PID namespace) a session child; reply with its pid.
 
-    Each spare gets a PID namespace of its own wherever `clone3(CLONE_NEWPID)` is allowed,
+    Each child gets a PID namespace of its own wherever `clone3(CLONE_NEWPID)` is allowed,
     which includes a user namespace, where the server's own unshare-and-back (`_spawn`) is
-    refused; where it is not allowed, spares are cloned without one from then on.
+    refused; where it is not allowed, children are cloned without one from then on.
     """
     pid_ns = True
     keep = sock.fileno()
@@ -644,7 +676,7 @@ def _zygote_loop(sock: socket.socket) -> None:
             return
         if not msg or len(fds) != 4:
             return
-        workdir, uid = msg.decode().rsplit("\0", 1)
+        kind, workdir, uid, extra = msg.decode().split("\0", 3)
         try:
             pid = _linux.clone_sibling(pid_ns)
         except OSError as exc:
@@ -657,7 +689,12 @@ def _zygote_loop(sock: socket.socket) -> None:
                     pid = -(again.errno or 1)
         if pid == 0:
             try:
-                spare_main(workdir, int(uid), fds[:3], fds[3])
+                if kind == "session":
+                    enter_child(workdir, json.loads(extra), int(uid), fds)
+                    random.seed()  # a clone ran no at-fork hooks: not the zygote's sequence
+                    session_loop()
+                else:
+                    spare_main(workdir, int(uid), fds[:3], fds[3])
             finally:
                 os._exit(120)
         for fd in fds:
