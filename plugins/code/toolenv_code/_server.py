@@ -302,7 +302,7 @@ class Server:
         return pid
 
     def start_zygote(self) -> None:
-        """Fork the zygote: a pristine copy of this server whose only job is forking spares.
+        """Fork the zygote: a pristine copy of this server whose only job is forking children.
 
         It forks them with `clone_sibling`, so they are children of the server all the
         same, while the server itself stops forking: its memory is no longer made
