@@ -207,3 +207,47 @@ async def test_args_model_that_overrides_model_validate_is_still_called_through_
     )
     assert [r.text for r in results[:2]] == ["HI", "hi"] and seen == [{"word": "hi"}]
     assert results[2].is_error and "word: Input should be a valid string" in results[2].text
+
+
+async def test_args_model_whose_own_validation_raises_becomes_an_error_result() -> None:
+    class Picky(BaseModel):
+        word: str
+
+        @classmethod
+        def model_validate(cls, obj: object, **kw: object) -> Picky:  # type: ignore[override]
+            raise LookupError("no such word in the dictionary")
+
+    class Spell(toolenv.Tool):
+        name = "spell"
+        Args = Picky
+
+        async def run(self, args: Picky, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=args.word)
+
+    results, records = await ToolCaller([Spell()]).invoke([ToolCall(name="spell", arguments={"word": "x"})], ctx())
+    assert results[0].is_error
+    assert results[0].text == "Invalid arguments for tool 'spell': LookupError: no such word in the dictionary"
+    assert records[0].attempts == 0 and records[0].error == results[0].text
+
+
+async def test_a_tool_that_waits_past_its_first_step_still_gets_its_deadline_and_its_value() -> None:
+    class Twice(toolenv.Tool):
+        """Waits twice, then answers; the first wait is where the caller arms the deadline."""
+
+        name = "twice"
+        limits = toolenv.ToolLimits(timeout=0.5)
+
+        class Args(BaseModel):
+            seconds: float
+
+        async def run(self, args: Args, ctx: ToolContext) -> ToolResult:  # type: ignore[override]
+            await asyncio.sleep(0)
+            await asyncio.sleep(args.seconds)
+            return ToolResult(text=f"after {args.seconds}")
+
+    caller = ToolCaller([Twice()])
+    ok, late = [
+        await caller.invoke([ToolCall(name="twice", arguments={"seconds": s}, id=str(s))], ctx()) for s in (0.01, 5.0)
+    ]
+    assert ok[0][0].text == "after 0.01" and not ok[0][0].is_error
+    assert late[0][0].is_error and "timed out after 0.5 s" in late[0][0].text

@@ -206,3 +206,46 @@ def test_areset_renders_through_the_async_hook() -> None:
     assert "Question:" in obs and info["messages"][-1].role == "user"
     assert Threaded.rendered_in and Threaded.rendered_in[0] != threading.current_thread().name
     env.close()
+
+
+def test_episode_ids_are_unique_and_a_forked_child_draws_new_ones() -> None:
+    import os
+
+    from toolenv.episode import new_episode_id
+
+    ids = {new_episode_id() for _ in range(10_000)}
+    assert len(ids) == 10_000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report one id and leave at once
+        os.write(write, new_episode_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = new_episode_id()
+    assert len(child) == 32 and child[:16] != mine[:16] and child not in ids
+
+
+async def test_a_step_keeps_few_objects_for_the_garbage_collector() -> None:
+    """What finished steps keep alive is what every full collection walks while 1,024 episodes
+    run at once: a regression here shows up as wall time at scale (docs/benchmarks.md)."""
+    import gc
+
+    envs = [ToolEnv(tools=[Add()], tasks=TASKS, max_turns=4) for _ in range(200)]
+    for env in envs:  # each env holds an episode already, so only what steps keep is counted
+        await env.areset(seed=0)
+    gc.collect()
+    before = len(gc.get_objects())
+    for env in envs:
+        await env.areset(seed=0)
+        for _ in range(4):
+            await env.astep('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
+    gc.collect()
+    per_step = (len(gc.get_objects()) - before) / (200 * 4)
+    for env in envs:
+        await env.aclose()
+    # 13 today: the turn, the parsed action and its call, the result and the call record, two
+    # chat messages, and six lists holding them. One stray object kept per step fails this.
+    assert per_step < 14, per_step

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from asyncio_throttle.throttler import Throttler
 from pydantic import BaseModel, ValidationError
 
 from toolenv._tool import Tool, ToolContext, ToolLimits
-from toolenv.types import ToolCall, ToolResult
+from toolenv.types import Task, ToolCall, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
@@ -156,7 +156,11 @@ def _unknown_message(tool: Tool, unknown: list[str]) -> str:
 
 
 class _Resumed:
-    """Awaitable that continues a coroutine already stepped once (it yielded `first`)."""
+    """Awaitable that continues a coroutine already stepped once (it yielded `first`).
+
+    It is its own iterator (no generator frame per call): `await` forwards `send`, `throw`
+    and `close` to it as it would to a coroutine, and the coroutine's StopIteration ends it.
+    """
 
     __slots__ = ("coro", "first")
 
@@ -164,22 +168,28 @@ class _Resumed:
         self.coro = coro
         self.first = first
 
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, pending = self.coro, self.first
-        while True:
-            to_send: Any = None
-            to_throw: BaseException | None = None
-            try:
-                to_send = yield pending
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - forwarded into the tool (e.g. cancellation)
-                to_throw = exc
-            try:
-                pending = coro.throw(to_throw) if to_throw is not None else coro.send(to_send)
-            except StopIteration as stop:
-                return stop.value
+    def __await__(self) -> _Resumed:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is not _SENT:
+            self.first = _SENT
+            return first
+        return self.coro.send(value)
+
+    def throw(self, *exc: Any) -> Any:
+        self.first = _SENT
+        return self.coro.throw(*exc)
+
+    def close(self) -> None:
+        self.coro.close()
+
+
+_SENT = object()
 
 
 class _SelfCancelled(Exception):
@@ -255,66 +265,69 @@ class ToolCaller:
         self, calls: Sequence[ToolCall], ctx: ToolContext
     ) -> tuple[list[ToolResult], list[ToolCallRecord]]:
         """Run `calls` concurrently; results come back in call order."""
+        return await self.invoke_for(calls, ctx.task, ctx.episode_id, ctx.turn, ctx.state)
+
+    async def invoke_for(
+        self, calls: Sequence[ToolCall], task: Task, episode_id: str, turn: int, state: dict[str, Any]
+    ) -> tuple[list[ToolResult], list[ToolCallRecord]]:
+        """`invoke` with the context's fields given one by one, as the env steps.
+
+        Each call gets its own `ToolContext` (it carries the call id), so the env does not
+        build a context of its own first: fewer objects per step for the collector to walk.
+        """
+        if len(calls) == 1:
+            call = calls[0]
+            start = time.perf_counter()
+            tool, ready = self._prepare(call)
+            if tool is None or isinstance(ready, ToolResult):
+                result, attempts = ready, 0
+            else:
+                ctx = ToolContext(task, episode_id, call.id, turn, state)
+                lim = tool.limits
+                if lim.retries:
+                    result, attempts = await self._run_with_retries(tool, ready, ctx)
+                elif lim.max_concurrency or lim.rate_limit:
+                    result, attempts = await self._run_once(tool, ready, ctx), 1
+                else:  # the common case: no limiter, no extra coroutine frame per call
+                    result, attempts = await self._guarded(tool, ready, ctx), 1
+            one, record = self._finish(call, tool, result, attempts, start)
+            return [one], [record]
         if not calls:
             return [], []
-        if len(calls) == 1:
-            result, record = await self._call(calls[0], ctx)
-            return [result], [record]
-        pairs = await asyncio.gather(*(self._call(c, ctx) for c in calls))
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        return await self._gather(calls, task, episode_id, turn, state)
 
-    async def _call(self, call: ToolCall, ctx: ToolContext) -> tuple[ToolResult, ToolCallRecord]:
-        start = time.perf_counter()
-        attempts = 0
+    async def _gather(
+        self, calls: Sequence[ToolCall], task: Task, episode_id: str, turn: int, state: dict[str, Any]
+    ) -> tuple[list[ToolResult], list[ToolCallRecord]]:
+        # Apart from `invoke_for`, whose one-call path would otherwise pay for this generator's
+        # closure cells on every step.
+        pairs = await asyncio.gather(*(self.invoke_for([c], task, episode_id, turn, state) for c in calls))
+        return [p[0][0] for p in pairs], [p[1][0] for p in pairs]
+
+    def _prepare(self, call: ToolCall) -> tuple[Tool | None, Any]:
+        """The tool and its validated arguments, or the error result that stops the call."""
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            result = ToolResult.error(f"Unknown tool '{_clip(call.name)}'. Available tools: {known}.")
-        else:
-            allowed = self._allowed[call.name]
-            unknown = (
-                []
-                if allowed is None or allowed.issuperset(call.arguments)
-                else _unknown_arguments(tool, call.arguments)
-            )
-            try:
-                if unknown:
-                    raise ValueError(unknown)
-                args = self._validate[call.name](call.arguments)
-            except ValueError as exc:  # ValidationError is a ValueError
-                msg = (
-                    _validation_message(tool, exc)
-                    if isinstance(exc, ValidationError)
-                    else _unknown_message(tool, unknown)
-                )
-                result = ToolResult.error(msg)
-            else:
-                call_ctx = ToolContext(ctx.task, ctx.episode_id, call.id, ctx.turn, ctx.state)
-                lim = tool.limits
-                if lim.retries:
-                    result, attempts = await self._run_with_retries(tool, args, call_ctx)
-                elif lim.max_concurrency or lim.rate_limit:
-                    result, attempts = await self._run_once(tool, args, call_ctx), 1
-                else:  # the common case: no limiter, two coroutine frames shorter
-                    result, attempts = await self._guarded(tool, args, call_ctx), 1
+            return None, ToolResult.error(f"Unknown tool '{_clip(call.name)}'. Available tools: {known}.")
+        allowed = self._allowed[call.name]
+        if allowed is not None and not allowed.issuperset(call.arguments):
+            return tool, ToolResult.error(_unknown_message(tool, _unknown_arguments(tool, call.arguments)))
+        try:
+            return tool, self._validate[call.name](call.arguments)
+        except ValidationError as exc:
+            return tool, ToolResult.error(_validation_message(tool, exc))
+        except Exception as exc:  # noqa: BLE001 - an Args model's own model_validate may raise anything
+            return tool, ToolResult.error(f"Invalid arguments for tool '{tool.name}': {_describe(exc)}")
+
+    @staticmethod
+    def _finish(
+        call: ToolCall, tool: Tool | None, result: ToolResult, attempts: int, start: float
+    ) -> tuple[ToolResult, ToolCallRecord]:
         text, cut = truncate_middle(result.text, (tool.limits if tool else _NO_TOOL_LIMITS).max_output_chars)
-        result = ToolResult(  # a copy: never mutate a tool's object (it may be cached and returned again)
-            text=text,
-            images=result.images,
-            metadata=result.metadata,
-            is_error=result.is_error,
-            retryable=result.retryable,
-            name=call.name,
-            call_id=call.id,
-        )
-        record = ToolCallRecord(
-            name=call.name,
-            call_id=call.id,
-            attempts=attempts,
-            error=result.text.split("\n", 1)[0][:200] if result.is_error else None,
-            truncated=cut,
-            latency_s=time.perf_counter() - start,
-        )
+        result = result.addressed(call.name, call.id, text)
+        error = text.split("\n", 1)[0][:200] if result.is_error else None
+        record = ToolCallRecord(call.name, call.id, attempts, error, cut, time.perf_counter() - start)
         return result, record
 
     async def _run_with_retries(self, tool: Tool, args: Any, ctx: ToolContext) -> tuple[ToolResult, int]:
@@ -388,6 +401,11 @@ class ToolCaller:
                 "not str (a bug in the tool)."
             )
         return result
+
+    @property
+    def releases(self) -> bool:
+        """True when some tool overrides `release` (else `release` has nothing to do)."""
+        return bool(self._releasing)
 
     async def release(self, ctx: ToolContext) -> None:
         """Call `release(ctx)` of every tool that has one; a failing release is logged, not raised."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -14,7 +13,7 @@ from gymnasium.utils import seeding
 
 from toolenv._tool import Tool
 from toolenv.caller import ToolCaller
-from toolenv.episode import Episode, Turn
+from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers.base import ActionParser, get_parser
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
@@ -166,10 +165,14 @@ class ToolEnv(gym.Env[str, str]):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
-        await self.aend_episode()
+        if self._episode is not None and not self._episode.released:
+            await self.aend_episode()
         task = self._pick_task(options or {})
-        obs, messages = await self.arender_prompt(task)
-        self._episode = Episode(task=task, episode_id=uuid.uuid4().hex, caller=self.caller, messages=list(messages))
+        if type(self).arender_prompt is ToolEnv.arender_prompt:  # not overridden: no coroutine to run
+            obs, messages = self.render_prompt(task)
+        else:
+            obs, messages = await self.arender_prompt(task)
+        self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}
 
     async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -183,7 +186,9 @@ class ToolEnv(gym.Env[str, str]):
             action = str(action)
         parsed = self.parser.parse(action)
         if parsed.tool_calls:
-            results, records = await self.caller.invoke(parsed.tool_calls, ep.context())
+            results, records = await self.caller.invoke_for(
+                parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
+            )
         else:  # an answer or a malformed turn: no context to build, no call to make
             results, records = [], []
         if parsed.errors:
@@ -203,12 +208,15 @@ class ToolEnv(gym.Env[str, str]):
             obs = self.parser.format_results(results)
             ep.truncated = len(ep.turns) >= self.max_turns
         turn.observation = obs
-        components = await self.reward_fn.turn_components(ep, turn)
+        rf = self.reward_fn
+        components = await rf.turn_components(ep, turn) if rf.scores_turns else rf.zero_components()
         if ep.terminated or ep.truncated:
-            for k, v in (await self.reward_fn.final_components(ep)).items():
+            for k, v in (await rf.final_components(ep)).items():
                 components[k] = components.get(k, 0.0) + v
+            turn.reward = rf.weighted(components)
+        else:
+            turn.reward = rf.weighted(components) if rf.scores_turns else 0.0
         turn.reward_components = components
-        turn.reward = self.reward_fn.weighted(components)
         new_messages = _turn_messages(action, parsed, results)
         ep.messages.extend(new_messages)
         info: dict[str, Any] = {
@@ -221,7 +229,8 @@ class ToolEnv(gym.Env[str, str]):
             "reward_components": dict(components),
         }
         if ep.terminated or ep.truncated:
-            await self.aend_episode()
+            if not ep.released:
+                await self.aend_episode()
             info["answer"] = ep.answer
             info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
             info["episode"] = {
@@ -241,7 +250,8 @@ class ToolEnv(gym.Env[str, str]):
         ep = self._episode
         if ep is not None and not ep.released:
             ep.released = True
-            await self.caller.release(ep.context())
+            if self.caller.releases:
+                await self.caller.release(ep.context())
 
     async def aclose(self) -> None:
         """Release the current episode, then close the tools."""
@@ -300,7 +310,8 @@ class ToolEnv(gym.Env[str, str]):
 def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResult]) -> list[Message]:
     calls: list[ToolCall] | None = parsed.tool_calls or None
     msgs = [Message(role="assistant", content=action, tool_calls=calls)]
-    for r in results:
-        extra: dict[str, Any] = {"images": r.images} if r.images else {}
-        msgs.append(Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, **extra))
+    for r in results:  # the message shares the result's image list (one object fewer per step)
+        msgs.append(
+            Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, images=r.images)
+        )
     return msgs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +12,28 @@ from toolenv.caller import ToolCaller, ToolCallRecord
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult
 
 __all__ = ["Episode", "Turn"]
+
+
+class _EpisodeIds:
+    """32 hex digits: a random per-process prefix and a counter.
+
+    As unique as `uuid4().hex` within a run (and across forked workers: a child draws a new
+    prefix) at a tenth of its cost, which is a fifth of a reset.
+    """
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):016x}"
+
+
+new_episode_id = _EpisodeIds()
 
 
 @dataclass(slots=True)

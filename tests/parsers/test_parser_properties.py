@@ -200,3 +200,13 @@ def test_codeblock_round_trip(blocks: list[str]) -> None:
 def test_parsers_are_deterministic(text: str) -> None:
     for parser in PARSERS:
         assert parser.parse(text) == parser.parse(text)
+
+
+@SETTINGS
+@given(
+    any_input | corrupted_calls().map(lambda s: s.replace("<tool_call>", "", 1) if s.count("<tool_call>") > 1 else s)
+)
+def test_hermes_one_call_path_agrees_with_the_full_scan(text: str) -> None:
+    """The one-call shortcut must give exactly what the general scan gives."""
+    for parser in (HermesParser(), HermesParser(answer_tag=False)):
+        assert parser.parse(text) == parser._parse_scan(text)

@@ -51,11 +51,24 @@ class HermesParser(ActionParser):
         self.answer_tag = answer_tag
 
     def parse(self, text: str) -> ParsedAction:
+        one = text.find(_OPEN)
+        if one >= 0 and text.find(_OPEN, one + len(_OPEN)) < 0:
+            # The common turn: exactly one call. Same result as `_parse_scan`, without its
+            # generator and piece list (this path runs on almost every step).
+            close = text.find(_CLOSE, one + len(_OPEN))
+            if close >= 0:
+                call, err = _decode_call(text[one + len(_OPEN) : close].strip(), 0)
+                rest = text[:one] + text[close + len(_CLOSE) :]
+                return self._parsed([call] if call is not None else [], [err] if err else [], rest)
+        return self._parse_scan(text)
+
+    def _parse_scan(self, text: str) -> ParsedAction:
+        """Any number of calls, closed or not."""
         calls: list[ToolCall] = []
         errors: list[str] = []
         pieces: list[str] = []
         pos = 0
-        if "<tool_call>" in text:  # skip the regex for plain text and bare answers
+        if _OPEN in text:  # skip the scan for plain text and bare answers
             for i, (start, end, body, closed) in enumerate(_scan(text)):
                 pieces.append(text[pos:start])
                 pos = end
@@ -72,6 +85,9 @@ class HermesParser(ActionParser):
             rest = "".join(pieces)
         else:
             rest = text
+        return self._parsed(calls, errors, rest)
+
+    def _parsed(self, calls: list[ToolCall], errors: list[str], rest: str) -> ParsedAction:
         answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
         return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
 
@@ -87,6 +103,8 @@ class HermesParser(ActionParser):
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
+        if len(results) == 1:  # the common turn: no generator
+            return f"<tool_response>\n{results[0].text}\n</tool_response>"
         return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
 
 
@@ -118,7 +136,12 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     if not isinstance(args, dict):
         return None, f'Tool call {index + 1}: "arguments" must be a JSON object.'
     call_id = obj.get("id")
-    return ToolCall(name=obj["name"], arguments=args, id=call_id if isinstance(call_id, str) else f"call_{index}"), None
+    if not isinstance(call_id, str):
+        call_id = _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
+    return ToolCall(name=obj["name"], arguments=args, id=call_id), None
+
+
+_CALL_IDS = tuple(f"call_{i}" for i in range(16))
 
 
 def _json_problem(exc: Exception) -> str:

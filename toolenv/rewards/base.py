@@ -63,6 +63,9 @@ class WeightedSum(Reward):
         self.parts = dict(zip(names, items, strict=True))
         self._weights = {k: w for k, (_, w) in self.parts.items()}
         self._per_turn = [(k, r) for k, (r, _) in self.parts.items() if type(r).turn is not Reward.turn]
+        #: False when every step scores 0 for every part (no part overrides `turn`): the env then
+        #: takes `zero_components()` instead of awaiting `turn_components` (hot path).
+        self.scores_turns = bool(self._per_turn) or type(self).turn_components is not WeightedSum.turn_components
 
     @staticmethod
     def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
@@ -89,6 +92,10 @@ class WeightedSum(Reward):
     def weighted(self, components: Mapping[str, float]) -> float:
         """The weighted sum of `components` with this sum's weights."""
         return self.total(components, self._weights)
+
+    def zero_components(self) -> dict[str, float]:
+        """Every part at 0."""
+        return dict.fromkeys(self.parts, 0.0)
 
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
         # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
