@@ -31,6 +31,7 @@ EXPECTED = {
     "load_tasks",
     "load_tool",
     "tool",
+    "tuned_gc",
 }
 
 

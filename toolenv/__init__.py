@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "load_tool": "toolenv.registry",
     "rollout": "toolenv.runner",
     "tool": "toolenv._tool",
+    "tuned_gc": "toolenv.gc_tuning",
 }
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "load_tool",
     "rollout",
     "tool",
+    "tuned_gc",
 ]
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ if TYPE_CHECKING:
     from toolenv.caller import ToolCaller, ToolCallRecord
     from toolenv.env import ToolEnv
     from toolenv.episode import Episode, Turn
+    from toolenv.gc_tuning import tuned_gc
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,7 +155,7 @@ def _unknown_message(tool: Tool, unknown: list[str]) -> str:
     return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. Expected arguments: {expected}."
 
 
-class _Resumed:
+class _Resumed(Generator[Any, Any, Any]):
     """Awaitable that continues a coroutine already stepped once (it yielded `first`).
 
     It is its own iterator (no generator frame per call): `await` forwards `send`, `throw`
@@ -168,7 +168,7 @@ class _Resumed:
         self.coro = coro
         self.first = first
 
-    def __await__(self) -> _Resumed:
+    def __await__(self) -> Generator[Any, Any, Any]:
         return self
 
     def __next__(self) -> Any:
@@ -245,6 +245,75 @@ async def _run_in_task(coro: Coroutine[Any, Any, Any], timeout: float | None) ->
     return result
 
 
+_NOT_STARTED = object()
+
+
+def _start(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult | tuple[Coroutine[Any, Any, Any], Any]:
+    """Run the tool up to its first wait: its checked result if it got there without waiting,
+    else the coroutine and what it yielded, for `_resume`.
+
+    Most in-process tools finish without ever suspending, and arming a timer costs more than
+    such a call, so the first step runs bare and the deadline is set only if the tool waits.
+    No library offers this lazy deadline.
+    """
+    try:
+        coro = tool.run(args, ctx)
+        if _timeout is None:  # pragma: no cover - Python 3.10 runs the whole call in one task
+            return coro, _NOT_STARTED
+        return coro, coro.send(None)
+    except StopIteration as stop:
+        return _checked(tool, stop.value)
+    except (asyncio.CancelledError, Exception, SystemExit) as exc:  # noqa: BLE001 - see _failure
+        return _failure(tool, exc)
+
+
+async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> ToolResult:
+    """The rest of a tool's run, after its first wait, under its deadline."""
+    timeout = tool.limits.timeout
+    try:
+        if first is _NOT_STARTED:  # pragma: no cover - Python 3.10
+            result = await _run_in_task(coro, timeout)
+        elif timeout is None or _timeout is None:
+            result = await _Resumed(coro, first)
+        else:
+            async with _timeout(timeout):
+                result = await _Resumed(coro, first)
+    except (asyncio.CancelledError, _SelfCancelled, Exception, SystemExit) as exc:  # noqa: BLE001 - see _failure
+        return _failure(tool, exc)
+    return _checked(tool, result)
+
+
+def _failure(tool: Tool, exc: BaseException) -> ToolResult:
+    """The error result for a failed run; the step's own cancellation is raised again."""
+    if isinstance(exc, asyncio.CancelledError):
+        if _being_cancelled():
+            raise exc  # the step itself is cancelled (Ctrl-C, a shutdown): not the tool's failure
+        return _cancelled(tool)
+    if isinstance(exc, _SelfCancelled):  # pragma: no cover - Python 3.10
+        return _cancelled(tool)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        timeout = tool.limits.timeout
+        after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
+        return ToolResult.error(
+            f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True
+        )
+    return ToolResult.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
+
+
+def _checked(tool: Tool, result: Any) -> ToolResult:
+    """`result` if it is a well-formed ToolResult, else the error result naming the bug."""
+    if not isinstance(result, ToolResult):
+        return ToolResult.error(
+            f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
+        )
+    if not isinstance(result.text, str):  # a dataclass does not check its fields' types
+        return ToolResult.error(
+            f"Tool '{tool.name}' returned a ToolResult whose text is {type(result.text).__name__}, "
+            "not str (a bug in the tool)."
+        )
+    return result
+
+
 class ToolCaller:
     """Invokes tool calls by name against a fixed set of tools."""
 
@@ -288,8 +357,10 @@ class ToolCaller:
                     result, attempts = await self._run_with_retries(tool, ready, ctx)
                 elif lim.max_concurrency or lim.rate_limit:
                     result, attempts = await self._run_once(tool, ready, ctx), 1
-                else:  # the common case: no limiter, no extra coroutine frame per call
-                    result, attempts = await self._guarded(tool, ready, ctx), 1
+                else:  # the common case: no limiter, and no coroutine of ours unless the tool waits
+                    started = _start(tool, ready, ctx)
+                    result = started if isinstance(started, ToolResult) else await _resume(tool, *started)
+                    attempts = 1
             one, record = self._finish(call, tool, result, attempts, start)
             return [one], [record]
         if not calls:
@@ -360,47 +431,10 @@ class ToolCaller:
     @staticmethod
     async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         """One run of the tool under its timeout; every failure becomes an error result."""
-        timeout = tool.limits.timeout
-        try:
-            coro = tool.run(args, ctx)
-            if _timeout is None:  # pragma: no cover - Python 3.10
-                result = await _run_in_task(coro, timeout)
-            elif timeout is None:
-                result = await coro
-            else:
-                # Most in-process tools finish without ever suspending; arming a timer costs
-                # more than such a call, so the first step runs bare and the deadline is set
-                # only if the tool actually waits. No library offers this lazy deadline.
-                try:
-                    first = coro.send(None)
-                except StopIteration as stop:
-                    result = stop.value
-                else:
-                    async with _timeout(timeout):
-                        result = await _Resumed(coro, first)
-        except asyncio.CancelledError:
-            if _being_cancelled():
-                raise  # the step itself is cancelled (Ctrl-C, a shutdown): not the tool's failure
-            return _cancelled(tool)
-        except _SelfCancelled:  # pragma: no cover - Python 3.10
-            return _cancelled(tool)
-        except (TimeoutError, asyncio.TimeoutError):
-            after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
-            return ToolResult.error(
-                f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True
-            )
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - every tool failure becomes an observation
-            return ToolResult.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
-        if not isinstance(result, ToolResult):
-            return ToolResult.error(
-                f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
-            )
-        if not isinstance(result.text, str):  # a dataclass does not check its fields' types
-            return ToolResult.error(
-                f"Tool '{tool.name}' returned a ToolResult whose text is {type(result.text).__name__}, "
-                "not str (a bug in the tool)."
-            )
-        return result
+        started = _start(tool, args, ctx)
+        if isinstance(started, ToolResult):
+            return started
+        return await _resume(tool, *started)
 
     @property
     def releases(self) -> bool:

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
+from toolenv.gc_tuning import tuned_gc
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, summarize
 from toolenv.trajectory import CallStats, Trajectory, TurnRecord, iter_trajectory_lines
@@ -264,6 +265,7 @@ async def arollout(
     progress: bool = False,
     progress_stream: IO[str] | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
+    tune_gc: bool = True,
 ) -> RolloutResult:
     """Roll `agent` out on `env`; see `rollout` for the arguments."""
     if samples < 1:
@@ -331,7 +333,7 @@ async def arollout(
 
     interrupted = False
     try:
-        with bar:
+        with bar, tuned_gc() if tune_gc else contextlib.nullcontext():
             await asyncio.gather(*(worker(e) for e in envs))
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
@@ -366,6 +368,7 @@ def rollout(
     seed: int | None = 0,
     success_threshold: float = 1.0,
     progress: bool = False,
+    tune_gc: bool = True,
 ) -> RolloutResult:
     """Run `agent` on `env` for `n` tasks (all when None), `concurrency` episodes at a time.
 
@@ -385,6 +388,8 @@ def rollout(
         seed: episode `i` resets with `seed + i` (None: unseeded).
         success_threshold: an episode succeeds when its reward reaches this and it has no error.
         progress: draw a live progress bar on stderr.
+        tune_gc: run the episodes inside `toolenv.tuned_gc()` (the collector's settings are
+            restored afterwards; programs that set them themselves are left alone).
 
     Returns:
         Every trajectory in `out` (this run's and earlier ones) and their summary.
@@ -406,5 +411,6 @@ def rollout(
             seed=seed,
             success_threshold=success_threshold,
             progress=progress,
+            tune_gc=tune_gc,
         )
     )

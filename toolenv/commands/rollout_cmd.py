@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--overwrite", action="store_true", help="start the output afresh instead of resuming")
     mode.add_argument("--retry-errors", action="store_true", help="on resume, rerun episodes that ended with an error")
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    parser.add_argument(
+        "--no-gc-tuning",
+        action="store_true",
+        help="leave the garbage collector at its settings (default: tuned for the run, see docs/rollout.md)",
+    )
 
 
 async def _cancel_on_sigint(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed,
                     success_threshold=args.success_threshold,
                     progress=not args.no_progress,
+                    tune_gc=not args.no_gc_tuning,
                 )
             )
         )

@@ -1,0 +1,96 @@
+"""`tuned_gc`: the collector is tuned inside the block, left alone when the program tuned it,
+and put back afterwards; the rollout runner runs its episodes inside it."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+import toolenv
+from toolenv.gc_tuning import DEFAULT_GEN0_THRESHOLD, tuned_gc
+
+
+@pytest.fixture(autouse=True)
+def default_collector() -> Iterator[tuple[int, ...]]:
+    """Each test starts from CPython's defaults and leaves them as it found them."""
+    saved, enabled = gc.get_threshold(), gc.isenabled()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    gc.enable()
+    yield saved
+    gc.unfreeze()
+    gc.set_threshold(*saved)
+    if not enabled:
+        gc.disable()
+
+
+def test_block_freezes_and_raises_the_threshold_then_restores() -> None:
+    survivor = [object() for _ in range(10)]
+    with tuned_gc() as applied:
+        assert applied
+        assert gc.get_threshold() == (DEFAULT_GEN0_THRESHOLD, 10, 10)
+        assert gc.get_freeze_count() > 0  # what was alive at the start is out of the collector's way
+        assert not any(o is survivor for o in gc.get_objects())  # frozen: no collection walks it
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+    assert any(o is survivor for o in gc.get_objects())
+
+
+def test_restored_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError), tuned_gc():
+        raise RuntimeError("boom")
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_nested_blocks_restore_once_at_the_outermost_exit() -> None:
+    outer = tuned_gc()
+    assert outer.__enter__()
+    with tuned_gc() as inner:
+        assert not inner and gc.get_threshold()[0] == DEFAULT_GEN0_THRESHOLD
+    assert gc.get_threshold()[0] == DEFAULT_GEN0_THRESHOLD  # the outer block still runs tuned
+    outer.__exit__(None, None, None)
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_a_program_that_tuned_the_collector_itself_is_left_alone() -> None:
+    gc.set_threshold(200_000, 5, 5)
+    with tuned_gc() as applied:
+        assert not applied and gc.get_threshold() == (200_000, 5, 5) and gc.get_freeze_count() == 0
+    gc.set_threshold(700, 10, 10)
+    gc.disable()
+    with tuned_gc() as applied:
+        assert not applied and gc.get_threshold() == (700, 10, 10) and not gc.isenabled()
+    gc.enable()
+
+
+def test_someone_elses_freeze_is_kept() -> None:
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with tuned_gc() as applied:
+        assert applied and gc.get_threshold()[0] == DEFAULT_GEN0_THRESHOLD
+    assert gc.get_freeze_count() == frozen  # not unfrozen behind the program's back
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_bad_threshold_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="at least 1"), tuned_gc(0):
+        pass
+
+
+def test_rollout_runs_its_episodes_tuned_unless_told_not_to() -> None:
+    from tests.test_rollout_runner import example
+
+    seen: list[int] = []
+
+    def note(_: toolenv.Trajectory) -> None:
+        seen.append(gc.get_threshold()[0])
+
+    import asyncio
+
+    from toolenv.runner import arollout
+
+    asyncio.run(arollout(example.ENV_ID, example.ScriptedAgent(), n=2, on_trajectory=note))
+    asyncio.run(arollout(example.ENV_ID, example.ScriptedAgent(), n=2, on_trajectory=note, tune_gc=False))
+    assert seen == [DEFAULT_GEN0_THRESHOLD] * 2 + [700] * 2
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
