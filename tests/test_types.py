@@ -91,3 +91,22 @@ def test_from_pil_is_lossless_png_and_passes_save_params() -> None:
     assert slow.to_pil().tobytes() == noise.tobytes() and slow.data != png.data
     jpeg = ToolImage.from_pil(noise, "JPEG", quality=50)
     assert jpeg.mime == "image/jpeg" and jpeg.to_pil().size == (64, 48)
+
+
+def test_hot_path_builders_set_every_field_and_equal_the_keyword_constructors() -> None:
+    import dataclasses
+
+    from toolenv.types import Message, ParsedAction, ToolCall, new_call, new_message, new_parsed
+
+    call = new_call("add", {"a": 1}, "call_0")
+    parsed = new_parsed([call], "42", "rest", ["an error"])
+    tool_msg = new_message("tool", "ok", "add", "call_0", None, [])
+    assistant = new_message("assistant", "text", None, None, [call])
+    for built in (call, parsed, tool_msg, assistant):  # asdict reads every slot: an unset one raises
+        assert set(dataclasses.asdict(built)) == {f.name for f in dataclasses.fields(built)}
+    assert call == ToolCall(name="add", arguments={"a": 1}, id="call_0")
+    assert parsed == ParsedAction(tool_calls=[call], answer="42", text="rest", errors=["an error"])
+    assert tool_msg == Message(role="tool", content="ok", name="add", tool_call_id="call_0")
+    assert assistant == Message(role="assistant", content="text", tool_calls=[call])
+    assert assistant.images == [] and assistant.images is not new_message("user", "x").images
+    assert Message.model_validate(assistant.model_dump()) == assistant

@@ -17,7 +17,7 @@ from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers.base import ActionParser, get_parser
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
-from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message
 
 __all__ = ["DEFAULT_TEMPLATE", "ToolEnv"]
 
@@ -196,7 +196,7 @@ class ToolEnv(gym.Env[str, str]):
             if len(parsed.errors) > MAX_PARSE_ERRORS:
                 errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
             results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
-        turn = Turn(action=action, parsed=parsed, results=results, records=records)
+        turn = Turn(action, parsed, results, records)
         ep.turns.append(turn)
         if parsed.answer is not None:
             ep.answer = parsed.answer
@@ -309,9 +309,7 @@ class ToolEnv(gym.Env[str, str]):
 
 def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResult]) -> list[Message]:
     calls: list[ToolCall] | None = parsed.tool_calls or None
-    msgs = [Message(role="assistant", content=action, tool_calls=calls)]
+    msgs = [new_message("assistant", action, None, None, calls)]
     for r in results:  # the message shares the result's image list (one object fewer per step)
-        msgs.append(
-            Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id or None, images=r.images)
-        )
+        msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
     return msgs

@@ -10,7 +10,7 @@ from pydantic_core import from_json
 
 from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser, tools_json
-from toolenv.types import ParsedAction, ToolCall, ToolResult
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
 __all__ = ["HermesParser"]
 
@@ -89,7 +89,7 @@ class HermesParser(ActionParser):
 
     def _parsed(self, calls: list[ToolCall], errors: list[str], rest: str) -> ParsedAction:
         answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
-        return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
+        return new_parsed(calls, answer, rest.strip(), errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         return (
@@ -138,7 +138,7 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
     call_id = obj.get("id")
     if not isinstance(call_id, str):
         call_id = _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
-    return ToolCall(name=obj["name"], arguments=args, id=call_id), None
+    return new_call(obj["name"], args, call_id), None
 
 
 _CALL_IDS = tuple(f"call_{i}" for i in range(16))
