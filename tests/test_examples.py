@@ -78,3 +78,10 @@ def test_custom_plugin_installs_and_is_discovered(tmp_path: Path) -> None:
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "0 failed" in check.stdout
+
+
+def test_many_episodes_in_tuned_gc() -> None:
+    out = run(str(EXAMPLES / "many_episodes.py"), "32")
+    assert out.returncode == 0, out.stderr
+    assert "32 episodes x 4 turns:" in out.stdout and "x the ideal 200 ms" in out.stdout
+    assert "tuned for the run: True; settings restored: True" in out.stdout
