@@ -250,3 +250,32 @@ async def test_envs_are_pooled_across_samples(scripted_server, make_loop):
     assert len(list(pool.envs())) == 4
     await pool.aclose()
     assert list(pool.envs()) == []
+
+
+async def test_tune_gc_runs_episodes_tuned_and_restores_after_the_last(scripted_server, make_loop):
+    import gc
+
+    from toolenv.gc_tuning import DEFAULT_GEN0_THRESHOLD
+
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        server = scripted_server([CALL, "The answer is <answer>42</answer>"])
+        loop = make_loop(server, tune_gc=True)
+        seen: list[int] = []
+        episode = loop._episode
+
+        async def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append(gc.get_threshold()[0])
+            return await episode(*args, **kwargs)
+
+        loop._episode = spy
+        out = await loop.run({}, **await _row())
+        assert out.reward_score == 1.0 and seen == [DEFAULT_GEN0_THRESHOLD]
+        assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+        plain = make_loop(scripted_server([CALL, "<answer>42</answer>"]))
+        plain._episode = spy
+        await plain.run({}, **await _row())
+        assert seen == [DEFAULT_GEN0_THRESHOLD, 700]  # off by default
+    finally:
+        gc.set_threshold(*saved)

@@ -13,6 +13,7 @@ is a keyword argument of `__init__`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from toolenv.env import ToolEnv
+from toolenv.gc_tuning import tuned_gc
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
 from toolenv.types import Message, Task, ToolResult
 
@@ -75,6 +77,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that stops
             without the turn-end token gets it appended with mask 0.
         use_dataset_prompt: start from the row's `raw_prompt` (default) or re-render the env's prompt.
+        tune_gc: run each episode inside `toolenv.tuned_gc()`; while any episode of the worker
+            runs, the collector is tuned, and it is restored when the last one ends (a batch of
+            thousands of episodes spends much of its CPU in the collector otherwise; see
+            docs/vector.md). Off by default: the worker process is verl's.
         tools: verl's tool list; unused (the env owns its tools), accepted because verl passes it.
     """
 
@@ -88,6 +94,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         stop: Sequence[str] | None = None,
         use_dataset_prompt: bool = True,
         turn_end_token: str | None = None,
+        tune_gc: bool = False,
         tools: Any = None,
         name: str | None = None,
         pool: EnvPool | None = None,
@@ -104,6 +111,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         self.reward_keys: list[str] | None = list(_plain(reward_keys)) if reward_keys is not None else None
         self.stop: list[str] = list(_plain(stop or []))
         self.use_dataset_prompt = use_dataset_prompt
+        self.tune_gc = bool(tune_gc)
         self.response_length: int = int(self.rollout_config.response_length)
         self.pool = pool or shared_pool()
         self.turn_end_id = self._turn_end_id(turn_end_token)
@@ -132,8 +140,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         env_id, row_kwargs = env_spec_from_row(extra_info)
         task = task_from_row(extra_info)
         env_kwargs = {**row_kwargs, **self.env_kwargs}
-        async with self.pool.lease(env_id, env_kwargs) as env:
-            return await self._episode(env, env_id, task, sampling_params, kwargs)
+        with tuned_gc() if self.tune_gc else contextlib.nullcontext():
+            async with self.pool.lease(env_id, env_kwargs) as env:
+                return await self._episode(env, env_id, task, sampling_params, kwargs)
 
     async def _episode(
         self, env: ToolEnv, env_id: str, task: Task, sampling_params: dict[str, Any], row: dict[str, Any]
