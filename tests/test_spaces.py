@@ -39,3 +39,18 @@ def test_spaces_share_one_charset() -> None:
     assert len({id(s._char_set) for s in spaces}) == 1
     assert len({id(s._char_list) for s in spaces}) == 1
     assert len({id(s._char_index) for s in spaces}) == 1
+
+
+def test_spaces_built_after_the_first_equal_what_gymnasium_builds() -> None:
+    import string
+
+    from gymnasium import spaces
+
+    UnicodeText()  # the first space builds the shared charset through Gymnasium
+    ours = UnicodeText(64, min_length=1, seed=5)
+    theirs = spaces.Text(64, min_length=1, charset=string.printable, seed=5)
+    assert {k for k in vars(ours) if k != "sample_max_length"} == set(vars(theirs))
+    for key, value in vars(theirs).items():
+        if key != "_np_random":
+            assert getattr(ours, key) == value, key
+    assert [ours.np_random.integers(1000) for _ in range(5)] == [theirs.np_random.integers(1000) for _ in range(5)]

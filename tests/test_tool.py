@@ -108,3 +108,16 @@ def test_flat_schema_keeps_items_enum_optional() -> None:
     items = flat["properties"]["filters"]["items"]
     assert items["properties"]["tags"] == {"description": "labels", "items": {"type": "string"}, "type": "array"}
     assert "anyOf" not in str(flat) and "$ref" not in str(flat)
+
+
+def test_schema_is_built_once_per_args_model_and_handed_out_as_a_fresh_copy(add_tool: toolenv.Tool) -> None:
+    from toolenv._schema import _parameters
+
+    first = add_tool.schema()
+    first["function"]["parameters"]["properties"].clear()  # a caller editing its copy...
+    second = add_tool.schema()
+    assert set(second["function"]["parameters"]["properties"]) == {"a", "b"}  # ...changes no other
+    assert second["function"]["parameters"]["properties"]["a"]["description"] == "first addend"
+    hits = _parameters.cache_info().hits
+    type(add_tool)().schema()
+    assert _parameters.cache_info().hits == hits + 1  # another instance, same Args: no rebuild

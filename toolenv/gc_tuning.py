@@ -51,7 +51,8 @@ def tuned_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD) -> Iterator[bool]:
             before = gc.get_threshold()
             freeze = gc.get_freeze_count() == 0
             if freeze:
-                gc.collect()  # garbage frozen now would stay until the block ends
+                # No collection first: with a large heap (a training worker's) it takes a good
+                # fraction of a second. Garbage frozen here is collected after the block.
                 gc.freeze()
             gc.set_threshold(gen0_threshold, *before[1:])
             _saved, applied = (before, freeze), True

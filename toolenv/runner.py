@@ -17,7 +17,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -161,7 +161,17 @@ async def run_episode(
                 action=action.text,
                 parsed=rec.parsed,
                 results=rec.results,
-                calls=[CallStats(**asdict(r)) for r in rec.records],
+                calls=[
+                    CallStats(
+                        name=r.name,
+                        call_id=r.call_id,
+                        attempts=r.attempts,
+                        error=r.error,
+                        truncated=r.truncated,
+                        latency_s=r.latency_s,
+                    )
+                    for r in rec.records
+                ],
                 observation=obs,
                 reward=float(reward),
                 reward_components=dict(rec.reward_components),

@@ -39,11 +39,18 @@ class UnicodeText(spaces.Text):
     def __init__(
         self, max_length: int = 1 << 20, *, min_length: int = 0, sample_max_length: int = 256, seed: Any = None
     ) -> None:
-        super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
         # Every instance has the same charset: share Text's per-instance copies of it. Each env
         # holds two spaces, and the collector walks each copy's 100-entry set and tuple on
         # every full collection (~4 µs per space, a third of an idle ToolEnv's cost to it).
-        self._char_set, self._char_list, self._char_index, self._char_str = _PRINTABLE.get(self)
+        # Building them is also most of Text's 70 µs constructor, which the first space pays.
+        parts = _PRINTABLE.parts
+        if parts is not None and type(max_length) is int and type(min_length) is int and 0 <= min_length <= max_length:
+            self.min_length, self.max_length = min_length, max_length
+            spaces.Space.__init__(self, dtype=str, seed=seed)  # what Text's constructor ends with
+        else:  # the first space, or bounds for Gymnasium to check (and raise its own error)
+            super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
+            parts = _PRINTABLE.get(self)
+        self._char_set, self._char_list, self._char_index, self._char_str = parts
         self.sample_max_length = min(sample_max_length, max_length)
 
     def contains(self, x: Any) -> bool:
