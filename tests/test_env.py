@@ -210,13 +210,16 @@ def test_areset_renders_through_the_async_hook() -> None:
 
 def test_episode_ids_are_unique_and_a_forked_child_draws_new_ones() -> None:
     import os
+    import warnings
 
     from toolenv.episode import new_episode_id
 
     ids = {new_episode_id() for _ in range(10_000)}
     assert len(ids) == 10_000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # 3.12+ warns about fork in a threaded process; the child only writes and exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: report one id and leave at once
         os.write(write, new_episode_id().encode())
         os._exit(0)
