@@ -260,11 +260,7 @@ class ToolEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per step
             coro.close()
             raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
