@@ -161,17 +161,7 @@ async def run_episode(
                 action=action.text,
                 parsed=rec.parsed,
                 results=rec.results,
-                calls=[
-                    CallStats(
-                        name=r.name,
-                        call_id=r.call_id,
-                        attempts=r.attempts,
-                        error=r.error,
-                        truncated=r.truncated,
-                        latency_s=r.latency_s,
-                    )
-                    for r in rec.records
-                ],
+                calls=[CallStats.model_validate(r, from_attributes=True) for r in rec.records],
                 observation=obs,
                 reward=float(reward),
                 reward_components=dict(rec.reward_components),
