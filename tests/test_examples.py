@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,9 @@ def test_custom_plugin_installs_and_is_discovered(tmp_path: Path) -> None:
     if _major_version("setuptools") < 77:
         pytest.skip("building the example plugin needs setuptools>=77 in this environment")
     target = tmp_path / "site"
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, and a
+    # checkout may be read-only to the user running the tests.
+    source = shutil.copytree(EXAMPLES / "custom_plugin", tmp_path / "custom_plugin")
     pip = run(
         "-m",
         "pip",
@@ -53,7 +57,7 @@ def test_custom_plugin_installs_and_is_discovered(tmp_path: Path) -> None:
         "--no-build-isolation",
         "--target",
         str(target),
-        str(EXAMPLES / "custom_plugin"),
+        str(source),
     )
     assert pip.returncode == 0, pip.stderr
     code = (
