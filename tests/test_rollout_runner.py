@@ -67,7 +67,8 @@ def test_rollout_records_typed_trajectories(tmp_path: Path) -> None:
     assert trajs["price"].turns[0].results[0].metadata["rows"] == [["pear", 5]]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["episodes"] == 4 and summary["tool_latency_s"]["count"] == 4
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["env_id"] == example.ENV_ID
+    config = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert config["env_id"] == example.ENV_ID and config["tune_gc"] is True
 
 
 def test_agent_error_is_recorded_not_raised(tmp_path: Path) -> None:

@@ -296,6 +296,7 @@ async def arollout(
                 "concurrency": concurrency,
                 "seed": seed,
                 "success_threshold": success_threshold,
+                "tune_gc": tune_gc,
                 "env_kwargs": _redact(env_kwargs or {}),
                 "agent_kwargs": _redact(agent_kwargs or {}),
                 "started_at": _now(),
