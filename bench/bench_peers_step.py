@@ -12,7 +12,9 @@ that only answers "ok", written the way each framework expects:
   a `ToolGroup` `@tool`, returning its `BaseTextEnvStepOutput`.
 
 The peers' tools parse with a regex and `json.loads` (their own idiom) and do no
-typed validation; the "bare parse" row is that parse alone, the floor for all.
+typed validation; the "bare parse" row is that parse alone. The "typed floor" row is the
+least any typed step does: toolenv's parse into a ToolCall, Pydantic validation of the
+arguments and the tool's run, with no turn, record, messages, reward or info.
 Episodes are 8 steps long and every figure is per step with the reset amortised
 in: toolenv keeps the whole episode (turns, messages) for rewards and reports,
 and an endless episode would measure Python's garbage collector walking it.
@@ -103,7 +105,27 @@ def toolenv_runners(n: int) -> dict[str, float]:
         return median(per)
 
     astep_s = asyncio.run(astep_rounds())
-    return {"toolenv astep": astep_s, "toolenv step": step_s}
+
+    # The typed floor: what any typed step must do at the least (find and decode the call into
+    # a ToolCall, validate its arguments with the Args model, run the tool), with no turn,
+    # record, messages, reward or info.
+    parser = toolenv.get_parser("hermes")
+    validate = Noop.Args.__pydantic_validator__.validate_python
+    noop = Noop()
+    ctx = toolenv.ToolContext(task=toolenv.Task(question="q"))
+
+    def typed_floor() -> Any:
+        call = parser.parse(ACTION).tool_calls[0]
+        coro = noop.run(validate(call.arguments), ctx)
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        raise RuntimeError("the tool suspended")
+
+    assert typed_floor().text == "ok"
+    floor_s = median(repeat(typed_floor, n))
+    return {"toolenv astep": astep_s, "toolenv step": step_s, "toolenv typed floor (parse+validate+run)": floor_s}
 
 
 # ---------------------------------------------------------------------- GEM
@@ -194,7 +216,8 @@ def skyrl_runner(n: int) -> float:
 # ---------------------------------------------------------------------- worker and driver
 def measure(n: int) -> dict[str, Any]:
     """Every framework importable here, in this process: seconds per step, and what was skipped."""
-    seconds: dict[str, float] = {"bare parse (floor)": median(repeat(lambda: bare_parse(ACTION), n))}
+    peers_parse = median(repeat(lambda: bare_parse(ACTION), n))
+    seconds: dict[str, float] = {"bare regex + json.loads (the peers' parse)": peers_parse}
     seconds.update(toolenv_runners(n))
     skipped: dict[str, str] = {}
     versions: dict[str, str] = {}
