@@ -357,10 +357,8 @@ class ToolCaller:
                     result, attempts = await self._run_with_retries(tool, ready, ctx)
                 elif lim.max_concurrency or lim.rate_limit:
                     result, attempts = await self._run_once(tool, ready, ctx), 1
-                else:  # the common case: no limiter, and no coroutine of ours unless the tool waits
-                    started = _start(tool, ready, ctx)
-                    result = started if isinstance(started, ToolResult) else await _resume(tool, *started)
-                    attempts = 1
+                else:  # the common case: no limiter
+                    result, attempts = await self._guarded(tool, ready, ctx), 1
             one, record = self._finish(call, tool, result, attempts, start)
             return [one], [record]
         if not calls:

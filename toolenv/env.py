@@ -165,13 +165,9 @@ class ToolEnv(gym.Env[str, str]):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
-        if self._episode is not None and not self._episode.released:
-            await self.aend_episode()
+        await self.aend_episode()
         task = self._pick_task(options or {})
-        if type(self).arender_prompt is ToolEnv.arender_prompt:  # not overridden: no coroutine to run
-            obs, messages = self.render_prompt(task)
-        else:
-            obs, messages = await self.arender_prompt(task)
+        obs, messages = await self.arender_prompt(task)
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}
 
@@ -213,9 +209,7 @@ class ToolEnv(gym.Env[str, str]):
         if ep.terminated or ep.truncated:
             for k, v in (await rf.final_components(ep)).items():
                 components[k] = components.get(k, 0.0) + v
-            turn.reward = rf.weighted(components)
-        else:
-            turn.reward = rf.weighted(components) if rf.scores_turns else 0.0
+        turn.reward = rf.weighted(components)
         turn.reward_components = components
         new_messages = _turn_messages(action, parsed, results)
         ep.messages.extend(new_messages)
@@ -229,8 +223,7 @@ class ToolEnv(gym.Env[str, str]):
             "reward_components": dict(components),
         }
         if ep.terminated or ep.truncated:
-            if not ep.released:
-                await self.aend_episode()
+            await self.aend_episode()
             info["answer"] = ep.answer
             info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
             info["episode"] = {

@@ -45,8 +45,6 @@ class CodeBlockParser(ActionParser):
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
-        if len(results) == 1:  # the common turn: no generator
-            return f"```output\n{results[0].text}\n```"
         return "\n".join(f"```output\n{r.text}\n```" for r in results)
 
 

@@ -103,8 +103,6 @@ class HermesParser(ActionParser):
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
-        if len(results) == 1:  # the common turn: no generator
-            return f"<tool_response>\n{results[0].text}\n</tool_response>"
         return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
 
 

@@ -82,8 +82,6 @@ class TagParser(ActionParser):
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
-        if len(results) == 1:  # the common turn: no generator
-            return f"{self.result_open}{results[0].text}{self.result_close}"
         return "\n".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
 
 

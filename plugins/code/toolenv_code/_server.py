@@ -233,13 +233,7 @@ class Server:
 
     def _zygote_session(self, workdir: str, uid: int, limits: dict[str, Any], fds: list[int]) -> int:
         """Have the zygote clone a session child; its pid, or 0 when there is no zygote to ask."""
-        spare = self.spare
-        if spare is not None and spare.pid <= 0:  # replies come in order: the spare's is first
-            try:
-                self._ready(spare)
-            except OSError:
-                self.spare = None
-                self._reap(spare)
+        self._settle_spare()  # replies come in order: the spare's is first
         if self.zygote is None:
             return 0
         message = "\0".join(("session", workdir, str(uid), json.dumps(limits))).encode()
@@ -291,6 +285,18 @@ class Server:
             return
         child.pid = self._zygote_pid()
         child.pidfd = os.pidfd_open(child.pid)
+
+    def _settle_spare(self) -> None:
+        """Learn the spare's pid if the zygote forked it; drop the spare if it could not."""
+        spare = self.spare
+        if spare is None or spare.pid > 0:
+            return
+        try:
+            self._ready(spare)
+        except OSError:
+            self.spare = None
+            self._kill(spare)
+            self._reap(spare)
 
     def _zygote_pid(self) -> int:
         """The zygote's reply to the oldest request not yet answered: the pid it cloned."""
@@ -548,13 +554,7 @@ class Server:
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         iso = self.iso
-        if self.spare is not None:
-            try:
-                self._ready(self.spare)
-            except OSError:
-                self._kill(self.spare)
-                self._reap(self.spare)
-                self.spare = None
+        self._settle_spare()
         return {
             "pid": os.getpid(),
             "sessions": sorted(self.sessions),
