@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
+from toolenv import _aio
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
@@ -395,7 +396,7 @@ def rollout(
     Returns:
         Every trajectory in `out` (this run's and earlier ones) and their summary.
     """
-    return asyncio.run(
+    return _aio.run(
         arollout(
             env,
             agent,

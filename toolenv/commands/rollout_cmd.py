@@ -11,6 +11,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from toolenv import _aio
+
 HELP = "Run an agent on an env concurrently; write trajectories (JSONL), a summary table and summary.json."
 
 
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.base_url is not None:
         agent_kwargs["base_url"] = args.base_url
     try:
-        result = asyncio.run(
+        result = _aio.run(
             _cancel_on_sigint(
                 arollout(
                     args.env_id,

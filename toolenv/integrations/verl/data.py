@@ -14,13 +14,13 @@ pyarrow cannot write an empty struct, so nested values are JSON strings or left 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from toolenv import _aio
 from toolenv.integrations.verl.envs import TASK_SELECTION_KEYS, make_env
 from toolenv.types import Message, Task
 
@@ -130,7 +130,7 @@ async def abuild_rows(
 
 def build_rows(env_id: str, **kwargs: Any) -> list[dict[str, Any]]:
     """Sync twin of `abuild_rows` (same keyword arguments); not for use inside an event loop."""
-    return asyncio.run(abuild_rows(env_id, **kwargs))
+    return _aio.run(abuild_rows(env_id, **kwargs))
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
