@@ -27,7 +27,7 @@ from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
 from toolenv.report.console import Progress
-from toolenv.report.summary import Summary, summarize
+from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.trajectory import CallStats, Trajectory, TurnRecord, iter_trajectory_lines
 from toolenv.types import Task, load_tasks
 
@@ -308,6 +308,9 @@ async def arollout(
     for w in todo:
         queue.put_nowait(w)
     new: list[Trajectory] = []
+    totals = SummaryBuilder()  # fed as episodes end, so the closing summary is quick
+    for t in previous:
+        totals.add(t)
     started = time.perf_counter()
     bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
 
@@ -327,6 +330,7 @@ async def arollout(
                 success_threshold=success_threshold,
             )
             new.append(traj)
+            totals.add(traj)
             if output:
                 output.write(traj)
             bar.update(traj)
@@ -342,7 +346,7 @@ async def arollout(
         raise
     finally:
         everything = previous + new
-        summary = summarize(everything, wall_time_s=time.perf_counter() - started, interrupted=interrupted)
+        summary = totals.build(wall_time_s=time.perf_counter() - started, interrupted=interrupted)
         if output:
             output.close()
             output.write_summary(summary)

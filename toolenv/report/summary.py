@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv.trajectory import Trajectory
 
-__all__ = ["LatencyStats", "Summary", "summarize"]
+__all__ = ["LatencyStats", "Summary", "SummaryBuilder", "summarize"]
 
 
 class LatencyStats(BaseModel):
@@ -62,38 +62,98 @@ class Summary(BaseModel):
     interrupted: bool = False
 
 
-def summarize(trajs: Sequence[Trajectory], *, wall_time_s: float | None = None, interrupted: bool = False) -> Summary:
+class SummaryBuilder:
+    """A summary built one trajectory at a time.
+
+    The runner adds each trajectory as its episode ends, while other episodes wait on
+    their tools, so the closing summary only computes the percentiles.
+    """
+
+    def __init__(self) -> None:
+        self.episodes = 0
+        self._env_ids: set[str] = set()
+        self._agents: set[str] = set()
+        self._rewards: list[float] = []
+        self._successes = 0
+        self._turns = 0
+        self._calls = 0
+        self._results = 0
+        self._result_errors = 0
+        self._episode_errors = 0
+        self._truncated = 0
+        self._mix: dict[str, int] = {}
+        self._components: dict[str, float] = {}
+        self._durations: list[float] = []
+        self._agent_latencies: list[float] = []
+        self._tool_latencies: list[float] = []
+        self._prompt_tokens: int | None = None
+        self._completion_tokens: int | None = None
+
+    def add(self, traj: Trajectory) -> None:
+        """Count one trajectory in."""
+        self.episodes += 1
+        self._env_ids.add(traj.env_id)
+        self._agents.add(traj.agent)
+        self._rewards.append(traj.reward)
+        self._successes += traj.success
+        self._episode_errors += traj.error is not None
+        self._truncated += traj.truncated
+        self._durations.append(traj.duration_s)
+        comps = self._components
+        for k, v in traj.reward_components.items():
+            comps[k] = comps.get(k, 0.0) + v
+        self._turns += len(traj.turns)
+        mix = self._mix
+        agent_latencies, tool_latencies = self._agent_latencies, self._tool_latencies
+        for turn in traj.turns:  # plain loops: a generator per turn cost more than the counting
+            for c in turn.parsed.tool_calls:
+                mix[c.name] = mix.get(c.name, 0) + 1
+            self._calls += len(turn.parsed.tool_calls)
+            self._results += len(turn.results)
+            for r in turn.results:
+                if r.is_error:
+                    self._result_errors += 1
+            agent_latencies.append(turn.agent_latency_s)
+            for stats in turn.calls:
+                tool_latencies.append(stats.latency_s)
+            if turn.prompt_tokens is not None:
+                self._prompt_tokens = (self._prompt_tokens or 0) + turn.prompt_tokens
+            if turn.completion_tokens is not None:
+                self._completion_tokens = (self._completion_tokens or 0) + turn.completion_tokens
+
+    def build(self, *, wall_time_s: float | None = None, interrupted: bool = False) -> Summary:
+        """The summary of everything added so far (an empty builder gives zeros)."""
+        n = self.episodes
+        if not n:
+            return Summary(wall_time_s=wall_time_s, interrupted=interrupted)
+        rewards = np.asarray(self._rewards, dtype=np.float64)
+        return Summary(
+            episodes=n,
+            env_ids=sorted(self._env_ids),
+            agents=sorted(self._agents),
+            mean_reward=float(rewards.mean()),
+            std_reward=float(rewards.std()),
+            success_rate=self._successes / n,
+            mean_turns=self._turns / n,
+            tool_calls_per_episode=self._calls / n,
+            tool_error_rate=self._result_errors / self._results if self._results else 0.0,
+            episode_errors=self._episode_errors,
+            truncated_rate=self._truncated / n,
+            tool_mix=dict(Counter(self._mix).most_common()),
+            reward_components={k: v / n for k, v in sorted(self._components.items())},
+            episode_latency_s=LatencyStats.of(self._durations),
+            agent_latency_s=LatencyStats.of(self._agent_latencies),
+            tool_latency_s=LatencyStats.of(self._tool_latencies),
+            prompt_tokens=self._prompt_tokens,
+            completion_tokens=self._completion_tokens,
+            wall_time_s=wall_time_s,
+            interrupted=interrupted,
+        )
+
+
+def summarize(trajs: Iterable[Trajectory], *, wall_time_s: float | None = None, interrupted: bool = False) -> Summary:
     """The summary of `trajs` (an empty run gives zeros)."""
-    if not trajs:
-        return Summary(wall_time_s=wall_time_s, interrupted=interrupted)
-    n = len(trajs)
-    rewards = np.asarray([t.reward for t in trajs], dtype=np.float64)
-    results = sum(t.tool_results for t in trajs)
-    mix: Counter[str] = Counter(c.name for t in trajs for turn in t.turns for c in turn.parsed.tool_calls)
-    comps: Counter[str] = Counter()
+    builder = SummaryBuilder()
     for t in trajs:
-        comps.update(t.reward_components)
-    prompt = [p for p in (t.prompt_tokens() for t in trajs) if p is not None]
-    completion = [c for c in (t.completion_tokens() for t in trajs) if c is not None]
-    return Summary(
-        episodes=n,
-        env_ids=sorted({t.env_id for t in trajs}),
-        agents=sorted({t.agent for t in trajs}),
-        mean_reward=float(rewards.mean()),
-        std_reward=float(rewards.std()),
-        success_rate=sum(t.success for t in trajs) / n,
-        mean_turns=sum(len(t.turns) for t in trajs) / n,
-        tool_calls_per_episode=sum(t.tool_calls for t in trajs) / n,
-        tool_error_rate=(sum(t.tool_errors for t in trajs) / results) if results else 0.0,
-        episode_errors=sum(t.error is not None for t in trajs),
-        truncated_rate=sum(t.truncated for t in trajs) / n,
-        tool_mix=dict(mix.most_common()),
-        reward_components={k: v / n for k, v in sorted(comps.items())},
-        episode_latency_s=LatencyStats.of([t.duration_s for t in trajs]),
-        agent_latency_s=LatencyStats.of([turn.agent_latency_s for t in trajs for turn in t.turns]),
-        tool_latency_s=LatencyStats.of([c.latency_s for t in trajs for turn in t.turns for c in turn.calls]),
-        prompt_tokens=sum(prompt) if prompt else None,
-        completion_tokens=sum(completion) if completion else None,
-        wall_time_s=wall_time_s,
-        interrupted=interrupted,
-    )
+        builder.add(t)
+    return builder.build(wall_time_s=wall_time_s, interrupted=interrupted)

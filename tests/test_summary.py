@@ -1,0 +1,113 @@
+"""`summarize` and `SummaryBuilder`: every field of the summary, against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolenv.report.summary import Summary, SummaryBuilder, summarize
+from toolenv.trajectory import CallStats, Trajectory, TurnRecord
+from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
+
+
+def _turn(
+    calls: list[str],
+    errors: int,
+    *,
+    latencies: list[float],
+    agent_s: float,
+    prompt: int | None = None,
+    completion: int | None = None,
+    components: dict[str, float] | None = None,
+) -> TurnRecord:
+    results = [ToolResult(text="ok", name=c) for c in calls[errors:]]
+    results += [ToolResult(text="bad", name=c, is_error=True) for c in calls[:errors]]
+    return TurnRecord(
+        index=0,
+        action="a",
+        parsed=ParsedAction(tool_calls=[ToolCall(name=c, arguments={}) for c in calls]),
+        results=results,
+        calls=[CallStats(name=c, latency_s=s) for c, s in zip(calls, latencies)],
+        agent_latency_s=agent_s,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        reward_components=components or {},
+    )
+
+
+def _trajectories() -> list[Trajectory]:
+    t1 = Trajectory(
+        env_id="toolenv/A-v0",
+        agent="x",
+        task=Task(id="1", question="q"),
+        reward=1.0,
+        success=True,
+        terminated=True,
+        duration_s=1.0,
+        reward_components={"exact_match": 1.0, "format": 0.5},
+        turns=[
+            _turn(["search", "search"], 1, latencies=[0.1, 0.3], agent_s=0.5, prompt=10, completion=3),
+            _turn(["sql"], 0, latencies=[0.2], agent_s=0.7, prompt=20, completion=4),
+        ],
+    )
+    t2 = Trajectory(
+        env_id="toolenv/B-v0",
+        agent="y",
+        task=Task(id="2", question="q"),
+        reward=0.0,
+        truncated=True,
+        duration_s=3.0,
+        reward_components={"exact_match": 0.0},
+        turns=[_turn(["sql"], 1, latencies=[0.4], agent_s=0.9)],
+    )
+    t3 = Trajectory(
+        env_id="toolenv/A-v0",
+        agent="x",
+        task=Task(id="3", question="q"),
+        reward=0.5,
+        duration_s=2.0,
+        error="agent failed on turn 0: boom",
+    )
+    return [t1, t2, t3]
+
+
+def test_every_field_of_the_summary() -> None:
+    s = summarize(_trajectories(), wall_time_s=7.0, interrupted=True)
+    assert s.episodes == 3
+    assert s.env_ids == ["toolenv/A-v0", "toolenv/B-v0"] and s.agents == ["x", "y"]
+    assert s.mean_reward == pytest.approx(0.5)
+    assert s.std_reward == pytest.approx((((0.5**2) + (0.5**2) + 0) / 3) ** 0.5)
+    assert s.success_rate == pytest.approx(1 / 3)
+    assert s.mean_turns == pytest.approx(1.0)  # 2 + 1 + 0 turns
+    assert s.tool_calls_per_episode == pytest.approx(4 / 3)
+    assert s.tool_error_rate == pytest.approx(2 / 4)  # 2 error results of 4
+    assert s.episode_errors == 1 and s.truncated_rate == pytest.approx(1 / 3)
+    assert s.tool_mix == {"search": 2, "sql": 2}
+    assert s.reward_components == {"exact_match": pytest.approx(1 / 3), "format": pytest.approx(0.5 / 3)}
+    assert s.episode_latency_s is not None
+    assert (s.episode_latency_s.count, s.episode_latency_s.mean, s.episode_latency_s.max) == (3, 2.0, 3.0)
+    assert s.episode_latency_s.p50 == pytest.approx(2.0)
+    assert s.agent_latency_s is not None and s.agent_latency_s.count == 3
+    assert s.agent_latency_s.mean == pytest.approx(0.7)
+    assert s.tool_latency_s is not None and s.tool_latency_s.count == 4
+    assert s.tool_latency_s.mean == pytest.approx(0.25) and s.tool_latency_s.max == pytest.approx(0.4)
+    assert s.prompt_tokens == 30 and s.completion_tokens == 7  # t2 never reported tokens
+    assert s.wall_time_s == 7.0 and s.interrupted is True
+
+
+def test_an_empty_run_gives_zeros() -> None:
+    s = summarize([], wall_time_s=1.0)
+    assert s == Summary(wall_time_s=1.0)
+    assert s.prompt_tokens is None and s.episode_latency_s is None
+
+
+def test_builder_adds_as_it_goes_and_matches_summarize() -> None:
+    trajs = _trajectories()
+    b = SummaryBuilder()
+    assert b.build() == Summary()
+    for t in trajs:
+        b.add(t)
+    assert b.episodes == 3
+    assert b.build(wall_time_s=7.0, interrupted=True) == summarize(trajs, wall_time_s=7.0, interrupted=True)
+    # Building does not consume: more trajectories can come and a later build counts them.
+    b.add(trajs[0])
+    assert b.build().episodes == 4 and b.build().tool_mix == {"search": 4, "sql": 3}
