@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -10,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import toolenv
 from toolenv.registry import load
-from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, make_hotpotqa_env
+from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, hotpotqa_tasks, make_hotpotqa_env
 
 
 def test_registered_through_entry_points() -> None:
@@ -142,3 +143,16 @@ def test_vector_env() -> None:
     obs, rewards, *_ = vec.step(["<search> VIVA Media </search>"] * 4)
     assert all(o.startswith("<information>Doc 1(Title: ") for o in obs)
     vec.close()
+
+
+def test_bundled_tasks_are_read_once_and_a_users_file_every_time(tmp_path: Path) -> None:
+    a, b = make_hotpotqa_env(), make_hotpotqa_env()
+    assert a.tasks == b.tasks and a.tasks[0] is b.tasks[0]  # one read, shared by every env
+    a.tasks.pop()  # each env has its own list
+    assert len(b.tasks) == 100 and len(hotpotqa_tasks()) == 100
+    mine = tmp_path / "q.jsonl"
+    row = {"id": "x", "question": "Who?", "answers": ["me"]}
+    mine.write_text(json.dumps(row) + "\n")
+    assert [t.id for t in hotpotqa_tasks(mine)] == ["x"]
+    mine.write_text(json.dumps({**row, "id": "y"}) + "\n")
+    assert [t.id for t in hotpotqa_tasks(mine)] == ["y"]

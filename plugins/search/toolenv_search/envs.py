@@ -8,6 +8,7 @@ same env with JSON tool calls.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -51,9 +52,23 @@ def _gold_titles(row: Mapping[str, Any]) -> list[str]:
 
 
 def hotpotqa_tasks(path: str | Path | None = None, *, prompt: str = SEARCH_R1_PROMPT) -> list[Task]:
-    """The HotpotQA questions as Tasks; gold titles, doc ids and supporting facts go in `context`."""
+    """The HotpotQA questions as Tasks; gold titles, doc ids and supporting facts go in `context`.
+
+    The bundled file is read once per prompt (every env a rollout worker makes shares its
+    Tasks, as the SQL envs do); a file of your own is read on every call.
+    """
+    if path is None:
+        return list(_bundled_tasks(prompt))
+    return _read_tasks(Path(path), prompt)
+
+
+@functools.lru_cache(maxsize=4)
+def _bundled_tasks(prompt: str) -> tuple[Task, ...]:
+    return tuple(_read_tasks(bundled_questions_path(), prompt))
+
+
+def _read_tasks(src: Path, prompt: str) -> list[Task]:
     tasks = []
-    src = Path(path) if path is not None else bundled_questions_path()
     with src.open(encoding="utf-8") as fh:
         for line in fh:
             if not line.strip():
