@@ -26,6 +26,7 @@ from toolenv import _aio
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
+from toolenv.image_store import IMAGES_DIR, ImageStore
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.trajectory import CallStats, Trajectory, TurnRecord, iter_trajectory_lines
@@ -39,6 +40,8 @@ RUN_CONFIG = "run.json"
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 EnvSpec = str | Callable[[], Any]
+#: Where a run's trajectories keep their images (see `rollout`).
+IMAGE_MODES = ("inline", "files")
 
 
 @dataclass
@@ -191,11 +194,12 @@ async def run_episode(
 
 # ---------------------------------------------------------------------- output files
 class _Output:
-    """`trajectories.jsonl` (append, flushed per line), `summary.json`, `run.json`."""
+    """`trajectories.jsonl` (append, flushed per line), `images/`, `summary.json`, `run.json`."""
 
-    def __init__(self, out: Path, *, resume: bool, overwrite: bool, retry_errors: bool) -> None:
+    def __init__(self, out: Path, *, resume: bool, overwrite: bool, retry_errors: bool, images: str) -> None:
         self.dir = out
         self.path = out / TRAJECTORIES
+        self.images = ImageStore(out / IMAGES_DIR) if images == "files" else None
         self.previous: list[Trajectory] = []
         self._fh: IO[str] | None = None
         out.mkdir(parents=True, exist_ok=True)
@@ -225,7 +229,7 @@ class _Output:
     def write(self, traj: Trajectory) -> None:
         if self._fh is None:
             self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(traj.to_json_line() + "\n")
+        self._fh.write(traj.to_json_line(self.images) + "\n")
         self._fh.flush()
 
     def write_config(self, config: Mapping[str, Any]) -> None:
@@ -267,8 +271,11 @@ async def arollout(
     progress_stream: IO[str] | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
     tune_gc: bool = True,
+    images: str = "inline",
 ) -> RolloutResult:
     """Roll `agent` out on `env`; see `rollout` for the arguments."""
+    if images not in IMAGE_MODES:
+        raise ValueError(f"images must be one of {', '.join(IMAGE_MODES)}, got {images!r}")
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
     if concurrency < 1:
@@ -278,7 +285,9 @@ async def arollout(
     chosen = _select_tasks(first, tasks, n)
     work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
     output = (
-        _Output(Path(out), resume=resume, overwrite=overwrite, retry_errors=retry_errors) if out is not None else None
+        _Output(Path(out), resume=resume, overwrite=overwrite, retry_errors=retry_errors, images=images)
+        if out is not None
+        else None
     )
     previous = output.previous if output else []
     if previous and env_id and any(t.env_id != env_id for t in previous):
@@ -298,6 +307,7 @@ async def arollout(
                 "seed": seed,
                 "success_threshold": success_threshold,
                 "tune_gc": tune_gc,
+                "images": images,
                 "env_kwargs": _redact(env_kwargs or {}),
                 "agent_kwargs": _redact(agent_kwargs or {}),
                 "started_at": _now(),
@@ -375,6 +385,7 @@ def rollout(
     success_threshold: float = 1.0,
     progress: bool = False,
     tune_gc: bool = True,
+    images: str = "inline",
 ) -> RolloutResult:
     """Run `agent` on `env` for `n` tasks (all when None), `concurrency` episodes at a time.
 
@@ -396,6 +407,9 @@ def rollout(
         progress: draw a live progress bar on stderr.
         tune_gc: run the episodes inside `toolenv.tuned_gc()` (the collector's settings are
             restored afterwards; programs that set them themselves are left alone).
+        images: `"inline"` keeps images base64 inside each JSON line; `"files"` writes each
+            distinct image once to `out/images/` (named by its SHA-256) and the lines name the
+            files; `read_trajectories` reads both.
 
     Returns:
         Every trajectory in `out` (this run's and earlier ones) and their summary.
@@ -418,5 +432,6 @@ def rollout(
             success_threshold=success_threshold,
             progress=progress,
             tune_gc=tune_gc,
+            images=images,
         )
     )

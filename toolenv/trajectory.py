@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
 __all__ = ["CallStats", "Trajectory", "TurnRecord", "read_trajectories"]
@@ -116,21 +117,43 @@ class Trajectory(_Model):
         known = [t.prompt_tokens for t in self.turns if t.prompt_tokens is not None]
         return sum(known) if known else None
 
-    def to_json_line(self) -> str:
-        """One line of JSON (no newline inside; images as base64)."""
-        return self.model_dump_json()
+    def to_json_line(self, images: ImageStore | None = None) -> str:
+        """One line of JSON (no newline inside). Images are base64 inside the line, or, given
+        an `ImageStore`, files in it that the line names."""
+        if images is None:
+            return self.model_dump_json()
+        return self.model_dump_json(context={IMAGE_STORE: images})
 
 
 def iter_trajectory_lines(path: str | Path) -> Iterator[tuple[int, Trajectory | None, str]]:
-    """Each line of a JSONL file as (line number, trajectory or None when invalid, raw line)."""
-    with Path(path).open(encoding="utf-8") as fh:
+    """Each line of a JSONL file as (line number, trajectory or None when invalid, raw line).
+
+    Images a line keeps as files are read from the `images/` folder beside the file.
+    """
+    path = Path(path)
+    context = {IMAGE_STORE: ImageStore(path.parent / IMAGES_DIR)}
+    with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                yield lineno, Trajectory.model_validate_json(line), line
+                yield lineno, Trajectory.model_validate_json(line, context=context), line
             except ValidationError:
                 yield lineno, None, line
+
+
+def _why_invalid(line: str, path: Path) -> str:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg})"
+    try:
+        Trajectory.model_validate_json(line, context={IMAGE_STORE: ImageStore(path.parent / IMAGES_DIR)})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"not a valid trajectory ({where + ': ' if where else ''}{first['msg']})"
+    return "not a valid trajectory"  # pragma: no cover - it failed a moment ago
 
 
 def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Trajectory]:
@@ -148,12 +171,7 @@ def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Traject
     for lineno, traj, line in iter_trajectory_lines(path):
         if traj is None:
             if strict:
-                try:
-                    json.loads(line)
-                    why = "not a valid trajectory"
-                except json.JSONDecodeError as exc:
-                    why = f"not valid JSON ({exc.msg})"
-                raise ValueError(f"{path}:{lineno}: {why}")
+                raise ValueError(f"{path}:{lineno}: {_why_invalid(line, Path(path))}")
             continue
         out.append(traj)
     return out

@@ -17,8 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
 from typing_extensions import Self
+
+from toolenv.image_store import IMAGE_STORE
 
 if TYPE_CHECKING:  # Pillow is optional: only the vision plugin needs it.
     from PIL.Image import Image as PILImage
@@ -60,14 +73,14 @@ class _Data:
         return found
 
     @classmethod
-    def model_validate(cls, obj: Any) -> Self:
+    def model_validate(cls, obj: Any, *, context: Any | None = None) -> Self:
         """Validate a dict (or an instance) into this type."""
-        return cls._adapter().validate_python(obj)  # type: ignore[no-any-return]
+        return cls._adapter().validate_python(obj, context=context)  # type: ignore[no-any-return]
 
     @classmethod
-    def model_validate_json(cls, data: str | bytes) -> Self:
-        """Validate JSON into this type."""
-        return cls._adapter().validate_json(data)  # type: ignore[no-any-return]
+    def model_validate_json(cls, data: str | bytes, *, context: Any | None = None) -> Self:
+        """Validate JSON into this type (`context` as for a BaseModel, e.g. an image store)."""
+        return cls._adapter().validate_json(data, context=context)  # type: ignore[no-any-return]
 
     @classmethod
     def model_json_schema(cls) -> dict[str, Any]:
@@ -103,6 +116,29 @@ class ToolImage(_Model):
     height: int = Field(ge=1)
 
     model_config = ConfigDict(extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
+
+    @model_serializer(mode="wrap")
+    def _to_file(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """With an `ImageStore` in the context, the bytes go to a file and the JSON names it."""
+        store = info.context.get(IMAGE_STORE) if isinstance(info.context, dict) else None
+        if store is None:
+            return handler(self)
+        return {"file": store.put(self.data, self.mime), "mime": self.mime, "width": self.width, "height": self.height}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, value: Any, info: ValidationInfo) -> Any:
+        """Read back an image that was written to an `ImageStore`."""
+        if not (isinstance(value, dict) and "file" in value):
+            return value
+        store = info.context.get(IMAGE_STORE) if isinstance(info.context, dict) else None
+        if store is None:
+            raise ValueError(
+                "this image is stored in a file; read it with toolenv.read_trajectories(path), "
+                "which finds the images/ folder beside the trajectories"
+            )
+        rest = {k: v for k, v in value.items() if k != "file"}
+        return {**rest, "data": store.get(value["file"])}
 
     @classmethod
     def from_pil(cls, image: PILImage, fmt: str = "PNG", **save_params: Any) -> ToolImage:

@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--retry-errors", action="store_true", help="on resume, rerun episodes that ended with an error")
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
     parser.add_argument(
+        "--images",
+        choices=["inline", "files"],
+        default="inline",
+        help="inline: base64 inside each line (default); files: each distinct image once in OUT/images/",
+    )
+    parser.add_argument(
         "--no-gc-tuning",
         action="store_true",
         help="leave the garbage collector at its settings (default: tuned for the run, see docs/rollout.md)",
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                     success_threshold=args.success_threshold,
                     progress=not args.no_progress,
                     tune_gc=not args.no_gc_tuning,
+                    images=args.images,
                 )
             )
         )

@@ -1,0 +1,107 @@
+"""Images kept as files beside the trajectories (`images="files"`), read back by `read_trajectories`."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from toolenv.image_store import IMAGE_STORE, ImageStore
+from toolenv.runner import rollout
+from toolenv.trajectory import read_trajectories
+from toolenv.types import Message, ToolImage
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("rollout_example", ROOT / "examples" / "rollout_example.py")
+assert _spec and _spec.loader
+example = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("rollout_example", example)
+_spec.loader.exec_module(example)
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # not decoded by the store: any bytes do
+
+
+def _images(run: Path) -> list[ToolImage]:
+    trajs = read_trajectories(run / "trajectories.jsonl", strict=True)
+    return [im for t in trajs for turn in t.turns for r in turn.results for im in r.images]
+
+
+def test_files_mode_writes_each_image_once_and_reads_back_the_same(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), samples=2, out=tmp_path / "inline")
+    rollout(example.ENV_ID, example.ScriptedAgent(), samples=2, out=tmp_path / "files", images="files")
+    assert not (tmp_path / "inline" / "images").exists()
+    images = _images(tmp_path / "files")
+    assert len(images) == 2 and images == _images(tmp_path / "inline")  # the swatch, once per sample
+    stored = sorted((tmp_path / "files" / "images").iterdir())
+    assert [p.name for p in stored] == [f"{hashlib.sha256(images[0].data).hexdigest()}.png"]  # written once
+    assert stored[0].read_bytes() == images[0].data
+    text = (tmp_path / "files" / "trajectories.jsonl").read_text()
+    written = [
+        im
+        for line in text.splitlines()
+        for turn in json.loads(line)["turns"]
+        for r in turn["results"]
+        for im in r["images"]
+    ]
+    assert (
+        written
+        == [{"file": stored[0].name, "mime": "image/png", "width": images[0].width, "height": images[0].height}] * 2
+    )
+    assert len(text) < len((tmp_path / "inline" / "trajectories.jsonl").read_text())
+    assert json.loads((tmp_path / "files" / "run.json").read_text())["images"] == "files"
+
+
+def test_a_files_run_resumes(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), n=2, out=tmp_path, images="files")
+    again = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files")
+    assert again.skipped == 2 and again.new == 2 and again.summary.episodes == 4
+
+
+def test_a_line_cannot_point_outside_the_store(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(PNG)
+    store = ImageStore(tmp_path / "images")
+    for name in ("../secret.png", str(secret), "a" * 64 + ".png/../../secret.png", 7):
+        with pytest.raises(ValidationError, match="not an image store file name"):
+            ToolImage.model_validate({"file": name, "width": 1, "height": 1}, context={IMAGE_STORE: store})
+
+
+def test_missing_image_file_names_the_line_and_the_file(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files")
+    (stored,) = (tmp_path / "images").iterdir()
+    stored.unlink()
+    with pytest.raises(ValueError, match=rf"trajectories.jsonl:\d+: not a valid trajectory .*{stored.name} is missing"):
+        read_trajectories(tmp_path / "trajectories.jsonl", strict=True)
+    assert len(read_trajectories(tmp_path / "trajectories.jsonl")) == 3  # the others still read
+
+
+def test_a_stored_image_without_its_store_is_a_clear_error(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    line = Message(role="tool", content="x", images=[ToolImage(data=PNG, width=1, height=1)]).model_dump_json(
+        context={IMAGE_STORE: store}
+    )
+    assert "file" in json.loads(line)["images"][0]
+    with pytest.raises(ValidationError, match=r"stored in a file; read it with toolenv\.read_trajectories"):
+        Message.model_validate_json(line)
+    assert Message.model_validate_json(line, context={IMAGE_STORE: store}).images[0].data == PNG
+
+
+def test_store_put_is_idempotent_and_atomic(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "images")
+    a = store.put(PNG, "image/png")
+    assert store.put(PNG, "image/png") == a and ImageStore(tmp_path / "images").put(PNG, "image/png") == a
+    assert store.put(b"\xff\xd8jpeg", "image/jpeg").endswith(".jpg")
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted(
+        [a, store.put(b"\xff\xd8jpeg", "image/jpeg")]
+    )
+    assert store.get(a) == PNG
+
+
+def test_bad_images_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="images must be one of inline, files"):
+        rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="s3")
