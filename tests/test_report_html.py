@@ -109,3 +109,20 @@ def test_view_missing_run_is_one_line(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "no trajectories" in out.stderr and out.stderr.strip().count("\n") == 0
+
+
+def test_an_image_shared_by_episodes_is_embedded_once(run_dir: Path) -> None:
+    import base64
+
+    from toolenv.trajectory import read_trajectories
+
+    trajs = read_trajectories(run_dir / "trajectories.jsonl")
+    with_image = next(t for t in trajs if any(r.images for turn in t.turns for r in turn.results))
+    image = next(im for turn in with_image.turns for r in turn.results for im in r.images)
+    page = render_report([with_image, with_image.model_copy(update={"sample": 1})])
+    assert page.count(base64.b64encode(image.data).decode()) == 1
+    data = re.search(r'id="report-data">(.*?)</script>', page, re.S)
+    assert data is not None
+    parsed = json.loads(data.group(1))
+    refs = [im["file"] for ep in parsed["episodes"] for t in ep["turns"] for r in t["results"] for im in r["images"]]
+    assert len(refs) == 2 and set(refs) == set(parsed["images"])

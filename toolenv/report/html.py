@@ -7,6 +7,8 @@ as a conversation. Nothing is fetched when the file is opened.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -15,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, summarize
 from toolenv.report.svg import bar_chart, histogram
@@ -70,13 +73,31 @@ def _json_for_script(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+class _ImageTable:
+    """An in-page image store: each distinct image once, as base64, under its hash.
+
+    A task's prompt photo appears in every sample of it; in the page it is embedded once.
+    """
+
+    def __init__(self) -> None:
+        self.images: dict[str, str] = {}
+
+    def put(self, data: bytes, mime: str) -> str:
+        name = hashlib.sha256(data).hexdigest()
+        if name not in self.images:
+            self.images[name] = base64.b64encode(data).decode("ascii")
+        return name
+
+
 def render_report(
     trajs: Sequence[Trajectory], *, title: str = "toolenv trajectories", summary: Summary | None = None
 ) -> str:
     """The report page for `trajs` as one HTML string."""
     summary = summary or summarize(trajs)
     rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary_rows(summary))
-    data = {"title": title, "episodes": [t.model_dump(mode="json") for t in trajs]}
+    table = _ImageTable()
+    episodes = [t.model_dump(mode="json", context={IMAGE_STORE: table}) for t in trajs]
+    data = {"title": title, "episodes": episodes, "images": table.images}
     page = _asset("template.html")
     page = page.replace("__TITLE__", escape(title))
     for key, value in {

@@ -122,11 +122,10 @@
     }
     return out;
   }
-  // Pydantic writes bytes as URL-safe base64; data URLs need the standard alphabet.
-  const b64 = (s) => s.replace(/-/g, "+").replace(/_/g, "/");
+  // Each distinct image is in data.images once (standard base64), named by its hash.
   function images(list) {
     return (list || []).map((im) =>
-      el("img", { class: "tool-image", src: `data:${im.mime};base64,${b64(im.data)}`, alt: `image ${im.width}×${im.height}`, width: String(im.width), height: String(im.height) })
+      el("img", { class: "tool-image", src: `data:${im.mime};base64,${data.images[im.file]}`, alt: `image ${im.width}×${im.height}`, width: String(im.width), height: String(im.height) })
     );
   }
   function message(role, cls, ...children) {
