@@ -89,10 +89,14 @@ class OpenAIAgent(Agent):
         api: `"chat"` (`/chat/completions`) or `"completions"` (`/completions`).
         tool_calling: `"native"` (send tool schemas, read `tool_calls`) or `"text"`; chat only.
         api_key_env: the environment variable holding the key (no key: no Authorization header).
-        temperature, top_p, max_tokens: sampling settings (None: the server's default).
-        timeout: seconds for one request to answer; connect_timeout for the connection.
+        temperature: sampling temperature (None: the server's default).
+        top_p: nucleus sampling (None: the server's default).
+        max_tokens: tokens to generate at most (None: the server's default).
+        timeout: seconds for one request to answer.
+        connect_timeout: seconds to connect.
         max_retries: extra attempts after a 429/5xx/timeout/malformed reply.
-        backoff, max_backoff: first retry delay and its cap, in seconds (doubling, with jitter).
+        backoff: first retry delay in seconds (doubling, with jitter).
+        max_backoff: the cap of one retry delay, in seconds.
         max_concurrency: requests in flight at once across all episodes (also the pool size).
         logprobs: ask for per-token log-probabilities.
         return_token_ids: ask vLLM for generated token ids (`return_token_ids`).

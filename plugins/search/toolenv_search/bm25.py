@@ -141,7 +141,8 @@ class BM25Backend:
         corpus: path of a JSONL corpus (`id`, `title`, `text` per line).
         cache_dir: where built indexes are kept (default `default_cache_dir()`).
         stemmer: a Snowball language such as `"english"` (needs PyStemmer), or None.
-        k1, b: BM25 parameters.
+        k1: BM25 term-frequency saturation.
+        b: BM25 length normalisation.
     """
 
     name = "bm25"

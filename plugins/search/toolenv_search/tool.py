@@ -40,7 +40,8 @@ class SearchTool(Tool):
         topk: passages per query when the call does not say.
         max_query_chars: longer queries are refused with an error observation.
         backend_options: keyword arguments for the named backend (e.g. `{"url": ...}` for `http`).
-        limits / limit overrides: the caller's guards (`ToolLimits`).
+        limits: the caller's guards (`ToolLimits`).
+        **limit_overrides: single `ToolLimits` fields to change.
     """
 
     name = "search"

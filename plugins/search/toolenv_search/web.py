@@ -38,7 +38,8 @@ class DuckDuckGoBackend:
         cache_path: SQLite file of cached results (default `<cache dir>/web_search.sqlite`).
         timeout: seconds before one web search is abandoned.
         rate_limit: web requests per second, across all backends in the event loop.
-        region, safesearch: ddgs search options (part of the cache key).
+        region: ddgs region option (part of the cache key).
+        safesearch: ddgs safe-search option (part of the cache key).
         engine: the ddgs engine (`duckduckgo`; ddgs also knows `brave`, `wikipedia`, ...).
         offline: answer from the cache only; a miss is an error observation.
         proxy: an HTTP/SOCKS proxy URL for ddgs (default: ddgs reads `$DDGS_PROXY`).

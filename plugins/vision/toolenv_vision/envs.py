@@ -34,7 +34,8 @@ class VisualSearchEnv(ToolEnv):
     Args:
         image_root: where `context["image"]` paths live (default: the bundled photos).
         overview_size: longer side of the image shown in the first observation.
-        *args, **kwargs: as for `ToolEnv`.
+        *args: as for `ToolEnv`.
+        **kwargs: as for `ToolEnv`.
     """
 
     def __init__(
