@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from _examples import load_example
 from pydantic import ValidationError
 
 from toolenv.image_store import IMAGE_STORE, ImageStore
@@ -17,11 +16,7 @@ from toolenv.trajectory import read_trajectories
 from toolenv.types import Message, ToolImage
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("rollout_example", ROOT / "examples" / "rollout_example.py")
-assert _spec and _spec.loader
-example = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("rollout_example", example)
-_spec.loader.exec_module(example)
+example = load_example("rollout_example")
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # not decoded by the store: any bytes do
 

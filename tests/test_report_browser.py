@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from _examples import load_example
 
 from toolenv.report import build_report
 from toolenv.runner import rollout
@@ -42,12 +42,7 @@ def test_report_in_chromium(tmp_path: Path) -> None:
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("rollout_example", root / "examples" / "rollout_example.py")
-    assert spec and spec.loader
-    example = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("rollout_example", example)
-    spec.loader.exec_module(example)
+    example = load_example("rollout_example")
 
     class HalfRight(example.ScriptedAgent):  # wrong answers on the sums: a mix of rewards to filter
         async def act(self, observation, messages, env_info):  # type: ignore[no-untyped-def]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import socket
@@ -13,17 +12,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _examples import load_example
 
 from toolenv.report import build_report, render_report, summarize
 from toolenv.report.svg import histogram
 from toolenv.runner import rollout
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("rollout_example", ROOT / "examples" / "rollout_example.py")
-assert _spec and _spec.loader
-example = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("rollout_example", example)
-_spec.loader.exec_module(example)
+example = load_example("rollout_example")
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _examples import load_example
 
 import toolenv
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo, load_agent
@@ -21,11 +21,7 @@ from toolenv.trajectory import read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-_spec = importlib.util.spec_from_file_location("rollout_example", EXAMPLES / "rollout_example.py")
-assert _spec and _spec.loader
-example = importlib.util.module_from_spec(_spec)
-sys.modules["rollout_example"] = example
-_spec.loader.exec_module(example)
+example = load_example("rollout_example")
 
 
 class Flaky(Agent):
