@@ -226,3 +226,60 @@ def test_example_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "mean reward 1.00 over 4 episodes" in out.stdout
     assert (tmp_path / "calc" / "report.html").stat().st_size > 1000
+
+
+class Stalls(Agent):
+    """The scripted agent, except that on `task_id` it stalls at turn `turn` (a hung server)."""
+
+    def __init__(self, task_id: str, turn: int) -> None:
+        self.task_id, self.turn = task_id, turn
+        self.cancelled: list[str] = []  # shared by the spawned copies
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        import asyncio
+
+        if env_info.task.id == self.task_id and env_info.turn == self.turn:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled.append(env_info.task.id)
+                raise
+        return await example.ScriptedAgent().act(observation, messages, env_info)
+
+
+def test_episode_timeout_stops_a_stalled_agent_and_keeps_its_turns(tmp_path: Path) -> None:
+    agent = Stalls("color", turn=1)
+    res = rollout(example.ENV_ID, agent, concurrency=2, out=tmp_path, episode_timeout=0.5)
+    by_id = {t.task.id: t for t in res.trajectories}
+    stalled = by_id["color"]
+    assert stalled.error == "episode timed out after 0.5 s, during the agent's turn 1"
+    assert len(stalled.turns) == 1 and stalled.turns[0].parsed.tool_calls[0].name == "swatch"  # turn 0 kept
+    assert 0.5 <= stalled.duration_s < 5.0 and not stalled.success
+    assert agent.cancelled == ["color"]  # the hung call was cancelled, not left running
+    assert all(t.success for k, t in by_id.items() if k != "color")
+    assert res.summary.episode_errors == 1
+    assert json.loads((tmp_path / "run.json").read_text())["episode_timeout"] == 0.5
+    again = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, retry_errors=True)
+    assert again.new == 1 and again.summary.success_rate == 1.0  # --retry-errors reruns it
+
+
+def test_episode_timeout_stops_a_hanging_env_step() -> None:
+    from conftest import Sleep
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Sleep(timeout=60)], tasks=[{"id": "s", "question": "q", "answer": "a"}])
+
+    class Sleeper(Agent):
+        async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+            return AgentAction(text='<tool_call>{"name": "sleep", "arguments": {"seconds": 30}}</tool_call>')
+
+    res = rollout(make, Sleeper(), episode_timeout=0.3)
+    (traj,) = res.trajectories
+    assert traj.error == "episode timed out after 0.3 s, during env step 0" and traj.turns == []
+    assert traj.duration_s < 5.0
+
+
+def test_episode_timeout_must_be_positive(tmp_path: Path) -> None:
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="episode_timeout must be a positive number of seconds"):
+            rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, episode_timeout=bad)

@@ -16,11 +16,11 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from toolenv import _aio
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
@@ -40,6 +40,7 @@ RUN_CONFIG = "run.json"
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 EnvSpec = str | Callable[[], Any]
+T = TypeVar("T")
 #: Where a run's trajectories keep their images (see `rollout`).
 IMAGE_MODES = ("inline", "files")
 
@@ -104,6 +105,42 @@ def _error(where: str, exc: BaseException) -> str:
     return f"{where}: {type(exc).__name__}: {msg}"[:2000]
 
 
+class _EpisodeTimeout(Exception):
+    """The episode's time ran out (told apart from an agent's or tool's own TimeoutError)."""
+
+
+async def _within(deadline: float | None, aw: Coroutine[Any, Any, T]) -> T:
+    """Await `aw`, or cancel it and raise _EpisodeTimeout when the loop clock passes `deadline`.
+
+    Not `asyncio.wait_for`: its TimeoutError could not be told apart from one the agent or
+    a tool raises itself. Like it, a timed-out call is cancelled and awaited, so it is over
+    (and the env free for the next episode) when this returns.
+    """
+    if deadline is None:
+        return await aw
+    remaining = deadline - asyncio.get_running_loop().time()
+    if remaining <= 0:
+        aw.close()
+        raise _EpisodeTimeout
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait([task], timeout=remaining)
+    except asyncio.CancelledError:  # the run is being stopped: take the call down with it
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait([task])  # let it finish cancelling; a stop of the run still comes through
+        if not task.cancelled():
+            task.exception()  # how the cancelled call ended is not this episode's news: mark it seen
+        raise _EpisodeTimeout
+    return task.result()
+
+
+def _timed_out(timeout: float | None, where: str) -> str:
+    return f"episode timed out after {timeout:g} s, during {where}"
+
+
 async def run_episode(
     env: ToolEnv,
     agent: Agent,
@@ -113,17 +150,27 @@ async def run_episode(
     sample: int = 0,
     seed: int | None = None,
     success_threshold: float = 1.0,
+    timeout: float | None = None,
 ) -> Trajectory:
     """Play one episode of `task` with `agent` (already spawned for it) and record it.
 
-    Never raises for agent or env failures: they end the episode with `error` set.
+    Never raises for agent or env failures: they end the episode with `error` set. With
+    `timeout`, an episode still running after that many seconds ends the same way, with
+    the turns it finished.
     """
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     start = time.perf_counter()
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     traj = Trajectory(
         env_id=env_id, agent=agent.label, model=agent.model, task=task, sample=sample, seed=seed, started_at=_now()
     )
     try:
-        obs, info = await env.areset(seed=seed, options={"task": task})
+        obs, info = await _within(deadline, env.areset(seed=seed, options={"task": task}))
+    except _EpisodeTimeout:
+        traj.error = _timed_out(timeout, "env reset")
+        traj.duration_s = time.perf_counter() - start
+        return traj
     except Exception as exc:  # noqa: BLE001 - recorded in the trajectory
         traj.error = _error("env reset failed", exc)
         traj.duration_s = time.perf_counter() - start
@@ -143,17 +190,23 @@ async def run_episode(
         env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser)
         t0 = time.perf_counter()
         try:
-            action = await agent.act(obs, list(messages), env_info)
+            action = await _within(deadline, agent.act(obs, list(messages), env_info))
             if isinstance(action, str):
                 action = AgentAction(text=action)
             if not isinstance(action, AgentAction):
                 raise TypeError(f"act() returned {type(action).__name__}, not an AgentAction")
+        except _EpisodeTimeout:
+            traj.error = _timed_out(timeout, f"the agent's turn {turn}")
+            break
         except Exception as exc:  # noqa: BLE001 - a failing agent ends its episode only
             traj.error = _error(f"agent failed on turn {turn}", exc)
             break
         t1 = time.perf_counter()
         try:
-            obs, reward, term, trunc, info = await env.astep(action.text)
+            obs, reward, term, trunc, info = await _within(deadline, env.astep(action.text))
+        except _EpisodeTimeout:
+            traj.error = _timed_out(timeout, f"env step {turn}")
+            break
         except Exception as exc:  # noqa: BLE001
             traj.error = _error(f"env step failed on turn {turn}", exc)
             break
@@ -272,8 +325,11 @@ async def arollout(
     on_trajectory: Callable[[Trajectory], None] | None = None,
     tune_gc: bool = True,
     images: str = "inline",
+    episode_timeout: float | None = None,
 ) -> RolloutResult:
     """Roll `agent` out on `env`; see `rollout` for the arguments."""
+    if episode_timeout is not None and not episode_timeout > 0:
+        raise ValueError(f"episode_timeout must be a positive number of seconds, got {episode_timeout!r}")
     if images not in IMAGE_MODES:
         raise ValueError(f"images must be one of {', '.join(IMAGE_MODES)}, got {images!r}")
     if samples < 1:
@@ -308,6 +364,7 @@ async def arollout(
                 "success_threshold": success_threshold,
                 "tune_gc": tune_gc,
                 "images": images,
+                "episode_timeout": episode_timeout,
                 "env_kwargs": _redact(env_kwargs or {}),
                 "agent_kwargs": _redact(agent_kwargs or {}),
                 "started_at": _now(),
@@ -338,6 +395,7 @@ async def arollout(
                 sample=sample,
                 seed=None if seed is None else seed + index,
                 success_threshold=success_threshold,
+                timeout=episode_timeout,
             )
             new.append(traj)
             totals.add(traj)
@@ -386,6 +444,7 @@ def rollout(
     progress: bool = False,
     tune_gc: bool = True,
     images: str = "inline",
+    episode_timeout: float | None = None,
 ) -> RolloutResult:
     """Run `agent` on `env` for `n` tasks (all when None), `concurrency` episodes at a time.
 
@@ -410,6 +469,9 @@ def rollout(
         images: `"inline"` keeps images base64 inside each JSON line; `"files"` writes each
             distinct image once to `out/images/` (named by its SHA-256) and the lines name the
             files; `read_trajectories` reads both.
+        episode_timeout: seconds an episode may take, reset to last step; one that runs
+            longer is stopped (its agent call or env step cancelled) and recorded with
+            `error` set and the turns it finished. None: no limit.
 
     Returns:
         Every trajectory in `out` (this run's and earlier ones) and their summary.
@@ -433,5 +495,6 @@ def rollout(
             progress=progress,
             tune_gc=tune_gc,
             images=images,
+            episode_timeout=episode_timeout,
         )
     )

@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="start the output afresh instead of resuming")
     mode.add_argument("--retry-errors", action="store_true", help="on resume, rerun episodes that ended with an error")
+    parser.add_argument(
+        "--episode-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop an episode that runs longer and record it as an error (default: no limit)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
     parser.add_argument(
         "--images",
@@ -136,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress,
                     tune_gc=not args.no_gc_tuning,
                     images=args.images,
+                    episode_timeout=args.episode_timeout,
                 )
             )
         )
