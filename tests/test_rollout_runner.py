@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _examples import load_example
+from pydantic import BaseModel
 
 import toolenv
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo, load_agent
@@ -263,15 +265,28 @@ def test_episode_timeout_stops_a_stalled_agent_and_keeps_its_turns(tmp_path: Pat
     assert again.new == 1 and again.summary.success_rate == 1.0  # --retry-errors reruns it
 
 
-def test_episode_timeout_stops_a_hanging_env_step() -> None:
-    from conftest import Sleep
+class Hang(toolenv.Tool):
+    """Wait far longer than the episode may take (within its own 60 s timeout)."""
 
+    name = "hang"
+
+    class Args(BaseModel):
+        seconds: float
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        import asyncio
+
+        await asyncio.sleep(args.seconds)
+        return toolenv.ToolResult(text="done")
+
+
+def test_episode_timeout_stops_a_hanging_env_step() -> None:
     def make() -> toolenv.ToolEnv:
-        return toolenv.ToolEnv(tools=[Sleep(timeout=60)], tasks=[{"id": "s", "question": "q", "answer": "a"}])
+        return toolenv.ToolEnv(tools=[Hang(timeout=60)], tasks=[{"id": "s", "question": "q", "answer": "a"}])
 
     class Sleeper(Agent):
         async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
-            return AgentAction(text='<tool_call>{"name": "sleep", "arguments": {"seconds": 30}}</tool_call>')
+            return AgentAction(text='<tool_call>{"name": "hang", "arguments": {"seconds": 30}}</tool_call>')
 
     res = rollout(make, Sleeper(), episode_timeout=0.3)
     (traj,) = res.trajectories
