@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _examples import load_example
 
-from toolenv.report import build_report
+from toolenv.report import build_report, render_report
 from toolenv.runner import rollout
 from toolenv.trajectory import read_trajectories
 
@@ -35,29 +38,15 @@ def _skip_reason() -> str | None:
     return None
 
 
-def test_report_in_chromium(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _browser_page() -> Iterator[tuple[Any, list[str]]]:
+    """A chromium page, and the console errors, page errors and network requests it makes."""
     reason = _skip_reason()
     if reason:
         print(f"skipping: {reason}")
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
 
-    example = load_example("rollout_example")
-
-    class HalfRight(example.ScriptedAgent):  # wrong answers on the sums: a mix of rewards to filter
-        async def act(self, observation, messages, env_info):  # type: ignore[no-untyped-def]
-            action = await super().act(observation, messages, env_info)
-            if env_info.task.id.startswith("sum") and "<answer>" in action.text:
-                action.text = "<answer>wrong</answer>"
-            return action
-
-    rollout(example.ENV_ID, HalfRight(), out=tmp_path)
-    page_path = build_report(tmp_path)
-    image = (
-        next(t for t in read_trajectories(tmp_path / "trajectories.jsonl") if t.task.id == "color").turns[0].results[0]
-    )
-    # Pydantic writes URL-safe base64; this swatch's encoding has - or _, so the page must convert it.
-    assert set(image.model_dump(mode="json")["images"][0]["data"]) & {"-", "_"}
     problems: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(
@@ -73,26 +62,65 @@ def test_report_in_chromium(tmp_path: Path) -> None:
                 "request",
                 lambda r: problems.append(f"request: {r.url}") if not r.url.startswith(("file:", "data:")) else None,
             )
-            page.goto(page_path.as_uri())
-            rows = page.locator("#episode-list tbody tr")
-            assert rows.count() == 4
-            page.fill("#f-min", "1")
-            assert rows.count() == 2
-            page.fill("#f-min", "")
-            page.select_option("#f-status", "fail")
-            assert rows.count() == 2
-            page.select_option("#f-status", "")
-            page.fill("#f-text", "color")
-            assert rows.count() == 1
-            rows.first.click()
-            detail = page.locator("#detail")
-            assert "task color" in detail.inner_text()
-            img = detail.locator("img.tool-image")
-            assert img.count() == 1
-            assert img.evaluate("i => i.complete && i.naturalWidth") == 24
-            page.fill("#f-text", "price")
-            rows.first.click()
-            assert page.locator("#detail table.rows td", has_text="pear").count() == 1
+            yield page, problems
         finally:
             browser.close()
+
+
+def test_report_in_chromium(tmp_path: Path) -> None:
+    example = load_example("rollout_example")
+
+    class HalfRight(example.ScriptedAgent):  # wrong answers on the sums: a mix of rewards to filter
+        async def act(self, observation, messages, env_info):  # type: ignore[no-untyped-def]
+            action = await super().act(observation, messages, env_info)
+            if env_info.task.id.startswith("sum") and "<answer>" in action.text:
+                action.text = "<answer>wrong</answer>"
+            return action
+
+    rollout(example.ENV_ID, HalfRight(), out=tmp_path)
+    page_path = build_report(tmp_path)
+    image = (
+        next(t for t in read_trajectories(tmp_path / "trajectories.jsonl") if t.task.id == "color").turns[0].results[0]
+    )
+    # Pydantic writes URL-safe base64 and this swatch's encoding has - or _: the page must embed
+    # the standard alphabet for the image to decode.
+    assert set(image.model_dump(mode="json")["images"][0]["data"]) & {"-", "_"}
+    with _browser_page() as (page, problems):
+        page.goto(page_path.as_uri())
+        rows = page.locator("#episode-list tbody tr")
+        assert rows.count() == 4
+        page.fill("#f-min", "1")
+        assert rows.count() == 2
+        page.fill("#f-min", "")
+        page.select_option("#f-status", "fail")
+        assert rows.count() == 2
+        page.select_option("#f-status", "")
+        page.fill("#f-text", "color")
+        assert rows.count() == 1
+        rows.first.click()
+        detail = page.locator("#detail")
+        assert "task color" in detail.inner_text()
+        img = detail.locator("img.tool-image")
+        assert img.count() == 1
+        assert img.evaluate("i => i.complete && i.naturalWidth") == 24
+        page.fill("#f-text", "price")
+        rows.first.click()
+        assert page.locator("#detail table.rows td", has_text="pear").count() == 1
+    assert problems == []
+
+
+def test_a_large_run_lists_the_first_thousand(tmp_path: Path) -> None:
+    example = load_example("rollout_example")
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run")
+    (one,) = [t for t in read_trajectories(tmp_path / "run" / "trajectories.jsonl") if t.task.id == "color"]
+    many = [one.model_copy(update={"sample": i}) for i in range(1005)]
+    page_path = tmp_path / "many.html"
+    page_path.write_text(render_report(many))
+    with _browser_page() as (page, problems):
+        page.goto(page_path.as_uri())
+        assert page.locator("#episode-list tbody tr").count() == 1000
+        assert "1005 of 1005 match; the first 1000 listed" in page.inner_text("#count")
+        page.fill("#f-max", "-1")  # nothing matches: the cap note goes away
+        assert page.locator("#episode-list tbody tr").count() == 0
+        assert page.inner_text("#count") == "(0 of 1005 shown)"
     assert problems == []

@@ -47,6 +47,8 @@
   }
 
   let selected = -1;
+  // A run of many thousand episodes: the table lists the first MAX_ROWS that match.
+  const MAX_ROWS = 1000;
   function renderList() {
     const body = document.querySelector("#episode-list tbody");
     body.replaceChildren();
@@ -54,6 +56,7 @@
     episodes.forEach((ep, i) => {
       if (!matches(ep)) return;
       shown += 1;
+      if (shown > MAX_ROWS) return;
       const st = status(ep);
       const row = el(
         "tr",
@@ -69,7 +72,10 @@
       );
       body.append(row);
     });
-    $("count").textContent = `(${shown} of ${episodes.length} shown)`;
+    $("count").textContent =
+      shown > MAX_ROWS
+        ? `(${shown} of ${episodes.length} match; the first ${MAX_ROWS} listed, filter to narrow)`
+        : `(${shown} of ${episodes.length} shown)`;
   }
   // Text inputs re-filter as you type; a "change" on blur would rebuild the rows under a click.
   for (const id of ["f-min", "f-max", "f-text"]) $(id).addEventListener("input", renderList);
