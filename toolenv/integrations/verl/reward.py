@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from toolenv import _aio
 from toolenv.integrations.verl.envs import env_spec_from_row, shared_pool, task_from_row
 
 __all__ = ["acompute_score", "compute_score"]
@@ -56,13 +57,12 @@ def compute_score(
     extra_info: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
-    """Sync twin of `acompute_score` (verl runs sync scorers in a worker thread).
+    """Sync twin of `acompute_score`, on an event loop the calling thread keeps between calls
+    (verl calls it once per sample, from its own threads).
 
     Raises:
         RuntimeError: called inside a running event loop; await `acompute_score` there.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs))
-    raise RuntimeError("compute_score cannot run inside an event loop; use `await acompute_score(...)`")
+    if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per call
+        raise RuntimeError("compute_score cannot run inside an event loop; use `await acompute_score(...)`")
+    return _aio.run_on_thread_loop(acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs))
