@@ -8,7 +8,7 @@ module works from the command line, since importing it registers the env id
 `rollout_example/Calc-v0` with Gymnasium:
 
     PYTHONPATH=examples toolenv rollout rollout_example:rollout_example/Calc-v0 \
-        --agent rollout_example:ScriptedAgent -n 4 --out runs/calc
+        --agent rollout_example:ScriptedAgent -n 4 --out runs/calc --images files --episode-timeout 60
     toolenv view runs/calc
 """
 
@@ -131,7 +131,15 @@ class ScriptedAgent(toolenv.Agent):
 
 
 def main(out: Path) -> int:
-    result = toolenv.rollout(ENV_ID, ScriptedAgent(), concurrency=2, out=out, overwrite=True)
+    result = toolenv.rollout(
+        ENV_ID,
+        ScriptedAgent(),
+        concurrency=2,
+        out=out,
+        overwrite=True,
+        images="files",  # the swatch PNG goes to OUT/images/ once; the JSON line names the file
+        episode_timeout=60.0,  # an episode still running after a minute is stopped and recorded as an error
+    )
     from toolenv.report import build_report
     from toolenv.report.console import print_summary
 

@@ -228,6 +228,9 @@ def test_example_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "mean reward 1.00 over 4 episodes" in out.stdout
     assert (tmp_path / "calc" / "report.html").stat().st_size > 1000
+    assert [p.suffix for p in (tmp_path / "calc" / "images").iterdir()] == [".png"]  # the swatch, as a file
+    config = json.loads((tmp_path / "calc" / "run.json").read_text())
+    assert config["images"] == "files" and config["episode_timeout"] == 60.0
 
 
 class Stalls(Agent):
