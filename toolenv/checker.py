@@ -92,14 +92,11 @@ def check_reset_gives_prompt(env: ToolEnv) -> None:
 
 def check_error_paths(env: ToolEnv) -> None:
     """Malformed output, unknown tools and bad arguments come back as error observations."""
-    from toolenv.parsers.hermes import HermesParser
-
     probes = ["", "\x00<tool_call>{broken", "<answer", "<" * 1000]
-    if isinstance(env.parser, HermesParser):
-        probes += [
-            '<tool_call>{"name": "__no_such_tool__", "arguments": {}}</tool_call>',
-            *(f'<tool_call>{{"name": "{t.name}", "arguments": {{"__junk__": 1}}}}</tool_call>' for t in env.tools[:3]),
-        ]
+    # Calls the parser can write (`format_call`): an unknown tool, and real tools with an unknown argument.
+    calls: list[tuple[str, dict[str, Any]]] = [("__no_such_tool__", {})]
+    calls += [(t.name, {"__junk__": 1}) for t in env.tools[:3]]
+    probes += [text for name, args in calls if (text := env.parser.format_call(name, args)) is not None]
     for probe in probes:
         env.reset(seed=0)
         try:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import httpx
 
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
-from toolenv.parsers import CodeBlockParser, TagParser
+from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, Task
 
@@ -39,34 +39,20 @@ __all__ = ["OpenAIAgent", "render_tool_calls"]
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 
 
+_HERMES = HermesParser()
+
+
 def render_tool_calls(content: str, calls: list[dict[str, Any]], parser: ActionParser | None) -> str:
-    """Native tool calls (`{"id", "name", "arguments"}` with decoded arguments) as action text for `parser`."""
+    """Native tool calls (`{"id", "name", "arguments"}` with decoded arguments) as action text for `parser`.
+
+    Each call is written the way `parser` reads it (`ActionParser.format_call`); a call the
+    format cannot express (a tag parser has no tag for it) falls back to a Hermes block.
+    """
     parts = [content.strip()] if content and content.strip() else []
     for call in calls:
-        name, args = call["name"], call["arguments"]
-        if isinstance(parser, TagParser):
-            tag = next(
-                (
-                    t
-                    for t, (tool, arg) in parser.tags.items()
-                    if tool == name and isinstance(args, dict) and arg in args
-                ),
-                None,
-            )
-            if tag is not None:
-                arg = parser.tags[tag][1]
-                parts.append(f"<{tag}>{args[arg]}</{tag}>")
-                continue
-        if (
-            isinstance(parser, CodeBlockParser)
-            and name == parser.tool
-            and isinstance(args, dict)
-            and parser.arg in args
-        ):
-            parts.append(f"```python\n{args[parser.arg]}\n```")
-            continue
-        body = {"name": name, "arguments": args, "id": call.get("id") or ""}
-        parts.append(f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>")
+        name, args, call_id = call["name"], call["arguments"], call.get("id") or ""
+        text = parser.format_call(name, args, call_id) if parser is not None and isinstance(args, dict) else None
+        parts.append(text if text is not None else _HERMES.format_call(name, args, call_id))
     return "\n".join(parts)
 
 

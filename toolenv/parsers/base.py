@@ -24,6 +24,12 @@ class ActionParser(abc.ABC):
     name: str = ""
     #: Strings after which generation should stop so the env can answer the call.
     stop: tuple[str, ...] = ()
+    #: True when the format is written in the tokenizer's special tokens (Harmony's
+    #: `<|channel|>`...): a trainer must decode with `skip_special_tokens=False` for it.
+    special_tokens: bool = False
+    #: True when chat templates have tool messages for this format (Hermes, Harmony): a chat
+    #: trainer sends results back as `tool` messages rather than as a user turn.
+    tool_messages: bool = False
 
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedAction:
@@ -36,6 +42,12 @@ class ActionParser(abc.ABC):
     @abc.abstractmethod
     def format_results(self, results: Sequence[ToolResult]) -> str:
         """The observation text for a turn's results, with this format's markers."""
+
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        """Action text that this parser reads back as the call `name(**arguments)`, or None
+        when the format cannot express it (agents use it to turn a server's native tool calls
+        into the text the env parses)."""
+        return None
 
     def format_errors(self, errors: Sequence[str]) -> str:
         """The observation for a turn whose action could not be used."""
@@ -85,7 +97,7 @@ def parser_names() -> list[str]:
 
 
 def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
-    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`) or the parser itself.
+    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`) or the parser itself.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser
@@ -20,6 +21,7 @@ class CodeBlockParser(ActionParser):
     def __init__(self, tool: str = "python", arg: str = "code", languages: Sequence[str] = ("python", "py")) -> None:
         self.tool = tool
         self.arg = arg
+        self.languages = tuple(languages)
         langs = "|".join(re.escape(lang) for lang in languages)
         self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL)
 
@@ -46,6 +48,12 @@ class CodeBlockParser(ActionParser):
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(f"```output\n{r.text}\n```" for r in results)
+
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        code = arguments.get(self.arg)
+        if name != self.tool or set(arguments) != {self.arg} or not isinstance(code, str) or "```" in code:
+            return None
+        return f"```{self.languages[0]}\n{code}\n```"
 
 
 register_parser("codeblock", CodeBlockParser)

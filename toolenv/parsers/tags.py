@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser
@@ -83,6 +84,15 @@ class TagParser(ActionParser):
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
+
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        for tag, (tool, arg) in self.tags.items():
+            value = arguments.get(arg)
+            if tool == name and set(arguments) == {arg} and isinstance(value, str) and value.strip():
+                if f"</{tag}>" in value:
+                    return None
+                return f"<{tag}>{value}</{tag}>"
+        return None  # a tag carries one string argument of one tool
 
 
 register_parser("tags", TagParser)
