@@ -89,3 +89,11 @@ def test_many_episodes_in_tuned_gc() -> None:
     assert out.returncode == 0, out.stderr
     assert "32 episodes x 4 turns:" in out.stdout and "x the ideal 200 ms" in out.stdout
     assert "tuned for the run: True; settings restored: True" in out.stdout
+
+
+def test_harmony_example() -> None:
+    out = run(str(EXAMPLES / "harmony_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "type convert = (_: {" in out.stdout  # the Harmony tool list
+    assert "<|start|>functions.convert to=assistant<|channel|>commentary<|message|>212 F<|end|>" in out.stdout
+    assert "reward=1.0 terminated=True answer='212'" in out.stdout

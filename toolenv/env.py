@@ -47,7 +47,7 @@ class ToolEnv(gym.Env[str, str]):
     Args:
         tools: the tools the model may call.
         tasks: Tasks, dicts, or a JSONL path.
-        parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`).
+        parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`).
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.

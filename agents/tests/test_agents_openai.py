@@ -221,3 +221,12 @@ def test_render_tool_calls_for_each_parser() -> None:
     assert render_tool_calls("", code, get_parser("codeblock")) == "```python\nprint(1)\n```"
     parsed = get_parser("hermes").parse(render_tool_calls("hi", calls, get_parser("hermes")))
     assert parsed.tool_calls[0].arguments == {"query": "paris"} and parsed.tool_calls[0].id == "c1"
+    two = [*calls, {"name": "add", "arguments": {"a": 1, "b": 2}, "id": "c2"}]
+    harmony = render_tool_calls("", two, get_parser("harmony"))
+    assert harmony.count("<|call|>") == 2 and "<tool_call>" not in harmony
+    assert [(c.name, c.arguments) for c in get_parser("harmony").parse(harmony).tool_calls] == [
+        ("search", {"query": "paris"}),
+        ("add", {"a": 1, "b": 2}),
+    ]
+    # A call the tag format cannot write falls back to a Hermes block.
+    assert render_tool_calls("", two, get_parser("tags")).endswith("</tool_call>")

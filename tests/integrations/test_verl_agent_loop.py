@@ -279,3 +279,28 @@ async def test_tune_gc_runs_episodes_tuned_and_restores_after_the_last(scripted_
         assert seen == [DEFAULT_GEN0_THRESHOLD, 700]  # off by default
     finally:
         gc.set_threshold(*saved)
+
+
+async def test_formats_written_in_special_tokens_keep_them(scripted_server, make_loop):
+    """A parser with `special_tokens` (Harmony's) reads the reply with its special tokens; others without."""
+    from toolenv.parsers import HermesParser
+    from toolenv.parsers.base import register_parser
+
+    seen: dict[bool, list[str]] = {True: [], False: []}
+
+    def recording(keep: bool) -> type[HermesParser]:
+        class Recording(HermesParser):
+            special_tokens = keep
+
+            def parse(self, text: str) -> Any:
+                seen[keep].append(text)
+                return super().parse(text)
+
+        return Recording
+
+    for keep in (True, False):
+        register_parser(f"test_recording_{keep}", recording(keep))
+        server = scripted_server(["<|im_start|>So <answer>42</answer>"])
+        await make_loop(server).run({"temperature": 1.0}, **await _row({"parser": f"test_recording_{keep}"}))
+    assert seen[True] == ["<|im_start|>So <answer>42</answer><|im_end|>"]
+    assert seen[False] == ["So <answer>42</answer>"]

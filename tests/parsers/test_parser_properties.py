@@ -18,7 +18,7 @@ from toolenv.types import ParsedAction
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUND_TRIP = settings(SETTINGS, max_examples=300)
-PARSERS = [get_parser("hermes"), get_parser("tags"), get_parser("codeblock")]
+PARSERS = [get_parser("hermes"), get_parser("tags"), get_parser("codeblock"), get_parser("harmony")]
 
 FRAGMENTS = [
     "<tool_call>",
@@ -36,6 +36,16 @@ FRAGMENTS = [
     "<think>",
     "</think>",
     "<information>",
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|call|>",
+    "<|end|>",
+    "<|return|>",
+    "<|constrain|>",
+    " to=functions.",
+    "commentary",
+    "final",
     "```python\n",
     "```py\n",
     "```",
@@ -107,7 +117,23 @@ def corrupted_calls(draw: st.DrawFn) -> str:
 @st.composite
 def huge(draw: st.DrawFn) -> str:
     """A fragment repeated tens of thousands of times (unclosed tags, deep nesting)."""
-    frag = draw(st.sampled_from(["<tool_call>", "<tool_call>[", "<search>", "```python\n", "<answer>", "{", "[", "a"]))
+    frag = draw(
+        st.sampled_from(
+            [
+                "<tool_call>",
+                "<tool_call>[",
+                "<search>",
+                "```python\n",
+                "<answer>",
+                "{",
+                "[",
+                "a",
+                "<|channel|>",
+                "<|channel|>commentary to=functions.x<|message|>{",
+                "<|start|>",
+            ]
+        )
+    )
     return frag * draw(st.integers(1_000, 30_000))
 
 

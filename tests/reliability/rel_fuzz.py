@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import toolenv
-from toolenv.parsers import CodeBlockParser, HermesParser, TagParser
+from toolenv.parsers import CodeBlockParser, HarmonyParser, HermesParser, TagParser
 
 FRAGMENTS = [
     "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</search>", "<sql>", "</sql>",
@@ -29,6 +29,8 @@ FRAGMENTS = [
     '"name"', '"arguments"', '{"name": "', '", "arguments": {', "}}", "\n", "\r\n", "\t", " ",
     "\x00", "\x1b[2J", "\x7f", "\u200b", "\u202e", "\ufeff", "\ud800", "😀", "𝔘", "é", "中文", "ﷺ",
     "'; DROP TABLE x; --", "SELECT", "import os", "while True: pass", "%s%n", "{question}", "{0}",
+    "<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|return|>", "<|constrain|>",
+    "assistant", "commentary", "final", "analysis", " to=functions.", "to=", "json",
 ]  # fmt: skip
 
 
@@ -47,6 +49,9 @@ def format_call(parser: Any, name: str, arguments: Any) -> str:
     if isinstance(parser, CodeBlockParser):
         body = arguments.get(parser.arg, "") if isinstance(arguments, dict) else arguments
         return f"```python\n{body}\n```"
+    if isinstance(parser, HarmonyParser):
+        body = json.dumps(arguments, ensure_ascii=False)
+        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
     return json.dumps({"name": name, "arguments": arguments})
 
 
@@ -122,6 +127,18 @@ def near_valid_calls(env: toolenv.ToolEnv) -> list[str]:
                 f"<tool_call>{json.dumps([body])}</tool_call>",  # a list, not an object
                 f'<tool_call>{{"name": "{t.name}", "arguments": ' + "[" * 5000 + "]" * 5000 + "}</tool_call>",
                 "<tool_call>" + '{"a":' * 3000 + "1" + "}" * 3000 + "</tool_call>",
+            ]
+        if isinstance(env.parser, HarmonyParser):
+            head = f"<|channel|>commentary to=functions.{t.name}"
+            body = json.dumps(valid)
+            out += [
+                f"{head}<|call|>",  # no <|message|>
+                f"{head} <|constrain|>json<|message|>{body[:-1]}<|call|>",  # broken JSON
+                f"{head}<|message|>{head}<|message|>{body}<|call|>",  # a header inside the body
+                f"<|channel|>commentary to=browser.search<|message|>{body}<|call|>",  # not a function
+                f"<|channel|>commentary to=functions.<|message|>{body}<|call|>",  # no name
+                f"{head}<|message|>" + "[" * 5000 + "]" * 5000 + "<|call|>",
+                f"<|start|>assistant to=functions.{t.name}<|channel|><|message|>{body}",  # empty channel
             ]
     return out
 

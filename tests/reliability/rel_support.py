@@ -24,6 +24,8 @@ import toolenv
 from toolenv import registry, tool
 
 CORE = "ToolEnv-v0"
+#: The core env again, with the Harmony (gpt-oss) parser: fuzzed like the others.
+CORE_HARMONY = "ToolEnv-v0/harmony"
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
 EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))
 
@@ -79,6 +81,16 @@ CORE_CORPUS = [
 ]
 
 
+CORE_HARMONY_CORPUS = [
+    "<|channel|>analysis<|message|>Add them.<|end|>"
+    '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>',
+    '<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{"query": "paris", "topk": 1}',
+    '<|channel|>commentary to=functions.box<|message|>{"bbox": [0, 0, 2, 3], "units": "pixels"}<|call|>',
+    "<|channel|>final<|message|>5<|return|>",
+    "<|channel|>final<|message|>I think <answer>Paris</answer><|return|>",
+]
+
+
 def env_names() -> list[str]:
     """The core env and every installed env plugin, by registry name."""
     return [CORE, *sorted({e.name for e in registry.entries("envs")})]
@@ -86,8 +98,9 @@ def env_names() -> list[str]:
 
 def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
     """Build env `name` (a registry name) with `overrides` passed to its factory."""
-    if name == CORE:
-        kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": "hermes"}
+    if name in (CORE, CORE_HARMONY):
+        parser = "harmony" if name == CORE_HARMONY else "hermes"
+        kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": parser}
         kwargs.update(overrides)
         return toolenv.ToolEnv(**kwargs)
     env = registry.load("envs", name)(**overrides)
@@ -97,7 +110,7 @@ def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
 
 def oracle(name: str) -> Any:
     """The env's oracle, or None (the core env has none)."""
-    if name == CORE:
+    if name in (CORE, CORE_HARMONY):
         return None
     try:
         return registry.load("oracles", name)

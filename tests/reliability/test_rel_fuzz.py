@@ -19,12 +19,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rel_fuzz import FRAGMENTS, Mutator, StepStats, check_step, format_call, near_valid_calls
-from rel_support import CHEAP, CORE, CORE_CORPUS, FUZZ_ACTIONS, SANDBOX_ONLY, env_names, make_env, oracle
+from rel_support import (
+    CHEAP,
+    CORE,
+    CORE_CORPUS,
+    CORE_HARMONY,
+    CORE_HARMONY_CORPUS,
+    FUZZ_ACTIONS,
+    SANDBOX_ONLY,
+    env_names,
+    make_env,
+    oracle,
+)
 
 import toolenv
 from toolenv.parsers import CodeBlockParser
 
-ENVS = env_names()
+ENVS = [*env_names(), CORE_HARMONY]
 # The built-in plugins' envs; CI installs them all, a partial install skips the missing ones.
 BUILT_IN = ["Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "Spider-v0", "VisualSearch-v0"]
 LANES = 4  # concurrent episodes per env: the code sandbox runs blocks in parallel
@@ -42,7 +53,7 @@ def test_rel_built_in_env_is_fuzzed(name: str) -> None:
 
 def corpus_for(name: str, env: toolenv.ToolEnv, tasks: int = 6) -> list[str]:
     """Valid actions (the oracle's, or the core env's list) plus near-valid schema-built calls."""
-    actions = list(CORE_CORPUS) if name == CORE else []
+    actions = list({CORE: CORE_CORPUS, CORE_HARMONY: CORE_HARMONY_CORPUS}.get(name, []))
     policy = oracle(name)
     if policy is not None:
         for i in range(tasks):

@@ -2,7 +2,16 @@
 
 from toolenv.parsers.base import ActionParser, get_parser, parser_names
 from toolenv.parsers.codeblock import CodeBlockParser
+from toolenv.parsers.harmony import HarmonyParser
 from toolenv.parsers.hermes import HermesParser
 from toolenv.parsers.tags import TagParser
 
-__all__ = ["ActionParser", "CodeBlockParser", "HermesParser", "TagParser", "get_parser", "parser_names"]
+__all__ = [
+    "ActionParser",
+    "CodeBlockParser",
+    "HarmonyParser",
+    "HermesParser",
+    "TagParser",
+    "get_parser",
+    "parser_names",
+]

@@ -69,8 +69,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         env_kwargs: overrides merged over each row's `extra_info.env_kwargs`.
         observation_role: `"tool"` (one tool message per tool result; the chat template
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
-            formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for the
-            hermes parser, `"user"` otherwise.
+            formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
+            chat templates have tool messages (hermes, harmony), `"user"` otherwise.
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
@@ -201,7 +201,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 logprobs = list(lps)
             assistant_turns += 1
 
-            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+            # Formats written in special tokens (Harmony) keep them; the others read plain text.
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
             messages.append({"role": "assistant", "content": text})
             t0 = time.perf_counter()
             _, reward, terminated, truncated, step = await env.astep(text)
@@ -287,7 +288,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     def _observation(self, env: ToolEnv, step: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
         """The turn's observation as chat messages (tool or user role) plus any images in it."""
-        role = self.observation_role or ("tool" if env.parser.name == "hermes" else "user")
+        role = self.observation_role or ("tool" if env.parser.tool_messages else "user")
         if role == "tool":
             pairs = [chat_message(m) for m in step["messages"] if m.role == "tool"]
             return [p[0] for p in pairs], [im for p in pairs for im in p[1]]
