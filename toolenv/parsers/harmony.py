@@ -71,6 +71,8 @@ def _scan(text: str) -> Iterator[_Message | str]:
             continue
         role_at = text.rfind(_START, pos, ch)
         role_header = text[role_at + len(_START) : ch] if role_at >= 0 else ""
+        if _MESSAGE in role_header or any(m in role_header for m in _ENDS):
+            role_at, role_header = -1, ""  # a `<|start|>` that began some other message, not this one's header
         header = text[head_at:msg]
         body_at = msg + len(_MESSAGE)
         end = bound
@@ -172,7 +174,8 @@ class HarmonyParser(ActionParser):
         return "".join(out)
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
-        body = json.dumps(arguments, ensure_ascii=False)
+        # A marker inside a JSON string would end the message; `\u003c` is the same character.
+        body = json.dumps(arguments, ensure_ascii=False).replace("<|", "\\u003c|")
         return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
 
 

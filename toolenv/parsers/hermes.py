@@ -107,7 +107,11 @@ class HermesParser(ActionParser):
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
         body = {"name": name, "arguments": arguments, **({"id": call_id} if call_id else {})}
-        return f"{_OPEN}\n{json.dumps(body, ensure_ascii=False)}\n{_CLOSE}"
+        # A tag inside a JSON string would end the call early; `\u003c` is the same character.
+        text = json.dumps(body, ensure_ascii=False)
+        for tag in (_OPEN, _CLOSE):
+            text = text.replace(tag, "\\u003c" + tag[1:])
+        return f"{_OPEN}\n{text}\n{_CLOSE}"
 
 
 def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
