@@ -97,3 +97,15 @@ def test_harmony_example() -> None:
     assert "type convert = (_: {" in out.stdout  # the Harmony tool list
     assert "<|start|>functions.convert to=assistant<|channel|>commentary<|message|>212 F<|end|>" in out.stdout
     assert "reward=1.0 terminated=True answer='212'" in out.stdout
+
+
+def test_qwen3_xml_example() -> None:
+    out = run(str(EXAMPLES / "qwen3_xml_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "<name>run_sql</name>" in out.stdout  # the tool list in the prompt
+    assert (
+        "'query': \"SELECT name FROM singer\\nWHERE age > 30 AND name <> 'Bo'\\nORDER BY name\", 'limit': 5"
+        in out.stdout
+    )
+    assert "'<tool_response>\\nAnn\\nCy\\n</tool_response>'" in out.stdout
+    assert "reward=1.0 terminated=True" in out.stdout

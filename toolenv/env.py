@@ -47,7 +47,8 @@ class ToolEnv(gym.Env[str, str]):
     Args:
         tools: the tools the model may call.
         tasks: Tasks, dicts, or a JSONL path.
-        parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`).
+        parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`,
+            `qwen3_xml`).
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.
@@ -81,7 +82,7 @@ class ToolEnv(gym.Env[str, str]):
         self.tools: list[Tool] = list(tools)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]
-        self.parser = get_parser(parser, **dict(parser_kwargs or {}))
+        self.parser = get_parser(parser, **dict(parser_kwargs or {})).bind(self.tools)
         self.reward_fn: WeightedSum = get_reward(reward)
         self.max_turns = max_turns
         self.system_prompt = system_prompt

@@ -18,7 +18,13 @@ from toolenv.types import ParsedAction
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUND_TRIP = settings(SETTINGS, max_examples=300)
-PARSERS = [get_parser("hermes"), get_parser("tags"), get_parser("codeblock"), get_parser("harmony")]
+PARSERS = [
+    get_parser("hermes"),
+    get_parser("tags"),
+    get_parser("codeblock"),
+    get_parser("harmony"),
+    get_parser("qwen3_xml"),
+]
 
 FRAGMENTS = [
     "<tool_call>",
@@ -46,6 +52,10 @@ FRAGMENTS = [
     " to=functions.",
     "commentary",
     "final",
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
     "```python\n",
     "```py\n",
     "```",

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import toolenv
-from toolenv.parsers import CodeBlockParser, HarmonyParser, HermesParser, TagParser
+from toolenv.parsers import CodeBlockParser, HarmonyParser, HermesParser, Qwen3XMLParser, TagParser
 
 FRAGMENTS = [
     "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<search>", "</search>", "<sql>", "</sql>",
@@ -31,6 +31,7 @@ FRAGMENTS = [
     "'; DROP TABLE x; --", "SELECT", "import os", "while True: pass", "%s%n", "{question}", "{0}",
     "<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|return|>", "<|constrain|>",
     "assistant", "commentary", "final", "analysis", " to=functions.", "to=", "json",
+    "<function=", "</function>", "<parameter=", "</parameter>", ">",
 ]  # fmt: skip
 
 
@@ -49,6 +50,14 @@ def format_call(parser: Any, name: str, arguments: Any) -> str:
     if isinstance(parser, CodeBlockParser):
         body = arguments.get(parser.arg, "") if isinstance(arguments, dict) else arguments
         return f"```python\n{body}\n```"
+    if isinstance(parser, Qwen3XMLParser):
+        if not isinstance(arguments, dict):
+            return f"<tool_call>\n<function={name}>\n{json.dumps(arguments)}\n</function>\n</tool_call>"
+        params = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in arguments.items()
+        )
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
     if isinstance(parser, HarmonyParser):
         body = json.dumps(arguments, ensure_ascii=False)
         return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
@@ -127,6 +136,17 @@ def near_valid_calls(env: toolenv.ToolEnv) -> list[str]:
                 f"<tool_call>{json.dumps([body])}</tool_call>",  # a list, not an object
                 f'<tool_call>{{"name": "{t.name}", "arguments": ' + "[" * 5000 + "]" * 5000 + "}</tool_call>",
                 "<tool_call>" + '{"a":' * 3000 + "1" + "}" * 3000 + "</tool_call>",
+            ]
+        if isinstance(env.parser, Qwen3XMLParser):
+            key = next(iter(props), "x")
+            out += [
+                f"<tool_call>\n<function={t.name}>\n<parameter={key}>\n1\n</function>\n</tool_call>",  # unclosed
+                f"<tool_call>\n<function={t.name}\n</function>\n</tool_call>",  # header without >
+                f"<tool_call>\n<parameter={key}>\n1\n</parameter>\n</tool_call>",  # no function
+                f"<tool_call>\n<function={t.name}>\n<parameter={key}>\n1\n</parameter>\n" * 2,  # twice, unclosed
+                f"<tool_call>\n<function={t.name}>\n<parameter={key}>\n"
+                + "[" * 5000
+                + "\n</parameter>\n</function>\n</tool_call>",
             ]
         if isinstance(env.parser, HarmonyParser):
             head = f"<|channel|>commentary to=functions.{t.name}"

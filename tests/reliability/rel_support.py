@@ -24,8 +24,9 @@ import toolenv
 from toolenv import registry, tool
 
 CORE = "ToolEnv-v0"
-#: The core env again, with the Harmony (gpt-oss) parser: fuzzed like the others.
+#: The core env again, with the Harmony (gpt-oss) and Qwen3-Coder XML parsers: fuzzed like the others.
 CORE_HARMONY = "ToolEnv-v0/harmony"
+CORE_QWEN3_XML = "ToolEnv-v0/qwen3_xml"
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
 EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))
 
@@ -91,6 +92,17 @@ CORE_HARMONY_CORPUS = [
 ]
 
 
+CORE_QWEN3_XML_CORPUS = [
+    "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=lookup>\n<parameter=query>\nparis\n</parameter>\n<parameter=topk>\n1\n</parameter>\n"
+    "</function>\n</tool_call>",
+    "<tool_call>\n<function=box>\n<parameter=bbox>\n[0, 0, 2, 3]\n</parameter>\n<parameter=units>\npixels\n"
+    "</parameter>\n</function>\n</tool_call>",
+    "<answer>5</answer>",
+    "I think the answer is <answer>Paris</answer>",
+]
+
+
 def env_names() -> list[str]:
     """The core env and every installed env plugin, by registry name."""
     return [CORE, *sorted({e.name for e in registry.entries("envs")})]
@@ -98,8 +110,8 @@ def env_names() -> list[str]:
 
 def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
     """Build env `name` (a registry name) with `overrides` passed to its factory."""
-    if name in (CORE, CORE_HARMONY):
-        parser = "harmony" if name == CORE_HARMONY else "hermes"
+    if name in (CORE, CORE_HARMONY, CORE_QWEN3_XML):
+        parser = {CORE_HARMONY: "harmony", CORE_QWEN3_XML: "qwen3_xml"}.get(name, "hermes")
         kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": parser}
         kwargs.update(overrides)
         return toolenv.ToolEnv(**kwargs)
@@ -110,7 +122,7 @@ def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
 
 def oracle(name: str) -> Any:
     """The env's oracle, or None (the core env has none)."""
-    if name in (CORE, CORE_HARMONY):
+    if name in (CORE, CORE_HARMONY, CORE_QWEN3_XML):
         return None
     try:
         return registry.load("oracles", name)

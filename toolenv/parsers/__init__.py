@@ -4,6 +4,7 @@ from toolenv.parsers.base import ActionParser, get_parser, parser_names
 from toolenv.parsers.codeblock import CodeBlockParser
 from toolenv.parsers.harmony import HarmonyParser
 from toolenv.parsers.hermes import HermesParser
+from toolenv.parsers.qwen3_xml import Qwen3XMLParser
 from toolenv.parsers.tags import TagParser
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "CodeBlockParser",
     "HarmonyParser",
     "HermesParser",
+    "Qwen3XMLParser",
     "TagParser",
     "get_parser",
     "parser_names",

@@ -43,6 +43,12 @@ class ActionParser(abc.ABC):
     def format_results(self, results: Sequence[ToolResult]) -> str:
         """The observation text for a turn's results, with this format's markers."""
 
+    def bind(self, tools: Sequence[Tool]) -> ActionParser:
+        """This parser for an env with `tools` (the env calls it once). A format whose
+        arguments are untyped text (Qwen3-Coder's XML) returns a copy that knows each
+        argument's JSON type; the others need nothing and return themselves."""
+        return self
+
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         """Action text that this parser reads back as the call `name(**arguments)`, or None
         when the format cannot express it (agents use it to turn a server's native tool calls
@@ -97,7 +103,8 @@ def parser_names() -> list[str]:
 
 
 def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
-    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`) or the parser itself.
+    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`) or
+    the parser itself.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).

@@ -70,7 +70,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         observation_role: `"tool"` (one tool message per tool result; the chat template
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
             formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
-            chat templates have tool messages (hermes, harmony), `"user"` otherwise.
+            chat templates have tool messages (hermes, harmony, qwen3_xml), `"user"` otherwise.
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.

@@ -1,0 +1,152 @@
+"""Qwen3-Coder's XML parser: raw-text arguments read by type, errors, round trips, an env run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field
+
+import toolenv
+from toolenv.parsers import Qwen3XMLParser, get_parser
+
+
+class Query(toolenv.Tool):
+    """Run a query."""
+
+    name = "run_sql"
+
+    class Args(BaseModel):
+        query: str = Field(description="the SQL")
+        limit: int = 10
+        columns: list[str] | None = None
+        strict: bool = False
+        options: dict[str, int] = Field(default_factory=dict)
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=f"{args.query} limit={args.limit!r} columns={args.columns!r}")
+
+
+def block(name: str, **params: str) -> str:
+    inner = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{inner}</function>\n</tool_call>"
+
+
+BOUND = Qwen3XMLParser().bind([Query()])
+
+
+def test_arguments_are_read_by_their_type_when_bound() -> None:
+    text = "Let me look.\n" + block(
+        "run_sql",
+        query="SELECT [name] FROM t\nWHERE a < 3 AND b = 'x'",  # multi-line, brackets, quotes: stays text
+        limit="5",
+        columns='["a", "b"]',
+        strict="True",
+        options='{"x": 1}',
+    )
+    action = BOUND.parse(text)
+    assert action.errors == [] and action.text == "Let me look."
+    (call,) = action.tool_calls
+    assert call.name == "run_sql" and call.id == "call_0"
+    assert call.arguments == {
+        "query": "SELECT [name] FROM t\nWHERE a < 3 AND b = 'x'",
+        "limit": 5,
+        "columns": ["a", "b"],
+        "strict": True,
+        "options": {"x": 1},
+    }
+
+
+def test_unbound_arguments_stay_text() -> None:
+    (call,) = Qwen3XMLParser().parse(block("run_sql", query="1", limit="5")).tool_calls
+    assert call.arguments == {"query": "1", "limit": "5"}
+
+
+def test_a_value_that_does_not_decode_stays_text_for_validation_to_report() -> None:
+    (call,) = BOUND.parse(block("run_sql", query="x", limit="five")).tool_calls
+    assert call.arguments["limit"] == "five"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("<tool_call>\n<parameter=a>\n1\n</parameter>\n</tool_call>", "has no <function=NAME>"),
+        ("<tool_call>\n<function=>\n</function>\n</tool_call>", "names no function"),
+        ("<tool_call>\n<function=f>\n<parameter=a>\n1\n</tool_call>", "is not closed with </function>"),
+        ("<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>", "is not closed with </parameter>"),
+        ("<tool_call>\n<function=f\n</function>\n</tool_call>", "is not closed with </function>"),
+        ("<tool_call>\n<function=f>\n<parameter=>\n1\n</parameter>\n</function>\n</tool_call>", "has no name"),
+        (block("f", a="1") + "\n<tool_call>\n<function=g>", "is not closed with </tool_call>"),
+    ],
+)
+def test_malformed_calls_are_errors(text: str, error: str) -> None:
+    action = BOUND.parse(text)
+    assert error in " ".join(action.errors), action
+
+
+def test_a_parameter_given_twice_is_an_error() -> None:
+    twice = "<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n"
+    text = f"<tool_call>\n<function=f>\n{twice}</function>\n</tool_call>"
+    assert "given twice" in BOUND.parse(text).errors[0]
+
+
+def test_several_calls_and_an_answer() -> None:
+    action = BOUND.parse(block("run_sql", query="a") + block("now") + "<answer>42</answer>")
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [
+        ("run_sql", {"query": "a"}, "call_0"),
+        ("now", {}, "call_1"),
+    ]
+    assert action.answer == "42"
+
+
+def test_instructions_list_parameters_with_their_types() -> None:
+    text = BOUND.instructions([Query()])
+    assert "<name>run_sql</name>" in text and "<description>Run a query.</description>" in text
+    assert (
+        "<name>query</name>\n<type>string</type>\n<description>the SQL</description>\n<required>true</required>" in text
+    )
+    assert "<name>columns</name>\n<type>array | null</type>\n<required>false</required>" in text
+    assert "<function=example_function_name>" in text and "<answer>" in text
+
+
+text_values = st.lists(
+    st.text(max_size=8) | st.sampled_from(["<", ">", "\n", "</", "<parameter", "</function", "[1]", "{}"]), max_size=5
+).map("".join)
+keys = st.text(st.characters(categories=("L", "N"), include_characters="_"), min_size=1, max_size=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(keys, st.dictionaries(keys, text_values, max_size=4)), max_size=3))
+def test_text_arguments_round_trip(calls: list[tuple[str, dict[str, str]]]) -> None:
+    """Unbound, what format_call writes reads back exactly (or format_call declines)."""
+    parser = Qwen3XMLParser()
+    written = [(n, a, parser.format_call(n, a)) for n, a in calls]
+    kept = [(n, a) for n, a, text in written if text is not None]
+    action = parser.parse("\n".join(text for _, _, text in written if text is not None))
+    assert action.errors == []
+    assert [(c.name, c.arguments) for c in action.tool_calls] == kept
+    for _, a, text in written:
+        if text is None:  # declined only for a value holding the format's own closing tags
+            assert any(
+                t in v for v in a.values() for t in ("</parameter>", "</function>", "</tool_call>", "<tool_call>")
+            )
+
+
+def test_typed_arguments_round_trip_when_bound() -> None:
+    args = {"query": "[1, 2]", "limit": 3, "columns": ["x", "y"], "strict": False, "options": {"k": 2}}
+    text = BOUND.format_call("run_sql", args)
+    assert text is not None and BOUND.parse(text).tool_calls[0].arguments == args
+    assert BOUND.format_call("run_sql", {"query": 5}) is None  # a number for a string parameter
+
+
+def test_an_env_with_the_qwen3_xml_parser() -> None:
+    env = toolenv.ToolEnv(tools=[Query()], tasks=[{"question": "q", "answer": "ok"}], parser="qwen3_xml")
+    obs, _ = env.reset(seed=0)
+    assert "<name>run_sql</name>" in obs
+    obs, *_ = env.step(block("run_sql", query="SELECT 1", limit="3", columns='["a"]'))
+    assert obs == "<tool_response>\nSELECT 1 limit=3 columns=['a']\n</tool_response>"
+    obs, *_ = env.step(block("run_sql", query="SELECT 1", limit="three"))
+    assert "Invalid arguments for tool 'run_sql'" in obs and "limit" in obs
+    assert get_parser("qwen3_xml").bind([]) is not get_parser("qwen3_xml")  # bound copies, never shared state

@@ -1,0 +1,208 @@
+"""Qwen3-Coder's XML tool calls: one `<parameter=...>` block of raw text per argument.
+
+```text
+<tool_call>
+<function=run_sql>
+<parameter=query>
+SELECT name FROM singer WHERE age > 30
+</parameter>
+</function>
+</tool_call>
+```
+
+Arguments arrive as text, unquoted (code and SQL need no JSON escaping, which is the point
+of the format). Bound to an env's tools (`bind`), the parser reads each argument by its
+JSON-schema type: strings stay as written, numbers, booleans, arrays and objects are
+decoded. Unbound, every argument stays text and the tool's Pydantic model coerces what it
+can. Results come back in `<tool_response>` blocks, as with Hermes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from toolenv._tool import Tool
+from toolenv.parsers._json import decode_json
+from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.parsers.hermes import _scan as _tool_call_blocks
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
+
+__all__ = ["Qwen3XMLParser"]
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_FUNCTION, _FUNCTION_END = "<function=", "</function>"
+_PARAMETER, _PARAMETER_END = "<parameter=", "</parameter>"
+
+
+def _strip_newline(value: str) -> str:
+    """The text between the tags, less the one line break the format puts on each side."""
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+class Qwen3XMLParser(ActionParser):
+    """Qwen3-Coder's format (vLLM's `qwen3_xml`/`qwen3_coder` tool parsers read the same text)."""
+
+    name = "qwen3_xml"
+    stop = (_CLOSE,)
+    tool_messages = True
+
+    def __init__(self, answer_tag: bool = True) -> None:
+        self.answer_tag = answer_tag
+        self._types: Mapping[str, Mapping[str, Any]] = {}
+
+    def bind(self, tools: Sequence[Tool]) -> Qwen3XMLParser:
+        bound = copy.copy(self)
+        bound._types = {t.name: t.flat_schema()["function"]["parameters"].get("properties", {}) for t in tools}
+        return bound
+
+    def parse(self, text: str) -> ParsedAction:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        pieces: list[str] = []
+        pos = 0
+        if _OPEN in text:
+            for i, (start, end, body, closed) in enumerate(_tool_call_blocks(text)):
+                pieces.append(text[pos:start])
+                pos = end
+                if not closed:
+                    errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
+                    continue
+                call, err = self._decode(body, i)
+                if err:
+                    errors.append(err)
+                elif call is not None:
+                    calls.append(call)
+        pieces.append(text[pos:])
+        rest = "".join(pieces)
+        answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
+        return new_parsed(calls, answer, rest.strip(), errors)
+
+    def _decode(self, body: str, index: int) -> tuple[ToolCall | None, str | None]:
+        where = f"Tool call {index + 1}"
+        head = body.find(_FUNCTION)
+        if head < 0:
+            return None, f"{where} has no <function=NAME>."
+        name_end = body.find(">", head)
+        if name_end < 0:
+            return None, f"{where}: <function= is not closed with >."
+        name = body[head + len(_FUNCTION) : name_end].strip()
+        if not name:
+            return None, f"{where}: <function=> names no function."
+        stop = body.find(_FUNCTION_END, name_end)
+        if stop < 0:
+            return None, f"{where}: <function={name[:80]}> is not closed with </function>."
+        types = self._types.get(name, {})
+        args: dict[str, Any] = {}
+        pos = name_end + 1
+        while (p := body.find(_PARAMETER, pos, stop)) >= 0:
+            key_end = body.find(">", p, stop)
+            if key_end < 0:
+                return None, f"{where}: <parameter= is not closed with >."
+            key = body[p + len(_PARAMETER) : key_end].strip()
+            value_end = body.find(_PARAMETER_END, key_end, stop)
+            if value_end < 0:
+                return None, f"{where}: <parameter={key[:80]}> is not closed with </parameter>."
+            if not key:
+                return None, f"{where}: a <parameter=> has no name."
+            if key in args:
+                return None, f"{where}: parameter {key[:80]!r} is given twice."
+            args[key] = _typed(_strip_newline(body[key_end + 1 : value_end]), types.get(key))
+            pos = value_end + len(_PARAMETER_END)
+        return new_call(name, args, f"call_{index}"), None
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        blocks = []
+        for t in tools:
+            fn = t.flat_schema()["function"]
+            params = fn.get("parameters", {})
+            required = set(params.get("required", ()))
+            lines = [
+                "<function>",
+                f"<name>{fn['name']}</name>",
+                f"<description>{fn.get('description', '')}</description>",
+            ]
+            lines.append("<parameters>")
+            for key, prop in (params.get("properties") or {}).items():
+                kind = " | ".join(sorted(_kinds(prop))) if isinstance(prop, Mapping) and _kinds(prop) else "any"
+                lines.append(f"<parameter>\n<name>{key}</name>\n<type>{kind}</type>")
+                if prop.get("description"):
+                    lines.append(f"<description>{prop['description']}</description>")
+                lines.append(f"<required>{str(key in required).lower()}</required>\n</parameter>")
+            lines += ["</parameters>", "</function>"]
+            blocks.append("\n".join(lines))
+        answer = "When you know the final answer, write it as <answer>...</answer>." if self.answer_tag else ""
+        return (
+            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+            + "\n".join(blocks)
+            + "\n</tools>\n\nTo call a function, reply in this format:\n\n"
+            "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter>\nvalue\n"
+            "</parameter>\n</function>\n</tool_call>\n\n"
+            "Write each parameter's value as plain text (no quotes or escaping); arrays and objects as JSON. " + answer
+        ).rstrip()
+
+    def format_results(self, results: Sequence[ToolResult]) -> str:
+        return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
+
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        params = []
+        for key, value in arguments.items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            if not isinstance(key, str) or not key.strip() or key != key.strip() or ">" in key:
+                return None
+            if any(tag in text for tag in (_PARAMETER_END, _FUNCTION_END, _CLOSE, _OPEN)):
+                return None  # raw text cannot hold the format's own closing tags
+            if not isinstance(value, str) and self._types and _kind(self._types.get(name, {}).get(key)) == "string":
+                return None  # a non-string for a string parameter would read back as text
+            params.append(f"{_PARAMETER}{key}>\n{text}\n{_PARAMETER_END}")
+        if not name.strip() or name != name.strip() or ">" in name or _FUNCTION_END in name:
+            return None
+        return "\n".join([_OPEN, f"{_FUNCTION}{name}>", *params, _FUNCTION_END, _CLOSE])
+
+
+def _kind(schema: Any) -> str | None:
+    """The JSON type a property schema names, when it names exactly one."""
+    if not isinstance(schema, Mapping):
+        return None
+    kinds = _kinds(schema) - {"null"}
+    if len(kinds) == 1:
+        (only,) = kinds
+        return only
+    return "null" if not kinds and _kinds(schema) == {"null"} else None
+
+
+def _kinds(schema: Mapping[str, Any]) -> set[str]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)}
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(options, list):
+        return {k for o in options if isinstance(o, Mapping) for k in _kinds(o)}
+    return set()
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """`value` read by its parameter's type: text for strings (and when the type is unknown
+    or the text does not decode, so the tool's validation reports it), JSON otherwise."""
+    kind = _kind(schema)
+    if kind is None or kind == "string":
+        return value
+    if kind == "null" and value.strip() in ("", "null", "None"):
+        return None
+    try:
+        return decode_json(value.strip())
+    except (ValueError, RecursionError):
+        if kind == "boolean" and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        return value
+
+
+register_parser("qwen3_xml", Qwen3XMLParser)
