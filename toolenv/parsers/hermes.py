@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
@@ -11,7 +11,7 @@ from toolenv.parsers._json import decode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
-__all__ = ["HermesParser"]
+__all__ = ["HermesParser", "read_tool_call_blocks"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
@@ -40,6 +40,33 @@ def _scan(text: str) -> Iterator[tuple[int, int, str, bool]]:
             yield start, pos, text[body:pos], False
 
 
+def read_tool_call_blocks(
+    text: str, decode: Callable[[str, int], tuple[ToolCall | None, str | None]]
+) -> tuple[list[ToolCall], list[str], str]:
+    """The calls in every `<tool_call>` block of `text` (each body read by `decode(body, index)`),
+    the errors, and the text outside the blocks. Shared by the formats that wrap calls in
+    these tags (Hermes's JSON, Qwen3-Coder's XML)."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    if _OPEN not in text:  # skip the scan for plain text and bare answers
+        return calls, errors, text
+    pieces: list[str] = []
+    pos = 0
+    for i, (start, end, body, closed) in enumerate(_scan(text)):
+        pieces.append(text[pos:start])
+        pos = end
+        if not closed:
+            errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
+            continue
+        call, err = decode(body, i)
+        if err:
+            errors.append(err)
+        elif call is not None:
+            calls.append(call)
+    pieces.append(text[pos:])
+    return calls, errors, "".join(pieces)
+
+
 class HermesParser(ActionParser):
     """The format of Qwen2.5/Qwen3 and Hermes chat templates (and verl's `hermes` parser)."""
 
@@ -64,28 +91,7 @@ class HermesParser(ActionParser):
 
     def _parse_scan(self, text: str) -> ParsedAction:
         """Any number of calls, closed or not."""
-        calls: list[ToolCall] = []
-        errors: list[str] = []
-        pieces: list[str] = []
-        pos = 0
-        if _OPEN in text:  # skip the scan for plain text and bare answers
-            for i, (start, end, body, closed) in enumerate(_scan(text)):
-                pieces.append(text[pos:start])
-                pos = end
-                if not closed:
-                    errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
-                    continue
-                call, err = _decode_call(body.strip(), i)
-                if err:
-                    errors.append(err)
-                elif call is not None:
-                    calls.append(call)
-        if pieces:
-            pieces.append(text[pos:])
-            rest = "".join(pieces)
-        else:
-            rest = text
-        return self._parsed(calls, errors, rest)
+        return self._parsed(*read_tool_call_blocks(text, lambda body, i: _decode_call(body.strip(), i)))
 
     def _parsed(self, calls: list[ToolCall], errors: list[str], rest: str) -> ParsedAction:
         answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)

@@ -27,7 +27,7 @@ from typing import Any
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
 from toolenv.parsers.base import ActionParser, register_parser
-from toolenv.parsers.hermes import _scan as _tool_call_blocks
+from toolenv.parsers.hermes import read_tool_call_blocks
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
 __all__ = ["Qwen3XMLParser"]
@@ -63,24 +63,7 @@ class Qwen3XMLParser(ActionParser):
         return bound
 
     def parse(self, text: str) -> ParsedAction:
-        calls: list[ToolCall] = []
-        errors: list[str] = []
-        pieces: list[str] = []
-        pos = 0
-        if _OPEN in text:
-            for i, (start, end, body, closed) in enumerate(_tool_call_blocks(text)):
-                pieces.append(text[pos:start])
-                pos = end
-                if not closed:
-                    errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
-                    continue
-                call, err = self._decode(body, i)
-                if err:
-                    errors.append(err)
-                elif call is not None:
-                    calls.append(call)
-        pieces.append(text[pos:])
-        rest = "".join(pieces)
+        calls, errors, rest = read_tool_call_blocks(text, self._decode)
         answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
         return new_parsed(calls, answer, rest.strip(), errors)
 
