@@ -102,6 +102,38 @@ def breakdown(env: toolenv.ToolEnv, n: int) -> dict[str, float]:
         loop.close()
 
 
+def per_parser(n: int) -> dict[str, dict[str, float]]:
+    """µs to parse one turn with one call, and to run the whole astep, in each built-in format.
+
+    The call is written by each parser's own `format_call`, so every format reads the same call.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for spec in toolenv.parsers.parser_names():
+        parser = toolenv.get_parser(spec)
+        action = parser.format_call("noop", {"x": 1})
+        if action is None:  # the format cannot write this call (tags, codeblock): not comparable
+            continue
+        env = toolenv.ToolEnv(
+            tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS + 1, parser=spec
+        )
+        bound = env.parser
+        assert bound.parse(action).tool_calls[0].arguments == {"x": 1}, spec
+        parse_s = median(repeat(lambda bound=bound, action=action: bound.parse(action), n))
+
+        async def run(env: toolenv.ToolEnv = env, action: str = action) -> float:
+            total = 0.0
+            for _ in range(n // TURNS):
+                await env.areset(seed=0)
+                t0 = time.perf_counter()
+                for _ in range(TURNS):
+                    await env.astep(action)
+                total += time.perf_counter() - t0
+            return total / (n // TURNS * TURNS)
+
+        out[spec] = {"chars": len(action), "parse_us": parse_s * 1e6, "astep_us": asyncio.run(run()) * 1e6}
+    return out
+
+
 def main() -> None:
     args = parse_args(__doc__ or "")
     n = 800 if args.quick else 20_000
@@ -129,9 +161,19 @@ def main() -> None:
         [[k, v * 1e6, v / astep_s] for k, v in parts.items()] + [["rest of astep", rest * 1e6, rest / astep_s]],
         ["part", "µs", "share of astep"],
     )
+    formats = per_parser(n)
+    print("\none call in each format (written by the parser's own format_call), side by side:")
+    table(
+        [
+            [k, v["chars"], v["parse_us"], v["astep_us"], v["parse_us"] / formats["hermes"]["parse_us"]]
+            for k, v in formats.items()
+        ],
+        ["parser", "action chars", "parse µs", "astep µs", "parse × hermes"],
+    )
     write(
         "step",
         {
+            "formats": formats,
             "quick": args.quick,
             "n": n,
             "parse_us": parse_s * 1e6,
