@@ -35,8 +35,8 @@ class Noop(toolenv.Tool):
 TURNS = 8  # steps per episode, as in real tool-use episodes; the env is reset between them
 
 
-def make() -> toolenv.ToolEnv:
-    return toolenv.ToolEnv(tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS + 1)
+def make(parser: str = "hermes") -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS + 1, parser=parser)
 
 
 def time_sync(env: toolenv.ToolEnv, steps: int) -> float:
@@ -51,14 +51,14 @@ def time_sync(env: toolenv.ToolEnv, steps: int) -> float:
     return total / (steps // TURNS * TURNS)
 
 
-async def time_async(env: toolenv.ToolEnv, steps: int) -> float:
-    """Seconds per `astep`, resets excluded."""
+async def time_async(env: toolenv.ToolEnv, steps: int, action: str = ACTION) -> float:
+    """Seconds per `astep` of `action`, resets excluded."""
     total = 0.0
     for _ in range(steps // TURNS):
         await env.areset(seed=0)
         t0 = time.perf_counter()
         for _ in range(TURNS):
-            await env.astep(ACTION)
+            await env.astep(action)
         total += time.perf_counter() - t0
     return total / (steps // TURNS * TURNS)
 
@@ -113,24 +113,12 @@ def per_parser(n: int) -> dict[str, dict[str, float]]:
         action = parser.format_call("noop", {"x": 1})
         if action is None:  # the format cannot write this call (tags, codeblock): not comparable
             continue
-        env = toolenv.ToolEnv(
-            tools=[Noop()], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS + 1, parser=spec
-        )
+        env = make(spec)
         bound = env.parser
         assert bound.parse(action).tool_calls[0].arguments == {"x": 1}, spec
         parse_s = median(repeat(lambda bound=bound, action=action: bound.parse(action), n))
-
-        async def run(env: toolenv.ToolEnv = env, action: str = action) -> float:
-            total = 0.0
-            for _ in range(n // TURNS):
-                await env.areset(seed=0)
-                t0 = time.perf_counter()
-                for _ in range(TURNS):
-                    await env.astep(action)
-                total += time.perf_counter() - t0
-            return total / (n // TURNS * TURNS)
-
-        out[spec] = {"chars": len(action), "parse_us": parse_s * 1e6, "astep_us": asyncio.run(run()) * 1e6}
+        astep_s = asyncio.run(time_async(env, n, action))
+        out[spec] = {"chars": len(action), "parse_us": parse_s * 1e6, "astep_us": astep_s * 1e6}
     return out
 
 

@@ -103,6 +103,11 @@ class _Data:
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {}
 
 
+def _image_store(context: Any) -> Any:
+    """The `ImageStore` a (de)serialization was given, or None (images inline)."""
+    return context.get(IMAGE_STORE) if isinstance(context, dict) else None
+
+
 class ToolImage(_Model):
     """An image a tool returns: PNG (or JPEG) bytes with their size.
 
@@ -120,7 +125,7 @@ class ToolImage(_Model):
     @model_serializer(mode="wrap")
     def _to_file(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         """With an `ImageStore` in the context, the bytes go to a file and the JSON names it."""
-        store = info.context.get(IMAGE_STORE) if isinstance(info.context, dict) else None
+        store = _image_store(info.context)
         if store is None:
             return handler(self)
         return {"file": store.put(self.data, self.mime), "mime": self.mime, "width": self.width, "height": self.height}
@@ -131,7 +136,7 @@ class ToolImage(_Model):
         """Read back an image that was written to an `ImageStore`."""
         if not (isinstance(value, dict) and "file" in value):
             return value
-        store = info.context.get(IMAGE_STORE) if isinstance(info.context, dict) else None
+        store = _image_store(info.context)
         if store is None:
             raise ValueError(
                 "this image is stored in a file; read it with toolenv.read_trajectories(path), "

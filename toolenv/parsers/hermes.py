@@ -11,7 +11,7 @@ from toolenv.parsers._json import decode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
-__all__ = ["HermesParser", "read_tool_call_blocks"]
+__all__ = ["HermesParser", "read_tool_call_blocks", "tool_call_action", "tool_responses"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
@@ -67,6 +67,18 @@ def read_tool_call_blocks(
     return calls, errors, "".join(pieces)
 
 
+def tool_call_action(calls: list[ToolCall], errors: list[str], rest: str, answer_tag: bool) -> ParsedAction:
+    """The turn's `ParsedAction` from what `read_tool_call_blocks` found; an `<answer>` in the
+    text around the calls is the answer when `answer_tag` is on."""
+    answer, rest = ActionParser.find_answer(rest) if answer_tag and "<answer>" in rest else (None, rest)
+    return new_parsed(calls, answer, rest.strip(), errors)
+
+
+def tool_responses(results: Sequence[ToolResult]) -> str:
+    """Results in `<tool_response>` blocks, as the Qwen chat templates write them."""
+    return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
+
+
 class HermesParser(ActionParser):
     """The format of Qwen2.5/Qwen3 and Hermes chat templates (and verl's `hermes` parser)."""
 
@@ -86,16 +98,14 @@ class HermesParser(ActionParser):
             if close >= 0:
                 call, err = _decode_call(text[one + len(_OPEN) : close].strip(), 0)
                 rest = text[:one] + text[close + len(_CLOSE) :]
-                return self._parsed([call] if call is not None else [], [err] if err else [], rest)
+                return tool_call_action([call] if call is not None else [], [err] if err else [], rest, self.answer_tag)
         return self._parse_scan(text)
 
     def _parse_scan(self, text: str) -> ParsedAction:
         """Any number of calls, closed or not."""
-        return self._parsed(*read_tool_call_blocks(text, lambda body, i: _decode_call(body.strip(), i)))
-
-    def _parsed(self, calls: list[ToolCall], errors: list[str], rest: str) -> ParsedAction:
-        answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
-        return new_parsed(calls, answer, rest.strip(), errors)
+        return tool_call_action(
+            *read_tool_call_blocks(text, lambda body, i: _decode_call(body.strip(), i)), self.answer_tag
+        )
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         return (
@@ -109,7 +119,7 @@ class HermesParser(ActionParser):
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
-        return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
+        return tool_responses(results)
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
         body = {"name": name, "arguments": arguments, **({"id": call_id} if call_id else {})}

@@ -27,8 +27,8 @@ from typing import Any
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
 from toolenv.parsers.base import ActionParser, register_parser
-from toolenv.parsers.hermes import read_tool_call_blocks
-from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
+from toolenv.parsers.hermes import read_tool_call_blocks, tool_call_action, tool_responses
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
 __all__ = ["Qwen3XMLParser"]
 
@@ -63,9 +63,7 @@ class Qwen3XMLParser(ActionParser):
         return bound
 
     def parse(self, text: str) -> ParsedAction:
-        calls, errors, rest = read_tool_call_blocks(text, self._decode)
-        answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
-        return new_parsed(calls, answer, rest.strip(), errors)
+        return tool_call_action(*read_tool_call_blocks(text, self._decode), self.answer_tag)
 
     def _decode(self, body: str, index: int) -> tuple[ToolCall | None, str | None]:
         where = f"Tool call {index + 1}"
@@ -131,7 +129,7 @@ class Qwen3XMLParser(ActionParser):
         ).rstrip()
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
-        return "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
+        return tool_responses(results)
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         params = []
