@@ -109,15 +109,18 @@ class _EpisodeTimeout(Exception):
     """The episode's time ran out (told apart from an agent's or tool's own TimeoutError)."""
 
 
-async def _within(deadline: float | None, aw: Coroutine[Any, Any, T]) -> T:
+def _within(deadline: float | None, aw: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """`aw` itself when there is no deadline (no wrapper per await), else `_before(deadline, aw)`."""
+    return aw if deadline is None else _before(deadline, aw)
+
+
+async def _before(deadline: float, aw: Coroutine[Any, Any, T]) -> T:
     """Await `aw`, or cancel it and raise _EpisodeTimeout when the loop clock passes `deadline`.
 
     Not `asyncio.wait_for`: its TimeoutError could not be told apart from one the agent or
     a tool raises itself. Like it, a timed-out call is cancelled and awaited, so it is over
     (and the env free for the next episode) when this returns.
     """
-    if deadline is None:
-        return await aw
     remaining = deadline - asyncio.get_running_loop().time()
     if remaining <= 0:
         aw.close()

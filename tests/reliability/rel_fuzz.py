@@ -61,6 +61,8 @@ def format_call(parser: Any, name: str, arguments: Any) -> str:
     if isinstance(parser, HarmonyParser):
         body = json.dumps(arguments, ensure_ascii=False)
         return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
+    if isinstance(arguments, dict) and (written := parser.format_call(name, arguments)):
+        return str(written)  # any other format: the parser writes its own calls
     return json.dumps({"name": name, "arguments": arguments})
 
 

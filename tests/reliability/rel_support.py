@@ -24,9 +24,11 @@ import toolenv
 from toolenv import registry, tool
 
 CORE = "ToolEnv-v0"
-#: The core env again, with the Harmony (gpt-oss) and Qwen3-Coder XML parsers: fuzzed like the others.
-CORE_HARMONY = "ToolEnv-v0/harmony"
-CORE_QWEN3_XML = "ToolEnv-v0/qwen3_xml"
+#: The core env again with each other model-format parser (`ToolEnv-v0/harmony`, ...): fuzzed
+#: like the others, from a corpus that the parser's own `format_call` writes (plus hand-written
+#: actions for some formats).
+CORE_PARSERS = ("harmony", "qwen3_xml")
+CORE_VARIANTS = {f"{CORE}/{p}": p for p in CORE_PARSERS}
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
 EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))
 
@@ -82,25 +84,35 @@ CORE_CORPUS = [
 ]
 
 
-CORE_HARMONY_CORPUS = [
-    "<|channel|>analysis<|message|>Add them.<|end|>"
-    '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>',
-    '<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{"query": "paris", "topk": 1}',
-    '<|channel|>commentary to=functions.box<|message|>{"bbox": [0, 0, 2, 3], "units": "pixels"}<|call|>',
-    "<|channel|>final<|message|>5<|return|>",
-    "<|channel|>final<|message|>I think <answer>Paris</answer><|return|>",
+#: Valid calls of the core env's tools, written out by each variant's parser.
+CORE_CALLS = [
+    ("add", {"a": 2, "b": 3}),
+    ("lookup", {"query": "paris", "topk": 1}),
+    ("box", {"bbox": [0, 0, 2, 3], "units": "pixels"}),
 ]
+CORE_ANSWERS = ["<answer>5</answer>", "I think the answer is <answer>Paris</answer>"]
+
+# Hand-written actions in formats with more than one way to say a thing.
+CORE_HAND_WRITTEN = {
+    "harmony": [
+        "<|channel|>analysis<|message|>Add them.<|end|>"
+        '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>',
+        '<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{"query": "paris", "topk": 1}',
+        '<|channel|>commentary to=functions.box<|message|>{"bbox": [0, 0, 2, 3], "units": "pixels"}<|call|>',
+        "<|channel|>final<|message|>5<|return|>",
+        "<|channel|>final<|message|>I think <answer>Paris</answer><|return|>",
+    ],
+}
 
 
-CORE_QWEN3_XML_CORPUS = [
-    "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>\n</tool_call>",
-    "<tool_call>\n<function=lookup>\n<parameter=query>\nparis\n</parameter>\n<parameter=topk>\n1\n</parameter>\n"
-    "</function>\n</tool_call>",
-    "<tool_call>\n<function=box>\n<parameter=bbox>\n[0, 0, 2, 3]\n</parameter>\n<parameter=units>\npixels\n"
-    "</parameter>\n</function>\n</tool_call>",
-    "<answer>5</answer>",
-    "I think the answer is <answer>Paris</answer>",
-]
+def core_corpus(name: str) -> list[str]:
+    """Valid actions for the core env `name` (CORE or a CORE_VARIANTS key)."""
+    if name == CORE:
+        return list(CORE_CORPUS)
+    parser = toolenv.parsers.get_parser(CORE_VARIANTS[name])
+    written = [parser.format_call(tool_name, args, f"call_{i}") for i, (tool_name, args) in enumerate(CORE_CALLS)]
+    assert all(written), f"{parser.name} cannot write the core env's calls"
+    return [*(w for w in written if w), *CORE_HAND_WRITTEN.get(parser.name, []), *CORE_ANSWERS]
 
 
 def env_names() -> list[str]:
@@ -110,8 +122,8 @@ def env_names() -> list[str]:
 
 def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
     """Build env `name` (a registry name) with `overrides` passed to its factory."""
-    if name in (CORE, CORE_HARMONY, CORE_QWEN3_XML):
-        parser = {CORE_HARMONY: "harmony", CORE_QWEN3_XML: "qwen3_xml"}.get(name, "hermes")
+    if name == CORE or name in CORE_VARIANTS:
+        parser = CORE_VARIANTS.get(name, "hermes")
         kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": parser}
         kwargs.update(overrides)
         return toolenv.ToolEnv(**kwargs)
@@ -122,7 +134,7 @@ def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
 
 def oracle(name: str) -> Any:
     """The env's oracle, or None (the core env has none)."""
-    if name in (CORE, CORE_HARMONY, CORE_QWEN3_XML):
+    if name == CORE or name in CORE_VARIANTS:
         return None
     try:
         return registry.load("oracles", name)

@@ -22,13 +22,10 @@ from rel_fuzz import FRAGMENTS, Mutator, StepStats, check_step, format_call, nea
 from rel_support import (
     CHEAP,
     CORE,
-    CORE_CORPUS,
-    CORE_HARMONY,
-    CORE_HARMONY_CORPUS,
-    CORE_QWEN3_XML,
-    CORE_QWEN3_XML_CORPUS,
+    CORE_VARIANTS,
     FUZZ_ACTIONS,
     SANDBOX_ONLY,
+    core_corpus,
     env_names,
     make_env,
     oracle,
@@ -37,7 +34,7 @@ from rel_support import (
 import toolenv
 from toolenv.parsers import CodeBlockParser
 
-ENVS = [*env_names(), CORE_HARMONY, CORE_QWEN3_XML]
+ENVS = [*env_names(), *CORE_VARIANTS]
 # The built-in plugins' envs; CI installs them all, a partial install skips the missing ones.
 BUILT_IN = ["Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "Spider-v0", "VisualSearch-v0"]
 LANES = 4  # concurrent episodes per env: the code sandbox runs blocks in parallel
@@ -55,8 +52,7 @@ def test_rel_built_in_env_is_fuzzed(name: str) -> None:
 
 def corpus_for(name: str, env: toolenv.ToolEnv, tasks: int = 6) -> list[str]:
     """Valid actions (the oracle's, or the core env's list) plus near-valid schema-built calls."""
-    corpora = {CORE: CORE_CORPUS, CORE_HARMONY: CORE_HARMONY_CORPUS, CORE_QWEN3_XML: CORE_QWEN3_XML_CORPUS}
-    actions = list(corpora.get(name, []))
+    actions = core_corpus(name) if name == CORE or name in CORE_VARIANTS else []
     policy = oracle(name)
     if policy is not None:
         for i in range(tasks):
