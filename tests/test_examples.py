@@ -109,3 +109,29 @@ def test_qwen3_xml_example() -> None:
     )
     assert "'<tool_response>\\nAnn\\nCy\\n</tool_response>'" in out.stdout
     assert "reward=1.0 terminated=True" in out.stdout
+
+
+def test_llama3_json_example() -> None:
+    out = run(str(EXAMPLES / "llama3_json_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "You have access to the following functions." in out.stdout  # Meta's tool prompt
+    assert "--- call_1 get_weather({'city': 'Oslo'})" in out.stdout
+    assert '\'{"output": "21 C"}\\n{"output": "9 C"}\'' in out.stdout
+    assert "reward=1.0 terminated=True answer='12'" in out.stdout
+
+
+def test_pythonic_example() -> None:
+    out = run(str(EXAMPLES / "pythonic_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "[func_name1(params_name1=params_value1" in out.stdout  # the Llama format line
+    assert "--- call_1: population({'city': 'Lyon'})" in out.stdout
+    assert "reward=1.0 terminated=True answer='2615925'" in out.stdout
+
+
+def test_mistral_example() -> None:
+    out = run(str(EXAMPLES / "mistral_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert '[AVAILABLE_TOOLS][{"type": "function"' in out.stdout
+    assert "'[TOOL_RESULTS]call00000[TOOL_CONTENT]212 F[/TOOL_RESULTS]'" in out.stdout
+    assert "'[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]100 C[/TOOL_RESULTS]'" in out.stdout
+    assert "reward=1.0 terminated=True answer='212'" in out.stdout

@@ -48,7 +48,7 @@ class ToolEnv(gym.Env[str, str]):
         tools: the tools the model may call.
         tasks: Tasks, dicts, or a JSONL path.
         parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`,
-            `qwen3_xml`).
+            `qwen3_xml`, `llama3_json`, `pythonic`, `mistral`).
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.

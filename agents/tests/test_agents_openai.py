@@ -230,3 +230,31 @@ def test_render_tool_calls_for_each_parser() -> None:
     ]
     # A call the tag format cannot write falls back to a Hermes block.
     assert render_tool_calls("", two, get_parser("tags")).endswith("</tool_call>")
+
+
+@toolenv.tool(name="search")
+def _search(query: str, k: int) -> str:
+    """Search."""
+    return query * k
+
+
+@toolenv.tool(name="add")
+def _add(a: int, b: list[int]) -> str:
+    """Add."""
+    return str(a + sum(b))
+
+
+@pytest.mark.parametrize("spec", ["hermes", "harmony", "qwen3_xml", "llama3_json", "pythonic", "mistral"])
+def test_native_calls_rendered_in_a_model_format_parse_back(spec: str) -> None:
+    """A server's native calls (two, after some text) written in the env's format are read back
+    by that format's parser as the same calls, in order."""
+    two = [
+        {"name": "search", "arguments": {"query": "paris", "k": 2}, "id": "abcdefghi"},
+        {"name": "add", "arguments": {"a": 1, "b": [2, 3]}, "id": "bcdefghij"},
+    ]
+    parser = get_parser(spec).bind([_search, _add])  # bound, as an env binds it (Qwen3-XML reads types)
+    text = render_tool_calls("Let me check.", two, parser)
+    assert "<tool_call>" not in text or spec in ("hermes", "qwen3_xml")  # no Hermes fallback
+    action = parser.parse(text)
+    assert action.errors == []
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [(c["name"], c["arguments"]) for c in two]

@@ -67,7 +67,7 @@ def python(code: str) -> str:
     return f"ran {len(code)} chars"
 
 
-@pytest.fixture(scope="module", params=["hermes", "tags", "codeblock"])
+@pytest.fixture(scope="module", params=["hermes", "tags", "codeblock", "llama3_json", "pythonic", "mistral"])
 def env(request: pytest.FixtureRequest) -> Iterator[toolenv.ToolEnv]:
     e = toolenv.ToolEnv(
         tools=[add, search, python],

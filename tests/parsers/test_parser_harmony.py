@@ -160,7 +160,7 @@ json_values = st.recursive(
 @given(st.lists(st.tuples(names, st.dictionaries(strings, json_values, max_size=4)), min_size=1, max_size=3))
 def test_format_call_round_trips(calls: list[tuple[str, dict[str, Any]]]) -> None:
     """What a parser writes with format_call (an agent rendering native calls) it reads back."""
-    for spec in ("harmony", "hermes"):
+    for spec in ("harmony", "hermes", "llama3_json", "mistral"):  # pythonic: its own test (names are identifiers)
         parser = get_parser(spec)
         text = "".join(parser.format_call(n, a) or "" for n, a in calls)
         action = parser.parse(text)

@@ -24,6 +24,9 @@ PARSERS = [
     get_parser("codeblock"),
     get_parser("harmony"),
     get_parser("qwen3_xml"),
+    get_parser("llama3_json"),
+    get_parser("pythonic"),
+    get_parser("mistral"),
 ]
 
 FRAGMENTS = [
@@ -56,6 +59,22 @@ FRAGMENTS = [
     "</function>",
     "<parameter=",
     "</parameter>",
+    "<|python_tag|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    ";",
+    '{"name":',
+    '"parameters":',
+    "[f(",
+    "x=",
+    "'''",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|eot|>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "</s>",
     "```python\n",
     "```py\n",
     "```",
@@ -141,6 +160,13 @@ def huge(draw: st.DrawFn) -> str:
                 "<|channel|>",
                 "<|channel|>commentary to=functions.x<|message|>{",
                 "<|start|>",
+                '{"name":',
+                "<|python_tag|>{",
+                "[a(",
+                "[f(x='''",
+                "[TOOL_CALLS]",
+                "[TOOL_CALLS][",
+                "[TOOL_CALLS]f[ARGS]{",
             ]
         )
     )

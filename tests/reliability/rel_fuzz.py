@@ -32,6 +32,8 @@ FRAGMENTS = [
     "<|start|>", "<|channel|>", "<|message|>", "<|call|>", "<|end|>", "<|return|>", "<|constrain|>",
     "assistant", "commentary", "final", "analysis", " to=functions.", "to=", "json",
     "<function=", "</function>", "<parameter=", "</parameter>", ">",
+    '<|python_tag|>', '{"name": ', '"parameters": ', '; ', '<|eom_id|>', '[f(', 'x=',
+    "'''", '<|python_start|>', '<|python_end|>', '[TOOL_CALLS]', '[ARGS]', '[CALL_ID]', '</s>',
 ]  # fmt: skip
 
 

@@ -4,6 +4,9 @@ from toolenv.parsers.base import ActionParser, get_parser, parser_names
 from toolenv.parsers.codeblock import CodeBlockParser
 from toolenv.parsers.harmony import HarmonyParser
 from toolenv.parsers.hermes import HermesParser
+from toolenv.parsers.llama3_json import Llama3JSONParser
+from toolenv.parsers.mistral import MistralParser
+from toolenv.parsers.pythonic import PythonicParser
 from toolenv.parsers.qwen3_xml import Qwen3XMLParser
 from toolenv.parsers.tags import TagParser
 
@@ -12,6 +15,9 @@ __all__ = [
     "CodeBlockParser",
     "HarmonyParser",
     "HermesParser",
+    "Llama3JSONParser",
+    "MistralParser",
+    "PythonicParser",
     "Qwen3XMLParser",
     "TagParser",
     "get_parser",

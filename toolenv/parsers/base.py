@@ -103,8 +103,8 @@ def parser_names() -> list[str]:
 
 
 def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
-    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`) or
-    the parser itself.
+    """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`,
+    `llama3_json`, `pythonic`, `mistral`) or the parser itself.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
