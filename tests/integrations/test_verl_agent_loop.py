@@ -106,6 +106,22 @@ async def test_wrong_answer_and_tool_error_keep_the_same_keys(scripted_server, m
     assert info["answered"] == 1.0
 
 
+async def test_a_turn_that_calls_nothing_is_answered_as_the_user(tiny_tokenizer, scripted_server, make_loop):
+    """Results that answer no call (a parse error, no action) go back as a user message, not a
+    tool message without a call id (which templates pairing results with calls reject)."""
+    broken = '<tool_call>\n{"name": "calculator", "arguments": \n</tool_call>'
+    server = scripted_server([broken, "I am not sure.", CALL, "The answer is <answer>42</answer>"])
+    loop = make_loop(server, max_turns=10)
+    out = await loop.run({}, **await _row())
+    roles = [m["role"] for m in loop.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert "not valid JSON" in loop.messages[3]["content"] and "tool_call_id" not in loop.messages[3]
+    assert "No tool call and no final answer" in loop.messages[5]["content"]
+    assert loop.messages[7]["content"] == "42" and loop.messages[7]["tool_call_id"] == "call_0"
+    assert out.reward_score == 1.0
+    _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
+
+
 async def test_stops_at_max_turns_without_appending_the_last_observation(tiny_tokenizer, scripted_server, make_loop):
     server = scripted_server([CALL])
     loop = make_loop(server, max_turns=2)

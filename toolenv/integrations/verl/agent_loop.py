@@ -70,7 +70,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         observation_role: `"tool"` (one tool message per tool result; the chat template
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
             formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
-            chat templates have tool messages (hermes, harmony, qwen3_xml), `"user"` otherwise.
+            chat templates have tool messages (hermes, harmony, qwen3_xml, llama3_json,
+            pythonic, mistral), `"user"` otherwise; results that answer no call go as a user message.
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
@@ -290,7 +291,16 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         """The turn's observation as chat messages (tool or user role) plus any images in it."""
         role = self.observation_role or ("tool" if env.parser.tool_messages else "user")
         if role == "tool":
-            pairs = [chat_message(m) for m in step["messages"] if m.role == "tool"]
+            replies = [m for m in step["messages"] if m.role == "tool"]
+            pairs = [chat_message(m) for m in replies if m.tool_call_id]
+            # Parse errors and "no tool call" answer no call, so they carry no call id, and
+            # templates that pair results with calls (Mistral's) reject a tool message without
+            # one: the env says them as the user, as the OpenAI agent sends them.
+            unanswered = [m for m in replies if not m.tool_call_id]
+            if unanswered:
+                text = "\n".join(m.content for m in unanswered)
+                images = [im for m in unanswered for im in m.images]
+                pairs.append(chat_message(Message(role="user", content=text, images=images)))
             return [p[0] for p in pairs], [im for p in pairs for im in p[1]]
         results: list[ToolResult] = step["tool_results"]
         obs = env.parser.format_results(results) if results else ""
