@@ -30,6 +30,7 @@ WORKSPACE = [
     "plugins/sql",
     "plugins/code",
     "plugins/vision",
+    "plugins/mcp",
     "agents",
 ]
 # The same distributions with the extras the test suite exercises (verl, DuckDB, ddgs, ...).
@@ -39,6 +40,7 @@ TEST_WORKSPACE = [
     "plugins/sql[duckdb]",
     "plugins/code",
     "plugins/vision",
+    "plugins/mcp[images]",
     "agents[transformers]",
 ]
 # verl must not pull a multi-GB CUDA torch: this CPU build is pinned and installed first.

@@ -40,7 +40,14 @@ def test_api_reference_covers_the_public_api() -> None:
         covered.update(getattr(importlib.import_module(package), "__all__", ()))
     public = {
         package: importlib.import_module(package).__all__
-        for package in ("toolenv", "toolenv.integrations.verl", "toolenv_search", "toolenv_sql", "toolenv_code")
+        for package in (
+            "toolenv",
+            "toolenv.integrations.verl",
+            "toolenv_search",
+            "toolenv_sql",
+            "toolenv_code",
+            "toolenv_mcp",
+        )
     }
     missing = [f"{p}.{n}" for p, names in public.items() for n in names if n != "__version__" and n not in covered]
     assert not missing, f"public names missing from docs/api.md: {missing}"

@@ -36,7 +36,7 @@ from toolenv.parsers import CodeBlockParser
 
 ENVS = [*env_names(), *CORE_VARIANTS]
 # The built-in plugins' envs; CI installs them all, a partial install skips the missing ones.
-BUILT_IN = ["Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "Spider-v0", "VisualSearch-v0"]
+BUILT_IN = ["Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "MCP-v0", "Spider-v0", "VisualSearch-v0"]
 LANES = 4  # concurrent episodes per env: the code sandbox runs blocks in parallel
 
 

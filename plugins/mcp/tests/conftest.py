@@ -1,0 +1,122 @@
+"""Fixtures of the MCP plugin tests: real MCP servers (mcp_test_server.py) over stdio and over HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from toolenv import Tool
+from toolenv_mcp import MCPServer, mcp_tools
+
+SERVER_SCRIPT = Path(__file__).resolve().with_name("mcp_test_server.py")
+
+
+def stdio_server(name: str = "calc", **env: str) -> MCPServer:
+    """The test server over stdio; distinct `env` values make distinct servers (own processes)."""
+    return MCPServer(name=name, command=sys.executable, args=(str(SERVER_SCRIPT),), env=env)
+
+
+def close_tools(tools: Iterable[Tool]) -> None:
+    async def go() -> None:
+        for t in tools:
+            await t.close()
+
+    asyncio.run(go())
+
+
+class Procs:
+    """Watching server processes: psutil when installed, else /proc."""
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        """True while the process runs (a zombie counts as gone)."""
+        try:
+            import psutil
+        except ImportError:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except FileNotFoundError:
+                return False
+            except OSError:  # pragma: no cover - no /proc: not Linux
+                pytest.skip("needs psutil or /proc to watch processes")
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        try:
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return False
+
+    def wait_gone(self, pid: int, within: float = 10.0) -> bool:
+        """Poll until the process is gone (for ends that happen in the background)."""
+        deadline = time.monotonic() + within
+        while self.alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+
+@pytest.fixture
+def procs() -> Procs:
+    return Procs()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MCPServer]:
+    """The stdio test server, kept running for the module by an anchor set of tools."""
+    srv = stdio_server("calc", TOOLENV_MCP_TEST="shared")
+    anchor = mcp_tools(srv, include=["pid"])
+    yield srv
+    close_tools(anchor)
+
+
+@pytest.fixture
+def fresh_server(request: pytest.FixtureRequest) -> Callable[..., MCPServer]:
+    """A factory of stdio servers with their own process (unique to the test)."""
+    count = 0
+
+    def make(name: str = "calc", **env: str) -> MCPServer:
+        nonlocal count
+        count += 1
+        return stdio_server(name, TOOLENV_MCP_TEST=f"{request.node.nodeid}#{count}", **env)
+
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def http_url() -> Iterator[str]:
+    """The test server over streamable HTTP on 127.0.0.1, as a subprocess; yields its endpoint URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", str(port)], env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the HTTP test server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("the HTTP test server did not start") from None
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/mcp"
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

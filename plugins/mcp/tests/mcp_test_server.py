@@ -1,0 +1,146 @@
+"""A small MCP server for the tests, run as a subprocess: over stdio by default, or
+`--http PORT` for streamable HTTP on 127.0.0.1.
+
+`MCP_TEST_REFUSE_IF=<path>`: exit at start while that file exists (a server that cannot restart).
+Written for the MCP SDK 1.x (`FastMCP`) and 2.x (`MCPServer`, its new name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import sys
+import zlib
+from typing import Any
+
+import mcp.types as types
+
+try:  # mcp 2.x
+    from mcp.server.mcpserver import MCPServer as FastMCP
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError:  # mcp 1.x
+    from mcp.server.fastmcp import FastMCP  # type: ignore[no-redef, attr-defined, unused-ignore]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+refuse = os.environ.get("MCP_TEST_REFUSE_IF")
+if refuse and os.path.exists(refuse):
+    print("mcp_test_server: refusing to start", file=sys.stderr)
+    sys.exit(2)
+
+app = FastMCP("toolenv-test", log_level="WARNING")
+CALLS = 0  # tool calls served, so tests can show invalid arguments never arrived
+
+
+def _count() -> None:
+    global CALLS
+    CALLS += 1
+
+
+def _png(width: int, height: int) -> bytes:
+    """A red RGB PNG, built by hand (the server needs no Pillow)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@app.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    _count()
+    return a + b
+
+
+@app.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    _count()
+    return text
+
+
+@app.tool()
+def fail(message: str = "it broke") -> str:
+    """Always raise an error."""
+    _count()
+    raise ToolError(f"fail: {message}")
+
+
+@app.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep, then say so."""
+    _count()
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@app.tool()
+def image(width: int = 2, height: int = 3) -> types.CallToolResult:
+    """A PNG image of the given size."""
+    _count()
+    import base64
+
+    data = base64.b64encode(_png(width, height)).decode()
+    return types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": "an image:"}, {"type": "image", "data": data, "mimeType": "image/png"}]}
+    )
+
+
+@app.tool()
+def structured() -> types.CallToolResult:
+    """Structured content and no text."""
+    _count()
+    return types.CallToolResult.model_validate({"content": [], "structuredContent": {"answer": 42, "unit": "m"}})
+
+
+@app.tool()
+def resources() -> types.CallToolResult:
+    """An embedded text resource and a resource link."""
+    _count()
+    return types.CallToolResult.model_validate(
+        {
+            "content": [
+                {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "hi"}},
+                {"type": "resource_link", "uri": "file:///big.csv", "name": "big.csv"},
+            ]
+        }
+    )
+
+
+@app.tool()
+def die() -> str:
+    """Kill this server process."""
+    os._exit(3)
+
+
+@app.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@app.tool()
+def calls() -> int:
+    """How many calls of the other tools this process has served."""
+    return CALLS
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 2 and argv[0] == "--http":
+        port = int(argv[1])
+        run: Any = app.run
+        settings: Any = app.settings
+        if hasattr(settings, "port"):  # mcp 1.x: host and port are settings
+            settings.host, settings.port = "127.0.0.1", port
+            run("streamable-http")
+        else:
+            run("streamable-http", host="127.0.0.1", port=port)
+    else:
+        app.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

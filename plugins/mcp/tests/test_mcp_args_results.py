@@ -1,0 +1,170 @@
+"""The two pure halves of an MCP tool: JSON-schema `Args` models and `CallToolResult` conversion."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+from toolenv_mcp import results
+from toolenv_mcp.args import args_model, arguments_of
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string"},
+        "limit": {"type": "integer", "minimum": 1},
+        "filters": {"type": "object", "properties": {"year": {"type": "integer"}}},
+    },
+    "required": ["query"],
+}
+
+
+def errors(model: Any, arguments: Any) -> list[tuple[tuple[Any, ...], str]]:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(arguments)
+    return [(e["loc"], e["msg"]) for e in info.value.errors()]
+
+
+def test_arguments_are_checked_against_the_json_schema() -> None:
+    model = args_model("search", SCHEMA)
+    assert list(model.model_fields) == ["query", "limit", "filters"]
+    args = model.model_validate({"query": "q", "filters": {"year": 2020}})
+    assert arguments_of(args) == {"query": "q", "filters": {"year": 2020}}  # as sent: no defaults added
+    assert args.query == "q" and args.limit is None  # type: ignore[attr-defined]
+    assert errors(model, {"limit": 0}) == [
+        (("limit",), "0 is less than the minimum of 1"),
+        (("query",), "Field required"),
+    ]
+    assert errors(model, {"query": 3}) == [(("query",), "3 is not of type 'string'")]
+    assert errors(model, {"query": "q", "filters": {"year": "x"}}) == [
+        (("filters", "year"), "'x' is not of type 'integer'")
+    ]
+    assert errors(model, {"query": "q", "page": 2}) == [(("page",), "unknown argument")]
+    assert errors(model, ["q"]) == [((), "arguments must be a JSON object")]
+
+
+def test_extra_arguments_only_when_the_schema_says_so() -> None:
+    open_schema = {**SCHEMA, "additionalProperties": True}
+    model = args_model("search", open_schema)
+    assert arguments_of(model.model_validate({"query": "q", "page": 2})) == {"query": "q", "page": 2}
+    closed = args_model("search", {**SCHEMA, "additionalProperties": {"type": "integer"}})
+    assert errors(closed, {"query": "q", "page": "x"}) == [(("page",), "'x' is not of type 'integer'")]
+
+
+def test_awkward_property_names_keep_their_names_on_the_wire() -> None:
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in ("json", "model_config", "_hidden", "file-path", "class")},
+    }
+    model = args_model("odd", schema)
+    sent = {"json": 1, "model_config": 2, "_hidden": 3, "file-path": 4, "class": 5}
+    assert arguments_of(model.model_validate(sent)) == sent
+    assert errors(model, {"json": "x"}) == [(("json",), "'x' is not of type 'integer'")]
+
+
+def test_an_invalid_schema_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid JSON schema"):
+        args_model("bad", {"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+
+
+async def test_the_caller_reports_bad_arguments_as_for_its_own_tools() -> None:
+    from toolenv import Tool
+
+    class Fake(Tool):
+        name = "search"
+        Args = args_model("search", SCHEMA)
+
+        async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=repr(arguments_of(args)))
+
+    caller = ToolCaller([Fake()])
+    ctx = ToolContext(Task())
+    calls = [
+        ToolCall(name="search", arguments={"query": "q", "limit": 2}),
+        ToolCall(name="search", arguments={"query": "q", "pages": 2}),
+        ToolCall(name="search", arguments={"limit": "2"}),
+    ]
+    out, _ = await caller.invoke(calls, ctx)
+    assert out[0].text == "{'query': 'q', 'limit': 2}" and not out[0].is_error
+    assert out[1].is_error and out[1].text == (
+        "Invalid arguments for tool 'search': unknown argument(s) 'pages'. Expected arguments: query, limit, filters."
+    )
+    assert out[2].is_error and out[2].text == (
+        "Invalid arguments for tool 'search': limit: '2' is not of type 'integer'; query: Field required. "
+        "Expected arguments: query, limit, filters."
+    )
+
+
+def png(width: int, height: int) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), "red").save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def convert(result: dict[str, Any]) -> ToolResult:
+    return results.to_tool_result(result, tool="t", server="srv")
+
+
+def test_text_images_resources_and_links() -> None:
+    pytest.importorskip("PIL")
+    out = convert(
+        {
+            "content": [
+                {"type": "text", "text": "first"},
+                {"type": "image", "data": png(4, 2), "mimeType": "image/png"},
+                {"type": "resource", "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "text": "body"}},
+                {"type": "resource", "resource": {"uri": "file:///b.png", "mimeType": "image/png", "blob": png(1, 1)}},
+                {"type": "resource", "resource": {"uri": "file:///c.bin", "blob": "AAAA"}},
+                {"type": "resource_link", "uri": "file:///d.csv", "name": "d.csv"},
+                {"type": "audio", "data": "AAAA", "mimeType": "audio/wav"},
+                {"type": "hologram"},
+            ]
+        }
+    )
+    assert out.text.split("\n") == [
+        "first",
+        "body",
+        "[resource file:///c.bin (binary) omitted: toolenv passes text and images]",
+        "[resource link: file:///d.csv (d.csv)]",
+        "[audio/wav audio omitted: toolenv passes text and images]",
+        "[content of type 'hologram' omitted]",
+    ]
+    assert [(im.width, im.height, im.mime) for im in out.images] == [(4, 2, "image/png"), (1, 1, "image/png")]
+    assert not out.is_error and out.metadata == {"mcp_server": "srv", "mcp_tool": "t"}
+
+
+def test_images_without_pillow_become_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results, "_pillow", lambda: None)
+    out = convert({"content": [{"type": "image", "data": base64.b64encode(b"\x89PNG...").decode()}]})
+    assert out.images == []
+    assert out.text == "[image/png image of 7 bytes omitted: install toolenv-mcp[images] (Pillow) to receive images]"
+
+
+def test_undecodable_images_become_a_note() -> None:
+    pytest.importorskip("PIL")
+    assert convert({"content": [{"type": "image", "data": "not base64!", "mimeType": "image/png"}]}).text == (
+        "[image/png image omitted: its data is not valid base64]"
+    )
+    junk = base64.b64encode(b"not an image").decode()
+    assert convert({"content": [{"type": "image", "data": junk, "mimeType": "image/jpeg"}]}).text == (
+        "[image/jpeg image of 12 bytes omitted: it could not be decoded]"
+    )
+
+
+def test_structured_content_and_errors() -> None:
+    out = convert({"content": [], "structuredContent": {"b": [1, 2], "a": "é"}})
+    assert out.text == '{"b": [1, 2], "a": "é"}' and out.metadata["structured_content"] == {"b": [1, 2], "a": "é"}
+    both = convert({"content": [{"type": "text", "text": "3"}], "structuredContent": {"result": 3}})
+    assert both.text == "3" and both.metadata["structured_content"] == {"result": 3}
+    failed = convert({"content": [{"type": "text", "text": "no such city"}], "isError": True})
+    assert failed.is_error and failed.text == "no such city" and not failed.retryable
+    silent = convert({"content": [], "isError": True})
+    assert silent.is_error and silent.text == "Tool 't' failed (MCP server 'srv' gave no message)."
+    assert convert({"content": []}).text == ""

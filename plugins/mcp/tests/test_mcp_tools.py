@@ -1,0 +1,262 @@
+"""`mcp_tools` against a real MCP server over stdio: listing, validation, results, faults, process lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+from toolenv.checker import check_tool_rejects_bad_arguments, check_tool_schema
+from toolenv_mcp import MCPServer, MCPServerError, MCPTool, amcp_tools, connection, mcp_tools
+
+ALL = ["add", "echo", "fail", "sleep", "image", "structured", "resources", "die", "pid", "calls"]
+Factory = Callable[..., MCPServer]
+
+
+async def call(tools: list[MCPTool], name: str, **arguments: Any) -> ToolResult:
+    """One call through toolenv's caller, as an env makes it (validation, limits, guard)."""
+    [result], _ = await ToolCaller(tools).invoke([ToolCall(name=name, arguments=arguments)], ToolContext(Task()))
+    return result
+
+
+async def close(tools: list[MCPTool]) -> None:
+    for t in tools:
+        await t.close()
+
+
+async def pid_of(tools: list[MCPTool]) -> int:
+    result = await call(tools, "pid")
+    assert not result.is_error, result.text
+    return int(result.text)
+
+
+async def test_listing_names_descriptions_and_the_servers_schema(server: MCPServer) -> None:
+    tools = await amcp_tools(server)
+    try:
+        assert [t.name for t in tools] == ALL
+        add = tools[0]
+        assert isinstance(add, MCPTool) and add.mcp_name == "add" and add.server == server
+        assert add.description == "Add two integers."
+        assert add.schema() == {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two integers.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+        assert add.input_schema["properties"]["a"] == {"title": "A", "type": "integer"}  # the server's, verbatim
+        assert add.flat_schema()["function"]["parameters"]["properties"]["b"] == {"type": "integer"}
+        for t in tools:
+            check_tool_schema(t)
+        await asyncio.to_thread(check_tool_rejects_bad_arguments, add)
+    finally:
+        await close(tools)
+
+
+def test_include_exclude_and_prefix(server: MCPServer) -> None:
+    tools = mcp_tools(server, include=["add", "e*"], prefix="calc_")
+    assert [t.name for t in tools] == ["calc_add", "calc_echo"]
+    assert [t.mcp_name for t in tools] == ["add", "echo"]
+    others = mcp_tools(server, exclude=["die", "s*", "calc_[ae]*"], prefix="calc_")  # MCP or prefixed names
+    assert [t.name for t in others] == ["calc_fail", "calc_image", "calc_resources", "calc_pid", "calc_calls"]
+    named = mcp_tools(server, include="add", prefix_server_names=True)
+    assert [t.name for t in named] == ["calc__add"]
+    with pytest.raises(ValueError, match=r"include='ad' matches no MCP tool \(the servers have: add, calls, die"):
+        mcp_tools(server, include=["ad"])
+    with pytest.raises(ValueError, match="exclude='nope' matches no MCP tool"):
+        mcp_tools(server, exclude=["nope"])
+    asyncio.run(close([*tools, *others, *named]))
+
+
+def test_name_collisions_suggest_a_prefix(server: MCPServer, fresh_server: Factory) -> None:
+    other = fresh_server("calc2")
+    with pytest.raises(ValueError, match=r"two MCP tools would be named 'add' \(servers 'calc' and 'calc2'\).*prefix_"):
+        mcp_tools({"calc": server, "calc2": other}, include=["add"])
+    tools = mcp_tools({"calc": server, "calc2": other}, include=["add"], prefix_server_names=True)
+    assert [t.name for t in tools] == ["calc__add", "calc2__add"]
+    results = asyncio.run(call(tools, "calc2__add", a=1, b=1))
+    assert results.text == "2"
+    asyncio.run(close(tools))
+
+
+async def test_calls_and_results(server: MCPServer) -> None:
+    tools = await amcp_tools(server)
+    try:
+        added = await call(tools, "add", a=2, b=3)
+        assert (added.text, added.is_error, added.name) == ("5", False, "add")
+        assert added.metadata == {"mcp_server": "calc", "mcp_tool": "add", "structured_content": {"result": 5}}
+        assert (await call(tools, "echo", text="héllo\nworld")).text == "héllo\nworld"
+        structured = await call(tools, "structured")
+        assert structured.text == '{"answer": 42, "unit": "m"}' and not structured.is_error
+        assert (await call(tools, "resources")).text == "hi\n[resource link: file:///big.csv (big.csv)]"
+        image = await call(tools, "image", width=5, height=7)
+        assert image.text.startswith("an image:")
+        if pytest.importorskip("PIL"):
+            assert [(im.width, im.height, im.mime) for im in image.images] == [(5, 7, "image/png")]
+            assert image.images[0].to_pil().getpixel((0, 0)) == (255, 0, 0)
+    finally:
+        await close(tools)
+
+
+async def test_invalid_arguments_never_reach_the_server(server: MCPServer) -> None:
+    tools = await amcp_tools(server)
+    try:
+        before = (await call(tools, "calls")).text
+        wrong = await call(tools, "add", a="two", b=3)
+        missing = await call(tools, "add", a=2)
+        unknown = await call(tools, "add", a=2, b=3, c=4)
+        assert wrong.is_error and wrong.text == (
+            "Invalid arguments for tool 'add': a: 'two' is not of type 'integer'. Expected arguments: a, b."
+        )
+        assert missing.is_error and missing.text == (
+            "Invalid arguments for tool 'add': b: Field required. Expected arguments: a, b."
+        )
+        assert unknown.is_error and unknown.text == (
+            "Invalid arguments for tool 'add': unknown argument(s) 'c'. Expected arguments: a, b."
+        )
+        assert (await call(tools, "calls")).text == before
+        await call(tools, "add", a=1, b=1)
+        assert int((await call(tools, "calls")).text) == int(before) + 1
+    finally:
+        await close(tools)
+
+
+async def test_a_failing_tool_is_an_error_observation(server: MCPServer) -> None:
+    tools = await amcp_tools(server, include=["fail", "add"])
+    try:
+        failed = await call(tools, "fail", message="no disk")
+        assert failed.is_error and not failed.retryable and "fail: no disk" in failed.text
+        assert (await call(tools, "add", a=1, b=2)).text == "3"
+    finally:
+        await close(tools)
+
+
+async def test_a_hanging_call_times_out_and_the_server_keeps_serving(server: MCPServer) -> None:
+    tools = await amcp_tools(server, include=["sleep", "add"], timeout=0.5)
+    assert tools[0].limits.timeout == 0.5
+    try:
+        start = time.monotonic()
+        hung = await call(tools, "sleep", seconds=30)
+        assert time.monotonic() - start < 5
+        assert hung.is_error and hung.retryable and hung.text.startswith("Tool 'sleep' timed out after 0.5 s")
+        assert (await call(tools, "add", a=4, b=4)).text == "8"
+        assert (await call(tools, "sleep", seconds=0)).text == "slept 0.0"
+    finally:
+        await close(tools)
+
+
+async def test_a_server_that_dies_mid_call_is_restarted(fresh_server: Factory, procs: Any) -> None:
+    tools = await amcp_tools(fresh_server(), include=["die", "pid", "add"])
+    try:
+        first = await pid_of(tools)
+        died = await call(tools, "die")
+        assert died.is_error and died.retryable
+        assert died.text == (
+            "MCP server 'calc' closed the connection during the call to 'die' (did it crash?); "
+            "it is restarted on the next call"
+        )
+        assert (await call(tools, "add", a=1, b=2)).text == "3"
+        second = await pid_of(tools)
+        assert second != first and procs.wait_gone(first)
+    finally:
+        await close(tools)
+    assert procs.wait_gone(second)
+
+
+async def test_a_server_killed_while_idle_is_restarted_before_the_next_call(fresh_server: Factory) -> None:
+    tools = await amcp_tools(fresh_server(), include=["pid", "add"])
+    try:
+        first = await pid_of(tools)
+        os.kill(first, signal.SIGKILL)
+        conn = tools[0]._conn
+        assert conn is not None
+        deadline = time.monotonic() + 10
+        while not conn._lost:  # the connection notices the end of the server's output by itself
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        result = await call(tools, "add", a=2, b=2)
+        assert (result.text, result.is_error) == ("4", False)
+        assert await pid_of(tools) != first
+    finally:
+        await close(tools)
+
+
+async def test_a_server_that_cannot_restart_gives_error_results(
+    fresh_server: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "refuse"
+    tools = await amcp_tools(fresh_server(MCP_TEST_REFUSE_IF=str(marker)), include=["die", "add"])
+    conn = tools[0]._conn
+    assert conn is not None
+    try:
+        marker.touch()
+        assert (await call(tools, "die")).retryable
+        again = await call(tools, "add", a=1, b=1)
+        assert again.is_error and again.retryable
+        assert again.text.startswith("MCP server 'calc' could not start: ")
+        starts = conn.starts
+        assert (await call(tools, "add", a=1, b=1)).text == again.text
+        assert conn.starts == starts  # within the cool-down the failure is reported, not retried
+        monkeypatch.setattr(connection, "RESTART_COOLDOWN", 0.0)
+        marker.unlink()
+        assert (await call(tools, "add", a=1, b=1)).text == "2"
+    finally:
+        await close(tools)
+
+
+def test_a_server_that_cannot_start_raises_one_readable_line() -> None:
+    missing = MCPServer(name="ghost", command="toolenv-mcp-no-such-command")
+    with pytest.raises(MCPServerError) as info:
+        mcp_tools(missing)
+    assert str(info.value).startswith("MCP server 'ghost' could not start: FileNotFoundError: ")
+    assert "\n" not in str(info.value)
+    quits = MCPServer(name="quits", command=sys.executable, args=["-c", "import sys; sys.exit(3)"])
+    with pytest.raises(MCPServerError, match=r"^MCP server 'quits' could not start: it closed the connection"):
+        mcp_tools(quits)
+    silent = MCPServer(
+        name="silent", command=sys.executable, args=["-c", "import time; time.sleep(30)"], startup_timeout=0.5
+    )
+    with pytest.raises(MCPServerError, match=r"could not start: no answer to the MCP handshake within 0.5 s"):
+        mcp_tools(silent)
+
+
+async def test_close_stops_the_process_and_a_later_call_starts_another(fresh_server: Factory, procs: Any) -> None:
+    tools = await amcp_tools(fresh_server(), include=["pid", "add"])
+    first = await pid_of(tools)
+    await tools[0].close()
+    assert procs.alive(first)  # `add` still holds the connection
+    await tools[1].close()
+    await tools[1].close()  # idempotent
+    assert not procs.alive(first)
+    second = await pid_of(tools)  # a closed tool reconnects when used again
+    assert second != first
+    await close(tools)
+    assert not procs.alive(second)
+
+
+def test_tools_dropped_without_close_let_the_process_go(fresh_server: Factory, procs: Any) -> None:
+    tools = mcp_tools(fresh_server(), include=["pid"])
+    pid = asyncio.run(pid_of(tools))
+    del tools
+    gc.collect()
+    assert procs.wait_gone(pid)
+
+
+async def test_sync_listing_works_inside_a_running_loop(server: MCPServer) -> None:
+    tools = mcp_tools(server, include=["add"])  # blocks this loop briefly; the listing runs on the MCP loop
+    assert (await call(tools, "add", a=20, b=22)).text == "42"
+    await close(tools)

@@ -1,0 +1,143 @@
+"""`Args` models for MCP tools: validation by the server's own JSON schema.
+
+An MCP tool describes its arguments with a JSON schema, not a Pydantic model. Its
+`Args` model has one field per schema property, so toolenv's caller reports unknown
+argument names exactly as for its own tools ("Expected arguments: a, b"), and
+`model_validate` checks the arguments with `jsonschema` (the validator compiled once per
+tool), raising Pydantic's `ValidationError` so the model sees the usual message. Invalid
+arguments never reach the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jsonschema  # type: ignore[import-untyped, unused-ignore]  # stubs optional
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from typing_extensions import Self
+
+__all__ = ["MCPArgs", "accepts_extra_arguments", "args_model", "arguments_of"]
+
+_MAX_ERRORS = 5
+
+
+class MCPArgs(BaseModel):
+    """Base of every MCP tool's `Args`: the arguments as the model sent them, schema-checked."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    _arguments: dict[str, Any] | None = PrivateAttr(default=None)
+    _schema_validator: ClassVar[Any] = None
+    _known: ClassVar[frozenset[str] | None] = None  # property names; None: any name is accepted
+    _field_of: ClassVar[dict[str, str]] = {}  # property name -> field name, where they differ
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        """Check `obj` against the tool's JSON schema; raises `ValidationError` listing the problems."""
+        if isinstance(obj, cls):
+            return obj
+        if not isinstance(obj, Mapping):
+            raise _invalid(cls, [_custom("arguments must be a JSON object", (), obj)])
+        arguments = dict(obj)
+        errors: list[InitErrorDetails] = []
+        if cls._known is not None:
+            errors = [_custom("unknown argument", (k,), v) for k, v in arguments.items() if k not in cls._known]
+        if not errors and cls._schema_validator is not None:
+            errors = _schema_errors(cls._schema_validator, arguments)
+        if errors:
+            raise _invalid(cls, errors)
+        values = {cls._field_of.get(k, k): v for k, v in arguments.items()}
+        out = cls.model_construct(_fields_set=set(values) & set(cls.model_fields), **values)
+        out._arguments = arguments
+        return out
+
+
+class _OpenMCPArgs(MCPArgs):
+    """For schemas that allow properties they do not name (`additionalProperties`)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+def accepts_extra_arguments(schema: Mapping[str, Any]) -> bool:
+    """True when the schema explicitly allows arguments it does not name.
+
+    JSON Schema allows them by default, but a model inventing an argument should hear
+    about it (as with toolenv's own tools), so only an explicit `additionalProperties`
+    (true or a schema) or `patternProperties` opens the model.
+    """
+    extra = schema.get("additionalProperties")
+    return extra is True or isinstance(extra, dict) or bool(schema.get("patternProperties"))
+
+
+def args_model(tool_name: str, schema: Mapping[str, Any]) -> type[MCPArgs]:
+    """The `Args` model of the tool `tool_name` whose input schema is `schema`.
+
+    Raises:
+        ValueError: the schema is not a valid JSON schema.
+    """
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"its input schema is not a valid JSON schema: {exc.message}") from None
+    props = schema.get("properties")
+    names = list(props) if isinstance(props, Mapping) else []
+    open_ = accepts_extra_arguments(schema)
+    fields: dict[str, Any] = {}
+    field_of: dict[str, str] = {}
+    for prop in names:
+        field = _field_name(prop, fields)
+        fields[field] = (Any, None) if field == prop else (Any, Field(default=None, alias=prop))
+        if field != prop:
+            field_of[prop] = field
+    base = _OpenMCPArgs if open_ else MCPArgs
+    model = create_model(f"{tool_name}_args", __base__=base, **fields)
+    model._schema_validator = cls(schema)
+    model._known = None if open_ else frozenset(names)
+    model._field_of = field_of
+    return model
+
+
+def arguments_of(args: BaseModel) -> dict[str, Any]:
+    """The arguments to send: as the model wrote them, or the fields set on a model built directly."""
+    raw = args._arguments if isinstance(args, MCPArgs) else None
+    if raw is not None:
+        return raw
+    return args.model_dump(by_alias=True, exclude_unset=True)
+
+
+def _field_name(prop: str, taken: Mapping[str, Any]) -> str:
+    """`prop` itself where Pydantic allows it as a field name, else a close variant (with `prop` as alias)."""
+    name = prop
+    if name.startswith("_") or hasattr(MCPArgs, name) or name == "model_config":
+        name = "arg" + name if name.startswith("_") else name + "_"
+    while name in taken or hasattr(MCPArgs, name):
+        name += "_"
+    return name
+
+
+def _schema_errors(validator: Any, arguments: dict[str, Any]) -> list[InitErrorDetails]:
+    errors: list[InitErrorDetails] = []
+    missing: set[tuple[Any, ...]] = set()  # jsonschema reports `required` once per missing name
+    for err in validator.iter_errors(arguments):
+        path = tuple(err.absolute_path)
+        if err.validator == "required" and isinstance(err.instance, dict):
+            for name in err.validator_value:
+                loc = (*path, name)
+                if isinstance(name, str) and name not in err.instance and loc not in missing:
+                    missing.add(loc)
+                    errors.append({"type": "missing", "loc": loc, "input": err.instance})
+        else:
+            errors.append(_custom(err.message, path, err.instance))
+    errors.sort(key=lambda e: [str(p) for p in e["loc"]])  # by argument, whatever order jsonschema found them in
+    return errors[:_MAX_ERRORS]
+
+
+def _custom(message: str, loc: tuple[Any, ...], value: Any) -> InitErrorDetails:
+    return {"type": PydanticCustomError("mcp_schema", "{message}", {"message": message}), "loc": loc, "input": value}
+
+
+def _invalid(model: type[BaseModel], errors: list[InitErrorDetails]) -> ValidationError:
+    return ValidationError.from_exception_data(model.__name__, errors)

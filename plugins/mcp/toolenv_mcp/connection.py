@@ -1,0 +1,394 @@
+"""One MCP session per distinct server per process, shared and refcounted.
+
+Every tool object naming a server holds one reference to its `Connection`; the session
+(and, for stdio, the server process) is closed when the last reference is released, and
+at interpreter exit. The session lives on the background loop (`toolenv_mcp.loop`);
+every coroutine method here runs there.
+
+Faults: a server whose connection ends while idle is restarted by the next call; one
+that dies during a call fails that call with `MCPConnectionLost` (its outcome is
+unknown) and is restarted by the next. A server that cannot start fails with
+`MCPServerError`, and is not tried again for a second, so a vector env of a thousand
+episodes does not spawn a thousand doomed processes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from toolenv_mcp import loop
+from toolenv_mcp.config import MCPServer
+from toolenv_mcp.errors import MCPConnectionLost, MCPServerError
+
+__all__ = ["Connection", "acquire", "release"]
+
+_log = logging.getLogger("toolenv.mcp")
+
+#: JSON-RPC error code the MCP SDK gives calls whose connection closed.
+CONNECTION_CLOSED = -32000
+#: Seconds a failed start is reported again before the next attempt.
+RESTART_COOLDOWN = 1.0
+#: Seconds to wait for sessions (and their processes) to end on close and at exit.
+CLOSE_TIMEOUT = 10.0
+_MAX_PAGES = 1000
+
+
+class Connection:
+    """The live session to one server, restarted on demand. Use `acquire`/`release`."""
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.key = server.key
+        self.refs = 0
+        self.epoch = _epoch
+        self.starts = 0
+        self.closed = False
+        # Below: touched on the background loop only.
+        self._session: Any = None
+        self._lost = True
+        self._stop: asyncio.Event | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[Any] | None = None
+        self._failure: str | None = None
+        self._failed_at = 0.0
+        self._ending: set[asyncio.Task[None]] = set()
+
+    @property
+    def label(self) -> str:
+        return self.server.label
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.label!r} refs={self.refs} starts={self.starts}>"
+
+    # ------------------------------------------------------------------ requests
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool the server lists (all pages), in the wire format (`inputSchema`, ...)."""
+        from mcp import types
+
+        session = await self._live()
+        generation = self.starts
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(_MAX_PAGES):
+            try:
+                if cursor is None:
+                    result = await session.list_tools()
+                else:
+                    result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
+            except Exception as exc:  # classified and reworded below
+                raise self._failed(exc, generation, "listing its tools") from exc
+            page = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+            tools.extend(page.get("tools") or [])
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Call one tool; the `CallToolResult` in the wire format (`content`, `isError`, ...).
+
+        Raises:
+            MCPServerError: the server could not be started.
+            MCPConnectionLost: the connection ended during the call.
+            Exception: the server answered with a protocol error (e.g. an unknown tool).
+        """
+        session = await self._live()
+        generation = self.starts
+        try:
+            result = await session.call_tool(name, arguments)
+        except Exception as exc:  # classified and reworded below
+            raise self._failed(exc, generation, f"the call to '{name}'") from exc
+        dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return dumped
+
+    def _failed(self, exc: Exception, generation: int, during: str) -> Exception:
+        """The error to raise for `exc`: connection loss is marked for a restart, the rest passes."""
+        current = generation == self.starts  # else a newer session replaced this one meanwhile
+        if is_connection_error(exc) or not current or self._lost:
+            if current:
+                self._lost = True
+            return MCPConnectionLost(
+                f"MCP server {self.label!r} closed the connection during {during} (did it crash?); "
+                "it is restarted on the next call"
+            )
+        return exc
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _live(self) -> Any:
+        """The open session, starting (or restarting) it when there is none."""
+        if self.closed:
+            raise MCPServerError(f"MCP server {self.label!r}: its connection was closed")
+        if self._session is not None and not self._lost:
+            return self._session
+        starting = self._starting
+        if starting is None:
+            starting = self._starting = asyncio.get_running_loop().create_task(self._start())
+            starting.add_done_callback(_retrieve)
+        # Shielded: a caller's timeout must not abort a start other callers are waiting for.
+        return await asyncio.shield(starting)
+
+    async def _start(self) -> Any:
+        try:
+            self._retire()
+            if self._failure is not None and time.monotonic() - self._failed_at < RESTART_COOLDOWN:
+                raise MCPServerError(self._failure)
+            self.starts += 1
+            running = asyncio.get_running_loop()
+            ready: asyncio.Future[Any] = running.create_future()
+            ready.add_done_callback(_retrieve)
+            stop = asyncio.Event()
+            owner = running.create_task(self._own(self.starts, ready, stop))
+            try:
+                session = await asyncio.wait_for(asyncio.shield(ready), self.server.startup_timeout)
+            except BaseException as exc:  # a failed start, the handshake timing out, or close()
+                ready.cancel()
+                stop.set()
+                owner.cancel()
+                self._track(owner)
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise MCPServerError(
+                        f"MCP server {self.label!r} could not start: no answer to the MCP handshake "
+                        f"within {self.server.startup_timeout:g} s"
+                    ) from None
+                raise
+            self._session, self._stop, self._owner, self._lost = session, stop, owner, False
+            self._failure = None
+            return session
+        except MCPServerError as exc:
+            self._failure, self._failed_at = str(exc), time.monotonic()
+            raise
+        finally:
+            self._starting = None
+
+    async def _own(self, generation: int, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
+        """Open the transport and session, hand the session over, and hold both open until `stop`.
+
+        The transport's context managers must be entered and left in one task: this one.
+        """
+        from mcp import ClientSession
+
+        def lost() -> None:
+            if generation == self.starts:
+                self._lost = True
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await _open_transport(stack, self.server)
+                session = await stack.enter_async_context(ClientSession(_Watched(read, lost), write))
+                await session.initialize()
+                if ready.done():  # the start timed out or was abandoned meanwhile
+                    return
+                ready.set_result(session)
+                await stop.wait()
+        except Exception as exc:  # noqa: BLE001 - reported through `ready`, or logged
+            if not ready.done():
+                ready.set_exception(MCPServerError(f"MCP server {self.label!r} could not start: {_start_problem(exc)}"))
+            else:
+                _log.debug("MCP server %r: session ended with %s", self.label, describe(exc))
+        finally:
+            lost()
+
+    def _retire(self) -> None:
+        """Let the current (dead or unwanted) session wind down in the background."""
+        if self._stop is not None:
+            self._stop.set()
+        if self._owner is not None:
+            self._track(self._owner)
+        self._session, self._stop, self._owner, self._lost = None, None, None, True
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        if not task.done():
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+
+    async def aclose(self) -> None:
+        """Close the session for good; for stdio, the process is gone when this returns."""
+        self.closed = True
+        starting = self._starting
+        if starting is not None:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+        self._retire()
+        if self._ending:
+            _, pending = await asyncio.wait(set(self._ending), timeout=CLOSE_TIMEOUT)
+            for task in pending:  # a session that will not end politely
+                task.cancel()
+
+
+class _Watched:
+    """A transport's read stream that says when it ends: the server died or hung up.
+
+    That is how a server that died between calls is noticed before the next call is
+    sent to it. Everything else is delegated to the wrapped stream.
+    """
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def _open_transport(stack: contextlib.AsyncExitStack, server: MCPServer) -> tuple[Any, Any]:
+    """The (read, write) streams of the server's transport, entered on `stack`."""
+    streams: Any
+    if server.command is not None:
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        params = StdioServerParameters(
+            command=server.command, args=list(server.args), env=dict(server.env) or None, cwd=server.cwd
+        )
+        streams = await stack.enter_async_context(stdio_client(params))
+    else:
+        from mcp.client.streamable_http import streamable_http_client
+
+        client = None
+        if server.headers:
+            # The SDK's own client factory: mcp 1.x builds on httpx, 2.x on httpx2.
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            client = await stack.enter_async_context(create_mcp_http_client(headers=dict(server.headers)))
+        streams = await stack.enter_async_context(streamable_http_client(str(server.url), http_client=client))
+    return streams[0], streams[1]  # mcp 1.x adds a third item (a session-id getter)
+
+
+# ---------------------------------------------------------------------- errors
+def root_cause(exc: BaseException) -> BaseException:
+    """The first leaf of nested exception groups (anyio task groups wrap what went wrong)."""
+    while True:
+        inner = getattr(exc, "exceptions", None)
+        if not isinstance(inner, (list, tuple)) or not inner:
+            return exc
+        exc = next((e for e in inner if not isinstance(e, asyncio.CancelledError)), inner[0])
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when `exc` says the connection is gone (rather than the server refusing a request)."""
+    exc = root_cause(exc)
+    code = getattr(getattr(exc, "error", None), "code", None)
+    if code == CONNECTION_CLOSED:
+        return True
+    broken = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, EOFError)
+    return isinstance(exc, broken) or type(exc).__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of the root cause, on one line."""
+    exc = root_cause(exc)
+    msg = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _start_problem(exc: BaseException) -> str:
+    if is_connection_error(exc) and type(root_cause(exc)).__name__ != "ConnectError":
+        return "it closed the connection before the MCP handshake finished (did the process exit? see its stderr)"
+    return describe(exc)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (its awaiters may all have given up)."""
+    if not future.cancelled():
+        future.exception()
+
+
+# ---------------------------------------------------------------------- the shared registry
+_lock = threading.RLock()  # reentrant: a tool's finalizer may run (GC) while this thread holds it
+_connections: dict[str, Connection] = {}
+_closing: set[concurrent.futures.Future[None]] = set()  # released connections still winding down
+_epoch = 0
+
+
+def acquire(server: MCPServer) -> Connection:
+    """The connection to `server`, shared with every other user of it; one reference taken.
+
+    Nothing is started here: the session opens on first use.
+    """
+    with _lock:
+        conn = _connections.get(server.key)
+        if conn is None:
+            conn = _connections[server.key] = Connection(server)
+        conn.refs += 1
+        return conn
+
+
+def release(conn: Connection) -> concurrent.futures.Future[None] | None:
+    """Drop one reference; the last one closes the connection (the returned future ends with it)."""
+    with _lock:
+        if conn.epoch != _epoch:  # made before a fork: the parent owns it
+            return None
+        conn.refs -= 1
+        if conn.refs > 0 or _connections.get(conn.key) is not conn:
+            return None
+        del _connections[conn.key]
+        closing = loop.submit(conn.aclose())
+        _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+    return closing
+
+
+def is_current(conn: Connection) -> bool:
+    """False for a closed connection, or one made before this process was forked (the parent's)."""
+    return conn.epoch == _epoch and not conn.closed
+
+
+def _close_all() -> None:
+    """At exit: close every connection (terminating stdio servers), then stop the loop."""
+    with _lock:
+        conns = list(_connections.values())
+        _connections.clear()
+        pending = list(_closing)
+    if not loop.started():
+        return
+    futures = [*pending, *(loop.submit(c.aclose()) for c in conns)]
+    concurrent.futures.wait(futures, timeout=CLOSE_TIMEOUT)
+    loop.stop()
+
+
+def _forget_after_fork() -> None:
+    """A forked child does not own its parent's sessions or processes."""
+    global _lock, _connections, _closing, _epoch
+    _lock, _connections, _closing, _epoch = threading.RLock(), {}, set(), _epoch + 1
+
+
+atexit.register(_close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,306 @@
+"""`MCPTool`: one tool of an MCP server as a toolenv `Tool`; `mcp_tools` lists them.
+
+The schema the model sees is the server's own `inputSchema` (auto-generated `title`
+keys dropped, as for toolenv's tools); arguments are checked against it before anything
+is sent (`toolenv_mcp.args`). Calls go through the server's shared connection
+(`toolenv_mcp.connection`) on the background loop (`toolenv_mcp.loop`), under the
+tool's `ToolLimits` like any other tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import fnmatch
+import json
+import re
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+from toolenv import Tool, ToolContext, ToolLimits, ToolResult
+from toolenv_mcp import loop
+from toolenv_mcp.args import args_model, arguments_of
+from toolenv_mcp.config import MCPServer, load_servers
+from toolenv_mcp.connection import Connection, acquire, describe, is_current, release
+from toolenv_mcp.errors import MCPServerError
+from toolenv_mcp.results import to_tool_result
+
+__all__ = ["MCPTool", "Servers", "amcp_tools", "mcp_tools", "resolve_servers"]
+
+#: What `mcp_tools` and the env take as servers: one, several, or an `mcpServers` config (path or mapping).
+Servers = Union[MCPServer, Sequence[MCPServer], Mapping[str, Any], str, Path]  # noqa: UP007 - a runtime alias on 3.10
+
+
+class MCPTool(Tool):
+    """One tool of an MCP server, called through the connection shared by every user of the server.
+
+    Built by `mcp_tools` from the server's tool listing (`spec`: `name`, `description`,
+    `inputSchema`, ... as the server sent them). Holds one reference to the connection
+    until `close()`; a call after `close()` takes a new one.
+    """
+
+    def __init__(
+        self,
+        server: MCPServer,
+        spec: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        limits: ToolLimits | None = None,
+        **limit_overrides: Any,
+    ) -> None:
+        super().__init__(limits=limits, **limit_overrides)
+        mcp_name = spec.get("name")
+        if not isinstance(mcp_name, str) or not mcp_name:
+            raise ValueError(f"MCP server {server.label!r} listed a tool without a name: {dict(spec)!r:.200}")
+        schema = spec.get("inputSchema") or {"type": "object"}
+        if not isinstance(schema, Mapping):
+            raise ValueError(f"MCP tool {mcp_name!r} of server {server.label!r}: its inputSchema is not an object")
+        self.server = server
+        self.mcp_name = mcp_name
+        self.spec: dict[str, Any] = json.loads(json.dumps(spec))
+        self.input_schema: dict[str, Any] = json.loads(json.dumps(schema))
+        self.name = name or mcp_name  # type: ignore[misc]
+        text = spec.get("description")
+        own = text.strip() if isinstance(text, str) else ""
+        self.description = own or f"The tool {mcp_name!r} of the MCP server {server.label!r}."  # type: ignore[misc]
+        try:
+            self.Args = args_model(self.name, self.input_schema)  # type: ignore[misc]
+        except ValueError as exc:
+            raise ValueError(
+                f"MCP tool {mcp_name!r} of server {server.label!r}: {exc}; leave it out with exclude=[{mcp_name!r}]"
+            ) from None
+        self._parameters = json.dumps(_parameters(self.input_schema))
+        self._conn: Connection | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._hold()
+
+    # ------------------------------------------------------------------ Tool API
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        conn = self._connection()
+        try:
+            result = await loop.call(conn.call_tool(self.mcp_name, arguments_of(args)))
+        except MCPServerError as exc:  # could not start, or the connection ended mid-call
+            return ToolResult.error(str(exc), retryable=True)
+        except Exception as exc:
+            if getattr(getattr(exc, "error", None), "code", None) is None:
+                raise  # not a JSON-RPC error: the caller reports it as the tool's failure
+            return ToolResult.error(
+                f"MCP server {self.server.label!r} refused the call to {self.mcp_name!r}: {describe(exc)}"
+            )
+        return to_tool_result(result, tool=self.name, server=self.server.label, mcp_tool=self.mcp_name)
+
+    async def close(self) -> None:
+        """Release this tool's reference; the last one closes the connection (and stops a stdio server)."""
+        closing = self._drop()
+        if closing is not None:
+            await asyncio.wrap_future(closing)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema, its parameters being the server's `inputSchema`."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": json.loads(self._parameters),
+            },
+        }
+
+    # ------------------------------------------------------------------ the connection reference
+    def _hold(self) -> Connection:
+        conn = self._conn = acquire(self.server)
+        finalizer = weakref.finalize(self, release, conn)  # a tool dropped without close()
+        finalizer.atexit = False  # at exit the connection module closes everything itself
+        self._finalizer = finalizer
+        return conn
+
+    def _connection(self) -> Connection:
+        conn = self._conn
+        if conn is None or not is_current(conn):  # closed, or inherited through a fork
+            self._drop()
+            conn = self._hold()
+        return conn
+
+    def _drop(self) -> concurrent.futures.Future[None] | None:
+        """Give the reference back (once); the future of the connection's closing, if it was the last."""
+        finalizer, self._finalizer, self._conn = self._finalizer, None, None
+        detached = finalizer.detach() if finalizer is not None else None
+        return release(detached[2][0]) if detached is not None else None
+
+
+def resolve_servers(servers: Servers) -> dict[str, MCPServer]:
+    """`{name: MCPServer}` from one server, several, a mapping, or an `mcpServers` config file."""
+    if isinstance(servers, MCPServer):
+        return {servers.label: servers}
+    if isinstance(servers, (str, Path)):
+        return load_servers(servers)
+    if isinstance(servers, Mapping):
+        return load_servers(servers)
+    found = list(servers)
+    if not found or not all(isinstance(s, MCPServer) for s in found):
+        raise TypeError("servers must be an MCPServer, a list of them, an mcpServers mapping, or a config file path")
+    return {s.label: s for s in found}
+
+
+def mcp_tools(
+    servers: Servers,
+    *,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+    prefix: str = "",
+    prefix_server_names: bool = False,
+    limits: ToolLimits | None = None,
+    **limit_overrides: Any,
+) -> list[MCPTool]:
+    """The tools of one or more MCP servers, as toolenv tools.
+
+    Works inside or outside a running event loop (the listing runs on the background
+    loop; `amcp_tools` is the non-blocking twin).
+
+    Args:
+        servers: an `MCPServer`, several, an `mcpServers` mapping, or the path of such a JSON file.
+        include: tool names or fnmatch patterns to keep (the MCP name or the prefixed one).
+        exclude: tool names or patterns to leave out.
+        prefix: put before every tool name.
+        prefix_server_names: name tools `server__tool`, to tell apart same-named tools of several servers.
+        limits: `ToolLimits` for every tool; `limit_overrides` (`timeout=...`, ...) change single fields.
+
+    Raises:
+        MCPServerError: a server could not be started or listed (one readable line).
+        ValueError: two tools would have one name, a pattern matches nothing, or a schema is invalid.
+    """
+    named = resolve_servers(servers)
+    conns = [acquire(s) for s in named.values()]
+    try:
+        listings = loop.run_sync(_list_all(conns))
+        return _build(named, listings, include, exclude, prefix, prefix_server_names, limits, limit_overrides)
+    finally:
+        for conn in conns:  # the tools hold their own references
+            release(conn)
+
+
+async def amcp_tools(
+    servers: Servers,
+    *,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+    prefix: str = "",
+    prefix_server_names: bool = False,
+    limits: ToolLimits | None = None,
+    **limit_overrides: Any,
+) -> list[MCPTool]:
+    """`mcp_tools` without blocking the running event loop."""
+    named = resolve_servers(servers)
+    conns = [acquire(s) for s in named.values()]
+    try:
+        listings = await loop.call(_list_all(conns))
+        return _build(named, listings, include, exclude, prefix, prefix_server_names, limits, limit_overrides)
+    finally:
+        for conn in conns:
+            release(conn)
+
+
+async def _list_all(conns: list[Connection]) -> list[list[dict[str, Any]]]:
+    """Every server's listing, started together; the first failure raised as one readable line."""
+    results = await asyncio.gather(*(c.list_tools() for c in conns), return_exceptions=True)
+    listings: list[list[dict[str, Any]]] = []
+    for conn, result in zip(conns, results, strict=True):
+        if isinstance(result, MCPServerError):
+            raise MCPServerError(str(result))
+        if isinstance(result, BaseException):
+            raise MCPServerError(f"MCP server {conn.label!r} could not list its tools: {describe(result)}")
+        listings.append(result)
+    return listings
+
+
+def _build(
+    named: Mapping[str, MCPServer],
+    listings: list[list[dict[str, Any]]],
+    include: Iterable[str] | None,
+    exclude: Iterable[str] | None,
+    prefix: str,
+    prefix_server_names: bool,
+    limits: ToolLimits | None,
+    limit_overrides: Mapping[str, Any],
+) -> list[MCPTool]:
+    candidates: list[tuple[MCPServer, dict[str, Any], str]] = []
+    for (key, server), listing in zip(named.items(), listings, strict=True):
+        head = prefix + (_safe(server.name or key) + "__" if prefix_server_names else "")
+        candidates += [(server, spec, head + str(spec.get("name", ""))) for spec in listing]
+    chosen = _select(candidates, include, exclude)
+    owners: dict[str, MCPServer] = {}
+    for server, _, name in chosen:
+        if name in owners:
+            both = sorted({owners[name].label, server.label})
+            where = f"servers {both[0]!r} and {both[1]!r}" if len(both) == 2 else f"server {both[0]!r}"
+            raise ValueError(
+                f"two MCP tools would be named {name!r} ({where}); "
+                "pass prefix_server_names=True or a prefix=... to tell them apart"
+            )
+        owners[name] = server
+    tools: list[MCPTool] = []
+    try:
+        for server, spec, name in chosen:
+            tools.append(MCPTool(server, spec, name=name, limits=limits, **limit_overrides))
+    except BaseException:
+        for built in tools:
+            built._drop()
+        raise
+    return tools
+
+
+def _select(
+    candidates: list[tuple[MCPServer, dict[str, Any], str]],
+    include: Iterable[str] | None,
+    exclude: Iterable[str] | None,
+) -> list[tuple[MCPServer, dict[str, Any], str]]:
+    """The candidates `include` keeps and `exclude` does not drop; a pattern matching nothing is an error."""
+
+    def matches(pattern: str, spec: Mapping[str, Any], name: str) -> bool:
+        return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(str(spec.get("name", "")), pattern)
+
+    keep = None if include is None else [include] if isinstance(include, str) else list(include)
+    drop = [] if exclude is None else [exclude] if isinstance(exclude, str) else list(exclude)
+    known = ", ".join(sorted(name for _, _, name in candidates)) or "none"
+    for kind, patterns in (("include", keep or []), ("exclude", drop)):
+        for pattern in patterns:
+            if not any(matches(pattern, spec, name) for _, spec, name in candidates):
+                raise ValueError(f"{kind}={pattern!r} matches no MCP tool (the servers have: {known})")
+    return [
+        (server, spec, name)
+        for server, spec, name in candidates
+        if (keep is None or any(matches(p, spec, name) for p in keep)) and not any(matches(p, spec, name) for p in drop)
+    ]
+
+
+def _safe(name: str) -> str:
+    """A server name usable in a tool name (letters, digits, `_`, `-`)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "server"
+
+
+def _parameters(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters part of the function schema: the input schema without auto-generated titles."""
+    params: dict[str, Any] = _strip_titles(dict(schema))
+    params.setdefault("type", "object")
+    params.setdefault("properties", {})
+    params.setdefault("required", [])
+    return params
+
+
+def _strip_titles(node: Any) -> Any:
+    """Drop `title` keys (noise in a prompt), but not properties named "title"."""
+    if isinstance(node, list):
+        return [_strip_titles(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {k: _strip_titles(v) for k, v in value.items()}
+        else:
+            out[key] = _strip_titles(value)
+    return out
