@@ -135,3 +135,12 @@ def test_mistral_example() -> None:
     assert "'[TOOL_RESULTS]call00000[TOOL_CONTENT]212 F[/TOOL_RESULTS]'" in out.stdout
     assert "'[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]100 C[/TOOL_RESULTS]'" in out.stdout
     assert "reward=1.0 terminated=True answer='212'" in out.stdout
+
+
+def test_remote_example() -> None:
+    pytest.importorskip("starlette", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")
+    pytest.importorskip("uvicorn", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")
+    out = run(str(EXAMPLES / "remote_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "parser=hermes tools=['add']" in out.stdout
+    assert "reward=1.0 terminated=True turns=2" in out.stdout

@@ -22,6 +22,8 @@ _EXPORTS: dict[str, str] = {
     "Message": "toolenv.types",
     "ParsedAction": "toolenv.types",
     "PluginError": "toolenv.registry",
+    "RemoteEnvError": "toolenv.remote",
+    "RemoteToolEnv": "toolenv.remote",
     "Reward": "toolenv.rewards",
     "Task": "toolenv.types",
     "TokenF1": "toolenv.rewards",
@@ -57,6 +59,8 @@ __all__ = [
     "Message",
     "ParsedAction",
     "PluginError",
+    "RemoteEnvError",
+    "RemoteToolEnv",
     "Reward",
     "Task",
     "TokenF1",
@@ -93,6 +97,7 @@ if TYPE_CHECKING:
     from toolenv.gc_tuning import tuned_gc
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
+    from toolenv.remote import RemoteEnvError, RemoteToolEnv
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
     from toolenv.runner import rollout
     from toolenv.spaces import UnicodeText

@@ -31,14 +31,15 @@ def make_vector(entry_point: str, num_envs: int = 1, **kwargs: Any) -> Any:
 
 
 def register_envs() -> list[str]:
-    """Register `toolenv/ToolEnv-v0` and every `toolenv.envs` plugin; returns the IDs (idempotent)."""
+    """Register the core ids (`toolenv/ToolEnv-v0`, `toolenv/Remote-v0`) and every `toolenv.envs`
+    plugin; returns the IDs (idempotent)."""
     global _done
     from gymnasium.envs.registration import register, registry
 
     from toolenv.registry import entries
 
     ids = []
-    core = [("ToolEnv-v0", "toolenv.env:ToolEnv")]
+    core = [("ToolEnv-v0", "toolenv.env:ToolEnv"), ("Remote-v0", "toolenv.remote.client:RemoteToolEnv")]
     for name, value in [*core, *((e.name, e.value) for e in entries("envs"))]:
         env_id = f"{NAMESPACE}/{name}"
         ids.append(env_id)

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "check": "toolenv.commands.check_cmd",
     "doctor": "toolenv.commands.doctor_cmd",
     "rollout": "toolenv.commands.rollout_cmd",
+    "serve": "toolenv.commands.serve_cmd",
     "view": "toolenv.commands.view_cmd",
     "verl-data": "toolenv.integrations.verl.data_cmd",
 }

@@ -21,7 +21,10 @@ def collect() -> dict[str, list[dict[str, str]]]:
     core = "toolenv (core)"
     out: dict[str, list[dict[str, str]]] = {
         "tools": [{"name": e.name, "dist": e.dist, "target": e.value} for e in entries("tools")],
-        "envs": [{"name": "toolenv/ToolEnv-v0", "dist": core, "target": "toolenv.env:ToolEnv"}]
+        "envs": [
+            {"name": "toolenv/ToolEnv-v0", "dist": core, "target": "toolenv.env:ToolEnv"},
+            {"name": "toolenv/Remote-v0", "dist": core, "target": "toolenv.remote.client:RemoteToolEnv"},
+        ]
         + [{"name": f"toolenv/{e.name}", "dist": e.dist, "target": e.value} for e in entries("envs")],
         "agents": [{"name": e.name, "dist": e.dist, "target": e.value} for e in entries("agents")],
         "parsers": [{"name": n, "dist": core, "target": "toolenv.parsers"} for n in parser_names()],

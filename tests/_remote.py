@@ -1,0 +1,110 @@
+"""Helpers of the remote-env tests: small real tools and tasks, and real servers on 127.0.0.1.
+
+Importable by `toolenv serve` subprocesses too (with this folder on PYTHONPATH):
+`--env-arg 'tools=["_remote:add", "_remote:swatch"]'`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gymnasium as gym
+
+import toolenv
+from toolenv.agent import AgentAction, EnvInfo
+
+COLORS = {"red": (220, 40, 40), "blue": (40, 80, 220)}
+
+
+@toolenv.tool
+def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+@toolenv.tool
+def swatch(color: str) -> toolenv.ToolResult:
+    """Show a colour swatch (an image)."""
+    from PIL import Image
+
+    rgb = COLORS.get(color)
+    if rgb is None:
+        return toolenv.ToolResult.error(f"unknown colour {color!r}")
+    return toolenv.ToolResult(
+        text=f"a {color} swatch", images=[toolenv.ToolImage.from_pil(Image.new("RGB", (8, 6), rgb))]
+    )
+
+
+TASKS: list[dict[str, Any]] = [
+    {"id": "t1", "question": "2+3?", "answer": "5", "context": {"call": ["add", {"a": 2, "b": 3}]}},
+    {"id": "t2", "question": "10+4?", "answer": "14", "context": {"call": ["add", {"a": 10, "b": 4}]}},
+    {
+        "id": "t3",
+        "question": "Show blue; what colour?",
+        "answer": "blue",
+        "context": {"call": ["swatch", {"color": "blue"}]},
+    },
+    {"id": "t4", "question": "Capital of France?", "answer": ["Paris", "paris, france"]},
+]
+
+CALL_ADD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+CALL_SWATCH = '<tool_call>{"name": "swatch", "arguments": {"color": "blue"}}</tool_call>'
+
+
+def make_env(**overrides: Any) -> Any:
+    """`toolenv/ToolEnv-v0` with `add` and `swatch`, exact match, 4 turns (a `gym.make` result)."""
+    kwargs: dict[str, Any] = {
+        "tools": [add, swatch],
+        "tasks": TASKS,
+        "reward": "exact_match",
+        "max_turns": 4,
+        "task_order": "sequential",
+    }
+    kwargs.update(overrides)
+    return gym.make("toolenv/ToolEnv-v0", **kwargs)
+
+
+class Scripted(toolenv.Agent):
+    """Calls the tool named in the task's context, then answers with the gold answer."""
+
+    name = "scripted"
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        task = env_info.task
+        if env_info.turn == 0 and "call" in task.context:
+            name, args = task.context["call"]
+            text = env_info.parser.format_call(name, args) if env_info.parser else None
+            return AgentAction(text=text or json.dumps({"name": name, "arguments": args}))
+        return AgentAction(text=f"<answer>{task.answers[0] if task.answers else ''}</answer>")
+
+
+@contextlib.contextmanager
+def serving(factory: Callable[[], Any] = make_env, **options: Any) -> Iterator[str]:
+    """A real uvicorn server of `create_app(factory, **options)` in a thread; yields its URL."""
+    import uvicorn
+
+    from toolenv.commands.serve_cmd import bind_socket
+    from toolenv.remote.server import create_app
+
+    app = create_app(factory, **options)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()

@@ -1,0 +1,366 @@
+"""RemoteToolEnv against real `create_app` servers on 127.0.0.1 (uvicorn in a thread, real httpx)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import gymnasium as gym
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+
+from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, make_env, serving
+
+import toolenv
+from toolenv.remote import RemoteEnvError, RemoteToolEnv
+from toolenv.trajectory import Trajectory
+from toolenv.vector import ToolVectorEnv
+
+
+@pytest.fixture(scope="module")
+def url() -> Any:
+    with serving(make_env) as u:
+        yield u
+
+
+def play(env: Any, actions: list[str], **reset: Any) -> tuple[list[Any], tuple[Any, ...]]:
+    """Reset, step until the episode ends, and return every return value plus the episode."""
+    out: list[Any] = [env.reset(**reset)]
+    for action in actions:
+        step = env.step(action)
+        out.append(step)
+        if step[2] or step[3]:
+            break
+    ep = env.unwrapped.episode
+    return out, (ep.task, ep.turns, ep.messages, ep.answer, ep.terminated, ep.truncated, ep.reward_info)
+
+
+# ---------------------------------------------------------------------- parity with a local env
+@pytest.mark.parametrize(
+    ("reset", "actions"),
+    [
+        ({"seed": 0, "options": {"task_id": "t1"}}, [CALL_ADD, "<answer>5</answer>"]),
+        ({"seed": 3, "options": {"task_id": "t3"}}, [CALL_SWATCH, "<answer>blue</answer>"]),
+        # malformed JSON, no action, an unknown tool, bad arguments: error observations, then truncation
+        (
+            {"options": {"task_index": 1}},
+            [
+                "<tool_call>{",
+                "I am thinking...",
+                '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+                '<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>',
+            ],
+        ),
+        ({"options": {"task": {"question": "2+2?", "answer": "4"}}}, ["<answer>4</answer>"]),
+    ],
+)
+def test_episode_equals_the_local_one(url: str, reset: dict[str, Any], actions: list[str]) -> None:
+    local, remote = make_env(), RemoteToolEnv(url)
+    try:
+        local_out, local_ep = play(local, actions, **reset)
+        remote_out, remote_ep = play(remote, actions, **reset)
+    finally:
+        local.close()
+        remote.close()
+    assert remote_out == local_out  # observations, rewards, flags and every info field
+    assert remote_ep == local_ep  # the mirrored episode: task, turns (parsed, results, records), messages
+    assert isinstance(remote, toolenv.ToolEnv) and remote.episode is not None
+
+
+def test_images_survive_the_trip(url: str) -> None:
+    env = RemoteToolEnv(url)
+    env.reset(options={"task_id": "t3"})
+    _, _, _, _, info = env.step(CALL_SWATCH)
+    env.close()
+    (image,) = info["tool_results"][0].images
+    assert (image.mime, image.width, image.height) == ("image/png", 8, 6)
+    assert image.to_pil().convert("RGB").getpixel((3, 2)) == (40, 80, 220)
+    assert info["messages"][1].images == [image]
+
+
+def test_metadata_stands_in_for_the_env(url: str) -> None:
+    env = RemoteToolEnv(url)
+    local = make_env().unwrapped
+    assert env.tool_schemas() == local.tool_schemas()
+    assert env.max_turns == 4 and env.parser.name == "hermes" and env.parser.stop == local.parser.stop
+    assert env.reward_fn.weights == {"exact_match": 1.0}
+    assert env.tools == [] and env.remote.num_tasks == len(TASKS)
+    assert [t.id for t in env.tasks] == [t["id"] for t in TASKS]
+    env.close()
+
+
+def test_parser_arguments_are_rebuilt_on_the_client() -> None:
+    tags = {"calc": ("add", "a")}
+    with serving(lambda: make_env(parser="tags", parser_kwargs={"tags": tags, "result_open": "<r>"})) as u:
+        env = RemoteToolEnv(u)
+    assert env.parser.name == "tags" and env.parser.result_open == "<r>"  # type: ignore[attr-defined]
+    assert env.parser.format_call("add", {"a": "1"}) == "<calc>1</calc>"
+
+
+async def test_async_api_and_end_episode(url: str) -> None:
+    env = RemoteToolEnv(url)
+    obs, info = await env.areset(options={"task_id": "t2"})
+    assert "10+4?" in obs and info["turn"] == 0
+    obs, reward, term, trunc, info = await env.astep(CALL_ADD)
+    assert obs == "<tool_response>\n5\n</tool_response>" and (reward, term, trunc) == (0.0, False, False)
+    await env.aend_episode()  # a sample cut short: the server's tools free the episode now
+    assert env.episode is not None and env.episode.released
+    await env.aend_episode()  # idempotent
+    await env.aclose()
+
+
+def test_gym_make_and_the_env_checkers() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    from toolenv.checker import check_env as toolenv_check
+
+    with serving(lambda: make_env(task_order="random")) as u:  # seeded resets: the checkers need them
+        env = gym.make("toolenv/Remote-v0", url=u)
+        assert env.spec is not None and env.spec.id == "toolenv/Remote-v0"
+        check_env(env.unwrapped, skip_render_check=True)
+        results = toolenv_check(env.unwrapped)
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+        env.close()
+
+
+# ---------------------------------------------------------------------- rollouts and vector envs
+def _comparable(trajs: list[Trajectory]) -> list[dict[str, Any]]:
+    out = []
+    for t in sorted(trajs, key=lambda t: t.key):
+        d = t.model_dump(exclude={"env_id", "episode_id", "started_at", "duration_s"})
+        for turn in d["turns"]:
+            del turn["agent_latency_s"], turn["env_latency_s"]
+            for call in turn["calls"]:
+                del call["latency_s"]
+        out.append(d)
+    return out
+
+
+def test_rollout_through_remote_envs_equals_local(url: str) -> None:
+    local = toolenv.rollout(lambda: make_env(), Scripted(), concurrency=3, samples=2)
+    remote = toolenv.rollout(lambda: RemoteToolEnv(url), Scripted(), concurrency=3, samples=2)
+    assert remote.summary.success_rate == 1.0
+    assert _comparable(remote.trajectories) == _comparable(local.trajectories)
+    assert any(turn.results and turn.results[0].images for t in remote.trajectories for turn in t.turns)
+
+
+def test_rollout_by_env_id_takes_the_servers_tasks(url: str, tmp_path: Any) -> None:
+    res = toolenv.rollout("toolenv/Remote-v0", Scripted(), env_kwargs={"url": url}, n=2, out=tmp_path / "run")
+    assert [t.task.id for t in res.trajectories] == ["t1", "t2"]
+    assert all(t.env_id == "toolenv/Remote-v0" and t.success for t in res.trajectories)
+
+
+def test_vector_env_over_remote_envs_equals_local(url: str) -> None:
+    remote = ToolVectorEnv([lambda: RemoteToolEnv(url)] * 3)
+    local = ToolVectorEnv([lambda: make_env().unwrapped] * 3)
+    try:
+        for actions in (None, [CALL_ADD] * 3, ["<answer>5</answer>", "x", CALL_SWATCH], ["y"] * 3):
+            if actions is None:
+                (r_obs, r_info), (l_obs, l_info) = remote.reset(seed=0), local.reset(seed=0)
+                r_rest: tuple[Any, ...] = ()
+                l_rest: tuple[Any, ...] = ()
+            else:
+                r_obs, *r_rest, r_info = remote.step(actions)
+                l_obs, *l_rest, l_info = local.step(actions)
+            assert r_obs == l_obs
+            for a, b in zip(r_rest, l_rest, strict=True):
+                assert np.array_equal(a, b)
+            for key in ("turn", "tool_results", "messages", "reward_components"):
+                assert (key in r_info) == (key in l_info)
+                if key in r_info:
+                    assert list(r_info[key]) == list(l_info[key]), key
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_make_vec_builds_remote_envs(url: str) -> None:
+    envs = gym.make_vec("toolenv/Remote-v0", num_envs=2, vectorization_mode="vector_entry_point", url=url)
+    obs, _ = envs.reset(seed=0)
+    assert len(obs) == 2 and all("2+3?" in o for o in obs)
+    envs.close()
+
+
+# ---------------------------------------------------------------------- the protocol and its errors
+def test_session_lifecycle_over_raw_http(url: str) -> None:
+    with httpx.Client(base_url=url) as http:
+        before = http.get("/health").json()["sessions"]
+        created = http.post("/sessions")
+        assert created.status_code == 201
+        body = created.json()
+        sid, meta = body["session_id"], body["metadata"]
+        assert meta["parser"] == "hermes" and meta["max_turns"] == 4 and meta["env_id"] == "toolenv/ToolEnv-v0"
+        assert [s["function"]["name"] for s in meta["tool_schemas"]] == ["add", "swatch"]
+        assert http.get("/metadata").json() == meta
+        assert http.get("/health").json() == {"status": "ok", "sessions": before + 1, "max_sessions": 128}
+        reset = http.post(f"/sessions/{sid}/reset", json={"options": {"task_id": "t1"}}).json()
+        assert reset["task"]["id"] == "t1" and [m["role"] for m in reset["messages"]] == ["system", "user"]
+        step = http.post(f"/sessions/{sid}/step", json={"action": "<answer>5</answer>"}).json()
+        assert step["reward"] == 1.0 and step["terminated"] and step["info"]["episode"]["turns"] == 1
+        assert http.post(f"/sessions/{sid}/end").status_code == 204
+        assert http.delete(f"/sessions/{sid}").status_code == 204
+        gone = http.post(f"/sessions/{sid}/step", json={"action": "x"})
+        assert gone.status_code == 404 and "no session" in gone.json()["error"]
+        assert http.get("/health").json()["sessions"] == before
+        assert {"StepRequest", "StepResponse", "EnvMetadata"} <= set(http.get("/schema").json())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("step", b'{"actionn": "x"}', 422, "invalid StepRequest: action: Field required"),
+        ("step", b"{not json", 422, "invalid StepRequest"),
+        ("step", b'{"action": 5}', 422, "action: Input should be a valid string"),
+        ("reset", b'{"seed": -1}', 422, "invalid ResetRequest: seed"),
+        ("reset", b'{"options": {"task": {"question": 5}}}', 422, "options.task.question"),
+        ("reset", b'{"options": {"task_id": "nope"}}', 400, "no task with id 'nope'"),
+        ("step", b'{"action": "x"}', 409, "call reset() before step()"),
+    ],
+)
+def test_bad_requests_get_json_errors(url: str, path: str, body: bytes, status: int, message: str) -> None:
+    with httpx.Client(base_url=url) as http:
+        sid = http.post("/sessions").json()["session_id"]
+        try:
+            resp = http.post(f"/sessions/{sid}/{path}", content=body, headers={"content-type": "application/json"})
+        finally:
+            http.delete(f"/sessions/{sid}")
+    assert resp.status_code == status
+    assert resp.headers["content-type"] == "application/json"
+    assert message in resp.json()["error"], resp.json()
+
+
+def test_unknown_routes_and_methods_are_json_errors(url: str) -> None:
+    with httpx.Client(base_url=url) as http:
+        missing, wrong = http.get("/nothing"), http.get("/sessions")
+    assert missing.status_code == 404 and missing.json() == {"error": "GET /nothing: Not Found"}
+    assert wrong.status_code == 405 and "Method Not Allowed" in wrong.json()["error"]
+
+
+def test_env_errors_are_raised_as_locally(url: str) -> None:
+    remote, local = RemoteToolEnv(url), make_env().unwrapped
+    for env in (remote, local):
+        with pytest.raises(RuntimeError, match=r"call reset\(\) before step\(\)"):
+            env.step("x")
+    errors = []
+    for env in (remote, local):
+        with pytest.raises(KeyError) as exc:
+            env.reset(options={"task_id": "nope"})
+        errors.append(str(exc.value))
+        env.reset(options={"task_id": "t4"})
+        env.step("<answer>Paris</answer>")
+        with pytest.raises(RuntimeError, match="this episode has ended"):
+            env.step("x")
+        env.close()
+    assert errors[0] == errors[1]
+    with serving(lambda: make_env(tasks=[])) as empty:
+        env = RemoteToolEnv(empty)
+        assert env.tasks == []
+        with pytest.raises(ValueError, match="this env has no tasks"):
+            env.reset()
+        env.close()
+
+
+class Boom(toolenv.Reward):
+    name = "boom"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        return 1 / 0
+
+
+def test_a_failing_env_is_a_500_without_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    with serving(lambda: make_env(reward=Boom())) as u:
+        env = RemoteToolEnv(u)
+        env.reset(options={"task_id": "t1"})
+        with caplog.at_level(logging.ERROR, logger="toolenv.remote"), pytest.raises(RemoteEnvError) as exc:
+            env.step("<answer>5</answer>")
+        assert exc.value.status == 500
+        assert "env step failed: ZeroDivisionError: division by zero" in str(exc.value)
+        assert "Traceback" not in str(exc.value)
+        assert any(r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            env.step("<answer>5</answer>")
+        env.reset(options={"task_id": "t1"})  # a new episode is fine
+        env.close()
+
+
+# ---------------------------------------------------------------------- limits and failures
+def test_session_limit_is_a_clear_429() -> None:
+    with serving(make_env, max_sessions=2) as u:
+        envs = [RemoteToolEnv(u) for _ in range(3)]
+        envs[0].reset()
+        envs[1].reset()
+        with pytest.raises(RemoteEnvError, match="limit of 2 sessions") as exc:
+            envs[2].reset()
+        assert exc.value.status == 429
+        envs[0].close()
+        assert "2+3?" in envs[2].reset()[0]
+        for e in envs[1:]:
+            e.close()
+
+
+def _wait_for_sessions(url: str, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while httpx.get(f"{url}/health").json()["sessions"] != n:
+        assert time.monotonic() < deadline, f"the server never got to {n} sessions"
+        time.sleep(0.05)
+
+
+def test_idle_sessions_are_reaped_and_reset_opens_a_new_one() -> None:
+    with serving(make_env, session_ttl=0.2) as u:
+        env = RemoteToolEnv(u)
+        env.reset(options={"task_id": "t1"})
+        _wait_for_sessions(u, 0)
+        with pytest.raises(RemoteEnvError, match="no session") as exc:
+            env.step(CALL_ADD)
+        assert exc.value.status == 404
+        obs, _ = env.reset(options={"task_id": "t1"})  # a fresh session, transparently
+        assert "2+3?" in obs and env.step("<answer>5</answer>")[1] == 1.0
+        env.close()
+        _wait_for_sessions(u, 0)
+
+
+def test_a_session_mid_step_is_not_reaped() -> None:
+    @toolenv.tool
+    async def nap(seconds: float) -> str:
+        """Sleep."""
+        await asyncio.sleep(seconds)
+        return "rested"
+
+    with serving(lambda: make_env(tools=[nap]), session_ttl=0.1) as u:
+        env = RemoteToolEnv(u)
+        env.reset(options={"task_id": "t1"})
+        obs, *_ = env.step('<tool_call>{"name": "nap", "arguments": {"seconds": 0.5}}</tool_call>')
+        assert obs == "<tool_response>\nrested\n</tool_response>"
+        env.close()
+
+
+def test_an_unreachable_server_is_a_clear_error() -> None:
+    from toolenv.commands.serve_cmd import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)  # a port nobody serves on once closed
+    port = sock.getsockname()[1]
+    sock.close()
+    with pytest.raises(RemoteEnvError, match=f"cannot reach the toolenv server at http://127.0.0.1:{port}"):
+        RemoteToolEnv(f"http://127.0.0.1:{port}")
+    with pytest.raises(RemoteEnvError, match="cannot reach"):
+        gym.make("toolenv/Remote-v0", url=f"http://127.0.0.1:{port}")
+
+
+def test_a_server_stopped_mid_episode_is_a_remote_env_error() -> None:
+    with serving(make_env) as u:
+        env = RemoteToolEnv(u, timeout=10)
+        env.reset(options={"task_id": "t1"})
+    with pytest.raises(RemoteEnvError, match="cannot reach") as exc:
+        env.step(CALL_ADD)
+    assert exc.value.status is None
+    with pytest.raises(RemoteEnvError, match="this episode was lost"):
+        env.step(CALL_ADD)
+    with pytest.raises(RemoteEnvError, match="cannot reach"):
+        env.reset()
+    env.close()  # best effort: the server is gone, nothing raised

@@ -1,0 +1,163 @@
+"""`toolenv serve` as a user runs it: a subprocess, its errors, and a server killed mid-rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="toolenv serve needs the serve extra: pip install 'toolenv[serve]'")
+pytest.importorskip("uvicorn", reason="toolenv serve needs the serve extra: pip install 'toolenv[serve]'")
+
+from _remote import TASKS, Scripted
+
+import toolenv
+from toolenv.commands.serve_cmd import bind_socket
+from toolenv.remote import RemoteToolEnv
+from toolenv.trajectory import read_trajectories
+
+TOOLENV = str(Path(sys.executable).parent / "toolenv")
+HERE = Path(__file__).resolve().parent
+ENV_ARGS = [
+    "--env-arg",
+    'tools=["_remote:add", "_remote:swatch"]',
+    "--env-arg",
+    f"tasks={json.dumps(TASKS)}",
+    "--env-arg",
+    "task_order=sequential",
+]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+
+
+def start(*extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`toolenv serve` on a free port; returns the process and the URL it printed."""
+    proc = subprocess.Popen(
+        [TOOLENV, "serve", "toolenv/ToolEnv-v0", "--port", "0", *ENV_ARGS, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        _, err = proc.communicate(timeout=10)
+        raise AssertionError(f"toolenv serve did not start: {err}")
+    assert line.startswith("serving toolenv/ToolEnv-v0 on http://127.0.0.1:"), line
+    return proc, line.split(" on ", 1)[1].split()[0]
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc, url = start()
+    yield proc, url
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C the server (if it still runs) and return its stderr."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=30)[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TOOLENV, *args], capture_output=True, text=True, timeout=120, env=_env())
+
+
+def test_serve_runs_an_episode_and_stops_on_ctrl_c(server: tuple[subprocess.Popen[str], str]) -> None:
+    proc, url = server
+    env = RemoteToolEnv(url)
+    assert env.remote.env_id == "toolenv/ToolEnv-v0" and env.remote.num_tasks == len(TASKS)
+    env.reset(options={"task_id": "t2"})
+    obs, reward, terminated, *_ = env.step("<answer>14</answer>")
+    assert (reward, terminated) == (1.0, True)
+    env.close()
+    assert "Traceback" not in stop(proc)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["toolenv/Nope-v0"], "toolenv serve: error: cannot make env 'toolenv/Nope-v0'"),
+        (["toolenv/ToolEnv-v0", "--env-arg", "max_turns=0"], "toolenv serve: error: max_turns must be at least 1"),
+        (["toolenv/ToolEnv-v0", "--env-arg", "nope=1"], "toolenv serve: error: env 'toolenv/ToolEnv-v0' rejected"),
+        (["toolenv/ToolEnv-v0", "--max-sessions", "0"], "toolenv serve: error: --max-sessions must be at least 1"),
+        (["toolenv/ToolEnv-v0", "--env-arg", "oops"], "toolenv serve: error: argument --env-arg: expected KEY=VALUE"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_nonzero(args: list[str], message: str) -> None:
+    out = run_cli("serve", *args)
+    assert out.returncode == 2
+    assert out.stderr.startswith(message), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_a_busy_port_is_one_line() -> None:
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    try:
+        out = run_cli("serve", "toolenv/ToolEnv-v0", "--port", str(port), *ENV_ARGS)
+    finally:
+        sock.close()
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"toolenv serve: error: cannot listen on 127.0.0.1:{port}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_extra_is_one_line() -> None:
+    code = (
+        "import sys; sys.modules['starlette'] = None\n"  # as if Starlette were not installed
+        "from toolenv.cli import main; sys.exit(main(['serve', 'toolenv/ToolEnv-v0']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("toolenv serve: error: serving needs Starlette and uvicorn"), out.stderr
+    assert "pip install 'toolenv[serve]'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+class KillsTheServer(Scripted):
+    """Scripted, but kills the server (SIGKILL) before its first action on task `t2`."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    async def act(
+        self, observation: str, messages: list[toolenv.Message], env_info: toolenv.agent.EnvInfo
+    ) -> toolenv.AgentAction:
+        if env_info.task.id == "t2" and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        return await super().act(observation, messages, env_info)
+
+
+def test_a_server_killed_mid_run_ends_episodes_with_errors_and_resume_finishes_them(
+    server: tuple[subprocess.Popen[str], str], tmp_path: Path
+) -> None:
+    proc, url = server
+    out = tmp_path / "run"
+    res = toolenv.rollout(lambda: RemoteToolEnv(url, timeout=30), KillsTheServer(proc), concurrency=1, out=out)
+    by_id = {t.task.id: t for t in res.trajectories}
+    assert sorted(by_id) == ["t1", "t2", "t3", "t4"]  # every episode recorded, none lost
+    assert by_id["t1"].success and by_id["t1"].error is None
+    assert by_id["t2"].error is not None and by_id["t2"].error.startswith("env step failed on turn 0: RemoteEnvError")
+    assert by_id["t3"].error is not None and by_id["t3"].error.startswith("env reset failed: RemoteEnvError")
+    assert len(read_trajectories(out / "trajectories.jsonl", strict=True)) == 4
+
+    again, new_url = start()  # a new server; the failed episodes run again
+    try:
+        res = toolenv.rollout(lambda: RemoteToolEnv(new_url), Scripted(), concurrency=2, out=out, retry_errors=True)
+    finally:
+        stop(again)
+    assert res.skipped == 1 and res.new == 3
+    assert all(t.success for t in res.trajectories) and len(res.trajectories) == 4

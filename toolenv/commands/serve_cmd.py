@@ -1,0 +1,85 @@
+"""`toolenv serve ENV_ID [--host H] [--port P] [--env-arg K=V ...]`: serve an env over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import socket
+
+from toolenv.commands.rollout_cmd import _kv
+
+HELP = "Serve an env over HTTP for RemoteToolEnv / toolenv/Remote-v0 clients (needs toolenv[serve])."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `toolenv serve`."""
+    from toolenv.remote.sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+
+    parser.add_argument("env_id", metavar="ENV_ID", help="a registered env id, e.g. toolenv/Spider-v0")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    parser.add_argument(
+        "--env-arg",
+        action="append",
+        type=_kv,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gym.make keyword (max_turns=6, parser=tags...; tools as 'module:Name' references); repeatable",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        help=f"envs alive at once, one per client session (default {DEFAULT_MAX_SESSIONS})",
+    )
+    parser.add_argument(
+        "--session-ttl",
+        type=float,
+        default=DEFAULT_SESSION_TTL,
+        metavar="SECONDS",
+        help=f"close a session unused this long (default {DEFAULT_SESSION_TTL:g})",
+    )
+    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket with TCP_NODELAY, which the connections it accepts inherit
+    (uvicorn sets it only on sockets it binds itself; without it a small response can
+    wait ~40 ms for a delayed ACK)."""
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build one env first (a bad id or argument fails here), bind, then serve until Ctrl-C."""
+    try:
+        import uvicorn
+
+        from toolenv.remote.server import create_app
+    except ImportError as exc:
+        raise RuntimeError(f"serving needs Starlette and uvicorn ({exc}): pip install 'toolenv[serve]'") from None
+    from toolenv.integrations.verl.envs import make_env
+
+    if args.max_sessions < 1:
+        raise ValueError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not args.session_ttl > 0:
+        raise ValueError(f"--session-ttl must be a positive number of seconds, got {args.session_ttl}")
+    factory = functools.partial(make_env, args.env_id, dict(args.env_arg))
+    app = create_app(factory, env_id=args.env_id, max_sessions=args.max_sessions, session_ttl=args.session_ttl)
+    sock = bind_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving {args.env_id} on http://{shown}:{port} (Ctrl-C to stop)", flush=True)
+    # Keep-alive outlasts a model's turn, so a client steps on one connection.
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=75)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])  # on Ctrl-C: closes every session, then re-raises it
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,348 @@
+"""`RemoteToolEnv`: a ToolEnv whose episodes run on a `toolenv serve` server.
+
+It is a `ToolEnv` subclass, so the rollout runner, the vector env and verl's agent loop
+take it for a local one: `env.parser` is the server's parser rebuilt here (its stop
+strings, `format_call` and `format_results` serve the agent), `tool_schemas()` are the
+server's, and `env.episode` mirrors the server's episode turn by turn from the step
+responses. The tools themselves run on the server only: `env.tools` is empty, and an
+episode's tool `state` stays on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import weakref
+from collections.abc import Coroutine, Mapping
+from typing import Any, SupportsFloat, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from toolenv.env import ToolEnv
+from toolenv.episode import Episode, Turn
+from toolenv.parsers.base import get_parser
+from toolenv.remote.wire import (
+    PROTOCOL_VERSION,
+    EnvMetadata,
+    ErrorResponse,
+    ResetOptions,
+    ResetRequest,
+    ResetResponse,
+    SessionCreated,
+    StepRequest,
+    StepResponse,
+    TaskList,
+)
+from toolenv.rewards.base import Reward, WeightedSum
+from toolenv.types import Task, load_tasks
+
+__all__ = ["DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv"]
+
+log = logging.getLogger("toolenv.remote")
+
+#: Seconds one request may take; a step runs all of its tool calls.
+DEFAULT_TIMEOUT = 300.0
+_JSON = {"content-type": "application/json"}
+#: Exceptions the server reports for reset options the env rejected; raised here as locally.
+_REBUILT: dict[str, type[Exception]] = {e.__name__: e for e in (ValueError, KeyError, IndexError, TypeError)}
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class RemoteEnvError(RuntimeError):
+    """The server could not be reached, did not answer in time, lost the session, or failed.
+
+    Raised by `reset`/`step` (the rollout runner records it as the episode's error and goes
+    on). `status` is the HTTP status when the server answered, None when it did not.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _SessionGone(RemoteEnvError):
+    """404: the server no longer has the session (deleted, idle too long, restarted)."""
+
+
+class _ServerReward(Reward):
+    """A reward component computed on the server; only its name (and weight) is known here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` from sync code, also when this thread runs an event loop (the rollout
+    runner builds envs inside one): on a short-lived loop in a worker thread."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toolenv-remote") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class RemoteToolEnv(ToolEnv):
+    """A drop-in for a local env, stepped over HTTP on a `toolenv serve` server.
+
+    Construction reads the server's metadata (parser, tool schemas, `max_turns`, reward
+    weights); the first `reset` opens a session, i.e. one env instance on the server for
+    this object, and `close`/`aclose` deletes it. `tasks` lists the server's tasks on first use.
+
+    Args:
+        url: the server's base URL, e.g. `http://127.0.0.1:8000`.
+        headers: sent with every request (e.g. the `Authorization` a proxy in front expects).
+        timeout: seconds one request may take (a step runs all of its tool calls); None: no limit.
+        transport: an `httpx.AsyncBaseTransport` to send requests through (retries, a Unix
+            socket, a proxy); used as is and closed with the env.
+        render_mode: None or `"ansi"` (the mirrored episode's messages).
+
+    Raises:
+        RemoteEnvError: the server cannot be reached or is not a compatible toolenv server.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._headers = dict(headers or {})
+        self._timeout = httpx.Timeout(timeout)
+        self._transport = transport
+        # One keep-alive client per event loop: an httpx client (its connections) belongs to one loop.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._session: str | None = None
+        self._lost: str | None = None  # why the current episode cannot take another step
+        meta = _blocking(self._get_once("/metadata", EnvMetadata, "read the server's metadata"))
+        if meta.protocol != PROTOCOL_VERSION:
+            raise RemoteEnvError(
+                f"the server at {self.url} speaks toolenv protocol {meta.protocol} (toolenv {meta.toolenv_version}), "
+                f"this client protocol {PROTOCOL_VERSION}; install the same toolenv version on both sides"
+            )
+        try:
+            parser = get_parser(meta.parser, **meta.parser_kwargs)
+        except (ValueError, TypeError) as exc:
+            raise RemoteEnvError(f"the server's parser {meta.parser!r} cannot be built here: {exc}") from None
+        reward = WeightedSum({k: (_ServerReward(k), w) for k, w in meta.reward_weights.items()})
+        super().__init__(parser=parser, reward=reward, max_turns=meta.max_turns, render_mode=render_mode)
+        #: The server's description of its env.
+        self.remote = meta
+        self._tasks: list[Task] | None = None  # after ToolEnv.__init__, which sets `tasks` to []
+
+    # ------------------------------------------------------------------ what stands in for the env
+    @property
+    def tasks(self) -> list[Task]:
+        """The server's tasks, fetched on first use (assign a list to use others)."""
+        if self._tasks is None:
+            found = _blocking(self._get_once("/tasks", TaskList, "list the server's tasks")).tasks
+            self._tasks = found
+        return self._tasks
+
+    @tasks.setter
+    def tasks(self, value: list[Task]) -> None:
+        self._tasks = list(value)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The server's tool schemas (OpenAI function format)."""
+        return copy.deepcopy(self.remote.tool_schemas)
+
+    # ------------------------------------------------------------------ async API
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on the server. Options as for a local env: `task`, `task_id` or `task_index`."""
+        self._seed_lazily(seed)  # the local generator reads as a local env's would
+        opts = dict(options or {})
+        given = opts.get("task")
+        if given is not None and not isinstance(given, Task):
+            opts["task"] = given = load_tasks([given])[0]  # ids default as locally
+        request = ResetRequest(seed=seed, options=ResetOptions.model_validate(opts))
+        if self._episode is not None:
+            self._episode.released = True  # the server's reset releases it
+        self._episode, self._lost = None, None
+        if self._session is None:
+            await self._open_session()
+        assert self._session is not None
+        try:
+            reply = await self._call("POST", f"/sessions/{self._session}/reset", request, ResetResponse, "reset")
+        except _SessionGone:  # reaped while idle, or the server restarted: a new session will do
+            await self._open_session()
+            reply = await self._call("POST", f"/sessions/{self._session}/reset", request, ResetResponse, "reset")
+        task = given if isinstance(given, Task) else reply.task
+        if task is None:
+            raise RemoteEnvError(f"reset: the server at {self.url} did not say which task it chose")
+        self._episode = Episode(
+            task=task, episode_id=reply.episode_id, caller=self.caller, messages=list(reply.messages)
+        )
+        return reply.observation, {"task_id": reply.task_id, "turn": 0, "messages": reply.messages}
+
+    async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn on the server; `info` holds what a local env's does."""
+        ep = self._episode
+        if ep is None:
+            raise RuntimeError("call reset() before step()")
+        if ep.terminated or ep.truncated:
+            raise RuntimeError("this episode has ended; call reset() to start another")
+        if self._lost is not None:
+            raise RemoteEnvError(self._lost)
+        if not isinstance(action, str):
+            action = str(action)
+        try:
+            reply = await self._call(
+                "POST", f"/sessions/{self._session}/step", StepRequest(action=action), StepResponse, "step"
+            )
+        except RemoteEnvError as exc:
+            # The server may or may not have taken the step: this episode cannot go on.
+            self._lost = f"this episode was lost ({exc}); call reset() to start another"
+            if isinstance(exc, _SessionGone):
+                self._session = None
+            raise
+        info = reply.info
+        turn = Turn(action, info.action, info.tool_results, info.tool_calls, reply.observation)
+        turn.reward, turn.reward_components = reply.reward, info.reward_components
+        ep.turns.append(turn)
+        if info.action.answer is not None:
+            ep.answer = info.action.answer
+        ep.terminated, ep.truncated = reply.terminated, reply.truncated
+        ep.messages.extend(info.messages)
+        out: dict[str, Any] = {
+            "task_id": info.task_id,
+            "turn": info.turn,
+            "action": info.action,
+            "tool_results": info.tool_results,
+            "tool_calls": info.tool_calls,
+            "messages": info.messages,
+            "reward_components": dict(info.reward_components),
+        }
+        if ep.terminated or ep.truncated:
+            ep.released = True  # the server's env released it
+            ep.reward_info = info.reward_info or {}
+            out["answer"] = ep.answer
+            out["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
+            out["episode"] = dict(info.episode or {})
+        return reply.observation, reply.reward, ep.terminated, ep.truncated, out
+
+    async def aend_episode(self) -> None:
+        """Let the server's tools free what they hold for the current episode (idempotent)."""
+        ep = self._episode
+        if ep is None or ep.released:
+            return
+        ep.released = True
+        if self._session is not None and self._lost is None:
+            try:
+                await self._do("POST", f"/sessions/{self._session}/end", "end_episode")
+            except _SessionGone:
+                self._session = None  # its env was closed, and the episode with it
+
+    async def aclose(self) -> None:
+        """Delete the session (closing its env on the server), then the HTTP client.
+
+        Best effort: a server that is gone is logged, not raised.
+        """
+        if self._episode is not None:
+            self._episode.released = True
+        session, self._session = self._session, None
+        try:
+            if session is not None:
+                await self._do("DELETE", f"/sessions/{session}", "close")
+        except _SessionGone:
+            pass
+        except RemoteEnvError as exc:
+            log.warning("could not delete session %s: %s", session, exc)
+        finally:
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+            if client is not None and not client.is_closed:
+                await client.aclose()
+
+    def close(self) -> None:
+        """Delete the session and close the HTTP client (from sync code)."""
+        if self._loop is not None and not self._loop.is_closed():
+            super().close()  # aclose on the private loop of reset/step, then that loop
+        elif self._session is not None:
+            _blocking(self.aclose())
+
+    # ------------------------------------------------------------------ HTTP
+    def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers={**self._headers, **extra_headers},
+            timeout=self._timeout,
+            transport=self._transport,
+        )
+
+    def _http(self) -> httpx.AsyncClient:
+        """The keep-alive client of the running loop."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            client = self._clients[loop] = self._new_client()
+        return client
+
+    async def _open_session(self) -> None:
+        created = await self._call("POST", "/sessions", None, SessionCreated, "open a session")
+        self._session = created.session_id
+
+    async def _get_once(self, path: str, model: type[M], what: str) -> M:
+        """One GET on a client of its own, for the blocking calls (their loop is short-lived)."""
+        client = self._new_client(connection="close")
+        try:
+            return self._parse(await self._send(client, "GET", path, None, what), model, what)
+        finally:
+            if self._transport is None:  # a given transport lives on with the env
+                await client.aclose()
+
+    async def _call(self, method: str, path: str, body: BaseModel | None, model: type[M], what: str) -> M:
+        """A request on the loop's keep-alive client, its answer validated as `model`."""
+        return self._parse(await self._send(self._http(), method, path, body, what), model, what)
+
+    async def _do(self, method: str, path: str, what: str) -> None:
+        """A request whose answer has no body (204)."""
+        await self._send(self._http(), method, path, None, what)
+
+    async def _send(
+        self, client: httpx.AsyncClient, method: str, path: str, body: BaseModel | None, what: str
+    ) -> httpx.Response:
+        content = None if body is None else body.model_dump_json()
+        try:
+            resp = await client.request(method, path, content=content, headers=None if body is None else _JSON)
+        except httpx.TimeoutException as exc:
+            raise RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url} in time ({exc!r})") from exc
+        except httpx.HTTPError as exc:
+            raise RemoteEnvError(
+                f"{what}: cannot reach the toolenv server at {self.url} ({type(exc).__name__}: {exc})"
+            ) from exc
+        if resp.status_code >= 400:
+            raise self._failure(resp, what)
+        return resp
+
+    def _parse(self, resp: httpx.Response, model: type[M], what: str) -> M:
+        try:
+            return model.model_validate_json(resp.content)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(map(str, first["loc"])) or "body"
+            raise RemoteEnvError(
+                f"{what}: the answer from {resp.url} is not a toolenv {model.__name__} ({where}: {first['msg']}); "
+                "is it a toolenv server of the same version?"
+            ) from None
+
+    def _failure(self, resp: httpx.Response, what: str) -> Exception:
+        try:
+            body = ErrorResponse.model_validate_json(resp.content)
+            message, kind = body.error, body.type
+        except ValidationError:
+            message, kind = (resp.text.strip()[:200] or resp.reason_phrase), None
+        status = resp.status_code
+        if status == 400 and kind in _REBUILT:
+            return _REBUILT[kind](message)
+        if status == 404:
+            return _SessionGone(f"{what}: {message}", status=status)
+        return RemoteEnvError(f"{what}: the toolenv server at {self.url} answered {status}: {message}", status=status)

@@ -1,0 +1,330 @@
+"""Serve any toolenv env over HTTP: `create_app(factory)` is an ASGI app (Starlette; run it with uvicorn).
+
+Rollout workers on GPU nodes then step envs whose tools (sandboxes, databases, search
+indexes) run on CPU machines, scaled on their own. Each client holds a session, i.e. one
+env instance of its own; `RemoteToolEnv` is the client. Endpoints:
+
+- `POST /sessions` → `SessionCreated`; `DELETE /sessions/{id}` closes the env
+- `POST /sessions/{id}/reset` (`ResetRequest`) → `ResetResponse`
+- `POST /sessions/{id}/step` (`StepRequest`) → `StepResponse`
+- `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
+- `GET /health`, `GET /metadata`, `GET /tasks`, `GET /schema`
+
+Every error is JSON, `{"error": "..."}`: 404 unknown session, 409 step out of order, 422
+invalid body, 429 session limit, 400 the env rejected the reset options, 500 the env
+raised (its exception type and message; the traceback goes to the server's log only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from toolenv.env import ToolEnv
+from toolenv.parsers.base import ActionParser
+from toolenv.remote.sessions import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_TTL,
+    SessionLimitError,
+    SessionStore,
+    UnknownSessionError,
+    as_tool_env,
+)
+from toolenv.remote.wire import (
+    EnvMetadata,
+    ErrorResponse,
+    Health,
+    ResetRequest,
+    ResetResponse,
+    SessionCreated,
+    StepInfo,
+    StepRequest,
+    StepResponse,
+    TaskList,
+    schemas,
+)
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TTL", "create_app", "describe_env", "parser_spec"]
+
+log = logging.getLogger("toolenv.remote")
+
+#: Exceptions of `reset` that mean "these options do not fit this env" (a 400, re-raised as such by the client).
+_BAD_OPTIONS = (ValueError, KeyError, IndexError, TypeError)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _Failure(Exception):
+    """An error response on its way out of a handler."""
+
+    def __init__(self, status: int, message: str, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_
+
+
+def parser_spec(parser: ActionParser) -> tuple[str, dict[str, Any]]:
+    """The registered name of `parser` and the constructor arguments that differ from their defaults.
+
+    Read back from the attributes of the same names, which every built-in parser keeps;
+    a value that is not JSON is left out (with a warning): the client then builds that
+    argument's default.
+    """
+    kwargs: dict[str, Any] = {}
+    try:
+        params = list(inspect.signature(type(parser)).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or not hasattr(parser, p.name):
+            continue
+        value = getattr(parser, p.name)
+        if p.default is not p.empty and value == p.default:
+            continue
+        try:
+            kwargs[p.name] = json.loads(json.dumps(value))
+        except (TypeError, ValueError):
+            log.warning("parser %r: argument %r is not JSON; clients will use its default", parser.name, p.name)
+    return parser.name, kwargs
+
+
+def describe_env(env: ToolEnv, env_id: str = "") -> EnvMetadata:
+    """The metadata a client stands in for `env` with."""
+    from toolenv import __version__
+
+    name, kwargs = parser_spec(env.parser)
+    return EnvMetadata(
+        toolenv_version=__version__,
+        env_id=env_id,
+        parser=name,
+        parser_kwargs=kwargs,
+        tool_schemas=env.tool_schemas(),
+        max_turns=env.max_turns,
+        reward_weights=env.reward_fn.weights,
+        num_tasks=len(env.tasks),
+    )
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    # Responses are built unvalidated from the env's own objects; a reward returning an int
+    # where the model says float is still right, so no serializer warnings.
+    return Response(model.model_dump_json(warnings=False), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, type_: str | None = None) -> Response:
+    return Response(
+        ErrorResponse(error=message, type=type_).model_dump_json(exclude_none=True),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+async def _body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
+    raw = await request.body()
+    if empty_ok and not raw.strip():
+        raw = b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors(include_url=False)[:5]
+        )
+        raise _Failure(422, f"invalid {model.__name__}: {detail}") from None
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    return str(exc).strip() or type(exc).__name__
+
+
+def create_app(
+    env_factory: Callable[[], Any],
+    *,
+    env_id: str | None = None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+) -> Starlette:
+    """An ASGI app serving envs built by `env_factory`, one per session.
+
+    The factory is called once right away, to describe the env (`GET /metadata`) and to fail
+    before serving when it cannot build one; that env serves the first session. It must
+    build a fresh env (with its own tools) on every call: a session's env is closed when
+    the session ends.
+
+    Args:
+        env_factory: a zero-argument callable returning a ToolEnv (or a `gym.make` result).
+        env_id: the id reported in the metadata (default: the env's `spec.id`, if any).
+        max_sessions: sessions alive at once; `POST /sessions` beyond it gets 429.
+        session_ttl: seconds a session may go unused before it is closed.
+    """
+    first = as_tool_env(env_factory())
+    if env_id is None:
+        spec = getattr(first, "spec", None)
+        env_id = getattr(spec, "id", "") or ""
+    metadata = describe_env(first, env_id)
+    task_list = TaskList.model_construct(tasks=list(first.tasks))
+    store = SessionStore(env_factory, max_sessions=max_sessions, ttl=session_ttl, spare=first)
+
+    async def create_session(request: Request) -> Response:
+        try:
+            session = await store.create()
+        except SessionLimitError as exc:
+            raise _Failure(429, str(exc)) from None
+        except Exception as exc:
+            log.exception("building an env for a new session failed")
+            raise _Failure(500, f"could not build an env: {type(exc).__name__}: {_message(exc)}") from None
+        return _json(SessionCreated(session_id=session.id, metadata=metadata), 201)
+
+    async def delete_session(request: Request) -> Response:
+        await store.delete(request.path_params["session_id"])
+        return Response(status_code=204)
+
+    async def reset(request: Request) -> Response:
+        req = await _body(request, ResetRequest, empty_ok=True)
+        options = req.options.to_env()
+        async with store.use(request.path_params["session_id"]) as session:
+            env = session.env
+            try:
+                obs, info = await env.areset(seed=req.seed, options=options)
+            except _BAD_OPTIONS as exc:
+                raise _Failure(400, _message(exc), type(exc).__name__) from None
+            except Exception as exc:
+                log.exception("reset of session %s failed", session.id)
+                raise _Failure(
+                    500, f"env reset failed: {type(exc).__name__}: {_message(exc)}", type(exc).__name__
+                ) from None
+            ep = env.episode
+            assert ep is not None
+            out = ResetResponse.model_construct(
+                observation=obs,
+                episode_id=ep.episode_id,
+                task_id=ep.task.id,
+                task=None if "task" in options else ep.task,
+                messages=list(info.get("messages", [])),
+            )
+        return _json(out)
+
+    async def step(request: Request) -> Response:
+        req = await _body(request, StepRequest)
+        async with store.use(request.path_params["session_id"]) as session:
+            env = session.env
+            ep = env.episode
+            if ep is None:
+                raise _Failure(409, "call reset() before step()")
+            if ep.terminated or ep.truncated:
+                raise _Failure(409, "this episode has ended; call reset() to start another")
+            try:
+                obs, reward, terminated, truncated, info = await env.astep(req.action)
+            except Exception as exc:
+                log.exception("step of session %s failed", session.id)
+                raise _Failure(
+                    500, f"env step failed: {type(exc).__name__}: {_message(exc)}", type(exc).__name__
+                ) from None
+            out = StepResponse.model_construct(
+                observation=obs,
+                reward=float(reward),
+                terminated=bool(terminated),
+                truncated=bool(truncated),
+                info=_step_info(info),
+            )
+        return _json(out)
+
+    async def end_episode(request: Request) -> Response:
+        async with store.use(request.path_params["session_id"]) as session:
+            try:
+                await session.env.aend_episode()
+            except Exception as exc:
+                log.exception("ending the episode of session %s failed", session.id)
+                raise _Failure(500, f"env end_episode failed: {type(exc).__name__}: {_message(exc)}") from None
+        return Response(status_code=204)
+
+    async def health(request: Request) -> Response:
+        return _json(Health(sessions=len(store), max_sessions=store.max_sessions))
+
+    async def get_metadata(request: Request) -> Response:
+        return _json(metadata)
+
+    async def tasks(request: Request) -> Response:
+        return _json(task_list)
+
+    async def schema(request: Request) -> Response:
+        return JSONResponse(schemas())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await store.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/sessions", create_session, methods=["POST"]),
+            Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),
+            Route("/sessions/{session_id}/reset", reset, methods=["POST"]),
+            Route("/sessions/{session_id}/step", step, methods=["POST"]),
+            Route("/sessions/{session_id}/end", end_episode, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metadata", get_metadata, methods=["GET"]),
+            Route("/tasks", tasks, methods=["GET"]),
+            Route("/schema", schema, methods=["GET"]),
+        ],
+        exception_handlers={
+            _Failure: _on_failure,
+            UnknownSessionError: _on_unknown_session,
+            HTTPException: _on_http_error,
+            Exception: _on_crash,
+        },
+        lifespan=lifespan,
+    )
+    app.state.sessions = store
+    app.state.metadata = metadata
+    return app
+
+
+def _step_info(info: Mapping[str, Any]) -> StepInfo:
+    """A step's `info` dict as the wire model (not validated again: the env built it)."""
+    return StepInfo.model_construct(
+        task_id=info["task_id"],
+        turn=info["turn"],
+        action=info["action"],
+        tool_results=info["tool_results"],
+        tool_calls=info["tool_calls"],
+        messages=info["messages"],
+        reward_components=info["reward_components"],
+        answer=info.get("answer"),
+        reward_info=info.get("reward_info"),
+        episode=info.get("episode"),
+    )
+
+
+async def _on_failure(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, _Failure)
+    return _error(exc.status, exc.message, exc.type)
+
+
+async def _on_unknown_session(request: Request, exc: Exception) -> Response:
+    return _error(
+        404,
+        f"no session {request.path_params.get('session_id', '')!r}: it was deleted, idle too long, "
+        "or the server restarted",
+    )
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+async def _on_crash(request: Request, exc: Exception) -> Response:
+    # Starlette logs the traceback (re-raised to the server) after this response is sent.
+    return _error(500, "internal server error (see the server's log)")

@@ -1,0 +1,165 @@
+"""The wire protocol of `toolenv serve`: every request and response body as a Pydantic model.
+
+The server and `RemoteToolEnv` read and write these same models, so one JSON schema
+(`GET /schema`) describes both sides. Steps carry the env's own typed objects
+(`ParsedAction`, `ToolResult` with base64 images, `Message`, `ToolCallRecord`), so what
+crosses the wire is what a local `info` holds, with the same JSON limits as a trajectory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolenv.caller import ToolCallRecord
+from toolenv.types import Message, ParsedAction, Task, ToolResult
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "EnvMetadata",
+    "ErrorResponse",
+    "Health",
+    "ResetOptions",
+    "ResetRequest",
+    "ResetResponse",
+    "SessionCreated",
+    "StepInfo",
+    "StepRequest",
+    "StepResponse",
+    "TaskList",
+    "schemas",
+]
+
+#: Bumped when a change breaks clients of the previous version.
+PROTOCOL_VERSION = 1
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvMetadata(_Wire):
+    """What a client needs to stand in for the env: its parser, tools, limits and rewards."""
+
+    protocol: int = Field(default=PROTOCOL_VERSION, description="The wire protocol version.")
+    toolenv_version: str = Field(description="The server's toolenv version.")
+    env_id: str = Field(default="", description="The Gymnasium id the server was started with, if any.")
+    parser: str = Field(description="The registered name of the env's parser (`get_parser(name, **kwargs)`).")
+    parser_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Parser arguments that differ from defaults."
+    )
+    tool_schemas: list[dict[str, Any]] = Field(default_factory=list, description="OpenAI function schemas.")
+    max_turns: int = Field(ge=1)
+    reward_weights: dict[str, float] = Field(default_factory=dict, description="Weight of each reward component.")
+    num_tasks: int = Field(default=0, ge=0, description="Tasks the env has (`GET /tasks` lists them).")
+
+
+class SessionCreated(_Wire):
+    """`POST /sessions`: a new env instance, reserved for the caller until deleted or idle too long."""
+
+    session_id: str
+    metadata: EnvMetadata
+
+
+class ResetOptions(BaseModel):
+    """`reset` options: one of `task`, `task_id`, `task_index` (or none: the env's own order).
+
+    Other keys pass through to the env unchanged, as they would locally.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    task: Task | None = None
+    task_id: str | int | None = None
+    task_index: int | None = None
+
+    def to_env(self) -> dict[str, Any]:
+        """The options as the env's `reset` takes them (the typed keys only when given)."""
+        given = {k: v for k, v in (("task", self.task), ("task_id", self.task_id), ("task_index", self.task_index))}
+        return {**{k: v for k, v in given.items() if v is not None}, **(self.model_extra or {})}
+
+
+class ResetRequest(_Wire):
+    """`POST /sessions/{id}/reset`."""
+
+    seed: int | None = Field(default=None, ge=0)
+    options: ResetOptions = Field(default_factory=ResetOptions)
+
+
+class ResetResponse(_Wire):
+    """The first observation of a new episode."""
+
+    observation: str
+    episode_id: str
+    task_id: str
+    task: Task | None = Field(default=None, description="The chosen task; left out when the request carried it.")
+    messages: list[Message] = Field(default_factory=list)
+
+
+class StepRequest(_Wire):
+    """`POST /sessions/{id}/step`: one model turn."""
+
+    action: str
+
+
+class StepInfo(_Wire):
+    """The `info` of a step; `answer`, `reward_info` and `episode` only when the episode ended."""
+
+    task_id: str
+    turn: int
+    action: ParsedAction
+    tool_results: list[ToolResult] = Field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    messages: list[Message] = Field(default_factory=list)
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    answer: str | None = None
+    reward_info: dict[str, dict[str, Any]] | None = None
+    episode: dict[str, int | float] | None = None
+
+
+class StepResponse(_Wire):
+    """What `step` returns, with `info` typed."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: StepInfo
+
+
+class TaskList(_Wire):
+    """`GET /tasks`: the env's tasks."""
+
+    tasks: list[Task]
+
+
+class Health(_Wire):
+    """`GET /health`."""
+
+    status: Literal["ok"] = "ok"
+    sessions: int
+    max_sessions: int
+
+
+class ErrorResponse(_Wire):
+    """Every error: a message, and the env's exception type when the env raised it."""
+
+    error: str
+    type: str | None = None
+
+
+def schemas() -> dict[str, Any]:
+    """The JSON schema of every body, by model name (`GET /schema`)."""
+    models: list[type[BaseModel]] = [
+        EnvMetadata,
+        SessionCreated,
+        ResetRequest,
+        ResetResponse,
+        StepRequest,
+        StepResponse,
+        TaskList,
+        Health,
+        ErrorResponse,
+    ]
+    return {m.__name__: m.model_json_schema() for m in models}
