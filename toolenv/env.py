@@ -174,11 +174,7 @@ class ToolEnv(gym.Env[str, str]):
 
     async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one model turn; see the class docstring for what comes back."""
-        ep = self._episode
-        if ep is None:
-            raise RuntimeError("call reset() before step()")
-        if ep.terminated or ep.truncated:
-            raise RuntimeError("this episode has ended; call reset() to start another")
+        ep = self._episode_to_step()
         if not isinstance(action, str):
             action = str(action)
         parsed = self.parser.parse(action)
@@ -234,6 +230,15 @@ class ToolEnv(gym.Env[str, str]):
                 "tool_errors": ep.tool_errors,
             }
         return obs, turn.reward, ep.terminated, ep.truncated, info
+
+    def _episode_to_step(self) -> Episode:
+        """The current episode, or the error that says why there is none to step."""
+        ep = self._episode
+        if ep is None:
+            raise RuntimeError("call reset() before step()")
+        if ep.terminated or ep.truncated:
+            raise RuntimeError("this episode has ended; call reset() to start another")
+        return ep
 
     async def aend_episode(self) -> None:
         """Let the tools free what they hold for the current episode (`Tool.release`).

@@ -186,11 +186,7 @@ class RemoteToolEnv(ToolEnv):
 
     async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one model turn on the server; `info` holds what a local env's does."""
-        ep = self._episode
-        if ep is None:
-            raise RuntimeError("call reset() before step()")
-        if ep.terminated or ep.truncated:
-            raise RuntimeError("this episode has ended; call reset() to start another")
+        ep = self._episode_to_step()
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
         if not isinstance(action, str):
