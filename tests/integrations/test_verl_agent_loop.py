@@ -318,5 +318,54 @@ async def test_formats_written_in_special_tokens_keep_them(scripted_server, make
         register_parser(f"test_recording_{keep}", recording(keep))
         server = scripted_server(["<|im_start|>So <answer>42</answer>"])
         await make_loop(server).run({"temperature": 1.0}, **await _row({"parser": f"test_recording_{keep}"}))
-    assert seen[True] == ["<|im_start|>So <answer>42</answer><|im_end|>"]
-    assert seen[False] == ["So <answer>42</answer>"]
+    # The last text each parser read is the model's reply (the first may be the template check's call).
+    assert seen[True][-1] == "<|im_start|>So <answer>42</answer><|im_end|>"
+    assert seen[False][-1] == "So <answer>42</answer>"
+
+
+def test_template_mismatch_reads_the_templates_own_call(tiny_tokenizer: Any) -> None:
+    """The tiny Qwen2 template writes Hermes calls: hermes reads them, the other formats do not."""
+    from toolenv.parsers import get_parser, template_mismatch
+
+    assert template_mismatch(get_parser("hermes"), tiny_tokenizer) is None
+    for spec in ("mistral", "harmony", "pythonic", "qwen3_xml", "tags"):
+        problem = template_mismatch(get_parser(spec), tiny_tokenizer)
+        assert problem is not None and "<tool_call>" in problem and repr(spec) in problem, spec
+
+
+def test_template_mismatch_follows_the_template_not_the_model_name(tiny_tokenizer: Any) -> None:
+    """The same tokenizer with a Mistral-style template: now mistral reads it and hermes does not;
+    a template that cannot write tool calls gives no verdict."""
+    import copy
+
+    from toolenv.parsers import get_parser, template_mismatch
+
+    mistral_like = copy.deepcopy(tiny_tokenizer)
+    mistral_like.chat_template = (
+        "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+        "[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}"
+        "{% endfor %}{% else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"
+    )
+    assert template_mismatch(get_parser("mistral"), mistral_like) is None
+    assert "[TOOL_CALLS]lookup[ARGS]" in (template_mismatch(get_parser("hermes"), mistral_like) or "")
+    plain = copy.deepcopy(tiny_tokenizer)
+    plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert template_mismatch(get_parser("hermes"), plain) is None
+
+
+async def test_the_loop_warns_once_when_the_env_cannot_read_the_models_calls(
+    scripted_server, make_loop, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from toolenv.integrations.verl import agent_loop
+
+    agent_loop._CHECKED.clear()
+    with caplog.at_level(logging.WARNING, logger=agent_loop.__name__):
+        for _ in range(2):
+            await make_loop(scripted_server(["<answer>42</answer>"])).run({}, **await _row({"parser": "mistral"}))
+        await make_loop(scripted_server(["<answer>42</answer>"])).run({}, **await _row())
+        # A prompted format (Search-R1's tags) is taught by the prompt: not checked.
+        await make_loop(scripted_server(["<answer>42</answer>"])).run({}, **await _row({"parser": "tags"}))
+    warnings = [r.getMessage() for r in caplog.records if "chat template" in r.getMessage()]
+    assert len(warnings) == 1 and "'mistral'" in warnings[0]

@@ -9,6 +9,7 @@ from toolenv.parsers.mistral import MistralParser
 from toolenv.parsers.pythonic import PythonicParser
 from toolenv.parsers.qwen3_xml import Qwen3XMLParser
 from toolenv.parsers.tags import TagParser
+from toolenv.parsers.template_check import template_mismatch
 
 __all__ = [
     "ActionParser",
@@ -22,4 +23,5 @@ __all__ = [
     "TagParser",
     "get_parser",
     "parser_names",
+    "template_mismatch",
 ]

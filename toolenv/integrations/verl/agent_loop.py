@@ -26,11 +26,31 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
+from toolenv.parsers import ActionParser, template_mismatch
 from toolenv.types import Message, Task, ToolResult
 
 __all__ = ["STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
 
 logger = logging.getLogger(__name__)
+
+#: (parser class, parser name, tokenizer id) pairs already checked against the chat template.
+_CHECKED: set[tuple[type[ActionParser], str, int]] = set()
+
+
+def _check_template(parser: ActionParser, tokenizer: Any) -> None:
+    """Warn once per parser and tokenizer when the env cannot read the calls the model's template writes.
+
+    Only for a model family's own formats (those whose templates have tool messages): a
+    prompted format such as Search-R1's tags is taught by the env's instructions instead.
+    """
+    key = (type(parser), parser.name, id(tokenizer))
+    if not parser.tool_messages or key in _CHECKED:
+        return
+    _CHECKED.add(key)
+    problem = template_mismatch(parser, tokenizer)
+    if problem is not None:
+        logger.warning("toolenv: %s", problem)
+
 
 #: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`).
 STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length")
@@ -148,6 +168,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
     async def _episode(
         self, env: ToolEnv, env_id: str, task: Task, sampling_params: dict[str, Any], row: dict[str, Any]
     ) -> AgentLoopOutput:
+        _check_template(env.parser, self.tokenizer)
         _, info = await env.areset(options={"task": task})
         raw_prompt = row.get("raw_prompt")
         if self.use_dataset_prompt and raw_prompt is not None:
