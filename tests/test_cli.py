@@ -50,6 +50,41 @@ def test_check_reports_failures_with_exit_1() -> None:
     assert "FAIL reset_gives_prompt" in out.stdout and "this env has no tasks" in out.stdout
 
 
+@pytest.fixture(scope="module")
+def qwen_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (tiny) Qwen2 tokenizer folder, chat template included, built offline."""
+    pytest.importorskip("transformers", reason="--tokenizer needs transformers (CI installs it with verl)")
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("qwen"))
+
+
+@pytest.mark.parametrize(
+    ("parser", "code", "line"),
+    [
+        ("hermes", 0, "ok  chat_template"),
+        ("mistral", 1, "FAIL chat_template"),
+        ("tags", 0, "'tags' is a prompted format"),
+    ],
+)
+def test_check_compares_the_parser_with_the_models_chat_template(
+    qwen_tokenizer_dir: Path, capsys: pytest.CaptureFixture[str], parser: str, code: int, line: str
+) -> None:
+    kwargs = json.dumps({"tasks": [{"question": "q", "answer": "a"}], "parser": parser})
+    assert main(["check", "toolenv/ToolEnv-v0", "--kwargs", kwargs, "--tokenizer", str(qwen_tokenizer_dir)]) == code
+    out = capsys.readouterr().out
+    assert line in out
+    if code:
+        assert "the model's chat template writes a tool call as '<tool_call>" in out
+
+
+def test_check_tokenizer_needs_an_env(qwen_tokenizer_dir: Path) -> None:
+    out = subprocess.run(
+        [TOOLENV, "check", "sql", "--tokenizer", str(qwen_tokenizer_dir)], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and out.stderr.startswith("toolenv check: error: --tokenizer checks an env's parser")
+
+
 def test_doctor_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

@@ -139,6 +139,19 @@ def check_async_twins(env: ToolEnv) -> None:
         raise CheckFailed("areset/astep disagree with reset/step for the same seed and action")
 
 
+def check_chat_template(env: ToolEnv, tokenizer: Any) -> str:
+    """The env's parser reads tool calls as the model's chat template writes them (for a model
+    family's own formats; a prompted format such as `tags` is taught by the env's instructions)."""
+    from toolenv.parsers import template_mismatch
+
+    if not env.parser.tool_messages:
+        return f"{env.parser.name!r} is a prompted format: the env's instructions teach it"
+    problem = template_mismatch(env.parser, tokenizer)
+    if problem is not None:
+        raise ValueError(problem)
+    return f"{env.parser.name!r} reads the calls the chat template writes"
+
+
 ENV_CHECKS: list[Callable[[ToolEnv], None]] = [
     check_reset_gives_prompt,
     check_gymnasium,
@@ -148,13 +161,13 @@ ENV_CHECKS: list[Callable[[ToolEnv], None]] = [
 ]
 
 
-def _run(name: str, fn: Callable[[], None]) -> CheckResult:
+def _run(name: str, fn: Callable[[], object]) -> CheckResult:
     try:
-        fn()
+        note = fn()
     except Exception as exc:  # noqa: BLE001 - a checker reports every failure
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return CheckResult(name, False, msg)
-    return CheckResult(name, True)
+    return CheckResult(name, True, note if isinstance(note, str) else "")
 
 
 def check_tool(tool: Tool) -> list[CheckResult]:
@@ -165,9 +178,12 @@ def check_tool(tool: Tool) -> list[CheckResult]:
     ]
 
 
-def check_env(env: ToolEnv) -> list[CheckResult]:
-    """Run every env check, then the tool checks of its tools."""
+def check_env(env: ToolEnv, tokenizer: Any = None) -> list[CheckResult]:
+    """Run every env check, then the tool checks of its tools; with a Hugging Face `tokenizer`,
+    also whether the env's parser reads the calls its chat template writes."""
     results = [_run(fn.__name__.removeprefix("check_"), lambda fn=fn: fn(env)) for fn in ENV_CHECKS]  # type: ignore[misc]
+    if tokenizer is not None:
+        results.append(_run("chat_template", lambda: check_chat_template(env, tokenizer)))
     for t in env.tools:
         results += [CheckResult(f"{r.name}[{t.name}]", r.ok, r.message) for r in check_tool(t)]
     return results

@@ -12,6 +12,21 @@ HELP = "Check an env (e.g. toolenv/Spider-v0) or a tool plugin (e.g. sql)."
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="an env ID (namespace/Name-vN) or a tool name")
     parser.add_argument("--kwargs", default="{}", help="JSON keyword arguments for gym.make or the tool")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="also check that the env's parser reads the tool calls this model's chat template writes "
+        "(a Hugging Face tokenizer name or folder; needs transformers)",
+    )
+
+
+def _tokenizer(name: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError("--tokenizer needs transformers: pip install transformers") from None
+    return AutoTokenizer.from_pretrained(name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
         env = gym.make(args.target, **kwargs).unwrapped
         if not isinstance(env, ToolEnv):
             raise TypeError(f"{args.target} is not a toolenv ToolEnv")
-        results = check_env(env)
+        results = check_env(env, _tokenizer(args.tokenizer) if args.tokenizer else None)
         env.close()
     else:
+        if args.tokenizer:
+            raise ValueError("--tokenizer checks an env's parser; give an env id (namespace/Name-vN)")
         results = check_tool(load_tool(args.target, **kwargs))
     width = max(len(r.name) for r in results)
     for r in results:
