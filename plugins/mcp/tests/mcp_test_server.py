@@ -2,25 +2,30 @@
 `--http PORT` for streamable HTTP on 127.0.0.1.
 
 `MCP_TEST_REFUSE_IF=<path>`: exit at start while that file exists (a server that cannot restart).
+`remember` / `recall` keep state per MCP session (over stdio: per process), as a stateful
+server (a notebook, a browser) would.
 Written for the MCP SDK 1.x (`FastMCP`) and 2.x (`MCPServer`, its new name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import struct
 import sys
+import weakref
 import zlib
 from typing import Any
 
 import mcp.types as types
 
 try:  # mcp 2.x
+    from mcp.server.mcpserver import Context
     from mcp.server.mcpserver import MCPServer as FastMCP
     from mcp.server.mcpserver.exceptions import ToolError
 except ImportError:  # mcp 1.x
-    from mcp.server.fastmcp import FastMCP  # type: ignore[no-redef, attr-defined, unused-ignore]
+    from mcp.server.fastmcp import Context, FastMCP  # type: ignore[no-redef, attr-defined, unused-ignore]
     from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef, import-not-found, unused-ignore]
 
 refuse = os.environ.get("MCP_TEST_REFUSE_IF")
@@ -30,6 +35,7 @@ if refuse and os.path.exists(refuse):
 
 app = FastMCP("toolenv-test", log_level="WARNING")
 CALLS = 0  # tool calls served, so tests can show invalid arguments never arrived
+MEMORY: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()  # per MCP session
 
 
 def _count() -> None:
@@ -126,6 +132,27 @@ def pid() -> int:
 def calls() -> int:
     """How many calls of the other tools this process has served."""
     return CALLS
+
+
+def _memory(ctx: Any) -> list[str]:
+    """The memory of the caller's MCP session (2.x builds a session object per request, over its connection)."""
+    session = ctx.session
+    return MEMORY.setdefault(getattr(session, "_connection", session), [])
+
+
+@app.tool()
+def remember(value: str, ctx: Context) -> str:  # type: ignore[type-arg, unused-ignore]
+    """Add a value to this session's memory."""
+    _count()
+    _memory(ctx).append(value)
+    return "ok"
+
+
+@app.tool()
+def recall(ctx: Context) -> str:  # type: ignore[type-arg, unused-ignore]
+    """The values this session remembered, as a JSON list."""
+    _count()
+    return json.dumps(_memory(ctx))
 
 
 def main(argv: list[str]) -> None:

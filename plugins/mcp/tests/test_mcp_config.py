@@ -140,3 +140,18 @@ def test_importing_toolenv_or_the_plugin_does_not_import_the_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_scope_is_read_from_an_entry_and_is_not_part_of_the_identity() -> None:
+    servers = load_servers(
+        {
+            "mcpServers": {
+                "notes": {"command": "python", "args": ["notes.py"], "scope": "episode"},
+                "calc": {"command": "c"},
+            }
+        }
+    )
+    assert servers["notes"].scope == "episode" and servers["calc"].scope == "process"
+    assert servers["notes"].key == MCPServer(command="python", args=["notes.py"]).key  # lists through one connection
+    with pytest.raises(ValueError, match=r"MCP server 'notes': scope: Input should be 'process' or 'episode'"):
+        load_servers({"notes": {"command": "python", "scope": "task"}})

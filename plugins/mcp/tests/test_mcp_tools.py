@@ -18,7 +18,7 @@ from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
 from toolenv.checker import check_tool_rejects_bad_arguments, check_tool_schema
 from toolenv_mcp import MCPServer, MCPServerError, MCPTool, amcp_tools, connection, mcp_tools
 
-ALL = ["add", "echo", "fail", "sleep", "image", "structured", "resources", "die", "pid", "calls"]
+ALL = ["add", "echo", "fail", "sleep", "image", "structured", "resources", "die", "pid", "calls", "remember", "recall"]
 Factory = Callable[..., MCPServer]
 
 
@@ -71,7 +71,7 @@ def test_include_exclude_and_prefix(server: MCPServer) -> None:
     tools = mcp_tools(server, include=["add", "e*"], prefix="calc_")
     assert [t.name for t in tools] == ["calc_add", "calc_echo"]
     assert [t.mcp_name for t in tools] == ["add", "echo"]
-    others = mcp_tools(server, exclude=["die", "s*", "calc_[ae]*"], prefix="calc_")  # MCP or prefixed names
+    others = mcp_tools(server, exclude=["die", "s*", "calc_[ae]*", "re[mc]*"], prefix="calc_")  # MCP or prefixed
     assert [t.name for t in others] == ["calc_fail", "calc_image", "calc_resources", "calc_pid", "calc_calls"]
     named = mcp_tools(server, include="add", prefix_server_names=True)
     assert [t.name for t in named] == ["calc__add"]

@@ -3,7 +3,8 @@
 The config format is the one Claude Desktop, Cursor, Cline and most MCP clients read:
 `{"mcpServers": {"name": {"command": ..., "args": [...], "env": {...}}}}` for a server
 run as a subprocess over stdio, or `{"name": {"url": ..., "headers": {...}}}` for one
-reached over streamable HTTP. A bare `{"name": {...}}` mapping is accepted too.
+reached over streamable HTTP. A bare `{"name": {...}}` mapping is accepted too. toolenv
+adds one key of its own: `"scope": "episode"` gives every episode a server of its own.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["MCPServer", "load_servers"]
+__all__ = ["MCPServer", "Scope", "load_servers"]
+
+#: Who shares a server's connection: every episode of the process, or only one episode.
+Scope = Literal["process", "episode"]
 
 # Keys other clients keep in the same entries (approval lists, UI hints, their own call
 # timeout): accepted and ignored, so a config copied from them loads as it is. toolenv's
@@ -31,7 +35,9 @@ class MCPServer(BaseModel):
     """One MCP server: a command run over stdio, or a streamable HTTP endpoint (exactly one).
 
     Two `MCPServer`s with the same transport settings are the same server: every tool and
-    env naming it shares one connection (and one process) per Python process.
+    env naming it shares one connection (and one process) per Python process. With
+    `scope="episode"` the calls go instead through a connection of each episode's own
+    (a fresh process, or a fresh HTTP session), so a stateful server starts clean every episode.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,6 +54,11 @@ class MCPServer(BaseModel):
         default_factory=dict, description="Streamable HTTP: headers sent with every request."
     )
     startup_timeout: float = Field(default=30.0, gt=0, description="Seconds to wait for the MCP handshake.")
+    scope: Scope = Field(
+        default="process",
+        description='"process": one connection shared by every episode; "episode": one per episode, '
+        "opened by its first call and closed when it ends (for stateful servers).",
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> MCPServer:
@@ -80,8 +91,8 @@ class MCPServer(BaseModel):
 
     @property
     def key(self) -> str:
-        """What makes two servers the same one: the transport settings, not the label."""
-        return json.dumps(self.model_dump(exclude={"name", "startup_timeout"}), sort_keys=True)
+        """What makes two servers the same one: the transport settings, not the label or the scope."""
+        return json.dumps(self.model_dump(exclude={"name", "startup_timeout", "scope"}), sort_keys=True)
 
     @classmethod
     def from_config(cls, source: Mapping[str, Any] | str | Path, *, name: str = "") -> MCPServer:

@@ -1,15 +1,23 @@
-"""One MCP session per distinct server per process, shared and refcounted.
+"""One MCP session per distinct server per process, shared and refcounted; or one per episode.
 
 Every tool object naming a server holds one reference to its `Connection`; the session
 (and, for stdio, the server process) is closed when the last reference is released, and
 at interpreter exit. The session lives on the background loop (`toolenv_mcp.loop`);
 every coroutine method here runs there.
 
+Servers with `scope="episode"` are called through a second registry, keyed by server and
+episode id: the episode's first call opens its connection (`acquire_episode`), every
+tool of the server that calls in the episode holds it, and it closes when the last of
+them lets go (`release_episode`, from `Tool.release` at the episode's end; `drop_holder`
+when a tool closes). The process-wide connection then only serves the tool listing.
+
 Faults: a server whose connection ends while idle is restarted by the next call; one
 that dies during a call fails that call with `MCPConnectionLost` (its outcome is
-unknown) and is restarted by the next. A server that cannot start fails with
-`MCPServerError`, and is not tried again for a second, so a vector env of a thousand
-episodes does not spawn a thousand doomed processes at once.
+unknown) and is restarted by the next. An episode's own server that died between calls
+fails the next call too (its state is gone, which the model should hear), and the call
+after that starts a new one. A server that cannot start fails with `MCPServerError`, and
+is not tried again for a second (for episode connections: by any episode), so a vector
+env of a thousand episodes does not spawn a thousand doomed processes at once.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -31,7 +40,7 @@ from toolenv_mcp import loop
 from toolenv_mcp.config import MCPServer
 from toolenv_mcp.errors import MCPConnectionLost, MCPServerError
 
-__all__ = ["Connection", "acquire", "release"]
+__all__ = ["Connection", "acquire", "acquire_episode", "drop_holder", "new_holder", "release", "release_episode"]
 
 _log = logging.getLogger("toolenv.mcp")
 
@@ -44,12 +53,34 @@ CLOSE_TIMEOUT = 10.0
 _MAX_PAGES = 1000
 
 
-class Connection:
-    """The live session to one server, restarted on demand. Use `acquire`/`release`."""
+class _StartFailure:
+    """The last failed start of a server, repeated instead of retried for `RESTART_COOLDOWN` seconds."""
 
-    def __init__(self, server: MCPServer) -> None:
+    __slots__ = ("at", "message")
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+        self.at = 0.0
+
+    def recent(self) -> str | None:
+        """The failure's message while it is within the cool-down, else None."""
+        if self.message is not None and time.monotonic() - self.at < RESTART_COOLDOWN:
+            return self.message
+        return None
+
+
+class Connection:
+    """The live session to one server, restarted on demand.
+
+    Use `acquire`/`release` for the process-wide one, `acquire_episode`/`release_episode`
+    for an episode's own (`episode` is then its id, and `failures` shared by the server's
+    episode connections).
+    """
+
+    def __init__(self, server: MCPServer, *, episode: str | None = None, failures: _StartFailure | None = None) -> None:
         self.server = server
         self.key = server.key
+        self.episode = episode
         self.refs = 0
         self.epoch = _epoch
         self.starts = 0
@@ -60,8 +91,7 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[Any] | None = None
-        self._failure: str | None = None
-        self._failed_at = 0.0
+        self._failures = failures if failures is not None else _StartFailure()
         self._ending: set[asyncio.Task[None]] = set()
 
     @property
@@ -69,7 +99,8 @@ class Connection:
         return self.server.label
 
     def __repr__(self) -> str:
-        return f"<Connection {self.label!r} refs={self.refs} starts={self.starts}>"
+        owner = f" episode={self.episode!r}" if self.episode is not None else f" refs={self.refs}"
+        return f"<Connection {self.label!r}{owner} starts={self.starts}>"
 
     # ------------------------------------------------------------------ requests
     async def list_tools(self) -> list[dict[str, Any]]:
@@ -118,11 +149,16 @@ class Connection:
         if is_connection_error(exc) or not current or self._lost:
             if current:
                 self._lost = True
-            return MCPConnectionLost(
-                f"MCP server {self.label!r} closed the connection during {during} (did it crash?); "
-                "it is restarted on the next call"
-            )
+                if self.episode is not None:  # reported now: the next call starts a new one
+                    self._retire()
+            return MCPConnectionLost(f"MCP server {self.label!r} closed the connection during {during} {self._next()}")
         return exc
+
+    def _next(self) -> str:
+        """What happens after a lost connection, as the end of the message saying so."""
+        if self.episode is None:
+            return "(did it crash?); it is restarted on the next call"
+        return "(did it crash?); the next call of this episode starts a new one, without the episode's state so far"
 
     # ------------------------------------------------------------------ lifecycle
     async def _live(self) -> Any:
@@ -131,6 +167,12 @@ class Connection:
             raise MCPServerError(f"MCP server {self.label!r}: its connection was closed")
         if self._session is not None and not self._lost:
             return self._session
+        if self.episode is not None and self._session is not None:  # the episode's server died while idle
+            self._retire()
+            raise MCPConnectionLost(
+                f"MCP server {self.label!r} of this episode closed the connection between calls, "
+                f"so this call was not sent {self._next()}"
+            )
         starting = self._starting
         if starting is None:
             starting = self._starting = asyncio.get_running_loop().create_task(self._start())
@@ -139,37 +181,45 @@ class Connection:
         return await asyncio.shield(starting)
 
     async def _start(self) -> Any:
+        """A new session; a start that failed within the cool-down is reported again, not retried."""
         try:
             self._retire()
-            if self._failure is not None and time.monotonic() - self._failed_at < RESTART_COOLDOWN:
-                raise MCPServerError(self._failure)
-            self.starts += 1
-            running = asyncio.get_running_loop()
-            ready: asyncio.Future[Any] = running.create_future()
-            ready.add_done_callback(_retrieve)
-            stop = asyncio.Event()
-            owner = running.create_task(self._own(self.starts, ready, stop))
+            recent = self._failures.recent()
+            if recent is not None:
+                raise MCPServerError(recent)
             try:
-                session = await asyncio.wait_for(asyncio.shield(ready), self.server.startup_timeout)
-            except BaseException as exc:  # a failed start, the handshake timing out, or close()
-                ready.cancel()
-                stop.set()
-                owner.cancel()
-                self._track(owner)
-                if isinstance(exc, asyncio.TimeoutError):
-                    raise MCPServerError(
-                        f"MCP server {self.label!r} could not start: no answer to the MCP handshake "
-                        f"within {self.server.startup_timeout:g} s"
-                    ) from None
+                session = await self._open()
+            except MCPServerError as exc:  # timed from the attempt, not from later reports
+                self._failures.message, self._failures.at = str(exc), time.monotonic()
                 raise
-            self._session, self._stop, self._owner, self._lost = session, stop, owner, False
-            self._failure = None
+            self._failures.message = None
             return session
-        except MCPServerError as exc:
-            self._failure, self._failed_at = str(exc), time.monotonic()
-            raise
         finally:
             self._starting = None
+
+    async def _open(self) -> Any:
+        """Start the owner task of a new session and wait for its handshake."""
+        self.starts += 1
+        running = asyncio.get_running_loop()
+        ready: asyncio.Future[Any] = running.create_future()
+        ready.add_done_callback(_retrieve)
+        stop = asyncio.Event()
+        owner = running.create_task(self._own(self.starts, ready, stop))
+        try:
+            session = await asyncio.wait_for(asyncio.shield(ready), self.server.startup_timeout)
+        except BaseException as exc:  # a failed start, the handshake timing out, or close()
+            ready.cancel()
+            stop.set()
+            owner.cancel()
+            self._track(owner)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise MCPServerError(
+                    f"MCP server {self.label!r} could not start: no answer to the MCP handshake "
+                    f"within {self.server.startup_timeout:g} s"
+                ) from None
+            raise
+        self._session, self._stop, self._owner, self._lost = session, stop, owner, False
+        return session
 
     async def _own(self, generation: int, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
         """Open the transport and session, hand the session over, and hold both open until `stop`.
@@ -359,10 +409,7 @@ def release(conn: Connection) -> concurrent.futures.Future[None] | None:
         if conn.refs > 0 or _connections.get(conn.key) is not conn:
             return None
         del _connections[conn.key]
-        closing = loop.submit(conn.aclose())
-        _closing.add(closing)
-    closing.add_done_callback(_closing.discard)
-    return closing
+        return _close(conn)
 
 
 def is_current(conn: Connection) -> bool:
@@ -370,11 +417,81 @@ def is_current(conn: Connection) -> bool:
     return conn.epoch == _epoch and not conn.closed
 
 
+def _close(conn: Connection) -> concurrent.futures.Future[None]:
+    """Close `conn` on the background loop, tracked until it has (so exit waits for it)."""
+    closing = loop.submit(conn.aclose())
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+    return closing
+
+
+# ---------------------------------------------------------------------- episode connections
+class _EpisodeEntry:
+    """An episode's own connection to one server, and the tools holding it (by holder token)."""
+
+    __slots__ = ("conn", "holders")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.holders: set[int] = set()
+
+
+_episodes: dict[tuple[str, str], _EpisodeEntry] = {}
+_episode_failures: dict[str, _StartFailure] = {}  # per server: one cool-down for all its episodes
+_holders = itertools.count(1)
+
+
+def new_holder() -> int:
+    """A token naming one holder (a tool) of episode connections; unlike `id()`, never reused."""
+    return next(_holders)
+
+
+def acquire_episode(server: MCPServer, episode_id: str, holder: int) -> Connection:
+    """The connection of episode `episode_id` to `server`, made on the episode's first call; `holder` noted.
+
+    Nothing is started here: the session opens on first use.
+    """
+    with _lock:
+        entry = _episodes.get((server.key, episode_id))
+        if entry is None:
+            failures = _episode_failures.setdefault(server.key, _StartFailure())
+            conn = Connection(server, episode=episode_id, failures=failures)
+            entry = _episodes[server.key, episode_id] = _EpisodeEntry(conn)
+        entry.holders.add(holder)
+        return entry.conn
+
+
+def release_episode(server: MCPServer, episode_id: str, holder: int) -> concurrent.futures.Future[None] | None:
+    """`holder` is done with the episode's connection; the last holder closes it (the future ends with it)."""
+    with _lock:
+        return _let_go((server.key, episode_id), holder)
+
+
+def drop_holder(holder: int) -> list[concurrent.futures.Future[None]]:
+    """`holder` lets go of every episode connection it holds (a tool closing); the closings it causes."""
+    with _lock:
+        held = [key for key, entry in tuple(_episodes.items()) if holder in entry.holders]  # GC may run here
+        return [c for c in (_let_go(key, holder) for key in held) if c is not None]
+
+
+def _let_go(key: tuple[str, str], holder: int) -> concurrent.futures.Future[None] | None:
+    """Remove `holder` from the entry at `key` (under `_lock`); close the connection if none is left."""
+    entry = _episodes.get(key)
+    if entry is None or holder not in entry.holders:
+        return None
+    entry.holders.discard(holder)
+    if entry.holders:
+        return None
+    del _episodes[key]
+    return _close(entry.conn)
+
+
 def _close_all() -> None:
     """At exit: close every connection (terminating stdio servers), then stop the loop."""
     with _lock:
-        conns = list(_connections.values())
+        conns = [*_connections.values(), *(e.conn for e in _episodes.values())]
         _connections.clear()
+        _episodes.clear()
         pending = list(_closing)
     if not loop.started():
         return
@@ -385,8 +502,9 @@ def _close_all() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child does not own its parent's sessions or processes."""
-    global _lock, _connections, _closing, _epoch
+    global _lock, _connections, _closing, _epoch, _episodes, _episode_failures
     _lock, _connections, _closing, _epoch = threading.RLock(), {}, set(), _epoch + 1
+    _episodes, _episode_failures = {}, {}
 
 
 atexit.register(_close_all)

@@ -4,7 +4,8 @@ The schema the model sees is the server's own `inputSchema` (auto-generated `tit
 keys dropped, as for toolenv's tools); arguments are checked against it before anything
 is sent (`toolenv_mcp.args`). Calls go through the server's shared connection
 (`toolenv_mcp.connection`) on the background loop (`toolenv_mcp.loop`), under the
-tool's `ToolLimits` like any other tool.
+tool's `ToolLimits` like any other tool; for a server with `scope="episode"`, through
+the connection of the calling episode, which `release` closes when the episode ends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from toolenv import Tool, ToolContext, ToolLimits, ToolResult
 from toolenv_mcp import loop
 from toolenv_mcp.args import args_model, arguments_of
 from toolenv_mcp.config import MCPServer, load_servers
-from toolenv_mcp.connection import Connection, acquire, describe, is_current, release
+from toolenv_mcp.connection import (
+    Connection,
+    acquire,
+    acquire_episode,
+    describe,
+    drop_holder,
+    is_current,
+    new_holder,
+    release,
+    release_episode,
+)
 from toolenv_mcp.errors import MCPServerError
 from toolenv_mcp.results import to_tool_result
 
@@ -39,6 +50,10 @@ class MCPTool(Tool):
     Built by `mcp_tools` from the server's tool listing (`spec`: `name`, `description`,
     `inputSchema`, ... as the server sent them). Holds one reference to the connection
     until `close()`; a call after `close()` takes a new one.
+
+    With `server.scope == "episode"` the process-wide connection serves only the listing
+    (the tool keeps it, so more envs list without another start): calls go through the
+    calling episode's own connection, held until `release(ctx)` at the episode's end.
     """
 
     def __init__(
@@ -75,10 +90,13 @@ class MCPTool(Tool):
         self._conn: Connection | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._hold()
+        self._holder = new_holder()  # this tool, as a holder of episode connections
+        if server.scope == "episode":  # a tool dropped without close() lets go of its episodes
+            weakref.finalize(self, drop_holder, self._holder).atexit = False
 
     # ------------------------------------------------------------------ Tool API
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
-        conn = self._connection()
+        conn = self._connection() if self.server.scope == "process" else self._episode(ctx)
         try:
             result = await loop.call(conn.call_tool(self.mcp_name, arguments_of(args)))
         except MCPServerError as exc:  # could not start, or the connection ended mid-call
@@ -91,11 +109,18 @@ class MCPTool(Tool):
             )
         return to_tool_result(result, tool=self.name, server=self.server.label, mcp_tool=self.mcp_name)
 
+    async def release(self, ctx: ToolContext) -> None:
+        """Scope "episode": let go of the connection of `ctx`'s episode, which has ended.
+
+        The last tool of the server to let go closes it (a stdio server's process is gone
+        when this returns). Nothing to do for process-scoped servers.
+        """
+        if self.server.scope == "episode":
+            await _closed([release_episode(self.server, ctx.episode_id, self._holder)])
+
     async def close(self) -> None:
-        """Release this tool's reference; the last one closes the connection (and stops a stdio server)."""
-        closing = self._drop()
-        if closing is not None:
-            await asyncio.wrap_future(closing)
+        """Release this tool's reference (and episode connections); the last one closes each connection."""
+        await _closed([self._drop(), *(drop_holder(self._holder) if self.server.scope == "episode" else ())])
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function schema, its parameters being the server's `inputSchema`."""
@@ -123,11 +148,22 @@ class MCPTool(Tool):
             conn = self._hold()
         return conn
 
+    def _episode(self, ctx: ToolContext) -> Connection:
+        """The connection of `ctx`'s episode, opened by its first call to a tool of this server."""
+        return acquire_episode(self.server, ctx.episode_id, self._holder)
+
     def _drop(self) -> concurrent.futures.Future[None] | None:
         """Give the reference back (once); the future of the connection's closing, if it was the last."""
         finalizer, self._finalizer, self._conn = self._finalizer, None, None
         detached = finalizer.detach() if finalizer is not None else None
         return release(detached[2][0]) if detached is not None else None
+
+
+async def _closed(closings: Iterable[concurrent.futures.Future[None] | None]) -> None:
+    """Wait for connections to close; shielded, as cancelling the wait would cancel a closing halfway."""
+    for closing in closings:
+        if closing is not None:
+            await asyncio.shield(asyncio.wrap_future(closing))
 
 
 def resolve_servers(servers: Servers) -> dict[str, MCPServer]:
