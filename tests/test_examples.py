@@ -144,3 +144,11 @@ def test_remote_example() -> None:
     assert out.returncode == 0, out.stderr
     assert "parser=hermes tools=['add']" in out.stdout
     assert "reward=1.0 terminated=True turns=2" in out.stdout
+
+
+def test_export_example() -> None:
+    out = run(str(EXAMPLES / "export_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "episodes: [('product', False), ('sum', True)]" in out.stdout
+    assert "kept 1 of 2: task sum" in out.stdout
+    assert "tool: '42'" in out.stdout and "assistant: 'The answer is <answer>42</answer>'" in out.stdout

@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "load_tasks": "toolenv.types",
     "load_tool": "toolenv.registry",
     "rollout": "toolenv.runner",
+    "export_chat": "toolenv.export",
     "tool": "toolenv._tool",
     "tuned_gc": "toolenv.gc_tuning",
 }
@@ -79,6 +80,7 @@ __all__ = [
     "UnicodeText",
     "WeightedSum",
     "__version__",
+    "export_chat",
     "get_parser",
     "get_reward",
     "load_tasks",
@@ -94,6 +96,7 @@ if TYPE_CHECKING:
     from toolenv.caller import ToolCaller, ToolCallRecord
     from toolenv.env import ToolEnv
     from toolenv.episode import Episode, Turn
+    from toolenv.export import export_chat
     from toolenv.gc_tuning import tuned_gc
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "list": "toolenv.commands.list_cmd",
     "check": "toolenv.commands.check_cmd",
     "doctor": "toolenv.commands.doctor_cmd",
+    "export": "toolenv.commands.export_cmd",
     "rollout": "toolenv.commands.rollout_cmd",
     "serve": "toolenv.commands.serve_cmd",
     "view": "toolenv.commands.view_cmd",

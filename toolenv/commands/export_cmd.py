@@ -1,0 +1,36 @@
+"""`toolenv export RUN... --out FILE`: trajectories as chat-format fine-tuning data."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "Write rollout trajectories as chat-format JSONL for supervised fine-tuning (e.g. the successful ones)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", metavar="RUN", type=Path, nargs="+", help="run directories (runs/NAME) or trajectories.jsonl files"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    parser.add_argument("--success-only", action="store_true", help="keep only the episodes that succeeded")
+    parser.add_argument("--min-reward", type=float, default=None, help="keep episodes with at least this reward")
+    parser.add_argument(
+        "--calls",
+        choices=["text", "structured"],
+        default="text",
+        help="assistant tool calls as the model wrote them (text, default) or as tool_calls for the "
+        "target model's chat template to write (structured)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolenv.export import export_chat
+    from toolenv.report.html import load_run
+
+    trajectories = [t for r in args.run for t in load_run(r)[0]]
+    written = export_chat(
+        trajectories, args.out, success_only=args.success_only, min_reward=args.min_reward, calls=args.calls
+    )
+    print(f"wrote {written} of {len(trajectories)} trajectories to {args.out}")
+    return 0

@@ -1,0 +1,106 @@
+"""Trajectories as chat-format fine-tuning data (SFT cold starts, rejection sampling).
+
+Agentic RL recipes often start from supervised data: roll out a strong model (or an
+oracle), keep the episodes that succeeded, and fine-tune on them before RL. This turns
+trajectories into the OpenAI chat layout (`{"messages": [...], "tools": [...]}` per line), the
+conversational form that TRL's `SFTTrainer` and LLaMA-Factory's OpenAI-style datasets read.
+
+Each turn becomes an assistant message, then the env's answer: a `tool` message per result
+that answers a call (with its call id) and one user message for what answers none (parse
+errors, "no tool call"), the layout verl's agent loop and the OpenAI agent use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from toolenv.trajectory import Trajectory, TurnRecord
+from toolenv.types import Message
+
+__all__ = ["CallStyle", "chat_messages", "export_chat"]
+
+#: `text`: the assistant's content is the action exactly as the model wrote it (train the
+#: same model family on its own format). `structured`: calls go into `tool_calls` and the
+#: content keeps the rest, so the target model's chat template writes the calls in its own
+#: format (train one family on another's rollouts).
+CallStyle = Literal["text", "structured"]
+
+
+def _assistant(turn: TurnRecord, calls: CallStyle) -> dict[str, Any]:
+    parsed = turn.parsed
+    if calls == "text" or not parsed.tool_calls:
+        return {"role": "assistant", "content": turn.action}
+    content = parsed.text
+    if parsed.answer is not None:
+        content = f"{content}\n<answer>{parsed.answer}</answer>".strip()
+    return Message(role="assistant", content=content, tool_calls=list(parsed.tool_calls)).to_openai()
+
+
+def _replies(turn: TurnRecord) -> Iterator[dict[str, Any]]:
+    answered = [r for r in turn.results if r.call_id]
+    for r in answered:
+        yield Message(
+            role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id, images=r.images
+        ).to_openai()
+    unanswered = [r for r in turn.results if not r.call_id]
+    if unanswered:
+        text = "\n".join(r.text for r in unanswered)
+        yield Message(role="user", content=text, images=[im for r in unanswered for im in r.images]).to_openai()
+
+
+def chat_messages(trajectory: Trajectory, *, calls: CallStyle = "text") -> list[dict[str, Any]]:
+    """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
+
+    The reply to the last turn is left out: the model never saw it, so it is nothing to learn from.
+    """
+    if calls not in ("text", "structured"):
+        raise ValueError(f"calls must be 'text' or 'structured', got {calls!r}")
+    out = [m.to_openai() for m in trajectory.prompt_messages]
+    for i, turn in enumerate(trajectory.turns):
+        out.append(_assistant(turn, calls))
+        if i < len(trajectory.turns) - 1:
+            out.extend(_replies(turn))
+    return out
+
+
+def export_chat(
+    trajectories: Iterable[Trajectory],
+    path: str | Path,
+    *,
+    success_only: bool = False,
+    min_reward: float | None = None,
+    calls: CallStyle = "text",
+    tools: list[dict[str, Any]] | None = None,
+) -> int:
+    """Write one `{"messages": [...]}` line per kept trajectory (errors and empty episodes are
+    never kept); returns how many lines were written.
+
+    Args:
+        success_only: keep episodes that succeeded (reward at the run's success threshold, no error).
+        min_reward: keep episodes whose reward is at least this.
+        calls: how assistant tool calls are written (`CallStyle`).
+        tools: OpenAI function schemas to put on every line as `"tools"` (the env's `tool_schemas()`).
+    """
+    if calls not in ("text", "structured"):
+        raise ValueError(f"calls must be 'text' or 'structured', got {calls!r}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    tmp = target.with_name(target.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for t in trajectories:
+            if t.error is not None or not t.turns:
+                continue
+            if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
+                continue
+            line: dict[str, Any] = {"messages": chat_messages(t, calls=calls)}
+            if tools:
+                line["tools"] = tools
+            line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+            written += 1
+    tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
+    return written
