@@ -13,12 +13,12 @@ errors, "no tool call"), the layout verl's agent loop and the OpenAI agent use.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from toolenv.trajectory import Trajectory, TurnRecord
-from toolenv.types import Message
+from toolenv.types import Message, reply_messages
 
 __all__ = ["CallStyle", "chat_messages", "export_chat"]
 
@@ -39,18 +39,6 @@ def _assistant(turn: TurnRecord, calls: CallStyle) -> dict[str, Any]:
     return Message(role="assistant", content=content, tool_calls=list(parsed.tool_calls)).to_openai()
 
 
-def _replies(turn: TurnRecord) -> Iterator[dict[str, Any]]:
-    answered = [r for r in turn.results if r.call_id]
-    for r in answered:
-        yield Message(
-            role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id, images=r.images
-        ).to_openai()
-    unanswered = [r for r in turn.results if not r.call_id]
-    if unanswered:
-        text = "\n".join(r.text for r in unanswered)
-        yield Message(role="user", content=text, images=[im for r in unanswered for im in r.images]).to_openai()
-
-
 def chat_messages(trajectory: Trajectory, *, calls: CallStyle = "text") -> list[dict[str, Any]]:
     """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
 
@@ -62,7 +50,7 @@ def chat_messages(trajectory: Trajectory, *, calls: CallStyle = "text") -> list[
     for i, turn in enumerate(trajectory.turns):
         out.append(_assistant(turn, calls))
         if i < len(trajectory.turns) - 1:
-            out.extend(_replies(turn))
+            out.extend(m.to_openai() for m in reply_messages(turn.results))
     return out
 
 

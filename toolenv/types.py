@@ -304,6 +304,23 @@ def new_parsed(tool_calls: list[ToolCall], answer: str | None, text: str, errors
     return out
 
 
+def reply_messages(results: Sequence[ToolResult]) -> list[Message]:
+    """The env's reply to a turn as chat messages: a `tool` message per result that answers a
+    call (it has a call id), then one user message for those that answer none (parse errors,
+    "no tool call"). Templates that pair each result with its call (Mistral's) reject a tool
+    message without an id; verl's agent loop and the SFT export both send replies this way."""
+    out = [
+        Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id, images=r.images)
+        for r in results
+        if r.call_id
+    ]
+    unanswered = [r for r in results if not r.call_id]
+    if unanswered:
+        text = "\n".join(r.text for r in unanswered)
+        out.append(Message(role="user", content=text, images=[im for r in unanswered for im in r.images]))
+    return out
+
+
 def new_message(
     role: Role,
     content: str,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.types import ParsedAction, ToolResult
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_parsed
 
 __all__ = ["ActionParser", "get_parser", "parser_names"]
 
@@ -82,6 +82,13 @@ class ActionParser(abc.ABC):
             prev = b
         rest.append(text[prev:])
         return answer, "".join(rest)
+
+
+def tool_call_action(calls: list[ToolCall], errors: list[str], rest: str, answer_tag: bool) -> ParsedAction:
+    """The turn's `ParsedAction` from the calls a parser found, its errors and the text around
+    the calls; an `<answer>` in that text is the answer when `answer_tag` is on."""
+    answer, rest = ActionParser.find_answer(rest) if answer_tag and "<answer>" in rest else (None, rest)
+    return new_parsed(calls, answer, rest.strip(), errors)
 
 
 def tools_json(tools: Sequence[Tool]) -> str:

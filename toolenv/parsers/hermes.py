@@ -8,10 +8,10 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json, json_problem
-from toolenv.parsers.base import ActionParser, register_parser, tools_json
-from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
+from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
-__all__ = ["HermesParser", "read_tool_call_blocks", "tool_call_action", "tool_responses"]
+__all__ = ["HermesParser", "read_tool_call_blocks", "tool_responses"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
@@ -65,13 +65,6 @@ def read_tool_call_blocks(
             calls.append(call)
     pieces.append(text[pos:])
     return calls, errors, "".join(pieces)
-
-
-def tool_call_action(calls: list[ToolCall], errors: list[str], rest: str, answer_tag: bool) -> ParsedAction:
-    """The turn's `ParsedAction` from what `read_tool_call_blocks` found; an `<answer>` in the
-    text around the calls is the answer when `answer_tag` is on."""
-    answer, rest = ActionParser.find_answer(rest) if answer_tag and "<answer>" in rest else (None, rest)
-    return new_parsed(calls, answer, rest.strip(), errors)
 
 
 def tool_responses(results: Sequence[ToolResult]) -> str:

@@ -49,8 +49,8 @@ from typing import Any, TypeGuard
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json, json_problem
-from toolenv.parsers.base import ActionParser, register_parser
-from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
+from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
+from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
 __all__ = ["MistralParser"]
 
@@ -172,10 +172,7 @@ class MistralParser(ActionParser):
                 pos, start = stop, nxt
             pieces.append(text[pos:])
             text = "".join(pieces)
-        answer = None
-        if self.answer_tag and "<answer>" in text:
-            answer, text = self.find_answer(text)
-        return new_parsed(calls, answer, text.strip(), errors)
+        return tool_call_action(calls, errors, text, self.answer_tag)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         lines = []

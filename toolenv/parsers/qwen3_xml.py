@@ -26,8 +26,8 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
-from toolenv.parsers.base import ActionParser, register_parser
-from toolenv.parsers.hermes import read_tool_call_blocks, tool_call_action, tool_responses
+from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
+from toolenv.parsers.hermes import read_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
 __all__ = ["Qwen3XMLParser"]

@@ -27,7 +27,7 @@ from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
 from toolenv.parsers import ActionParser, template_mismatch
-from toolenv.types import Message, Task, ToolResult
+from toolenv.types import Message, Task, ToolResult, reply_messages
 
 __all__ = ["STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
 
@@ -312,16 +312,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         """The turn's observation as chat messages (tool or user role) plus any images in it."""
         role = self.observation_role or ("tool" if env.parser.tool_messages else "user")
         if role == "tool":
-            replies = [m for m in step["messages"] if m.role == "tool"]
-            pairs = [chat_message(m) for m in replies if m.tool_call_id]
-            # Parse errors and "no tool call" answer no call, so they carry no call id, and
-            # templates that pair results with calls (Mistral's) reject a tool message without
-            # one: the env says them as the user, as the OpenAI agent sends them.
-            unanswered = [m for m in replies if not m.tool_call_id]
-            if unanswered:
-                text = "\n".join(m.content for m in unanswered)
-                images = [im for m in unanswered for im in m.images]
-                pairs.append(chat_message(Message(role="user", content=text, images=images)))
+            pairs = [chat_message(m) for m in reply_messages(step["tool_results"])]
             return [p[0] for p in pairs], [im for p in pairs for im in p[1]]
         results: list[ToolResult] = step["tool_results"]
         obs = env.parser.format_results(results) if results else ""
