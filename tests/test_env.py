@@ -252,3 +252,63 @@ async def test_a_step_keeps_few_objects_for_the_garbage_collector() -> None:
     # 13 today: the turn, the parsed action and its call, the result and the call record, two
     # chat messages, and six lists holding them. One stray object kept per step fails this.
     assert per_step < 14, per_step
+
+
+class _Unanswered(toolenv.Reward):
+    """-0.5 for an episode that ends with no answer, so a truncation's final reward shows."""
+
+    name = "unanswered"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        return -0.5 if episode.answer is None else 0.0
+
+
+def test_step_runs_a_turn_a_trainer_already_parsed() -> None:
+    from toolenv.env import written_turn
+    from toolenv.types import ParsedAction, ToolCall
+
+    env = make()
+    env.reset(options={"task_id": "t1"})
+    parsed = ParsedAction(tool_calls=[ToolCall(name="add", arguments={"a": 2, "b": 4}, id="c9")])
+    obs, reward, term, trunc, info = env.step(written_turn(env.parser, parsed), parsed=parsed)
+    assert obs == "<tool_response>\n6\n</tool_response>" and not (term or trunc)
+    assert info["tool_results"][0].call_id == "c9"
+    turn = env.episode.turns[0]  # type: ignore[union-attr]
+    # The turn's text is the calls written in the env's own format, so reports and exports read as usual
+    assert env.parser.parse(turn.action).tool_calls[0].arguments == {"a": 2, "b": 4}
+    obs, reward, term, trunc, info = env.step("five", parsed=ParsedAction(answer="5"))
+    assert (reward, term) == (1.0, True) and env.episode.turns[-1].action == "five"  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="has ended"):
+        env.step("", parsed=ParsedAction(answer="6"))
+
+
+def test_truncate_scores_an_open_episode_once_and_adds_to_its_last_turn() -> None:
+    env = make(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)])
+    env.reset(options={"task_id": "t1"})
+    env.step(CALL)
+    assert env.truncate() == -0.5
+    ep = env.episode
+    assert ep is not None and ep.truncated and not ep.terminated and ep.released
+    assert ep.turns[-1].reward == -0.5 and ep.turns[-1].reward_components["unanswered"] == -0.5
+    assert env.truncate() == 0.0  # already over: nothing more
+    env.reset(options={"task_id": "t1"})
+    env.step("<answer>5</answer>")
+    assert env.truncate() == 0.0  # an answered episode is left as it is
+    env.reset(options={"task_id": "t1"})
+    assert env.truncate() == -0.5 and env.episode.turns == []  # type: ignore[union-attr]
+
+
+def test_written_turn_uses_the_env_format_or_json_lines() -> None:
+    import json
+
+    from toolenv.env import written_turn
+    from toolenv.types import ParsedAction, ToolCall
+
+    parsed = ParsedAction(tool_calls=[ToolCall(name="add", arguments={"a": 1, "b": 2})], answer="3", text="Sure.")
+    hermes = make().parser
+    text = written_turn(hermes, parsed)
+    back = hermes.parse(text)
+    assert back.tool_calls[0].arguments == {"a": 1, "b": 2} and back.answer == "3" and text.startswith("Sure.")
+    tags = make(parser="tags").parser  # a prompted format has no writer for calls: JSON lines instead
+    assert tags.format_call("add", {"a": 1, "b": 2}) is None
+    assert json.loads(written_turn(tags, parsed).splitlines()[1]) == {"name": "add", "arguments": {"a": 1, "b": 2}}

@@ -115,6 +115,37 @@ async def test_async_api_and_end_episode(url: str) -> None:
     await env.aclose()
 
 
+class _Unanswered(toolenv.Reward):
+    name = "unanswered"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        return -0.5 if episode.answer is None else 0.0
+
+
+def test_truncate_and_parsed_turns_match_a_local_env() -> None:
+    from toolenv.env import written_turn
+    from toolenv.types import ParsedAction, ToolCall
+
+    def factory() -> Any:
+        return make_env(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)])
+
+    parsed = ParsedAction(tool_calls=[ToolCall(name="add", arguments={"a": 2, "b": 3}, id="call_7")])
+    with serving(factory) as u:
+        remote = RemoteToolEnv(u)
+        local = factory().unwrapped
+        for env in (remote, local):
+            env.reset(options={"task_id": "t1"})
+            obs, *_ = env.step(written_turn(env.parser, parsed), parsed=parsed)
+            assert obs == "<tool_response>\n5\n</tool_response>"
+            assert env.truncate() == -0.5 and env.truncate() == 0.0
+        for env in (remote, local):
+            ep = env.episode
+            assert ep.truncated and ep.released and ep.turns[-1].reward == -0.5
+            assert ep.turns[-1].reward_components == {"exact_match": 0.0, "unanswered": -0.5}
+            assert ep.turns[0].results[0].call_id == "call_7"
+        remote.close()
+
+
 def test_gym_make_and_the_env_checkers() -> None:
     from gymnasium.utils.env_checker import check_env
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -19,7 +20,7 @@ from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message
 
-__all__ = ["DEFAULT_TEMPLATE", "ToolEnv"]
+__all__ = ["DEFAULT_TEMPLATE", "ToolEnv", "written_turn"]
 
 DEFAULT_TEMPLATE = "{instructions}\n\nQuestion: {question}\n"
 
@@ -172,12 +173,20 @@ class ToolEnv(gym.Env[str, str]):
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}
 
-    async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Take one model turn; see the class docstring for what comes back."""
+    async def astep(
+        self, action: str, *, parsed: ParsedAction | None = None
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn; see the class docstring for what comes back.
+
+        `parsed` is the turn already parsed, e.g. the calls a trainer's own chat-template
+        parser read (native tool calling); the env runs it as given and records `action`
+        as the turn's text (`written_turn` writes calls in the env's format).
+        """
         ep = self._episode_to_step()
         if not isinstance(action, str):
             action = str(action)
-        parsed = self.parser.parse(action)
+        if parsed is None:
+            parsed = self.parser.parse(action)
         if parsed.tool_calls:
             results, records = await self.caller.invoke_for(
                 parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
@@ -252,6 +261,26 @@ class ToolEnv(gym.Env[str, str]):
             if self.caller.releases:
                 await self.caller.release(ep.context())
 
+    async def atruncate(self) -> float:
+        """End the open episode here, unanswered, as a truncation (a trainer stopped generating):
+        score its final reward, release its tools, and return that reward (0.0 when none is open).
+
+        The reward is added to the last turn's, so the episode's return stays the sum of its turns.
+        """
+        ep = self._episode
+        if ep is None or ep.terminated or ep.truncated:
+            return 0.0
+        ep.truncated = True
+        components = await self.reward_fn.final_components(ep)
+        reward = self.reward_fn.weighted(components)
+        if ep.turns:
+            last = ep.turns[-1]
+            last.reward += reward
+            for k, v in components.items():
+                last.reward_components[k] = last.reward_components.get(k, 0.0) + v
+        await self.aend_episode()
+        return reward
+
     async def aclose(self) -> None:
         """Release the current episode, then close the tools."""
         await self.aend_episode()
@@ -270,9 +299,15 @@ class ToolEnv(gym.Env[str, str]):
         """Start an episode; returns the prompt and info (`task_id`, `turn`, `messages`)."""
         return self._run(self.areset(seed=seed, options=options))  # type: ignore[no-any-return]
 
-    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Take one model turn: `(observation, reward, terminated, truncated, info)`."""
-        return self._run(self.astep(action))  # type: ignore[no-any-return]
+    def step(
+        self, action: str, *, parsed: ParsedAction | None = None
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn: `(observation, reward, terminated, truncated, info)`; `parsed` as for `astep`."""
+        return self._run(self.astep(action, parsed=parsed))  # type: ignore[no-any-return]
+
+    def truncate(self) -> float:
+        """Sync twin of `atruncate`."""
+        return self._run(self.atruncate())  # type: ignore[no-any-return]
 
     def end_episode(self) -> None:
         """Sync twin of `aend_episode`."""
@@ -308,3 +343,15 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     for r in results:  # the message shares the result's image list (one object fewer per step)
         msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
     return msgs
+
+
+def written_turn(parser: ActionParser, parsed: ParsedAction) -> str:
+    """The text of a turn given as parsed calls and answer, for `astep(text, parsed=...)`: the calls
+    in the parser's own format where it can write them (else each as a JSON line), then the answer."""
+    parts = [parsed.text] if parsed.text else []
+    for call in parsed.tool_calls:
+        text = parser.format_call(call.name, call.arguments, call.id)
+        parts.append(text if text is not None else json.dumps({"name": call.name, "arguments": call.arguments}))
+    if parsed.answer is not None:
+        parts.append(f"<answer>{parsed.answer}</answer>")
+    return "\n".join(parts)

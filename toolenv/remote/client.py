@@ -35,9 +35,10 @@ from toolenv.remote.wire import (
     StepRequest,
     StepResponse,
     TaskList,
+    TruncateResponse,
 )
 from toolenv.rewards.base import Reward, WeightedSum
-from toolenv.types import Task, load_tasks
+from toolenv.types import ParsedAction, Task, load_tasks
 
 __all__ = ["DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv"]
 
@@ -184,8 +185,14 @@ class RemoteToolEnv(ToolEnv):
         )
         return reply.observation, {"task_id": reply.task_id, "turn": 0, "messages": reply.messages}
 
-    async def astep(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Take one model turn on the server; `info` holds what a local env's does."""
+    async def astep(
+        self, action: str, *, parsed: ParsedAction | None = None
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one model turn on the server; `info` holds what a local env's does.
+
+        The turn travels as text: with `parsed`, `action` must be that turn written out
+        (`toolenv.env.written_turn`), and the server parses it back.
+        """
         ep = self._episode_to_step()
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
@@ -225,6 +232,20 @@ class RemoteToolEnv(ToolEnv):
             out["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
             out["episode"] = dict(info.episode or {})
         return reply.observation, reply.reward, ep.terminated, ep.truncated, out
+
+    async def atruncate(self) -> float:
+        """End the open episode on the server, unanswered, and mirror its final reward here."""
+        ep = self._episode
+        if ep is None or ep.terminated or ep.truncated:
+            return 0.0
+        if self._lost is not None:
+            raise RemoteEnvError(self._lost)
+        reply = await self._call("POST", f"/sessions/{self._session}/truncate", None, TruncateResponse, "truncate")
+        ep.truncated = ep.released = True  # the server released it
+        if ep.turns:
+            ep.turns[-1].reward += reply.reward
+            ep.turns[-1].reward_components = dict(reply.last_turn_components)
+        return reply.reward
 
     async def aend_episode(self) -> None:
         """Let the server's tools free what they hold for the current episode (idempotent)."""

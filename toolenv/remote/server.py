@@ -8,6 +8,7 @@ env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 - `POST /sessions/{id}/reset` (`ResetRequest`) → `ResetResponse`
 - `POST /sessions/{id}/step` (`StepRequest`) → `StepResponse`
 - `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
+- `POST /sessions/{id}/truncate` → `TruncateResponse`: end the open episode unanswered and score it
 - `GET /health`, `GET /metadata`, `GET /tasks`, `GET /schema`
 
 Every error is JSON, `{"error": "..."}`: 404 unknown session, 409 step out of order, 422
@@ -52,6 +53,7 @@ from toolenv.remote.wire import (
     StepRequest,
     StepResponse,
     TaskList,
+    TruncateResponse,
     schemas,
 )
 
@@ -249,6 +251,18 @@ def create_app(
                 raise _Failure(500, f"env end_episode failed: {type(exc).__name__}: {_message(exc)}") from None
         return Response(status_code=204)
 
+    async def truncate(request: Request) -> Response:
+        async with store.use(request.path_params["session_id"]) as session:
+            env = session.env
+            try:
+                reward = await env.atruncate()
+            except Exception as exc:
+                log.exception("truncating the episode of session %s failed", session.id)
+                raise _Failure(500, f"env truncate failed: {type(exc).__name__}: {_message(exc)}") from None
+            ep = env.episode
+            last = dict(ep.turns[-1].reward_components) if ep is not None and ep.turns else {}
+        return _json(TruncateResponse(reward=reward, last_turn_components=last))
+
     async def health(request: Request) -> Response:
         return _json(Health(sessions=len(store), max_sessions=store.max_sessions))
 
@@ -273,6 +287,7 @@ def create_app(
             Route("/sessions/{session_id}/reset", reset, methods=["POST"]),
             Route("/sessions/{session_id}/step", step, methods=["POST"]),
             Route("/sessions/{session_id}/end", end_episode, methods=["POST"]),
+            Route("/sessions/{session_id}/truncate", truncate, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metadata", get_metadata, methods=["GET"]),
             Route("/tasks", tasks, methods=["GET"]),

@@ -28,11 +28,12 @@ __all__ = [
     "StepRequest",
     "StepResponse",
     "TaskList",
+    "TruncateResponse",
     "schemas",
 ]
 
-#: Bumped when a change breaks clients of the previous version.
-PROTOCOL_VERSION = 1
+#: Bumped when a change breaks clients of the previous version (2: `POST /sessions/{id}/truncate`).
+PROTOCOL_VERSION = 2
 
 
 class _Wire(BaseModel):
@@ -128,6 +129,15 @@ class StepResponse(_Wire):
     info: StepInfo
 
 
+class TruncateResponse(_Wire):
+    """`POST /sessions/{id}/truncate`: the open episode ended unanswered and scored (`ToolEnv.atruncate`)."""
+
+    reward: float
+    last_turn_components: dict[str, float] = Field(
+        default_factory=dict, description="The last turn's reward components after the final ones were added."
+    )
+
+
 class TaskList(_Wire):
     """`GET /tasks`: the env's tasks."""
 
@@ -158,6 +168,7 @@ def schemas() -> dict[str, Any]:
         ResetResponse,
         StepRequest,
         StepResponse,
+        TruncateResponse,
         TaskList,
         Health,
         ErrorResponse,

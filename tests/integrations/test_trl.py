@@ -1,0 +1,306 @@
+"""toolenv envs in TRL's GRPOTrainer through `environment_factory`.
+
+The adapter is checked the way TRL uses it: transformers builds each tool's schema from
+the method (`get_json_schema`), the methods are called with the model's arguments, and
+`get_reward` scores the rollout. Then TRL's real GRPOTrainer trains one step on CPU with
+the tiny offline Qwen2 model, TRL's own Qwen2.5 chat template and response parser, and
+a policy whose generation is scripted (its forward pass, and so the loss, is the real
+model's): the tool calls go through TRL's tool loop into a real env.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+import toolenv
+from toolenv.integrations.trl import TRLEnvironment, dataset_rows, environment_factory
+
+from ..conftest import TASKS, Add
+
+CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+class Search(toolenv.Tool):
+    """Search the notes.
+
+    Returns the matching lines.
+    """
+
+    name = "search"
+
+    class Args(BaseModel):
+        query: str = Field(description="What to look for.")
+        k: int = Field(default=3, ge=1, le=10, description="How many lines.")
+        mode: Literal["exact", "fuzzy"] = Field(default="fuzzy", description="How to match.")
+        tags: list[str] = Field(default_factory=list)
+        since: int | None = None
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=f"{args.query}|{args.k}|{args.mode}|{','.join(args.tags)}|{args.since}")
+
+
+class Snapshot(toolenv.Tool):
+    """Return a 2x2 red image."""
+
+    name = "snapshot"
+
+    class Args(BaseModel):
+        pass
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        from PIL import Image
+
+        return toolenv.ToolResult(
+            text="a red square", images=[toolenv.ToolImage.from_pil(Image.new("RGB", (2, 2), "red"))]
+        )
+
+
+class _Unanswered(toolenv.Reward):
+    name = "unanswered"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        return -0.5 if episode.answer is None else 0.0
+
+
+def make_env(**kw: Any) -> toolenv.ToolEnv:
+    kw.setdefault("tools", [Add(), Search()])
+    kw.setdefault("tasks", TASKS)
+    kw.setdefault("max_turns", 10)
+    return toolenv.ToolEnv(**kw)
+
+
+def tool_methods(env: TRLEnvironment) -> dict[str, Any]:
+    """The methods TRL offers as tools (its own rule: public functions of the class but reset/get_reward)."""
+    import inspect
+
+    return {
+        n: getattr(env, n)
+        for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+        if n not in ("reset", "get_reward") and not n.startswith("_")
+    }
+
+
+# ---------------------------------------------------------------------- the adapter
+def test_methods_carry_each_tools_schema_as_transformers_reads_it() -> None:
+    get_json_schema = pytest.importorskip(
+        "transformers.utils", reason="schemas are read by transformers"
+    ).get_json_schema
+    env = environment_factory(make_env)()
+    methods = tool_methods(env)
+    assert sorted(methods) == ["add", "answer", "search"]
+    fn = get_json_schema(methods["search"])["function"]
+    assert fn["name"] == "search" and fn["description"].startswith("Search the notes.")
+    props = fn["parameters"]["properties"]
+    assert fn["parameters"]["required"] == ["query"]
+    assert props["query"] == {"type": "string", "description": "What to look for."}
+    assert props["k"] == {"type": "integer", "description": "How many lines."}
+    assert props["mode"]["enum"] == ["exact", "fuzzy"] and props["mode"]["type"] == "string"
+    assert props["tags"]["type"] == "array" and props["tags"]["items"] == {"type": "string"}
+    assert props["since"]["type"] == "integer" and props["since"]["nullable"] is True
+    assert all(p["description"] for p in props.values())  # transformers refuses an argument without one
+    answer = get_json_schema(methods["answer"])["function"]
+    assert answer["parameters"]["required"] == ["answer"]
+
+
+def test_calls_run_through_the_env_and_only_what_the_model_wrote_is_passed() -> None:
+    env = environment_factory(make_env)()
+    assert env.reset(prompt=[{"role": "user", "content": "2+3?"}], task_id="t1") is None  # the row has the prompt
+    assert env.search(query="q") == "q|3|fuzzy||None"  # the Args model's own defaults apply
+    assert env.search(query="q", k=5, mode="exact", tags=["a", "b"], since=2) == "q|5|exact|a,b|2"
+    assert env.add(a=2, b=3) == "5"
+    bad = env.search(query="q", k=99)
+    assert bad.startswith("Invalid arguments for tool 'search'") and "k" in bad
+    assert "unknown argument(s) 'c'" in env.add(a=1, b=2, c=3)
+    ep = env.env.episode
+    assert ep is not None and [t.results[0].text for t in ep.turns][:3] == ["q|3|fuzzy||None", "q|5|exact|a,b|2", "5"]
+    assert [t.results[0].call_id for t in ep.turns] == ["call_1", "call_2", "call_3", "call_4", "call_5"]
+    assert env.answer(answer="5") == "Your answer is recorded; the episode is over."
+    assert env.get_reward() == 1.0
+    assert env.add(a=1, b=1).startswith("The episode has ended (the answer was given)")
+    assert len(ep.turns) == 6  # the late call was not run
+
+
+def test_reset_reads_the_task_from_json_dict_id_or_columns() -> None:
+    env = environment_factory(make_env)()
+    task = {"id": "x", "question": "7+1?", "answer": "8", "context": {"k": 1}}
+    assert env.reset(task=json.dumps(task)) == "7+1?"  # no prompt column: the question is the prompt
+    assert env.env.episode is not None and env.env.episode.task.context == {"k": 1}
+    env.reset(task=task, prompt=[{"role": "user", "content": "7+1?"}])
+    assert env.env.episode.task.id == "x"
+    assert env.reset(task_id="t3") == "Capital of France?"
+    env.reset(question="9+1?", answer="10")
+    assert env.answer(answer="10") and env.get_reward() == 1.0
+    with pytest.raises(ValueError, match="names no task"):
+        env.reset(prompt=[{"role": "user", "content": "hi"}])
+    with pytest.raises(KeyError, match="nope"):
+        env.reset(task_id="nope")
+
+
+def test_an_open_episode_is_ended_and_scored_with_no_answer_once() -> None:
+    make = environment_factory(lambda: make_env(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)]))
+    env = make()
+    env.reset(task_id="t1")
+    env.add(a=2, b=3)
+    assert env.get_reward() == -0.5 and env.get_reward() == -0.5  # scored once, however often TRL asks
+    ep = env.env.episode
+    assert ep is not None and ep.truncated and ep.released
+    env.reset(task_id="t1")  # TRL reuses instances: a new episode starts from zero
+    assert env.get_reward() == -0.5
+
+
+def test_max_turns_ends_the_episode_and_later_calls_are_refused() -> None:
+    env = environment_factory(lambda: make_env(max_turns=2))()
+    env.reset(task_id="t1")
+    env.add(a=1, b=1)
+    env.add(a=1, b=2)
+    assert "limit of 2 turns" in env.add(a=1, b=3)
+    assert env.get_reward() == 0.0
+
+
+def test_a_tool_image_comes_back_as_content_blocks() -> None:
+    pytest.importorskip("PIL", reason="images need Pillow")
+    env = environment_factory(lambda: make_env(tools=[Snapshot()]))()
+    env.reset(task_id="t1")
+    blocks = env.snapshot()
+    assert blocks[0]["type"] == "image" and blocks[0]["image"].size == (2, 2)
+    assert blocks[-1] == {"type": "text", "text": "a red square"}
+
+
+def test_no_answer_tool_and_names_that_cannot_be_methods() -> None:
+    env = environment_factory(make_env, answer_tool=None)()
+    assert sorted(tool_methods(env)) == ["add", "search"]
+    env = environment_factory(make_env, answer_tool="submit")()
+    assert "submit" in tool_methods(env)
+
+    class Reset(Add):
+        name = "reset"
+
+    class Dashed(Add):
+        name = "web-search"
+
+    for bad in (Reset(), Dashed()):
+        with pytest.raises(ValueError, match="cannot be offered to TRL"):
+            environment_factory(lambda bad=bad: make_env(tools=[bad]))
+    with pytest.raises(ValueError, match="answer_tool"):
+        environment_factory(make_env, answer_tool="get_reward")
+    with pytest.raises(ValueError, match="cannot be offered"):
+        environment_factory(make_env, answer_tool="add")
+
+
+def test_dataset_rows_carry_the_prompt_and_the_task() -> None:
+    rows = dataset_rows(lambda: make_env(system_prompt="Be brief."), n=2)
+    assert len(rows) == 2
+    system, user = rows[0]["prompt"]
+    assert system == {"role": "system", "content": "Be brief.\n\nGive your final answer by calling the `answer` tool."}
+    assert user == {"role": "user", "content": "2+3?"}
+    assert json.loads(rows[1]["task"])["id"] == "t2"
+    env = environment_factory(make_env)()
+    assert env.reset(**rows[1]) is None and env.env.episode is not None and env.env.episode.task.answer == "14"
+    assert dataset_rows(make_env, answer_tool=None)[0]["prompt"] == [{"role": "user", "content": "2+3?"}]
+
+
+# ---------------------------------------------------------------------- TRL's trainer
+@pytest.fixture(scope="module")
+def trl_parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny Qwen2 with TRL's Qwen2.5 template, and a model class whose generation follows a script."""
+    pytest.importorskip("trl", reason="the TRL tests need trl (pip install toolenv[trl]); CI installs it")
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    root = build_tiny_qwen2(tmp_path_factory.mktemp("trl-model"))
+    tok = AutoTokenizer.from_pretrained(root)
+    tok.chat_template = qwen2_5_chat_template  # TRL knows this template: it parses its tool calls
+
+    class ScriptedQwen2(Qwen2ForCausalLM):  # type: ignore[misc]
+        """A policy that writes `script[row][turn]`: its forward pass (the loss) is the real model's."""
+
+        script: ClassVar[list[list[str]]] = []
+
+        def generate(self, input_ids: Any = None, **kw: Any) -> Any:
+            outs = []
+            for i, row in enumerate(input_ids.tolist()):
+                turn = tok.decode(row).count("<|im_start|>assistant") - 1
+                replies = self.script[i % len(self.script)]
+                outs.append(tok.encode(replies[min(turn, len(replies) - 1)] + "<|im_end|>", add_special_tokens=False))
+            width = max(map(len, outs))
+            pad = tok.pad_token_id
+            return torch.cat([input_ids, torch.tensor([o + [pad] * (width - len(o)) for o in outs])], dim=1)
+
+    return root, tok, ScriptedQwen2
+
+
+def train_one_step(
+    trl_parts: Any, tmp_path: Path, make: Any, script: list[list[str]], rows: list[dict[str, Any]]
+) -> Any:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    root, tok, cls = trl_parts
+    cls.script = script
+    model = cls.from_pretrained(root)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_steps=1,
+        max_completion_length=256,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        train_dataset=Dataset.from_list(rows * 2),
+        environment_factory=environment_factory(make),
+        args=config,
+    )
+    trainer.train()
+    return trainer, trainer.state.log_history[0]
+
+
+def test_grpo_trains_a_step_with_the_env_as_tools_and_reward(trl_parts: Any, tmp_path: Path) -> None:
+    from toolenv.integrations.verl.demo import Calculator
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "q", "question": "What is 6 * 7?", "answer": "42"}])
+
+    calc = CALL.format(name="calculator", args='{"expression": "6 * 7"}')
+    script = [  # the two samples of the group: one answers right, one wrong, so the advantage is not zero
+        [calc, CALL.format(name="answer", args='{"answer": "42"}'), "Done."],
+        [calc, CALL.format(name="answer", args='{"answer": "41"}'), "Done."],
+    ]
+    trainer, logged = train_one_step(trl_parts, tmp_path, make, script, dataset_rows(make))
+    assert logged["tools/call_frequency"] == 2.0 and logged["tools/failure_frequency"] == 0.0
+    name = next(k for k in logged if k.startswith("rewards/TRL") and k.endswith("/mean"))
+    assert logged[name] == 0.5 and logged["reward"] == 0.5 and logged["reward_std"] > 0
+    assert logged["grad_norm"] > 0  # the env's reward reached the policy's gradient
+    episodes = [e.env.episode for e in trainer.environments]
+    assert sorted(e.answer for e in episodes) == ["41", "42"]
+    for ep in episodes:
+        assert ep.turns[0].results[0].text == "42" and ep.terminated  # the calculator ran in the env
+
+
+def test_grpo_on_a_real_sqlite_env(trl_parts: Any, tmp_path: Path) -> None:
+    pytest.importorskip("toolenv_sql", reason="the Spider env needs toolenv-sql")
+    rows = dataset_rows("toolenv/Spider-v0", n=1)
+    gold = json.loads(rows[0]["task"])["answer"]
+    sql = CALL.format(name="sql", args=json.dumps({"query": gold}))
+    script = [[sql, CALL.format(name="answer", args=json.dumps({"answer": gold})), "Done."]]
+    trainer, logged = train_one_step(trl_parts, tmp_path, "toolenv/Spider-v0", script, rows)
+    assert logged["reward"] == 1.0 and logged["tools/failure_frequency"] == 0.0
+    for env in trainer.environments:
+        ep = env.env.episode
+        assert "(1 row)" in ep.turns[0].results[0].text and not ep.turns[0].results[0].is_error

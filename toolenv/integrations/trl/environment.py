@@ -1,0 +1,244 @@
+"""Any toolenv env as a TRL `environment_factory`, for `GRPOTrainer`'s native tool-calling loop.
+
+TRL (>= 1.6) makes one environment object per rollout, resets it with the dataset row,
+offers the object's public methods to the model as tools, runs the calls the model's
+chat template writes, and scores the rollout with the object's `get_reward()`. Here
+each such object holds a `ToolEnv` episode:
+
+- `reset(**row)` starts an episode on the row's task (`task` as JSON or a dict,
+  `task_id`, or the row's own `question`/`answer`/... columns);
+- one method per toolenv tool, with the tool's argument schema as type hints and a
+  Google-style docstring, so TRL's chat template shows the model the tool it knows;
+  a call is one env step, so toolenv validates, limits, truncates and records it, and
+  a failure comes back as the error text the model can act on;
+- an `answer` method (its name is configurable) that gives the final answer and ends
+  the episode, since TRL tells the environment nothing of the model's last message;
+- `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
+  step rewards); an episode still open (the model stopped calling tools without
+  answering) is ended first and scored with no answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from toolenv.env import ToolEnv
+from toolenv.episode import Episode
+from toolenv.integrations.trl.schema import tool_signature
+from toolenv.runner import EnvSpec, _make_env
+from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
+
+__all__ = ["ANSWER_DOC", "TRLEnvironment", "dataset_rows", "environment_factory"]
+
+#: Docstring of the answer method (transformers reads the tool's description and argument from it).
+ANSWER_DOC = """Give your final answer. This ends the episode; call it once, after gathering what you need.
+
+Args:
+    answer: The final answer, as short as the question allows.
+
+Returns:
+    A confirmation.
+"""
+
+_TASK_FIELDS = ("id", "question", "prompt", "answer", "context", "metadata")
+
+
+class TRLEnvironment:
+    """One rollout's episode of a `ToolEnv`, seen by TRL as an environment with tool methods.
+
+    Subclasses made by `environment_factory` add a method per tool; use the factory
+    rather than this class. `env` and `last_info` are public for reward functions that
+    read the episode (`kwargs["environments"]` in TRL).
+    """
+
+    _answer_tool: str | None = None
+
+    def __init__(self, env: ToolEnv) -> None:
+        self.env = env
+        self.last_info: dict[str, Any] = {}
+        self._return = 0.0
+        self._calls = 0
+
+    # TRL calls `reset(**row)` with every column of the dataset row, `prompt` included.
+    def reset(self, **row: Any) -> str | None:
+        """Start an episode on the row's task; returns the question when the row has no prompt."""
+        task = _row_task(row)
+        options: dict[str, Any] = {"task": task} if task is not None else {}
+        if task is None and "task_id" in row:
+            options = {"task_id": row["task_id"]}
+        _, info = self.env.reset(options=options)
+        self._return = 0.0
+        self._calls = 0
+        self.last_info = info
+        if row.get("prompt"):
+            return None
+        episode = self._episode()
+        return episode.task.prompt or episode.task.question
+
+    def get_reward(self) -> float:
+        """The episode's return; an open episode is ended with no answer and scored first."""
+        self._episode()
+        self._return += self.env.truncate()  # nothing when the episode has ended
+        return self._return
+
+    # ------------------------------------------------------------------ calls
+    def _episode(self) -> Episode:
+        ep = self.env.episode
+        if ep is None:
+            raise RuntimeError("reset() was not called: TRL resets every environment before generating")
+        return ep
+
+    def _step(self, parsed: ParsedAction) -> tuple[str, dict[str, Any] | None]:
+        """(observation, step info), or the reason and None when the episode has ended."""
+        ep = self._episode()
+        if ep.terminated or ep.truncated:
+            why = "the answer was given" if ep.terminated else f"the limit of {self.env.max_turns} turns was reached"
+            return f"The episode has ended ({why}); nothing more is run.", None
+        obs, reward, _, _, info = self.env.step_parsed(parsed)
+        self._return += float(reward)
+        self.last_info = info
+        return obs, info
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str | list[dict[str, Any]]:
+        self._calls += 1
+        call = ToolCall(name=name, arguments=arguments, id=f"call_{self._calls}")
+        obs, info = self._step(ParsedAction(tool_calls=[call]))
+        results: list[ToolResult] = info["tool_results"] if info else []
+        if not results:
+            return obs
+        result = results[0]
+        if result.images:  # TRL passes content blocks through to a VLM's template
+            blocks: list[dict[str, Any]] = [{"type": "image", "image": im.to_pil()} for im in result.images]
+            return [*blocks, {"type": "text", "text": result.text}]
+        return result.text
+
+    def _answer(self, answer: str) -> str:
+        obs, info = self._step(ParsedAction(answer=str(answer)))
+        return obs if info is None else "Your answer is recorded; the episode is over."
+
+
+def _row_task(row: Mapping[str, Any]) -> Task | None:
+    """The task a dataset row names: its `task` column (JSON or dict), else its Task-shaped columns."""
+    value = row.get("task")
+    if isinstance(value, Task):
+        return value
+    if isinstance(value, str) and value:
+        return Task.model_validate_json(value)
+    if isinstance(value, Mapping):
+        return Task.model_validate(dict(value))
+    if "task_id" in row:
+        return None
+    fields = {k: row[k] for k in _TASK_FIELDS if k in row and k != "prompt" and row[k] is not None}
+    if "question" not in fields:
+        raise ValueError(
+            "this dataset row names no task: give it a 'task' column (JSON, as toolenv.integrations.trl.dataset_rows "
+            "writes), a 'task_id' column, or a 'question' column"
+        )
+    return Task.model_validate(fields)
+
+
+def _tool_method(name: str, tool: Any) -> Callable[..., Any]:
+    signature, annotations, doc = tool_signature(tool)
+
+    def method(self: TRLEnvironment, **arguments: Any) -> str | list[dict[str, Any]]:
+        return self._call(name, arguments)
+
+    method.__name__ = method.__qualname__ = name
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__annotations__ = annotations
+    method.__doc__ = doc
+    return method
+
+
+def _answer_method(name: str) -> Callable[..., Any]:
+    def method(self: TRLEnvironment, answer: str) -> str:
+        return self._answer(answer)
+
+    method.__name__ = method.__qualname__ = name
+    method.__annotations__ = {"answer": str, "return": str}  # not `self`: transformers reads every hint
+    method.__doc__ = ANSWER_DOC
+    return method
+
+
+def environment_factory(
+    env: EnvSpec,
+    *,
+    answer_tool: str | None = "answer",
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> Callable[[], TRLEnvironment]:
+    """A zero-argument factory for `GRPOTrainer(environment_factory=...)`.
+
+    Args:
+        env: an env id (`"toolenv/Spider-v0"`) or a callable returning a ToolEnv.
+        answer_tool: name of the method that gives the final answer; None leaves it out
+            (episodes then end at `max_turns` or when TRL stops, scored with no answer).
+        env_kwargs: passed to `gym.make` with an env id.
+
+    Raises:
+        ValueError: a tool's name or argument cannot be a Python method or parameter, or
+            clashes with `reset`, `get_reward`, the answer method or another tool.
+    """
+    kwargs = dict(env_kwargs or {})
+    probe, env_id = _make_env(env, kwargs)
+    reserved = {"reset", "get_reward", "env", "last_info"}
+    methods: dict[str, Any] = {}
+    for tool in probe.tools:
+        if not tool.name.isidentifier() or tool.name.startswith("_") or tool.name in reserved | {answer_tool}:
+            raise ValueError(
+                f"tool {tool.name!r} cannot be offered to TRL: its name must be a public Python name "
+                f"other than {sorted(n for n in reserved | {answer_tool} if n)}"
+            )
+        methods[tool.name] = _tool_method(tool.name, tool)
+    if answer_tool is not None:
+        if not answer_tool.isidentifier() or answer_tool.startswith("_") or answer_tool in reserved:
+            raise ValueError(f"answer_tool {answer_tool!r} must be a public Python name other than {sorted(reserved)}")
+        methods[answer_tool] = _answer_method(answer_tool)
+    words = (env_id or "ToolEnv").replace("/", "-").replace("_", "-").split("-")
+    label = "".join(w[:1].upper() + w[1:] for w in words)
+    cls = type(f"TRL{label}Environment", (TRLEnvironment,), {"_answer_tool": answer_tool, **methods})
+    first: list[ToolEnv] = [probe]  # the probe env serves the first instance rather than being thrown away
+
+    def make() -> TRLEnvironment:
+        made = first.pop() if first else _make_env(env, kwargs)[0]
+        return cls(made)  # type: ignore[no-any-return]
+
+    make.environment_class = cls  # type: ignore[attr-defined]
+    return make
+
+
+def dataset_rows(
+    env: EnvSpec,
+    *,
+    n: int | None = None,
+    answer_tool: str | None = "answer",
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per task of `env`, for `datasets.Dataset.from_list`.
+
+    A row has a conversational `prompt` (the env's system prompt, then the task's
+    question) and the `task` as JSON, which `reset` reads back. The env's text-format
+    instructions are left out: TRL's chat template shows the tools. With `answer_tool`,
+    the system message ends by saying to answer through that tool.
+
+    Raises:
+        ValueError: a task's prompt has images (TRL rows here carry text prompts only).
+    """
+    made, _ = _make_env(env, dict(env_kwargs or {}))
+    try:
+        system = made.system_prompt or ""
+        if answer_tool:
+            note = f"Give your final answer by calling the `{answer_tool}` tool."
+            system = f"{system}\n\n{note}" if system else note
+        rows = []
+        for task in made.tasks[:n]:
+            _, messages = made.render_prompt(task)
+            if any(m.images for m in messages):
+                raise ValueError(f"task {task.id!r} has images in its prompt; TRL rows carry text prompts only")
+            prompt = [{"role": "system", "content": system}] if system else []
+            prompt.append({"role": "user", "content": task.prompt or task.question})
+            rows.append({"prompt": prompt, "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False)})
+        return rows
+    finally:
+        made.close()
