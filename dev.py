@@ -35,7 +35,7 @@ WORKSPACE = [
 ]
 # The same distributions with the extras the test suite exercises (verl, DuckDB, ddgs, ...).
 TEST_WORKSPACE = [
-    ".[dev,verl,serve]",
+    ".[dev,verl,serve,trl]",
     "plugins/search[web,stem]",
     "plugins/sql[duckdb]",
     "plugins/code",

@@ -43,6 +43,7 @@ def test_api_reference_covers_the_public_api() -> None:
         for package in (
             "toolenv",
             "toolenv.integrations.verl",
+            "toolenv.integrations.trl",
             "toolenv_search",
             "toolenv_sql",
             "toolenv_code",

@@ -152,3 +152,12 @@ def test_export_example() -> None:
     assert "episodes: [('product', False), ('sum', True)]" in out.stdout
     assert "kept 1 of 2: task sum" in out.stdout
     assert "tool: '42'" in out.stdout and "assistant: 'The answer is <answer>42</answer>'" in out.stdout
+
+
+def test_trl_grpo_example_smoke_run() -> None:
+    pytest.importorskip("trl", reason="the TRL example needs the trl extra: pip install 'toolenv[trl]'")
+    pytest.importorskip("toolenv_sql", reason="the TRL example's default env is Spider (toolenv-sql)")
+    out = run(str(EXAMPLES / "trl_grpo.py"), env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "step 1: reward " in out.stdout
+    assert out.stdout.count("  task spider-dev-0000: ") == 2  # a group of two rollouts, each its own episode

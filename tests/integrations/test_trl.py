@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -221,15 +222,16 @@ def trl_parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tok.chat_template = qwen2_5_chat_template  # TRL knows this template: it parses its tool calls
 
     class ScriptedQwen2(Qwen2ForCausalLM):  # type: ignore[misc]
-        """A policy that writes `script[row][turn]`: its forward pass (the loss) is the real model's."""
+        """A policy that writes `script(context, row)[turn]`: its forward pass (the loss) is the real model's."""
 
-        script: ClassVar[list[list[str]]] = []
+        script: ClassVar[Callable[[str, int], list[str]]]
 
         def generate(self, input_ids: Any = None, **kw: Any) -> Any:
             outs = []
             for i, row in enumerate(input_ids.tolist()):
-                turn = tok.decode(row).count("<|im_start|>assistant") - 1
-                replies = self.script[i % len(self.script)]
+                text = tok.decode(row)
+                turn = text.count("<|im_start|>assistant") - 1
+                replies = type(self).script(text, i)
                 outs.append(tok.encode(replies[min(turn, len(replies) - 1)] + "<|im_end|>", add_special_tokens=False))
             width = max(map(len, outs))
             pad = tok.pad_token_id
@@ -239,18 +241,24 @@ def trl_parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def train_one_step(
-    trl_parts: Any, tmp_path: Path, make: Any, script: list[list[str]], rows: list[dict[str, Any]]
+    trl_parts: Any,
+    tmp_path: Path,
+    factory: Any,
+    script: Callable[[str, int], list[str]],
+    rows: list[dict[str, Any]],
+    batch: int = 2,
 ) -> Any:
+    """One GRPO step of the scripted policy on `rows`, `batch` completions (2 per prompt), `factory`'s envs."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     root, tok, cls = trl_parts
-    cls.script = script
+    cls.script = staticmethod(script)
     model = cls.from_pretrained(root)
     config = GRPOConfig(
         output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=batch,
         num_generations=2,
         max_steps=1,
         max_completion_length=256,
@@ -263,8 +271,8 @@ def train_one_step(
     trainer = GRPOTrainer(
         model=model,
         processing_class=tok,
-        train_dataset=Dataset.from_list(rows * 2),
-        environment_factory=environment_factory(make),
+        train_dataset=Dataset.from_list(rows),
+        environment_factory=factory,
         args=config,
     )
     trainer.train()
@@ -282,7 +290,9 @@ def test_grpo_trains_a_step_with_the_env_as_tools_and_reward(trl_parts: Any, tmp
         [calc, CALL.format(name="answer", args='{"answer": "42"}'), "Done."],
         [calc, CALL.format(name="answer", args='{"answer": "41"}'), "Done."],
     ]
-    trainer, logged = train_one_step(trl_parts, tmp_path, make, script, dataset_rows(make))
+    trainer, logged = train_one_step(
+        trl_parts, tmp_path, environment_factory(make), lambda text, i: script[i % 2], dataset_rows(make) * 2
+    )
     assert logged["tools/call_frequency"] == 2.0 and logged["tools/failure_frequency"] == 0.0
     name = next(k for k in logged if k.startswith("rewards/TRL") and k.endswith("/mean"))
     assert logged[name] == 0.5 and logged["reward"] == 0.5 and logged["reward_std"] > 0
@@ -298,9 +308,42 @@ def test_grpo_on_a_real_sqlite_env(trl_parts: Any, tmp_path: Path) -> None:
     rows = dataset_rows("toolenv/Spider-v0", n=1)
     gold = json.loads(rows[0]["task"])["answer"]
     sql = CALL.format(name="sql", args=json.dumps({"query": gold}))
-    script = [[sql, CALL.format(name="answer", args=json.dumps({"answer": gold})), "Done."]]
-    trainer, logged = train_one_step(trl_parts, tmp_path, "toolenv/Spider-v0", script, rows)
+    script = [sql, CALL.format(name="answer", args=json.dumps({"answer": gold})), "Done."]
+    factory = environment_factory("toolenv/Spider-v0")
+    trainer, logged = train_one_step(trl_parts, tmp_path, factory, lambda text, i: script, rows * 2)
     assert logged["reward"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     for env in trainer.environments:
         ep = env.env.episode
         assert "(1 row)" in ep.turns[0].results[0].text and not ep.turns[0].results[0].is_error
+
+
+def test_grpo_mixes_two_envs_picked_by_the_rows_environment_column(trl_parts: Any, tmp_path: Path) -> None:
+    pytest.importorskip("toolenv_sql", reason="the Spider env needs toolenv-sql")
+    from toolenv.integrations.verl.demo import Calculator
+
+    def calc_env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "q", "question": "What is 6 * 7?", "answer": "42"}])
+
+    spider = dataset_rows("toolenv/Spider-v0", n=1, environment="spider")
+    gold = json.loads(spider[0]["task"])["answer"]
+    scripts = {
+        "calc": [
+            CALL.format(name="calculator", args='{"expression": "6 * 7"}'),
+            CALL.format(name="answer", args='{"answer": "42"}'),
+        ],
+        "spider": [
+            CALL.format(name="sql", args=json.dumps({"query": gold})),
+            CALL.format(name="answer", args=json.dumps({"answer": gold})),
+        ],
+    }
+    factories = {"calc": environment_factory(calc_env), "spider": environment_factory("toolenv/Spider-v0")}
+    rows = dataset_rows(calc_env, environment="calc") + spider
+
+    def script(text: str, i: int) -> list[str]:  # each prompt offers only its own env's tools
+        return scripts["calc" if '"name": "calculator"' in text else "spider"] + ["Done."]
+
+    trainer, logged = train_one_step(trl_parts, tmp_path, factories, script, rows, batch=4)  # both rows
+    assert logged["reward"] == 1.0 and logged["tools/failure_frequency"] == 0.0
+    kinds = sorted(type(e).__name__ for e in trainer.environments)
+    assert kinds == ["TRLToolEnvEnvironment"] * 2 + ["TRLToolenvSpiderV0Environment"] * 2
+    assert all(e.env.episode.terminated for e in trainer.environments)

@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from toolenv.env import ToolEnv
+from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import tool_signature
 from toolenv.runner import EnvSpec, _make_env
@@ -96,7 +96,7 @@ class TRLEnvironment:
         if ep.terminated or ep.truncated:
             why = "the answer was given" if ep.terminated else f"the limit of {self.env.max_turns} turns was reached"
             return f"The episode has ended ({why}); nothing more is run.", None
-        obs, reward, _, _, info = self.env.step_parsed(parsed)
+        obs, reward, _, _, info = self.env.step(written_turn(self.env.parser, parsed), parsed=parsed)
         self._return += float(reward)
         self.last_info = info
         return obs, info
@@ -213,6 +213,7 @@ def dataset_rows(
     *,
     n: int | None = None,
     answer_tool: str | None = "answer",
+    environment: str | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per task of `env`, for `datasets.Dataset.from_list`.
@@ -220,7 +221,9 @@ def dataset_rows(
     A row has a conversational `prompt` (the env's system prompt, then the task's
     question) and the `task` as JSON, which `reset` reads back. The env's text-format
     instructions are left out: TRL's chat template shows the tools. With `answer_tool`,
-    the system message ends by saying to answer through that tool.
+    the system message ends by saying to answer through that tool. With `environment`,
+    rows carry TRL's `environment` column, which picks a factory when
+    `environment_factory` is a dict (several envs in one run).
 
     Raises:
         ValueError: a task's prompt has images (TRL rows here carry text prompts only).
@@ -238,7 +241,8 @@ def dataset_rows(
                 raise ValueError(f"task {task.id!r} has images in its prompt; TRL rows carry text prompts only")
             prompt = [{"role": "system", "content": system}] if system else []
             prompt.append({"role": "user", "content": task.prompt or task.question})
-            rows.append({"prompt": prompt, "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False)})
+            row = {"prompt": prompt, "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False)}
+            rows.append(row if environment is None else {**row, "environment": environment})
         return rows
     finally:
         made.close()
