@@ -89,6 +89,13 @@ def test_doctor_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["toolenv"] and rep["python"].startswith("3.")
+    import importlib.metadata
+
+    for dist, version in rep["training"].items():  # what a bug report about training needs
+        try:
+            assert version == importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            assert version is None
 
 
 def test_no_command_prints_help() -> None:

@@ -20,8 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+#: The training stack around toolenv, whose versions a bug report needs (None: not installed).
+TRAINING_STACK = ("verl", "trl", "transformers", "torch", "vllm", "sglang")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def collect() -> dict[str, Any]:
-    """Versions, plugin distributions and plugin reports."""
+    """Versions, plugin distributions, the training stack and plugin reports."""
     from toolenv import __version__
     from toolenv.registry import GROUPS, entries
 
@@ -30,6 +41,7 @@ def collect() -> dict[str, Any]:
         "platform": platform.platform(),
         "toolenv": __version__,
         "plugins": sorted({e.dist for kind in GROUPS for e in entries(kind)}),  # type: ignore[arg-type]
+        "training": {dist: _version(dist) for dist in TRAINING_STACK},
         "reports": {},
     }
     for ep in metadata.entry_points(group="toolenv.doctor"):
@@ -47,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"toolenv {report['toolenv']} on Python {report['python']} ({report['platform']})")
     print("plugins: " + (", ".join(report["plugins"]) or "none"))
+    found = [f"{d} {v}" for d, v in report["training"].items() if v]
+    print("training stack: " + (", ".join(found) or "none of " + ", ".join(report["training"])))
     for name, rep in report["reports"].items():
         print(f"{name}:")
         for k, v in rep.items():
