@@ -214,3 +214,19 @@ def test_a_start_tag_of_another_message_is_not_this_ones_header() -> None:
     text = "<|start|>user<|message|>send it to=functions.evil<|end|><|channel|>final<|message|>42<|return|>"
     action = HarmonyParser().parse(text)
     assert action.tool_calls == [] and action.errors == [] and action.answer == "42"
+
+
+def test_a_reply_that_begins_in_its_header_with_the_recipient() -> None:
+    # gpt-oss's chat template ends the prompt with `<|start|>assistant`, and writes a call with the
+    # recipient in the role section: the reply begins ` to=functions.x<|channel|>commentary json`.
+    p = get_parser("harmony")
+    for text in (
+        ' to=functions.lookup<|channel|>commentary json<|message|>{"query": "paris"}<|call|>',
+        'to=functions.lookup <|channel|>commentary <|constrain|>json<|message|>{"query": "paris"}',
+    ):
+        parsed = p.parse(text)
+        assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("lookup", {"query": "paris"})]
+        assert parsed.text == "" and parsed.errors == []
+    # Prose before a channel is not a header, even with "to=" in it.
+    parsed = p.parse("I will write to=functions.x<|channel|>commentary<|message|>{}")
+    assert parsed.tool_calls == [] and "to=functions.x" in parsed.text

@@ -470,3 +470,12 @@ def test_an_invalid_escape_in_a_string_is_read_without_a_warning() -> None:
         warnings.simplefilter("error")
         action = P.parse(r'[grep(pattern="\d+ items")]')
     assert action.errors == [] and action.tool_calls[0].arguments == {"pattern": "\\d+ items"}
+
+
+def test_lfm2_wraps_the_list_in_tool_call_markers() -> None:
+    p = get_parser("pythonic")
+    parsed = p.parse("Let me look.<|tool_call_start|>[lookup(query='paris'), f(a=1)]<|tool_call_end|><|im_end|>")
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("lookup", {"query": "paris"}), ("f", {"a": 1})]
+    assert parsed.text == "Let me look." and parsed.errors == []
+    late = p.parse("<|tool_call_start|>[lookup(query='paris')]<|tool_call_end|> and more")
+    assert late.tool_calls == [] and "Text follows the call list" in late.errors[0]

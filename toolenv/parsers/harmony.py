@@ -73,6 +73,11 @@ def _scan(text: str) -> Iterator[_Message | str]:
         role_header = text[role_at + len(_START) : ch] if role_at >= 0 else ""
         if _MESSAGE in role_header or any(m in role_header for m in _ENDS):
             role_at, role_header = -1, ""  # a `<|start|>` that began some other message, not this one's header
+        if role_at < 0 and pos == 0 and text[:ch].lstrip().startswith("to="):
+            # The reply begins inside its header: the prompt ended `<|start|>assistant` and the model
+            # put the recipient in the role section (` to=functions.x<|channel|>commentary json...`),
+            # as gpt-oss's own chat template writes a call.
+            role_at, role_header = 0, text[:ch]
         header = text[head_at:msg]
         body_at = msg + len(_MESSAGE)
         end = bound
@@ -86,7 +91,7 @@ def _scan(text: str) -> Iterator[_Message | str]:
                 after = end + len(marker)
                 break
         channel = header.replace(_CONSTRAIN, " ").split(maxsplit=1)[0] if header.strip() else ""
-        start = role_at if role_at >= 0 else ch
+        start = role_at if role_at >= 0 else ch  # (role_at 0 with no `<|start|>`: the reply began in the header)
         yield _Message(channel, _recipient(role_header) or _recipient(header), text[body_at:end], start, after)
         pos = after
         ch = nxt

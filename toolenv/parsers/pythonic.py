@@ -1,10 +1,11 @@
-"""Pythonic tool calls (Llama 3.2, Llama 3.3, Llama 4): a Python list of calls with keyword arguments.
+"""Pythonic tool calls (Llama 3.2, Llama 3.3, Llama 4, Liquid LFM2): a Python list of calls with keyword arguments.
 
 ```text
 [get_weather(city="San Francisco", metric="celsius"), get_time()]
 ```
 
-Llama 4 may wrap the list in `<|python_start|>` ... `<|python_end|>`. vLLM reads the same
+Llama 4 may wrap the list in `<|python_start|>` ... `<|python_end|>`, Liquid's LFM2 and LFM2.5
+in `<|tool_call_start|>` ... `<|tool_call_end|>`. vLLM reads the same
 text with its `pythonic` and `llama4_pythonic` tool parsers, SGLang with `pythonic`.
 
 How the text is read, and why:
@@ -34,8 +35,9 @@ How the text is read, and why:
   integers past 4,300 digits) become errors. The scan is linear; at most eight candidate
   lists that do not close are scanned before the parser gives up.
 - **Ids.** The format has none: calls are `call_0`, `call_1`, ... by position.
-- **Markers.** `<|python_start|>`, `<|python_end|>`, `<|python_tag|>` and the end-of-turn
-  tokens are optional and removed from the turn's text. They are special tokens of Llama's
+- **Markers.** `<|python_start|>`, `<|python_end|>`, `<|python_tag|>`, LFM2's
+  `<|tool_call_start|>`/`<|tool_call_end|>` and the end-of-turn tokens are optional and
+  removed from the turn's text. They are special tokens of Llama's
   tokenizers, but the parser needs none of them, so `special_tokens` is False: text decoded
   with or without them parses the same.
 - **`stop` is empty.** The list has no closing marker of its own (a `]` also occurs inside
@@ -68,11 +70,13 @@ from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_pars
 __all__ = ["PythonicParser"]
 
 _START, _END, _TAG = "<|python_start|>", "<|python_end|>", "<|python_tag|>"
-_TURN_ENDS = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>")
+#: Liquid's LFM2 / LFM2.5 wrap the same list in these (and end the turn with `<|im_end|>`).
+_LFM_START, _LFM_END = "<|tool_call_start|>", "<|tool_call_end|>"
+_TURN_ENDS = ("<|eot|>", "<|eom|>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>")
 #: Markers that may follow the list (the reply still "ends" with it).
-_TRAILING = (_END, *_TURN_ENDS)
+_TRAILING = (_END, _LFM_END, *_TURN_ENDS)
 #: Every marker the turn's text loses.
-_MARKERS = (_START, _TAG, *_TRAILING)
+_MARKERS = (_START, _LFM_START, _TAG, *_TRAILING)
 
 #: Where a call list may start: `[`, a (possibly dotted, to diagnose `os.system(`) name, `(`.
 _CANDIDATE = re.compile(r"\[\s*[^\W\d][\w.]*\s*\(")

@@ -9,6 +9,7 @@ model names or marker strings, so it holds for templates this project has never 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -31,19 +32,31 @@ _TOOLS = [
 
 def _written_call(tokenizer: Any) -> str | None:
     """The text the template adds for an assistant turn holding one tool call, or None when
-    the template cannot render tool calls at all (then there is nothing to compare)."""
-    call = {"id": "abcdefghi", "type": "function", "function": {"name": _NAME, "arguments": dict(_ARGS)}}
+    the template cannot render tool calls at all (then there is nothing to compare).
+
+    Arguments go in as a dict first (what most templates expect), then as a JSON string
+    (DeepSeek's templates concatenate them as text).
+    """
     user = [{"role": "user", "content": "Where is Paris?"}]
-    turn = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
     try:
         head = tokenizer.apply_chat_template(user, tools=_TOOLS, tokenize=False, add_generation_prompt=True)
-        whole = tokenizer.apply_chat_template(turn, tools=_TOOLS, tokenize=False)
     except Exception:  # noqa: BLE001 - a template without tool support (or any template error): no verdict
         return None
-    if not isinstance(head, str) or not isinstance(whole, str):
+    if not isinstance(head, str):
         return None
-    shared = len(os.path.commonprefix([head, whole]))  # noqa: RUF071 - a character prefix is what is wanted
-    return whole[shared:] if _NAME in whole[shared:] else None
+    for arguments in (dict(_ARGS), json.dumps(_ARGS)):
+        call = {"id": "abcdefghi", "type": "function", "function": {"name": _NAME, "arguments": arguments}}
+        turn = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        try:
+            whole = tokenizer.apply_chat_template(turn, tools=_TOOLS, tokenize=False)
+        except Exception:  # noqa: BLE001, S112 - this form of arguments is not the template's: try the next
+            continue
+        if not isinstance(whole, str):
+            continue
+        shared = len(os.path.commonprefix([head, whole]))  # noqa: RUF071 - a character prefix is what is wanted
+        if _NAME in whole[shared:]:
+            return whole[shared:]
+    return None
 
 
 def template_mismatch(parser: ActionParser, tokenizer: Any) -> str | None:

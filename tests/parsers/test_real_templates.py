@@ -1,0 +1,94 @@
+"""Each parser against the real chat templates of the models it is for.
+
+TRL ships the original chat templates of many model families (it matches them to pick a
+response parser); set on the tiny offline tokenizer, each one writes a tool call exactly as
+that model was tuned to write it. `template_mismatch` renders one call with the template
+and parses it back, so these tests fail if a parser drifts from what the models write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolenv.parsers import get_parser, parser_names, template_mismatch
+
+trl = pytest.importorskip("trl", reason="the real chat templates come with trl (pip install toolenv[trl]); CI has it")
+
+TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+
+#: template file (TRL's name) → the parsers that read the calls it writes.
+EXPECTED: dict[str, set[str]] = {
+    # Qwen2.5, Qwen3 (Hermes-style JSON in <tool_call>); llama3_json finds the bare JSON object too.
+    "qwen2_5": {"hermes", "llama3_json"},
+    "qwen3": {"hermes", "llama3_json"},
+    "qwen3_instruct_2507": {"hermes", "llama3_json"},
+    "qwen3_vl": {"hermes", "llama3_json"},
+    # Qwen3.5/3.6/3.8 and NVIDIA Nemotron 3 write Qwen3-Coder's XML parameters.
+    "qwen3_5_nothink": {"qwen3_xml"},
+    "qwen3_5_think": {"qwen3_xml"},
+    "qwen3_6": {"qwen3_xml"},
+    "qwen3_8": {"qwen3_xml"},
+    "nemotron_3_nano": {"qwen3_xml"},
+    "nemotron_3_super": {"qwen3_xml"},
+    "nemotron_3_ultra": {"qwen3_xml"},
+    "nemotron_3_5_lightning": {"qwen3_xml"},
+    # gpt-oss: Harmony, the recipient in the role section (` to=functions.x<|channel|>commentary json`).
+    "gptoss": {"harmony"},
+    # Llama 3.1 / 3.2: a bare JSON object with "parameters".
+    "llama3_1": {"llama3_json"},
+    "llama3_2": {"llama3_json"},
+    # Liquid LFM2 / LFM2.5: a pythonic list inside <|tool_call_start|> ... <|tool_call_end|>.
+    "lfm2_v2": {"pythonic"},
+    "lfm2_2_5": {"pythonic"},
+    "lfm2_2_5_v2": {"pythonic"},
+    "lfm2_2_5_vl": {"pythonic"},
+}
+
+#: Templates that cannot render a tool call: the check gives no verdict rather than a false alarm.
+NO_TOOL_CALLS = ["cohere", "gemma3", "llama3", "phi3", "qwen2_5_vl", "deepseek_r1_distill"]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    return AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path_factory.mktemp("tok"), with_model=False))
+
+
+def readers(tok: Any, template: str) -> set[str]:
+    tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
+    return {name for name in parser_names() if template_mismatch(get_parser(name), tok) is None}
+
+
+@pytest.mark.parametrize("template", sorted(EXPECTED))
+def test_the_model_families_parser_reads_its_real_template(tok: Any, template: str) -> None:
+    assert readers(tok, template) == EXPECTED[template]
+
+
+@pytest.mark.parametrize("template", NO_TOOL_CALLS)
+def test_templates_without_tool_calls_get_no_verdict(tok: Any, template: str) -> None:
+    assert readers(tok, template) == set(parser_names())  # None from every parser: nothing to compare
+
+
+def test_a_mismatch_names_what_the_template_writes(tok: Any) -> None:
+    tok.chat_template = (TEMPLATES / "gptoss.jinja").read_text(encoding="utf-8")
+    problem = template_mismatch(get_parser("hermes"), tok)
+    assert problem is not None and "to=functions.lookup" in problem and "'hermes'" in problem
+
+
+def test_a_template_that_wants_arguments_as_a_json_string_still_gets_a_verdict(tok: Any) -> None:
+    # DeepSeek's templates concatenate the arguments as text: a dict makes them fail, a string works.
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+        '{{ \'<tool_call>{"name": "\' + c.function.name + \'", "arguments": \''
+        ' + c.function.arguments + "}</tool_call>" }}'
+        "{% endfor %}{% else %}{{ m.role + ': ' + m.content + '\\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    assert template_mismatch(get_parser("hermes"), tok) is None
+    assert "does not read" in (template_mismatch(get_parser("pythonic"), tok) or "")
