@@ -300,7 +300,7 @@ async def test_tune_gc_runs_episodes_tuned_and_restores_after_the_last(scripted_
 async def test_formats_written_in_special_tokens_keep_them(scripted_server, make_loop):
     """A parser with `special_tokens` (Harmony's) reads the reply with its special tokens; others without."""
     from toolenv.parsers import HermesParser
-    from toolenv.parsers.base import register_parser
+    from toolenv.parsers.base import _FACTORIES, register_parser
 
     seen: dict[bool, list[str]] = {True: [], False: []}
 
@@ -315,9 +315,13 @@ async def test_formats_written_in_special_tokens_keep_them(scripted_server, make
         return Recording
 
     for keep in (True, False):
-        register_parser(f"test_recording_{keep}", recording(keep))
-        server = scripted_server(["<|im_start|>So <answer>42</answer>"])
-        await make_loop(server).run({"temperature": 1.0}, **await _row({"parser": f"test_recording_{keep}"}))
+        name = f"test_recording_{keep}"
+        register_parser(name, recording(keep))
+        try:
+            server = scripted_server(["<|im_start|>So <answer>42</answer>"])
+            await make_loop(server).run({"temperature": 1.0}, **await _row({"parser": name}))
+        finally:  # the registry is global: other tests list every parser name
+            _FACTORIES.pop(name, None)
     # The last text each parser read is the model's reply (the first may be the template check's call).
     assert seen[True][-1] == "<|im_start|>So <answer>42</answer><|im_end|>"
     assert seen[False][-1] == "So <answer>42</answer>"
