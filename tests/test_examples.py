@@ -137,6 +137,34 @@ def test_mistral_example() -> None:
     assert "reward=1.0 terminated=True answer='212'" in out.stdout
 
 
+def test_glm45_example() -> None:
+    out = run(str(EXAMPLES / "glm45_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "<arg_key>{arg-key-1}</arg_key>" in out.stdout  # GLM's own tool prompt
+    assert "--- call_0 run_sql({'query': \"SELECT name FROM singer\\nWHERE age > 30" in out.stdout
+    assert "'<tool_response>\\nAnn\\nCy\\n</tool_response>'" in out.stdout
+    assert "reward=1.0 terminated=True answer='2'" in out.stdout
+
+
+def test_deepseek_example() -> None:
+    # The markers are full-width characters: a console without UTF-8 could not print them.
+    out = run(str(EXAMPLES / "deepseek_example.py"), env={**os.environ, "PYTHONIOENCODING": "utf-8"}, encoding="utf-8")
+    assert out.returncode == 0, out.stderr
+    assert "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_call_name" in out.stdout
+    assert "[('convert', {'value': 100, 'to': 'F'}, 'call_0')]" in out.stdout
+    assert "<｜tool▁output▁begin｜>212 F<｜tool▁output▁end｜>" in out.stdout
+    assert "reward=1.0 terminated=True answer='212'" in out.stdout
+
+
+def test_gemma4_example() -> None:
+    out = run(str(EXAMPLES / "gemma4_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "<|tool>declaration:population{" in out.stdout
+    assert "--- call_1: population({'city': 'Lyon'})" in out.stdout
+    assert 'response:population{value:<|"|>513275<|"|>}<tool_response|>' in out.stdout
+    assert "reward=1.0 terminated=True answer='2615925'" in out.stdout
+
+
 def test_remote_example() -> None:
     pytest.importorskip("starlette", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")
     pytest.importorskip("uvicorn", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")

@@ -244,7 +244,21 @@ def _add(a: int, b: list[int]) -> str:
     return str(a + sum(b))
 
 
-@pytest.mark.parametrize("spec", ["hermes", "harmony", "qwen3_xml", "llama3_json", "pythonic", "mistral"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "hermes",
+        "harmony",
+        "qwen3_xml",
+        "llama3_json",
+        "pythonic",
+        "mistral",
+        "glm45",
+        "deepseek_v3",
+        "deepseek_v31",
+        "gemma4",
+    ],
+)
 def test_native_calls_rendered_in_a_model_format_parse_back(spec: str) -> None:
     """A server's native calls (two, after some text) written in the env's format are read back
     by that format's parser as the same calls, in order."""
@@ -254,7 +268,7 @@ def test_native_calls_rendered_in_a_model_format_parse_back(spec: str) -> None:
     ]
     parser = get_parser(spec).bind([_search, _add])  # bound, as an env binds it (Qwen3-XML reads types)
     text = render_tool_calls("Let me check.", two, parser)
-    assert "<tool_call>" not in text or spec in ("hermes", "qwen3_xml")  # no Hermes fallback
+    assert "<tool_call>" not in text or spec in ("hermes", "qwen3_xml", "glm45")  # no Hermes fallback
     action = parser.parse(text)
     assert action.errors == []
     assert [(c.name, c.arguments) for c in action.tool_calls] == [(c["name"], c["arguments"]) for c in two]

@@ -27,6 +27,10 @@ PARSERS = [
     get_parser("llama3_json"),
     get_parser("pythonic"),
     get_parser("mistral"),
+    get_parser("glm45"),
+    get_parser("deepseek_v3"),
+    get_parser("deepseek_v31"),
+    get_parser("gemma4"),
 ]
 
 FRAGMENTS = [
@@ -75,6 +79,25 @@ FRAGMENTS = [
     "[ARGS]",
     "[CALL_ID]",
     "</s>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<|observation|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "function<｜tool▁sep｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜end▁of▁sentence｜>",
+    "```json\n",
+    "<|tool_call>",
+    "<tool_call|>",
+    "call:",
+    '<|"|>',
+    "<|tool_response>",
+    "<turn|>",
     "```python\n",
     "```py\n",
     "```",
@@ -167,6 +190,11 @@ def huge(draw: st.DrawFn) -> str:
                 "[TOOL_CALLS]",
                 "[TOOL_CALLS][",
                 "[TOOL_CALLS]f[ARGS]{",
+                "<tool_call>f\n<arg_key>a</arg_key><arg_value>",
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{",
+                "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[",
+                "<|tool_call>call:f{a:{",
+                '<|tool_call>call:f{a:<|"|>',
             ]
         )
     )

@@ -45,6 +45,17 @@ EXPECTED: dict[str, set[str]] = {
     "lfm2_2_5": {"pythonic"},
     "lfm2_2_5_v2": {"pythonic"},
     "lfm2_2_5_vl": {"pythonic"},
+    # GLM-4.5/4.6 (glm4moe): the name on the <tool_call> line, then <arg_key>/<arg_value> pairs.
+    "glm4moe": {"glm45"},
+    # DeepSeek-V3: the arguments are concatenated as a JSON string, which both layouts read.
+    "deepseekv3": {"deepseek_v3", "deepseek_v31"},
+    # Gemma 4 and DiffusionGemma: <|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>.
+    "gemma4": {"gemma4"},
+    "gemma4_v2": {"gemma4"},
+    "gemma4_v3": {"gemma4"},
+    "gemma4_v4": {"gemma4"},
+    "gemma4_v5": {"gemma4"},
+    "diffusion_gemma": {"gemma4"},
 }
 
 #: Templates that cannot render a tool call: the check gives no verdict rather than a false alarm.

@@ -27,7 +27,7 @@ CORE = "ToolEnv-v0"
 #: The core env again with each other model-format parser (`ToolEnv-v0/harmony`, ...): fuzzed
 #: like the others, from a corpus that the parser's own `format_call` writes (plus hand-written
 #: actions for some formats).
-CORE_PARSERS = ("harmony", "qwen3_xml", "llama3_json", "pythonic", "mistral")
+CORE_PARSERS = ("harmony", "qwen3_xml", "llama3_json", "pythonic", "mistral", "glm45", "deepseek_v3", "gemma4")
 CORE_VARIANTS = {f"{CORE}/{p}": p for p in CORE_PARSERS}
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
 EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))

@@ -2,6 +2,9 @@
 
 from toolenv.parsers.base import ActionParser, get_parser, parser_names
 from toolenv.parsers.codeblock import CodeBlockParser
+from toolenv.parsers.deepseek import DeepSeekParser
+from toolenv.parsers.gemma4 import Gemma4Parser
+from toolenv.parsers.glm45 import Glm45Parser
 from toolenv.parsers.harmony import HarmonyParser
 from toolenv.parsers.hermes import HermesParser
 from toolenv.parsers.llama3_json import Llama3JSONParser
@@ -14,6 +17,9 @@ from toolenv.parsers.template_check import template_mismatch
 __all__ = [
     "ActionParser",
     "CodeBlockParser",
+    "DeepSeekParser",
+    "Gemma4Parser",
+    "Glm45Parser",
     "HarmonyParser",
     "HermesParser",
     "Llama3JSONParser",

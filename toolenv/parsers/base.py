@@ -111,7 +111,8 @@ def parser_names() -> list[str]:
 
 def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
     """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`,
-    `llama3_json`, `pythonic`, `mistral`) or the parser itself.
+    `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`, `deepseek_v31`, `gemma4`) or
+    the parser itself.
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
