@@ -138,6 +138,30 @@ def test_agent_loop_chat_message_carries_images():
     assert plain == {"role": "user", "content": "hi"} and none == []
 
 
+def test_agent_loop_tool_messages_name_their_tool(tmp_path):
+    """Gemma 4's template writes a tool result under the tool's name (`response:NAME{...}`); the
+    name must survive the trip from toolenv's reply to verl's chat dict."""
+    pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+    trl = pytest.importorskip("trl", reason="Gemma 4's real chat template comes with trl (CI has it)")
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from toolenv.integrations.verl.agent_loop import chat_message
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+    from toolenv.types import reply_messages
+
+    (result,) = reply_messages([toolenv.ToolResult(text="5", name="add", call_id="call_0")])
+    msg, _ = chat_message(result)
+    assert msg == {"role": "tool", "content": "5", "tool_call_id": "call_0", "name": "add"}
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path, with_model=False))
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "gemma4.jinja").read_text(encoding="utf-8")
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}, "id": "call_0"}
+    messages = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "", "tool_calls": [call]}, msg]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert 'response:add{value:<|"|>5<|"|>}' in text
+
+
 async def test_image_observations_need_a_vision_processor(scripted_server, make_loop):
     """Tool images become image content blocks; with a text-only model verl's own check stops the episode."""
     pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
