@@ -64,6 +64,11 @@ def test_structured_calls_leave_the_format_to_the_template(run_dir: Path) -> Non
     assert msgs[6] == {"role": "assistant", "content": "It is <answer>5</answer>"}  # no call: the text as written
     with pytest.raises(ValueError, match="calls must be"):
         chat_messages(_trajectory(run_dir, "right"), calls="xml")  # type: ignore[arg-type]
+    objects = chat_messages(_trajectory(run_dir, "right"), calls="structured", arguments="object")
+    assert objects[4]["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}
+    assert objects[:4] == msgs[:4] and objects[5:] == msgs[5:]
+    with pytest.raises(ValueError, match="arguments must be"):
+        chat_messages(_trajectory(run_dir, "right"), calls="structured", arguments="yaml")  # type: ignore[arg-type]
 
 
 def test_filters_and_file(run_dir: Path, tmp_path: Path) -> None:
@@ -87,6 +92,11 @@ def test_cli(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert f"wrote 1 of 2 trajectories to {out}" in capsys.readouterr().out
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["messages"][4]["tool_calls"][0]["function"]["name"] == "add"
+    assert line["messages"][4]["tool_calls"][0]["function"]["arguments"] == '{"a": 2, "b": 3}'
+    args = ["export", str(run_dir), "--out", str(out), "--calls", "structured", "--arguments", "object"]
+    assert main(args) == 0
+    line = json.loads(out.read_text().splitlines()[0])
+    assert line["messages"][4]["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}
 
 
 def test_a_chat_template_renders_the_export_back_into_calls_the_env_reads(run_dir: Path) -> None:
@@ -100,10 +110,8 @@ def test_a_chat_template_renders_the_export_back_into_calls_the_env_reads(run_di
     from toolenv.integrations.verl.tiny import build_tiny_qwen2
 
     tokenizer: Any = AutoTokenizer.from_pretrained(build_tiny_qwen2(Path(tempfile.mkdtemp())))
-    msgs = chat_messages(_trajectory(run_dir, "right"), calls="structured")
-    for m in msgs:  # Qwen's template wants arguments as a mapping, as most templates do
-        for c in m.get("tool_calls", []):
-            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    # Qwen's template wants arguments as a mapping, as most templates do.
+    msgs = chat_messages(_trajectory(run_dir, "right"), calls="structured", arguments="object")
     text = tokenizer.apply_chat_template(msgs, tools=[add.schema()], tokenize=False)
     assistant = text.split("<|im_start|>assistant\n")[2].split("<|im_end|>")[0]
     (call,) = toolenv.get_parser("hermes").parse(assistant).tool_calls

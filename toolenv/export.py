@@ -20,35 +20,51 @@ from typing import Any, Literal
 from toolenv.trajectory import Trajectory, TurnRecord
 from toolenv.types import Message, reply_messages
 
-__all__ = ["CallStyle", "chat_messages", "export_chat"]
+__all__ = ["ArgumentStyle", "CallStyle", "chat_messages", "export_chat"]
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
 #: same model family on its own format). `structured`: calls go into `tool_calls` and the
 #: content keeps the rest, so the target model's chat template writes the calls in its own
 #: format (train one family on another's rollouts).
 CallStyle = Literal["text", "structured"]
+#: How a structured call's arguments are written. `json`: a JSON string, as the OpenAI spec
+#: has it (and as a `datasets` Arrow column holds any arguments). `object`: the mapping itself,
+#: which most Hugging Face chat templates expect (`arguments | tojson` would encode a string twice).
+ArgumentStyle = Literal["json", "object"]
 
 
-def _assistant(turn: TurnRecord, calls: CallStyle) -> dict[str, Any]:
+def _assistant(turn: TurnRecord, calls: CallStyle, arguments: ArgumentStyle) -> dict[str, Any]:
     parsed = turn.parsed
     if calls == "text" or not parsed.tool_calls:
         return {"role": "assistant", "content": turn.action}
     content = parsed.text
     if parsed.answer is not None:
         content = f"{content}\n<answer>{parsed.answer}</answer>".strip()
-    return Message(role="assistant", content=content, tool_calls=list(parsed.tool_calls)).to_openai()
+    out = Message(role="assistant", content=content, tool_calls=list(parsed.tool_calls)).to_openai()
+    if arguments == "object":
+        for wire, call in zip(out["tool_calls"], parsed.tool_calls, strict=True):
+            wire["function"]["arguments"] = call.arguments
+    return out
 
 
-def chat_messages(trajectory: Trajectory, *, calls: CallStyle = "text") -> list[dict[str, Any]]:
+def _check(calls: str, arguments: str) -> None:
+    if calls not in ("text", "structured"):
+        raise ValueError(f"calls must be 'text' or 'structured', got {calls!r}")
+    if arguments not in ("json", "object"):
+        raise ValueError(f"arguments must be 'json' or 'object', got {arguments!r}")
+
+
+def chat_messages(
+    trajectory: Trajectory, *, calls: CallStyle = "text", arguments: ArgumentStyle = "json"
+) -> list[dict[str, Any]]:
     """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
 
     The reply to the last turn is left out: the model never saw it, so it is nothing to learn from.
     """
-    if calls not in ("text", "structured"):
-        raise ValueError(f"calls must be 'text' or 'structured', got {calls!r}")
+    _check(calls, arguments)
     out = [m.to_openai() for m in trajectory.prompt_messages]
     for i, turn in enumerate(trajectory.turns):
-        out.append(_assistant(turn, calls))
+        out.append(_assistant(turn, calls, arguments))
         if i < len(trajectory.turns) - 1:
             out.extend(m.to_openai() for m in reply_messages(turn.results))
     return out
@@ -61,6 +77,7 @@ def export_chat(
     success_only: bool = False,
     min_reward: float | None = None,
     calls: CallStyle = "text",
+    arguments: ArgumentStyle = "json",
     tools: list[dict[str, Any]] | None = None,
 ) -> int:
     """Write one `{"messages": [...]}` line per kept trajectory (errors and empty episodes are
@@ -70,10 +87,10 @@ def export_chat(
         success_only: keep episodes that succeeded (reward at the run's success threshold, no error).
         min_reward: keep episodes whose reward is at least this.
         calls: how assistant tool calls are written (`CallStyle`).
+        arguments: how structured calls' arguments are written (`ArgumentStyle`).
         tools: OpenAI function schemas to put on every line as `"tools"` (the env's `tool_schemas()`).
     """
-    if calls not in ("text", "structured"):
-        raise ValueError(f"calls must be 'text' or 'structured', got {calls!r}")
+    _check(calls, arguments)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     written = 0
@@ -84,7 +101,7 @@ def export_chat(
                 continue
             if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
                 continue
-            line: dict[str, Any] = {"messages": chat_messages(t, calls=calls)}
+            line: dict[str, Any] = {"messages": chat_messages(t, calls=calls, arguments=arguments)}
             if tools:
                 line["tools"] = tools
             line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}

@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="assistant tool calls as the model wrote them (text, default) or as tool_calls for the "
         "target model's chat template to write (structured)",
     )
+    parser.add_argument(
+        "--arguments",
+        choices=["json", "object"],
+        default="json",
+        help="structured calls' arguments as a JSON string (json, the OpenAI spec, default) or as an "
+        "object (what most Hugging Face chat templates expect)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     trajectories = [t for r in args.run for t in load_run(r)[0]]
     written = export_chat(
-        trajectories, args.out, success_only=args.success_only, min_reward=args.min_reward, calls=args.calls
+        trajectories,
+        args.out,
+        success_only=args.success_only,
+        min_reward=args.min_reward,
+        calls=args.calls,
+        arguments=args.arguments,
     )
     print(f"wrote {written} of {len(trajectories)} trajectories to {args.out}")
     return 0
