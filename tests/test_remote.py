@@ -103,6 +103,14 @@ def test_parser_arguments_are_rebuilt_on_the_client() -> None:
     assert env.parser.format_call("add", {"a": "1"}) == "<calc>1</calc>"
 
 
+def test_a_reasoning_parser_is_rebuilt_on_the_client() -> None:
+    with serving(lambda: make_env(parser="tags", parser_kwargs={"result_open": "<r>", "reasoning": True})) as u:
+        env = RemoteToolEnv(u)
+    assert isinstance(env.parser, toolenv.parsers.ReasoningParser) and env.parser.tags == ("<think>", "</think>")
+    assert env.parser.inner.result_open == "<r>"  # type: ignore[attr-defined]
+    assert env.parser.parse("<think><answer>draft</answer></think>").answer is None
+
+
 async def test_async_api_and_end_episode(url: str) -> None:
     env = RemoteToolEnv(url)
     obs, info = await env.areset(options={"task_id": "t2"})

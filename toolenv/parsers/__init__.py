@@ -11,6 +11,7 @@ from toolenv.parsers.llama3_json import Llama3JSONParser
 from toolenv.parsers.mistral import MistralParser
 from toolenv.parsers.pythonic import PythonicParser
 from toolenv.parsers.qwen3_xml import Qwen3XMLParser
+from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.parsers.tags import TagParser
 from toolenv.parsers.template_check import template_mismatch
 
@@ -26,6 +27,7 @@ __all__ = [
     "MistralParser",
     "PythonicParser",
     "Qwen3XMLParser",
+    "ReasoningParser",
     "TagParser",
     "get_parser",
     "parser_names",

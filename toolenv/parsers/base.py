@@ -109,18 +109,28 @@ def parser_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def get_parser(spec: str | ActionParser, **kwargs: Any) -> ActionParser:
+def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: Any) -> ActionParser:
     """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`,
     `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`, `deepseek_v31`, `gemma4`) or
     the parser itself.
 
+    Args:
+        reasoning: True (or a pair of tags, e.g. `["<think>", "</think>"]`) to read only the text
+            outside reasoning blocks, as vLLM's `--reasoning-parser` does (`ReasoningParser`).
+        kwargs: the named parser's own arguments.
+
     Raises:
-        ValueError: unknown name (the message lists the known ones).
+        ValueError: unknown name (the message lists the known ones), or a bad `reasoning`.
     """
+    from toolenv.parsers.reasoning import ReasoningParser, reasoning_tags
+
+    tags = reasoning_tags(reasoning)
     if isinstance(spec, ActionParser):
-        return spec
-    try:
-        factory = _FACTORIES[spec]
-    except KeyError:
-        raise ValueError(f"unknown parser {spec!r}; known parsers: {', '.join(parser_names())}") from None
-    return factory(**kwargs)
+        parser = spec
+    else:
+        try:
+            factory = _FACTORIES[spec]
+        except KeyError:
+            raise ValueError(f"unknown parser {spec!r}; known parsers: {', '.join(parser_names())}") from None
+        parser = factory(**kwargs)
+    return parser if tags is None else ReasoningParser(parser, tags)

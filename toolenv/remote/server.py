@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from toolenv.env import ToolEnv
 from toolenv.parsers.base import ActionParser
+from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.remote.sessions import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TTL,
@@ -80,8 +81,11 @@ def parser_spec(parser: ActionParser) -> tuple[str, dict[str, Any]]:
 
     Read back from the attributes of the same names, which every built-in parser keeps;
     a value that is not JSON is left out (with a warning): the client then builds that
-    argument's default.
+    argument's default. A `ReasoningParser` is its inner parser's spec plus `reasoning` (its tags).
     """
+    if isinstance(parser, ReasoningParser):
+        name, inner = parser_spec(parser.inner)
+        return name, {**inner, "reasoning": list(parser.tags)}
     kwargs: dict[str, Any] = {}
     try:
         params = list(inspect.signature(type(parser)).parameters.values())

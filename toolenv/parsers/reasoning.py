@@ -1,0 +1,114 @@
+"""Reasoning kept out of the parse, as vLLM's `--reasoning-parser` keeps it from the tool parser.
+
+A thinking model (Qwen3, DeepSeek-R1, GLM-4.5, QwQ …) writes `<think>…</think>` before it acts,
+and may draft a call or an answer there. Served by vLLM with a reasoning parser, that draft is
+reasoning content: never run, never the answer. Most formats' parsers read the whole turn (as
+verl's own parsers do), so a draft would run in training and not in serving.
+`get_parser(name, reasoning=True)` (or `parser_kwargs={"reasoning": True}`) wraps a parser so
+it reads only the text outside reasoning, for any format; the reasoning stays in the turn's
+`text`. (`glm45` and `deepseek_v3`/`deepseek_v31` already skip reasoning on their own.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toolenv._tool import Tool
+from toolenv.parsers.base import ActionParser
+from toolenv.types import ParsedAction, ToolResult
+
+__all__ = ["THINK", "ReasoningParser", "split_reasoning"]
+
+#: The tags of Qwen3, DeepSeek-R1, GLM-4.5, QwQ, Nemotron and most open reasoning models.
+THINK = ("<think>", "</think>")
+
+
+def split_reasoning(text: str, open_tag: str = THINK[0], close_tag: str = THINK[1]) -> tuple[str, str]:
+    """`(reasoning, rest)`: every `open…close` block of `text` (an unclosed one runs to the end),
+    plus everything before a `close` that no `open` precedes (the generation prompt opened
+    it, as Qwen3's and DeepSeek-R1's templates do), and the text outside them."""
+    first_close = text.find(close_tag)
+    first_open = text.find(open_tag)
+    if first_close < 0 and first_open < 0:
+        return "", text
+    reasoning: list[str] = []
+    rest: list[str] = []
+    pos = 0
+    if first_close >= 0 and not 0 <= first_open < first_close:
+        pos = first_close + len(close_tag)
+        reasoning.append(text[:pos])
+    # str.find from remembered positions: linear even on a megabyte of unclosed tags.
+    while (start := text.find(open_tag, pos)) >= 0:
+        rest.append(text[pos:start])
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            reasoning.append(text[start:])
+            pos = len(text)
+            break
+        pos = end + len(close_tag)
+        reasoning.append(text[start:pos])
+    rest.append(text[pos:])
+    return "".join(reasoning), "".join(rest)
+
+
+def reasoning_tags(value: Any) -> tuple[str, str] | None:
+    """The tags a `reasoning=` argument asks for: None for False/None, `THINK` for True, or a
+    pair of non-empty strings.
+
+    Raises:
+        ValueError: anything else (the message says what is accepted).
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return THINK
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, str) and v for v in value)
+        and value[0] != value[1]
+    ):
+        return (value[0], value[1])
+    raise ValueError(
+        f"reasoning must be true, false or two different non-empty tags like ['<think>', '</think>'], got {value!r}"
+    )
+
+
+class ReasoningParser(ActionParser):
+    """`inner`, reading only the text outside reasoning blocks; everything else is `inner`'s."""
+
+    def __init__(self, inner: ActionParser, tags: tuple[str, str] = THINK) -> None:
+        self.inner = inner
+        self.tags = tags
+        self.name = inner.name
+        self.stop = inner.stop
+        self.special_tokens = inner.special_tokens
+        self.tool_messages = inner.tool_messages
+
+    def parse(self, text: str) -> ParsedAction:
+        reasoning, rest = split_reasoning(text, *self.tags)
+        if not reasoning:
+            return self.inner.parse(text)
+        action = self.inner.parse(rest)
+        action.text = f"{reasoning.strip()}\n{action.text}".strip()
+        return action
+
+    def bind(self, tools: Sequence[Tool]) -> ActionParser:
+        inner = self.inner.bind(tools)
+        return self if inner is self.inner else ReasoningParser(inner, self.tags)
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        return self.inner.instructions(tools)
+
+    def format_results(self, results: Sequence[ToolResult]) -> str:
+        return self.inner.format_results(results)
+
+    def format_errors(self, errors: Sequence[str]) -> str:
+        return self.inner.format_errors(errors)
+
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        return self.inner.format_call(name, arguments, call_id)
+
+    def __repr__(self) -> str:
+        return f"ReasoningParser({self.inner!r}, tags={self.tags!r})"
