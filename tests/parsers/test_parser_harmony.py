@@ -66,6 +66,14 @@ def test_the_final_channel_is_the_answer() -> None:
     assert HarmonyParser().parse("just thinking").answer is None
 
 
+def test_an_answer_drafted_in_the_analysis_channel_is_not_the_answer() -> None:
+    # The analysis channel is gpt-oss's reasoning: an <answer> there is a draft, kept as text.
+    draft = HarmonyParser().parse("<|channel|>analysis<|message|>maybe <answer>1</answer><|end|>")
+    assert draft.answer is None and draft.text == "maybe <answer>1</answer>"
+    later = "<|channel|>analysis<|message|>maybe <answer>1</answer><|end|>Checked: <answer>2</answer>"
+    assert HarmonyParser().parse(later).answer == "2"
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [

@@ -112,6 +112,7 @@ class HarmonyParser(ActionParser):
         calls: list[ToolCall] = []
         errors: list[str] = []
         pieces: list[str] = []
+        reasoning: list[str] = []  # analysis bodies: kept as text, never read for an answer
         answer: str | None = None
         pos = 0
         if _CHANNEL in text:
@@ -125,12 +126,16 @@ class HarmonyParser(ActionParser):
                     self._call(item, len(calls) + len(errors), calls, errors)
                 elif item.channel == "final":
                     answer = self._final(item.body)
+                elif item.channel == "analysis":
+                    reasoning.append(item.body)
                 else:
                     pieces.append(item.body)
         pieces.append(text[pos:])
         rest = "".join(pieces)
         if answer is None and self.answer_tag and "<answer>" in rest:
             answer, rest = self.find_answer(rest)
+        if reasoning:
+            rest = "\n".join([*reasoning, rest])
         return new_parsed(calls, answer, rest.strip(), errors)
 
     def _final(self, body: str) -> str:
