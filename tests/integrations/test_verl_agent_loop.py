@@ -373,3 +373,22 @@ async def test_the_loop_warns_once_when_the_env_cannot_read_the_models_calls(
         await make_loop(scripted_server(["<answer>42</answer>"])).run({}, **await _row({"parser": "tags"}))
     warnings = [r.getMessage() for r in caplog.records if "chat template" in r.getMessage()]
     assert len(warnings) == 1 and "'mistral'" in warnings[0]
+
+
+async def test_parser_auto_picks_the_parser_the_chat_template_writes(scripted_server, make_loop, tiny_tokenizer):
+    """`env_kwargs: {parser: auto}`: the loop asks the tokenizer's template which format it writes
+    (Hermes for the tiny Qwen2) and runs the episode with that parser."""
+    import copy
+
+    server = scripted_server([CALL, "<answer>42</answer>"])
+    loop = make_loop(server, env_kwargs={"parser": "auto", "parser_kwargs": {"reasoning": True}})
+    out = await loop.run({}, **await _row({"parser": "mistral"}))  # the loop's env_kwargs override the row's
+    assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["tool_calls"] == 1.0
+    assert loop._auto_parser == "hermes"
+
+    plain = copy.deepcopy(tiny_tokenizer)
+    plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    loop = make_loop(scripted_server(["<answer>42</answer>"]), env_kwargs={"parser": "auto"})
+    loop.tokenizer = plain
+    with pytest.raises(ValueError, match="parser='auto': the model's chat template writes no tool call"):
+        await loop.run({}, **await _row())

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from toolenv.parsers import get_parser, parser_names, template_mismatch
+from toolenv.parsers import detect_parser, get_parser, parser_names, template_mismatch
 
 trl = pytest.importorskip("trl", reason="the real chat templates come with trl (pip install toolenv[trl]); CI has it")
 
@@ -58,6 +58,10 @@ EXPECTED: dict[str, set[str]] = {
     "diffusion_gemma": {"gemma4"},
 }
 
+#: What `detect_parser` picks where several parsers read a template (else the only reader).
+DETECTED = {"qwen2_5": "hermes", "qwen3": "hermes", "qwen3_instruct_2507": "hermes", "qwen3_vl": "hermes"}
+DETECTED["deepseekv3"] = "deepseek_v3"  # its own format_call writes the template's layout
+
 #: Templates that cannot render a tool call: the check gives no verdict rather than a false alarm.
 NO_TOOL_CALLS = [
     "cohere",
@@ -85,8 +89,9 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path_factory.mktemp("tok"), with_model=False))
 
 
-def readers(tok: Any, template: str) -> set[str]:
-    tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
+def readers(tok: Any, template: str | None) -> set[str]:
+    if template is not None:
+        tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
     return {name for name in parser_names() if template_mismatch(get_parser(name), tok) is None}
 
 
@@ -124,3 +129,31 @@ def test_a_template_that_wants_arguments_as_a_json_string_still_gets_a_verdict(t
     )
     assert template_mismatch(get_parser("hermes"), tok) is None
     assert "does not read" in (template_mismatch(get_parser("pythonic"), tok) or "")
+
+
+@pytest.mark.parametrize("template", sorted(EXPECTED))
+def test_detect_parser_picks_the_families_parser(tok: Any, template: str) -> None:
+    tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
+    want = DETECTED.get(template) or next(iter(EXPECTED[template]))
+    assert len(EXPECTED[template]) == 1 or template in DETECTED
+    assert detect_parser(tok) == want
+
+
+@pytest.mark.parametrize("template", NO_TOOL_CALLS)
+def test_detect_parser_gives_none_for_templates_without_tool_calls(tok: Any, template: str) -> None:
+    tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
+    assert detect_parser(tok) is None
+
+
+def test_detect_parser_prefers_the_parser_that_writes_the_templates_layout(tok: Any) -> None:
+    # DeepSeek-V3.1's layout (no `function` type, no fence): both DeepSeek parsers read it, the
+    # V3.1 one writes it. A V3.1-style template written here (TRL ships none).
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.tool_calls %}<｜tool▁calls▁begin｜>{% for c in m.tool_calls %}"
+        "<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>{{ c.function.arguments | tojson }}"
+        "<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>{% else %}{{ m.content }}{% endif %}{% endfor %}"
+    )
+    assert readers(tok, None) >= {"deepseek_v3", "deepseek_v31"}
+    assert detect_parser(tok) == "deepseek_v31"
+    # A mismatch names the parser that reads the template.
+    assert "parser='deepseek_v31' reads it" in (template_mismatch(get_parser("hermes"), tok) or "")

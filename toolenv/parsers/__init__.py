@@ -13,7 +13,7 @@ from toolenv.parsers.pythonic import PythonicParser
 from toolenv.parsers.qwen3_xml import Qwen3XMLParser
 from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.parsers.tags import TagParser
-from toolenv.parsers.template_check import template_mismatch
+from toolenv.parsers.template_check import detect_parser, template_mismatch
 
 __all__ = [
     "ActionParser",
@@ -29,6 +29,7 @@ __all__ = [
     "Qwen3XMLParser",
     "ReasoningParser",
     "TagParser",
+    "detect_parser",
     "get_parser",
     "parser_names",
     "template_mismatch",

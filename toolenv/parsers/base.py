@@ -131,6 +131,11 @@ def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: An
         try:
             factory = _FACTORIES[spec]
         except KeyError:
+            if spec == "auto":
+                raise ValueError(
+                    "parser='auto' needs the model's tokenizer: name the parser, or pick it with "
+                    "toolenv.parsers.detect_parser(tokenizer) (verl's agent loop does this for 'auto')"
+                ) from None
             raise ValueError(f"unknown parser {spec!r}; known parsers: {', '.join(parser_names())}") from None
         parser = factory(**kwargs)
     return parser if tags is None else ReasoningParser(parser, tags)

@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
-from toolenv.parsers import ActionParser, template_mismatch
+from toolenv.parsers import ActionParser, detect_parser, template_mismatch
 from toolenv.types import Message, Task, ToolResult, reply_messages
 
 __all__ = ["STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
@@ -146,6 +146,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         self._merge_context = merge
         #: The final conversation of the last `run` (chat dicts), for inspection and tests.
         self.messages: list[dict[str, Any]] = []
+        self._auto_parser: str | None = None
 
     def _turn_end_id(self, token: str | None) -> int | None:
         """Id of the token that closes a turn: `token`, else ChatML's `<|im_end|>`, else EOS."""
@@ -158,12 +159,27 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         eos = self.tokenizer.eos_token_id
         return int(eos) if eos is not None else None
 
+    def _detected_parser(self) -> str:
+        """`parser: auto`: the parser for the tool calls this model's chat template writes."""
+        if self._auto_parser is None:
+            found = detect_parser(self.tokenizer)
+            if found is None:
+                raise ValueError(
+                    "parser='auto': the model's chat template writes no tool call that a registered "
+                    "parser reads; name the parser in env_kwargs (see docs/parsers.md)"
+                )
+            logger.info("toolenv: parser='auto' picked %r for this model's chat template", found)
+            self._auto_parser = found
+        return self._auto_parser
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Run one episode of the row's env and task."""
         extra_info = kwargs.get("extra_info") or {}
         env_id, row_kwargs = env_spec_from_row(extra_info)
         task = task_from_row(extra_info)
         env_kwargs = {**row_kwargs, **self.env_kwargs}
+        if env_kwargs.get("parser") == "auto":
+            env_kwargs["parser"] = self._detected_parser()
         with tuned_gc() if self.tune_gc else contextlib.nullcontext():
             async with self.pool.lease(env_id, env_kwargs) as env:
                 return await self._episode(env, env_id, task, sampling_params, kwargs)
