@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["decode_json", "json_problem"]
+__all__ = ["call_arguments", "decode_json", "json_problem"]
 
 
 def decode_json(text: str) -> Any:
@@ -26,3 +26,18 @@ def json_problem(exc: Exception) -> str:
     if isinstance(exc, RecursionError):
         return "too deeply nested"
     return str(exc).split(":", 1)[0]  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+
+
+def call_arguments(value: Any, where: str) -> dict[str, Any] | str:
+    """A call's arguments from decoded JSON, or the error worded for the model: an object, or a
+    string holding one (some models double-encode them; an empty string is no arguments)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            value = decode_json(value)
+        except (ValueError, RecursionError):
+            return f"{where}: the arguments are a string that is not JSON; write a JSON object."
+    if not isinstance(value, dict):
+        return f"{where}: the arguments must be a JSON object."
+    return value

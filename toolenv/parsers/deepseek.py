@@ -80,7 +80,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._json import call_arguments, decode_json, json_problem
+from toolenv.parsers._scan import MarkerFinder
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -144,19 +145,6 @@ def _strip_fence(text: str) -> str:
     return text
 
 
-def _object(value: Any, where: str) -> dict[str, Any] | str:
-    """A call's arguments from decoded JSON, or the error: an object, or a string holding one
-    (some models double-encode them)."""
-    if isinstance(value, str):
-        try:
-            value = decode_json(value)
-        except (ValueError, RecursionError):
-            return f"{where}: the arguments are a string that is not JSON; write a JSON object."
-    if not isinstance(value, dict):
-        return f"{where}: the arguments must be a JSON object."
-    return value
-
-
 def _writable(name: str) -> bool:
     """True for a name either layout can carry: no markers or think tags, no surrounding space."""
     return (
@@ -172,21 +160,6 @@ def _writable(name: str) -> bool:
 def _v3_name(name: str) -> bool:
     """True for a name V3's layout can carry on its line: one line, no fence, not JSON-like."""
     return "\n" not in name and _FENCE not in name and not name.startswith(_ARGS_START)
-
-
-class _Finder:
-    """`str.find` that remembers where each marker was found, so that scanning a turn is
-    linear: a marker is searched again only once the scan has passed where it was found."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self._at: dict[str, int] = {}
-
-    def __call__(self, marker: str, pos: int) -> int:
-        at = self._at.get(marker, -2)
-        if at != -1 and at < pos:
-            at = self._at[marker] = self.text.find(marker, pos)
-        return at
 
 
 class _Turn:
@@ -244,7 +217,7 @@ class _Turn:
                 return ""
             rest = json_text[end:].lstrip()
             rest = rest[len(_FENCE) :] if rest.startswith(_FENCE) else rest
-        arguments = _object(value, where)
+        arguments = call_arguments(value, where)
         if isinstance(arguments, str):
             self.errors.append(arguments)
         else:
@@ -283,7 +256,7 @@ class DeepSeekParser(ActionParser):
         if _BAR not in text:  # no DeepSeek marker at all: plain text or a bare answer
             return self._action([], [], text, [])
         text = _restore_cut_marker(text)
-        find = _Finder(text)
+        find = MarkerFinder(text)
         turn = _Turn(self._how)
         pieces: list[str] = []
         kept = pos = 0  # text[kept:] is not in pieces yet; the scan goes on from pos

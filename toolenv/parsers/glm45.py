@@ -79,6 +79,7 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
+from toolenv.parsers._scan import MarkerFinder, schema_kinds
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.parsers.hermes import tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -122,24 +123,12 @@ def _escape(text: str) -> str:
     return text
 
 
-def _kinds(schema: Mapping[str, Any]) -> set[str]:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return {kind}
-    if isinstance(kind, list):
-        return {k for k in kind if isinstance(k, str)}
-    options = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(options, list):
-        return {k for o in options if isinstance(o, Mapping) for k in _kinds(o)}
-    return set()
-
-
 def _kind(schema: Any) -> str | None:
     """The one JSON type a property schema names besides null (`string?` for a string that may
     be null), or None (no type, or several)."""
     if not isinstance(schema, Mapping):
         return None
-    kinds = _kinds(schema)
+    kinds = schema_kinds(schema)
     real = kinds - {"null"}
     if len(real) == 1:
         (only,) = real
@@ -164,21 +153,6 @@ def _typed(raw: str, kind: str | None) -> Any:
         if kind == "boolean" and text.lower() in ("true", "false"):
             return text.lower() == "true"
         return raw
-
-
-class _Finder:
-    """`str.find` that remembers where each marker was found, so that the scan is linear: a
-    marker is searched again only once the scan has passed where it was found."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self._at: dict[str, int] = {}
-
-    def __call__(self, marker: str, pos: int) -> int:
-        at = self._at.get(marker, -2)
-        if at != -1 and at < pos:
-            at = self._at[marker] = self.text.find(marker, pos)
-        return at
 
 
 class Glm45Parser(ActionParser):
@@ -208,7 +182,7 @@ class Glm45Parser(ActionParser):
         text = _cut_turn_end(text)
         if "<" not in text or not _has(text, (_OPEN, _THINK, _THINK_END)):  # plain text or a bare answer
             return tool_call_action([], [], text, self.answer_tag)
-        find = _Finder(text)
+        find = MarkerFinder(text)
         calls: list[ToolCall] = []
         errors: list[str] = []
         #: The turn's text in order, as (text, is_reasoning); reasoning is never read.

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._json import call_arguments, decode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
@@ -123,21 +123,6 @@ def _escape(text: str) -> str:
     if "<" in text:
         text = text.replace(_EOS, "\\u003c/s>").replace("<s>", "\\u003cs>")
     return text
-
-
-def _arguments(value: Any, where: str) -> dict[str, Any] | str:
-    """A call's arguments from decoded JSON, or the error: an object, or a string holding one
-    (some models double-encode them; an empty string is no arguments)."""
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = decode_json(value)
-        except (ValueError, RecursionError):
-            return f"{where}: the arguments are a string that is not JSON; write a JSON object."
-    if not isinstance(value, dict):
-        return f"{where}: the arguments must be a JSON object."
-    return value
 
 
 class MistralParser(ActionParser):
@@ -240,7 +225,7 @@ def _read_list(
         else:
             name: str = item["name"]
             raw = item["arguments"] if "arguments" in item else item.get("parameters", {})
-            args = _arguments(raw, f"{where} ({name[:80]})")
+            args = call_arguments(raw, f"{where} ({name[:80]})")
             if isinstance(args, str):
                 errors.append(args)
             else:
@@ -287,7 +272,7 @@ def _read_named(
     except (ValueError, RecursionError) as exc:
         errors.append(f"{where}: the arguments are not valid JSON ({json_problem(exc)}). {_HOW}")
         return len(segment), index + 1
-    args = _arguments(value, where)
+    args = call_arguments(value, where)
     if isinstance(args, str):
         errors.append(args)
     else:

@@ -26,6 +26,7 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
+from toolenv.parsers._scan import schema_kinds
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import read_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -111,7 +112,11 @@ class Qwen3XMLParser(ActionParser):
             ]
             lines.append("<parameters>")
             for key, prop in (params.get("properties") or {}).items():
-                kind = " | ".join(sorted(_kinds(prop))) if isinstance(prop, Mapping) and _kinds(prop) else "any"
+                kind = (
+                    " | ".join(sorted(schema_kinds(prop)))
+                    if isinstance(prop, Mapping) and schema_kinds(prop)
+                    else "any"
+                )
                 lines.append(f"<parameter>\n<name>{key}</name>\n<type>{kind}</type>")
                 if prop.get("description"):
                     lines.append(f"<description>{prop['description']}</description>")
@@ -151,23 +156,11 @@ def _kind(schema: Any) -> str | None:
     """The JSON type a property schema names, when it names exactly one."""
     if not isinstance(schema, Mapping):
         return None
-    kinds = _kinds(schema) - {"null"}
+    kinds = schema_kinds(schema) - {"null"}
     if len(kinds) == 1:
         (only,) = kinds
         return only
-    return "null" if not kinds and _kinds(schema) == {"null"} else None
-
-
-def _kinds(schema: Mapping[str, Any]) -> set[str]:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return {kind}
-    if isinstance(kind, list):
-        return {k for k in kind if isinstance(k, str)}
-    options = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(options, list):
-        return {k for o in options if isinstance(o, Mapping) for k in _kinds(o)}
-    return set()
+    return "null" if not kinds and schema_kinds(schema) == {"null"} else None
 
 
 def _typed(value: str, schema: Any) -> Any:
