@@ -182,6 +182,13 @@ def test_export_example() -> None:
     assert "tool: '42'" in out.stdout and "assistant: 'The answer is <answer>42</answer>'" in out.stdout
 
 
+def test_cache_example() -> None:
+    out = run(str(EXAMPLES / "cache_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "group 1: mean reward 1.0" in out.stdout and "group 2: mean reward 1.0" in out.stdout
+    assert "16 searches: 1 ran, 7 joined a running one, 8 answered from the cache" in out.stdout
+
+
 def test_trl_grpo_example_smoke_run() -> None:
     pytest.importorskip("trl", reason="the TRL example needs the trl extra: pip install 'toolenv[trl]'")
     pytest.importorskip("toolenv_sql", reason="the TRL example's default env is Spider (toolenv-sql)")

@@ -42,8 +42,10 @@ def test_all_is_pinned() -> None:
     assert extra <= {
         "Agent",
         "AgentAction",
+        "CacheStats",
         "RemoteEnvError",
         "RemoteToolEnv",
+        "ResultCache",
         "Trajectory",
         "export_chat",
         "rollout",

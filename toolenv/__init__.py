@@ -18,12 +18,14 @@ _EXPORTS: dict[str, str] = {
     "Agent": "toolenv.agent",
     "AgentAction": "toolenv.agent",
     "Episode": "toolenv.episode",
+    "CacheStats": "toolenv.result_cache",
     "ExactMatch": "toolenv.rewards",
     "Message": "toolenv.types",
     "ParsedAction": "toolenv.types",
     "PluginError": "toolenv.registry",
     "RemoteEnvError": "toolenv.remote",
     "RemoteToolEnv": "toolenv.remote",
+    "ResultCache": "toolenv.result_cache",
     "Reward": "toolenv.rewards",
     "Task": "toolenv.types",
     "TokenF1": "toolenv.rewards",
@@ -55,6 +57,7 @@ __all__ = [
     "ActionParser",
     "Agent",
     "AgentAction",
+    "CacheStats",
     "Episode",
     "ExactMatch",
     "Message",
@@ -62,6 +65,7 @@ __all__ = [
     "PluginError",
     "RemoteEnvError",
     "RemoteToolEnv",
+    "ResultCache",
     "Reward",
     "Task",
     "TokenF1",
@@ -101,6 +105,7 @@ if TYPE_CHECKING:
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
     from toolenv.remote import RemoteEnvError, RemoteToolEnv
+    from toolenv.result_cache import CacheStats, ResultCache
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
     from toolenv.runner import rollout
     from toolenv.spaces import UnicodeText

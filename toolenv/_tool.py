@@ -7,12 +7,15 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from toolenv._schema import flatten_schema, openai_schema
 from toolenv.types import Task, ToolResult
+
+if TYPE_CHECKING:
+    from toolenv.result_cache import ResultCache
 
 __all__ = ["Tool", "ToolContext", "ToolLimits", "tool"]
 
@@ -51,14 +54,21 @@ class Tool:
 
     Subclasses set `name`, an inner `Args` Pydantic model, and implement `run`.
     The docstring is the description the model sees unless `description` is set.
+    `cache` (a `ResultCache`, off by default) answers repeated calls without running them;
+    set it as a class attribute to share it between every instance of the class.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Args: ClassVar[type[BaseModel]]
     limits: ToolLimits = ToolLimits()
+    cache: ResultCache | None = None
 
-    def __init__(self, *, limits: ToolLimits | None = None, **limit_overrides: Any) -> None:
+    def __init__(
+        self, *, limits: ToolLimits | None = None, cache: ResultCache | None = None, **limit_overrides: Any
+    ) -> None:
+        if cache is not None:
+            self.cache = cache
         base = limits if limits is not None else type(self).limits
         self.limits = base.model_copy(update=limit_overrides) if limit_overrides else base
         if limit_overrides:
@@ -106,9 +116,10 @@ class FunctionTool(Tool):
         name: str | None = None,
         description: str | None = None,
         limits: ToolLimits | None = None,
+        cache: ResultCache | None = None,
         **limit_overrides: Any,
     ) -> None:
-        super().__init__(limits=limits, **limit_overrides)
+        super().__init__(limits=limits, cache=cache, **limit_overrides)
         self._fn = fn
         self._is_async = inspect.iscoroutinefunction(fn)
         self.name = name or fn.__name__  # type: ignore[misc]
@@ -167,7 +178,7 @@ def tool(
 
     Parameters become the Args model (use `Annotated[int, Field(description=...)]`
     for descriptions); a parameter annotated `ToolContext` receives the context.
-    Keyword arguments other than name/description are `ToolLimits` fields.
+    `cache` takes a `ResultCache`; the other keyword arguments are `ToolLimits` fields.
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:

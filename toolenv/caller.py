@@ -46,6 +46,7 @@ class ToolCallRecord:
     error: str | None
     truncated: bool
     latency_s: float = field(compare=False)
+    cached: bool = False  # answered by the tool's ResultCache (a stored or shared in-flight result)
 
 
 class _Limiter:
@@ -348,18 +349,21 @@ class ToolCaller:
             call = calls[0]
             start = time.perf_counter()
             tool, ready = self._prepare(call)
+            cached = False
             if tool is None or isinstance(ready, ToolResult):
                 result, attempts = ready, 0
             else:
                 ctx = ToolContext(task, episode_id, call.id, turn, state)
                 lim = tool.limits
-                if lim.retries:
+                if tool.cache is not None:
+                    result, attempts, cached = await tool.cache.call(tool, ready, ctx, self._run_limited)
+                elif lim.retries:
                     result, attempts = await self._run_with_retries(tool, ready, ctx)
                 elif lim.max_concurrency or lim.rate_limit:
                     result, attempts = await self._run_once(tool, ready, ctx), 1
                 else:  # the common case: no limiter
                     result, attempts = await self._guarded(tool, ready, ctx), 1
-            one, record = self._finish(call, tool, result, attempts, start)
+            one, record = self._finish(call, tool, result, attempts, start, cached)
             return [one], [record]
         if not calls:
             return [], []
@@ -391,13 +395,22 @@ class ToolCaller:
 
     @staticmethod
     def _finish(
-        call: ToolCall, tool: Tool | None, result: ToolResult, attempts: int, start: float
+        call: ToolCall, tool: Tool | None, result: ToolResult, attempts: int, start: float, cached: bool = False
     ) -> tuple[ToolResult, ToolCallRecord]:
         text, cut = truncate_middle(result.text, (tool.limits if tool else _NO_TOOL_LIMITS).max_output_chars)
         result = result.addressed(call.name, call.id, text)
         error = text.split("\n", 1)[0][:200] if result.is_error else None
-        record = ToolCallRecord(call.name, call.id, attempts, error, cut, time.perf_counter() - start)
+        record = ToolCallRecord(call.name, call.id, attempts, error, cut, time.perf_counter() - start, cached)
         return result, record
+
+    async def _run_limited(self, tool: Tool, args: Any, ctx: ToolContext) -> tuple[ToolResult, int]:
+        """One call under all of its tool's guards: the result and the attempts it took."""
+        lim = tool.limits
+        if lim.retries:
+            return await self._run_with_retries(tool, args, ctx)
+        if lim.max_concurrency or lim.rate_limit:
+            return await self._run_once(tool, args, ctx), 1
+        return await self._guarded(tool, args, ctx), 1
 
     async def _run_with_retries(self, tool: Tool, args: Any, ctx: ToolContext) -> tuple[ToolResult, int]:
         lim = tool.limits

@@ -36,6 +36,7 @@ class CallStats(_Model):
     error: str | None = None
     truncated: bool = False
     latency_s: float = 0.0
+    cached: bool = Field(default=False, description="Answered by the tool's ResultCache, without running it.")
 
 
 class TurnRecord(_Model):

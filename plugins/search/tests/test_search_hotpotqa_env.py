@@ -156,3 +156,20 @@ def test_bundled_tasks_are_read_once_and_a_users_file_every_time(tmp_path: Path)
     assert [t.id for t in hotpotqa_tasks(mine)] == ["x"]
     mine.write_text(json.dumps({**row, "id": "y"}) + "\n")
     assert [t.id for t in hotpotqa_tasks(mine)] == ["y"]
+
+
+def test_cache_option_shares_searches_across_tasks_and_envs() -> None:
+    envs = [make_hotpotqa_env(cache={"maxsize": 128}), make_hotpotqa_env(cache={"maxsize": 128})]
+    cache = envs[0].tools[0].cache
+    assert cache is not None and cache is envs[1].tools[0].cache and cache.scope == "shared"
+    assert make_hotpotqa_env(cache={"maxsize": 128}, topk=5).tools[0].cache is not cache
+    assert make_hotpotqa_env().tools[0].cache is None
+    cache.clear()  # the process's cache for these settings: start from empty whatever ran before
+    records = []
+    for env, index in ((envs[0], 0), (envs[1], 1)):
+        env.reset(options={"task_index": index})
+        obs, _, _, _, info = env.step("<search>Scott Derrickson nationality</search>")
+        records.append((obs, info["tool_calls"][0].cached))
+        env.close()
+    assert records[0][0] == records[1][0] and "<information>" in records[0][0]
+    assert [cached for _, cached in records] == [False, True]

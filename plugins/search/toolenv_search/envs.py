@@ -16,6 +16,7 @@ from typing import Any
 
 from toolenv import ActionParser, Task, ToolEnv, WeightedSum, get_reward, load_tasks
 from toolenv.parsers import TagParser
+from toolenv.result_cache import shared_cache
 from toolenv.rewards.penalties import InvalidCallPenalty, ToolCallPenalty
 from toolenv_search.backend import SearchBackend
 from toolenv_search.corpus import bundled_questions_path
@@ -99,7 +100,9 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     """The HotpotQA env; every keyword is optional.
 
     Keywords of this env: `backend` (a `SearchBackend` or name; default the shared
-    bundled BM25 index), `backend_options`, `topk` (3), `limit` (first N tasks),
+    bundled BM25 index), `backend_options`, `topk` (3), `cache` (a `ResultCache`, or `True`
+    or its settings for the process's cache of this backend, options and topk, shared by
+    every task unless the settings say otherwise), `limit` (first N tasks),
     `tasks`, `reward` (`"exact_match"`, `"f1"`, or any spec), `invalid_action_penalty`
     (charged per parse error, failed call or empty turn) and `search_penalty` (per
     search call), both sizes of the core's per-turn penalties, default 0. The rest
@@ -108,7 +111,13 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     parser: str | ActionParser = overrides.pop("parser", "tags")
     tags = _is_tags(parser)
     backend: SearchBackend | str = overrides.pop("backend", "bm25")
-    tool = SearchTool(backend, topk=overrides.pop("topk", 3), backend_options=overrides.pop("backend_options", None))
+    topk, options = overrides.pop("topk", 3), overrides.pop("backend_options", None)
+    # Answers depend on the query, the backend and its options, and topk: not on the task.
+    namespace = ("toolenv_search", backend if isinstance(backend, str) else id(backend), repr(options), topk)
+    cache_spec = overrides.pop("cache", None)
+    if isinstance(cache_spec, Mapping) or cache_spec is True:
+        cache_spec = {"scope": "shared", **(cache_spec if isinstance(cache_spec, Mapping) else {})}
+    tool = SearchTool(backend, topk=topk, backend_options=options, cache=shared_cache(namespace, cache_spec))
     given: Iterable[Any] | str | Path | None = overrides.pop("tasks", None)
     if given is None:
         tasks = hotpotqa_tasks(prompt=SEARCH_R1_PROMPT if tags else TOOL_CALL_PROMPT)

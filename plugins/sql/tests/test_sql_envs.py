@@ -180,3 +180,32 @@ def test_bad_actions_are_observations_through_step() -> None:
         obs, reward, terminated, truncated, info = env.step(action)
         assert needle in obs and obs.startswith("<information>") and reward == 0.0
     assert truncated and not terminated  # four turns of errors and no answer: truncated
+
+
+def test_cache_option_shares_results_by_task_across_envs() -> None:
+    # Two envs of one config share the process's cache; the key holds the task (its database).
+    envs = [make_spider_env(cache={"maxsize": 64}), make_spider_env(cache={"maxsize": 64})]
+    assert envs[0].tools[0].cache is envs[1].tools[0].cache is not None
+    assert make_spider_env(cache={"maxsize": 64}, max_rows=3).tools[0].cache is not envs[0].tools[0].cache
+    assert make_chinook_env(cache={"maxsize": 64}).tools[0].cache is not envs[0].tools[0].cache
+    assert make_spider_env().tools[0].cache is None
+    shared = envs[0].tools[0].cache
+    assert shared is not None
+    shared.clear()  # the process's cache for these settings: start from empty whatever ran before
+    first = envs[0].tasks[0]
+    other = next(t for t in envs[0].tasks if t.context["db_path"] != first.context["db_path"])
+    query = "<sql>SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name</sql>"
+    seen = []
+    for env, task in ((envs[0], first), (envs[1], first), (envs[1], other)):
+        env.reset(options={"task": task})
+        obs, _, _, _, info = env.step(query)
+        seen.append((obs, info["tool_calls"][0].cached))
+    assert seen[0] == (seen[1][0], False) and seen[1][1] is True
+    assert seen[2][1] is False and seen[2][0] != seen[0][0]  # another database: run, another answer
+    for env in envs:
+        env.close()
+
+
+def test_cache_option_refuses_unknown_settings() -> None:
+    with pytest.raises(ValueError, match="unknown cache setting"):
+        make_spider_env(cache={"size": 5})

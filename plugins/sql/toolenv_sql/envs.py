@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv import Task, ToolEnv
+from toolenv.result_cache import shared_cache
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
 from toolenv_sql.reward import ExecutionMatch
 from toolenv_sql.tool import SQLTool
@@ -29,11 +30,14 @@ SYSTEM_PROMPT = (
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
 
 
-def _make_env(default_tasks: Iterable[Task], overrides: Mapping[str, Any]) -> ToolEnv:
+def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, Any]) -> ToolEnv:
     opts = dict(overrides)
     tasks: Any = opts.pop("tasks", None)
     limit = opts.pop("limit", None)
     tool_opts = {k: opts.pop(k) for k in _TOOL_OPTIONS if k in opts}
+    # Answers depend on the query, the task's database (the "task" scope) and the tool's options.
+    namespace = ("toolenv_sql", name, tuple(sorted((k, str(v)) for k, v in tool_opts.items())))
+    tool_opts["cache"] = shared_cache(namespace, opts.pop("cache", None))
     if tasks is None:
         tasks = list(default_tasks)
     elif isinstance(tasks, (str, Path)):
@@ -58,15 +62,16 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
     """Spider dev (697 questions, 10 SQLite databases).
 
     Overrides: `tasks`, `limit` (first N tasks), SQL options (`dialect`, `query_timeout`,
-    `max_rows`, `max_chars`, `max_cell_chars`, `root`) and any `ToolEnv` keyword
-    (`parser`, `reward`, `max_turns`, ...).
+    `max_rows`, `max_chars`, `max_cell_chars`, `root`), `cache` (a `ResultCache`, or `True`
+    or its settings for the process's cache of this env and options, keyed by task), and any
+    `ToolEnv` keyword (`parser`, `reward`, `max_turns`, ...).
     """
-    return _make_env(spider_tasks(), overrides)
+    return _make_env("Spider-v0", spider_tasks(), overrides)
 
 
 def make_chinook_env(**overrides: Any) -> ToolEnv:
     """Chinook (84 questions, one SQLite database); overrides as for `make_spider_env`."""
-    return _make_env(chinook_tasks(), overrides)
+    return _make_env("Chinook-v0", chinook_tasks(), overrides)
 
 
 def _gold(task: Task) -> str:
