@@ -189,6 +189,14 @@ def test_cache_example() -> None:
     assert "16 searches: 1 ran, 7 joined a running one, 8 answered from the cache" in out.stdout
 
 
+def test_breaker_example() -> None:
+    out = run(str(EXAMPLES / "breaker_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "no breaker: 12 calls, 12 timed out, 0 refused at once, 12 reached the server" in out.stdout
+    assert "breaker_threshold=3: 12 calls, 3 timed out, 9 refused at once, 3 reached the server" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
 def test_trl_grpo_example_smoke_run() -> None:
     pytest.importorskip("trl", reason="the TRL example needs the trl extra: pip install 'toolenv[trl]'")
     pytest.importorskip("toolenv_sql", reason="the TRL example's default env is Spider (toolenv-sql)")
@@ -196,3 +204,17 @@ def test_trl_grpo_example_smoke_run() -> None:
     assert out.returncode == 0, out.stderr
     assert "step 1: reward " in out.stdout
     assert out.stdout.count("  task spider-dev-0000: ") == 2  # a group of two rollouts, each its own episode
+
+
+def test_skyrl_example() -> None:
+    pytest.importorskip("skyrl_gym", reason="the SkyRL example needs the skyrl extra: pip install 'toolenv[skyrl]'")
+    pytest.importorskip("toolenv_sql", reason="the SkyRL example's env is Spider (toolenv-sql)")
+    out = run(str(EXAMPLES / "skyrl_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert "2 rows; columns: ['data_source', 'env_class', 'extra_info', 'prompt', 'reward_spec']" in out.stdout
+    assert "question: How many singers do we have?" in out.stdout
+    assert (
+        "step 1: reward=0.0 done=False\n  [user] '<information>count(*)\\n--------\\n6\\n(1 row)</information>'\n"
+        in out.stdout
+    )
+    assert "step 2: reward=1.0 done=True\nmetrics: {'return': 1.0, 'turns': 2, 'tool_calls': 1," in out.stdout

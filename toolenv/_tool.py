@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints, overload
 
@@ -32,6 +32,15 @@ class ToolLimits(BaseModel):
     backoff: float = Field(default=0.1, ge=0, description="First retry delay in seconds; doubles each attempt.")
     max_backoff: float = Field(default=5.0, ge=0, description="Upper bound on one retry delay.")
     max_output_chars: int | None = Field(default=8192, ge=16, description="Text longer than this is cut in the middle.")
+    breaker_threshold: int | None = Field(
+        default=None,
+        ge=1,
+        description="Consecutive failed calls (timeouts, crashes, retryable errors) after which calls "
+        "are refused at once for `breaker_cooldown` seconds (a circuit breaker).",
+    )
+    breaker_cooldown: float = Field(
+        default=30.0, gt=0, description="Seconds an open circuit refuses calls before one is let through to probe."
+    )
 
 
 @dataclass(slots=True)
@@ -93,6 +102,14 @@ class Tool:
 
     async def close(self) -> None:
         """Release resources (processes, connections). Called by `ToolEnv.close`."""
+
+    def breaker_key(self) -> Hashable:
+        """What fails together: tools with the same key share one circuit breaker.
+
+        By default the tool's class and name; a tool over a configurable backend adds the
+        backend (its URL, its server), so two backends do not open each other's circuit.
+        """
+        return (type(self).__module__, type(self).__qualname__, self.name)
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-tool schema (`{"type": "function", "function": {...}}`)."""

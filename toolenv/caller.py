@@ -22,6 +22,7 @@ from asyncio_throttle.throttler import Throttler
 from pydantic import BaseModel, ValidationError
 
 from toolenv._tool import Tool, ToolContext, ToolLimits
+from toolenv.breaker import breaker_for
 from toolenv.types import Task, ToolCall, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
@@ -105,7 +106,7 @@ def _being_cancelled() -> bool:
 
 
 def _cancelled(tool: Tool) -> ToolResult:
-    return ToolResult.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
+    return _Failure.error(f"Tool '{tool.name}' failed: its work was cancelled.", retryable=True)
 
 
 def _describe(exc: BaseException, limit: int = 2000) -> str:
@@ -284,6 +285,18 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
     return _checked(tool, result)
 
 
+class _Failure(ToolResult):
+    """An error result the caller made for a run that crashed, timed out or was cancelled:
+    what a circuit breaker counts besides the results a tool marks retryable."""
+
+    __slots__ = ()
+
+
+def _failed(result: ToolResult) -> bool:
+    """Whether `result` counts against the tool's circuit breaker (not the model's own mistakes)."""
+    return result.is_error and (result.retryable or isinstance(result, _Failure))
+
+
 def _failure(tool: Tool, exc: BaseException) -> ToolResult:
     """The error result for a failed run; the step's own cancellation is raised again."""
     if isinstance(exc, asyncio.CancelledError):
@@ -295,10 +308,8 @@ def _failure(tool: Tool, exc: BaseException) -> ToolResult:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         timeout = tool.limits.timeout
         after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
-        return ToolResult.error(
-            f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True
-        )
-    return ToolResult.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
+        return _Failure.error(f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True)
+    return _Failure.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
 
 
 def _checked(tool: Tool, result: Any) -> ToolResult:
@@ -359,7 +370,7 @@ class ToolCaller:
                     result, attempts, cached = await tool.cache.call(tool, ready, ctx, self._run_limited)
                 elif lim.retries:
                     result, attempts = await self._run_with_retries(tool, ready, ctx)
-                elif lim.max_concurrency or lim.rate_limit:
+                elif lim.max_concurrency or lim.rate_limit or lim.breaker_threshold:
                     result, attempts = await self._run_once(tool, ready, ctx), 1
                 else:  # the common case: no limiter
                     result, attempts = await self._guarded(tool, ready, ctx), 1
@@ -408,7 +419,7 @@ class ToolCaller:
         lim = tool.limits
         if lim.retries:
             return await self._run_with_retries(tool, args, ctx)
-        if lim.max_concurrency or lim.rate_limit:
+        if lim.max_concurrency or lim.rate_limit or lim.breaker_threshold:
             return await self._run_once(tool, args, ctx), 1
         return await self._guarded(tool, args, ctx), 1
 
@@ -424,6 +435,24 @@ class ToolCaller:
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
 
     async def _run_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
+        """One attempt, unless the tool's circuit is open; its outcome goes to the breaker."""
+        breaker = breaker_for(tool)
+        if breaker is None:
+            return await self._run_limited_once(tool, args, ctx)
+        retry_in = breaker.admit()
+        if retry_in is not None:
+            return ToolResult.error(breaker.refusal(tool.name, retry_in), circuit_open=True)
+        result: ToolResult | None = None
+        try:
+            result = await self._run_limited_once(tool, args, ctx)
+        finally:
+            if result is None:  # cancelled with its step: no outcome to count
+                breaker.abandon()
+            else:
+                breaker.record(_failed(result), result.text.split("\n", 1)[0][:120])
+        return result
+
+    async def _run_limited_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         """One attempt, after the tool's concurrency cap and rate limit let it through."""
         limiter = _limiter(tool)
         if limiter is None:

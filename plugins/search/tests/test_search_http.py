@@ -119,6 +119,34 @@ async def test_misbehaving_server_gives_error_observation(bad_server: Any, mode:
     await tool.close()
 
 
+async def test_a_failing_retriever_opens_the_circuit_for_every_env(bad_server: Any) -> None:
+    from toolenv.breaker import reset_breakers
+
+    reset_breakers()
+    bad_server.modes = ["500", "500", "500", "ok"]
+    # Each env of a run makes its own tool over the same server: they share one circuit.
+    tools = [
+        SearchTool(HTTPBackend(bad_server.url, retries=0), breaker_threshold=3, breaker_cooldown=60) for _ in range(4)
+    ]
+    texts = []
+    for tool in tools * 2:
+        (res,), _ = await ToolCaller([tool]).invoke(
+            [ToolCall(name="search", arguments={"query": "q"}, id="a")], ToolContext(task=Task())
+        )
+        texts.append(res.text)
+    assert bad_server.requests == 3  # the server saw three failed requests, then nothing more
+    assert all("HTTP 500" in t for t in texts[:3])
+    assert all(t.startswith("Tool 'search' is unavailable: its last 3 calls failed") for t in texts[3:])
+    other = SearchTool(BM25Backend(), breaker_threshold=3, breaker_cooldown=60)  # another backend: closed
+    (res,), _ = await ToolCaller([other]).invoke(
+        [ToolCall(name="search", arguments={"query": "Paris"}, id="a")], ToolContext(task=Task())
+    )
+    assert not res.is_error
+    for tool in tools:
+        await tool.close()
+    reset_breakers()
+
+
 async def test_no_server_listening_is_an_error(tmp_path: Path) -> None:
     backend = HTTPBackend(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
     with pytest.raises(SearchError, match="could not reach"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +97,10 @@ class SearchTool(Tool):
     async def close(self) -> None:
         """Release the backend's connections for the running loop."""
         await self.backend.aclose()
+
+    def breaker_key(self) -> Hashable:
+        """Search tools fail together when they share a backend: its kind, and its URL for HTTP."""
+        return (super().breaker_key(), self.backend.name, getattr(self.backend, "url", None))
 
     def __repr__(self) -> str:
         return f"<SearchTool backend={self.backend.name!r} topk={self.topk}>"

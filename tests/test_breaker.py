@@ -1,0 +1,204 @@
+"""Circuit breakers: a tool whose calls keep failing is refused at once, then probed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import toolenv
+from toolenv import Task, ToolCall, ToolCaller, ToolEnv, ToolLimits, ToolResult
+from toolenv.breaker import CircuitBreaker, breaker_for, reset_breakers
+
+
+@pytest.fixture(autouse=True)
+def _closed_circuits() -> Iterator[None]:
+    reset_breakers()  # breakers are per process: each test starts with every circuit closed
+    yield
+    reset_breakers()
+
+
+class Flaky(toolenv.Tool):
+    """Fails as told: `outcomes` is consumed one per run ("ok", "raise", "retryable", "mistake", "hang")."""
+
+    name = "flaky"
+
+    class Args(BaseModel):
+        q: str = "x"
+
+    def __init__(self, outcomes: list[str], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.outcomes = outcomes
+        self.runs = 0
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> ToolResult:
+        outcome = self.outcomes[min(self.runs, len(self.outcomes) - 1)]
+        self.runs += 1
+        if outcome == "raise":
+            raise ConnectionError("server at 127.0.0.1 refused the connection")
+        if outcome == "retryable":
+            return ToolResult.error("HTTP 503 from the judge", retryable=True)
+        if outcome == "mistake":
+            return ToolResult.error("no such table: singers")  # the model's error, not the tool's
+        if outcome == "hang":
+            await asyncio.sleep(10)
+        return ToolResult(text="fine")
+
+
+async def calls(tool: toolenv.Tool, n: int, **args: Any) -> list[tuple[ToolResult, Any]]:
+    caller, task = ToolCaller([tool]), Task(id="t", question="q")
+    out = []
+    for i in range(n):
+        (res,), (rec,) = await caller.invoke_for(
+            [ToolCall(id=f"c{i}", name=tool.name, arguments=args)], task, "e", 0, {}
+        )
+        out.append((res, rec))
+    return out
+
+
+async def test_consecutive_failures_open_the_circuit() -> None:
+    tool = Flaky(["raise"], breaker_threshold=3, breaker_cooldown=60)
+    out = await calls(tool, 6)
+    assert tool.runs == 3  # the last three calls never reached the tool
+    assert all("ConnectionError" in r.text for r, _ in out[:3])
+    for res, rec in out[3:]:
+        assert res.is_error and not res.retryable and res.metadata == {"circuit_open": True}
+        assert "Tool 'flaky' is unavailable: its last 3 calls failed" in res.text
+        assert "refused the connection" in res.text and "tried again in 60 s" in res.text
+        assert rec.error is not None and rec.error.startswith("Tool 'flaky' is unavailable")
+
+
+@pytest.mark.parametrize("failure", ["retryable", "hang"])
+async def test_retryable_errors_and_timeouts_count(failure: str) -> None:
+    tool = Flaky([failure], breaker_threshold=2, breaker_cooldown=60, timeout=0.05)
+    out = await calls(tool, 3)
+    assert tool.runs == 2
+    assert "unavailable" in out[2][0].text
+
+
+async def test_the_models_own_mistakes_do_not_count() -> None:
+    tool = Flaky(["mistake"], breaker_threshold=2)
+    out = await calls(tool, 5)
+    assert tool.runs == 5 and all(r.text == "no such table: singers" for r, _ in out)
+    out = await calls(tool, 3, q=5)  # invalid arguments never reach the tool nor the breaker
+    assert tool.runs == 5 and all("Invalid arguments" in r.text for r, _ in out)
+    breaker = breaker_for(tool)
+    assert breaker is not None and not breaker.is_open and breaker.failures == 0
+
+
+async def test_a_success_resets_the_count() -> None:
+    tool = Flaky(["raise", "raise", "ok", "raise", "raise", "ok"], breaker_threshold=3)
+    out = await calls(tool, 6)
+    assert tool.runs == 6
+    assert [r.text for r, _ in out][2::3] == ["fine", "fine"]
+
+
+async def test_after_the_cooldown_one_probe_decides() -> None:
+    tool = Flaky(["raise", "raise", "raise", "ok"], breaker_threshold=2, breaker_cooldown=0.05)
+    await calls(tool, 3)
+    assert tool.runs == 2  # open after two
+    await asyncio.sleep(0.06)
+    (probe, _), (after, _) = await calls(tool, 2)
+    assert "ConnectionError" in probe.text and "unavailable" in after.text  # the probe failed: open again
+    assert tool.runs == 3
+    await asyncio.sleep(0.06)
+    out = await calls(tool, 3)
+    assert [r.text for r, _ in out] == ["fine"] * 3  # the probe succeeded: closed
+    assert tool.runs == 6
+
+
+async def test_calls_during_a_probe_are_refused() -> None:
+    tool = Flaky(["raise"], breaker_threshold=1, breaker_cooldown=0.05)
+
+    async def slow_ok(args: Any, ctx: Any) -> ToolResult:
+        tool.runs += 1
+        await asyncio.sleep(0.05)
+        return ToolResult(text="fine")
+
+    await calls(tool, 1)
+    await asyncio.sleep(0.06)
+    tool.run = slow_ok  # type: ignore[method-assign]
+    out = await asyncio.gather(*(calls(tool, 1) for _ in range(4)))
+    texts = [o[0][0].text for o in out]
+    assert texts.count("fine") == 1 and sum("unavailable" in t for t in texts) == 3
+    assert [r.text for r, _ in await calls(tool, 2)] == ["fine", "fine"]
+
+
+async def test_a_cancelled_probe_lets_the_next_call_probe() -> None:
+    tool = Flaky(["raise", "hang", "ok"], breaker_threshold=1, breaker_cooldown=0.05)
+    await calls(tool, 1)
+    await asyncio.sleep(0.06)
+    probe = asyncio.ensure_future(calls(tool, 1))
+    await asyncio.sleep(0.01)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    [(res, _)] = await calls(tool, 1)
+    assert res.text == "fine" and tool.runs == 3
+
+
+async def test_an_open_circuit_is_not_retried() -> None:
+    tool = Flaky(["retryable"], breaker_threshold=2, breaker_cooldown=60, retries=5, backoff=0.001)
+    [(res, rec)] = await calls(tool, 1)
+    assert "unavailable" in res.text
+    assert tool.runs == 2 and rec.attempts == 3  # two failed runs opened it; the third attempt was refused
+
+
+async def test_tools_that_fail_together_share_one_breaker() -> None:
+    # Two envs of a run, each with its own tool object over the same server.
+    first, second = Flaky(["raise"], breaker_threshold=2), Flaky(["ok"], breaker_threshold=2)
+    await calls(first, 2)
+    [(res, _)] = await calls(second, 1)
+    assert "unavailable" in res.text and second.runs == 0
+
+    class Other(Flaky):
+        name = "other"
+
+    [(res, _)] = await calls(Other(["ok"], breaker_threshold=2), 1)
+    assert res.text == "fine"
+    [(res, _)] = await calls(Flaky(["ok"], breaker_threshold=3), 1)  # other settings: its own circuit
+    assert res.text == "fine"
+    reset_breakers()
+    [(res, _)] = await calls(second, 1)
+    assert res.text == "fine"
+
+
+def test_an_env_keeps_going_with_an_open_circuit() -> None:
+    tool = Flaky(["raise"], breaker_threshold=1, breaker_cooldown=60)
+    env = ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], max_turns=5)
+    env.reset(seed=0)
+    observations = [env.step('<tool_call>{"name": "flaky", "arguments": {}}</tool_call>')[0] for _ in range(3)]
+    assert "ConnectionError" in observations[0]
+    assert all("is unavailable" in o for o in observations[1:])
+    _, reward, terminated, _, _ = env.step("<answer>a</answer>")
+    assert (reward, terminated) == (1.0, True) and tool.runs == 1
+    env.close()
+
+
+def test_breaker_state_machine() -> None:
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, cooldown=10, timer=lambda: now[0])
+    assert b.admit() is None
+    b.record(True, "boom")
+    assert not b.is_open
+    b.record(True, "boom")
+    assert b.is_open and b.admit() == 10
+    now[0] = 4
+    assert b.admit() == 6
+    now[0] = 10
+    assert b.admit() is None and b.admit() == 0  # one probe at a time
+    b.abandon()
+    assert b.admit() is None
+    b.record(False)
+    assert not b.is_open and b.failures == 0
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValidationError):
+        ToolLimits(breaker_threshold=0)
+    with pytest.raises(ValidationError):
+        ToolLimits(breaker_cooldown=0)
+    assert breaker_for(Flaky(["ok"])) is None  # off by default
