@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from toolenv._schema import flatten_schema, openai_schema
 from toolenv.types import Task, ToolResult
@@ -41,6 +42,37 @@ class ToolLimits(BaseModel):
     breaker_cooldown: float = Field(
         default=30.0, gt=0, description="Seconds an open circuit refuses calls before one is let through to probe."
     )
+
+
+def with_limits(tools: Iterable[Tool], overrides: Mapping[str, Mapping[str, Any]] | None) -> list[Tool]:
+    """`tools`, with the `ToolLimits` fields in `overrides` (by tool name, `"*"` for every tool)
+    changed on shallow copies, so a config file can set a plugin env's timeouts, rate limits,
+    retries and breakers without touching tool objects another env may share."""
+    tools = list(tools)
+    if not overrides:
+        return tools
+    names = [t.name for t in tools]
+    unknown = sorted(set(overrides) - {*names, "*"})
+    if unknown:
+        raise ValueError(
+            f"tool_limits names no tool of this env: {', '.join(map(repr, unknown))} "
+            f"(its tools: {', '.join(names) or 'none'}; '*' means all)"
+        )
+    out = []
+    for t in tools:
+        update = {**overrides.get("*", {}), **overrides.get(t.name, {})}
+        if not update:
+            out.append(t)
+            continue
+        try:
+            limits = ToolLimits.model_validate({**t.limits.model_dump(), **update})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+            raise ValueError(f"tool_limits for {t.name!r}: {problems}") from None
+        changed = copy.copy(t)
+        changed.limits = limits
+        out.append(changed)
+    return out
 
 
 @dataclass(slots=True)

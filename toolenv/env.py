@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-from toolenv._tool import Tool
+from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller
 from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers.base import ActionParser, get_parser
@@ -56,6 +56,8 @@ class ToolEnv(gym.Env[str, str]):
         prompt_template: `str.format` template with `{instructions}`, `{question}` and task context keys.
         task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"`.
         parser_kwargs: passed to the parser factory when `parser` is a name.
+        tool_limits: `ToolLimits` fields to change, by tool name (`"*"`: every tool), e.g.
+            `{"search": {"timeout": 10, "retries": 2}}`; the env steps copies of those tools.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
@@ -73,6 +75,7 @@ class ToolEnv(gym.Env[str, str]):
         task_order: str = "random",
         parser_kwargs: Mapping[str, Any] | None = None,
         render_mode: str | None = None,
+        tool_limits: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
@@ -80,7 +83,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"task_order must be 'random' or 'sequential', got {task_order!r}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        self.tools: list[Tool] = list(tools)
+        self.tools: list[Tool] = with_limits(tools, tool_limits)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]
         self.parser = get_parser(parser, **dict(parser_kwargs or {})).bind(self.tools)
