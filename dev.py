@@ -35,7 +35,7 @@ WORKSPACE = [
 ]
 # The same distributions with the extras the test suite exercises (verl, DuckDB, ddgs, ...).
 TEST_WORKSPACE = [
-    ".[dev,verl,serve,trl]",
+    ".[dev,verl,serve,trl,skyrl]",
     "plugins/search[web,stem]",
     "plugins/sql[duckdb]",
     "plugins/code",

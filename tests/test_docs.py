@@ -44,6 +44,7 @@ def test_api_reference_covers_the_public_api() -> None:
             "toolenv",
             "toolenv.integrations.verl",
             "toolenv.integrations.trl",
+            "toolenv.integrations.skyrl",
             "toolenv_search",
             "toolenv_sql",
             "toolenv_code",

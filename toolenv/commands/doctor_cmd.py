@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: The training stack around toolenv, whose versions a bug report needs (None: not installed).
-TRAINING_STACK = ("verl", "trl", "transformers", "torch", "vllm", "sglang")
+TRAINING_STACK = ("verl", "trl", "skyrl-gym", "transformers", "torch", "vllm", "sglang")
 
 
 def _version(dist: str) -> str | None:

@@ -13,10 +13,11 @@ in this process and handed to one episode at a time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +25,7 @@ from toolenv._tool import Tool
 from toolenv.env import ToolEnv
 from toolenv.types import Task
 
-__all__ = ["EnvPool", "env_spec_from_row", "make_env", "resolve_tool", "shared_pool", "task_from_row"]
+__all__ = ["EnvPool", "env_spec_from_row", "make_env", "plain", "resolve_tool", "shared_pool", "task_from_row"]
 
 #: Factory arguments that select tasks; a row names its task itself, so they are not stored with it.
 TASK_SELECTION_KEYS = frozenset({"tasks", "limit"})
@@ -94,14 +95,19 @@ def _decode(value: Any, what: str) -> Any:
     return value
 
 
-def _plain(value: Any) -> Any:
-    """Numpy scalars/arrays and OmegaConf containers (what verl hands over) as plain Python."""
-    if hasattr(value, "tolist"):
+def plain(value: Any) -> Any:
+    """Numpy scalars and arrays, OmegaConf containers and dataclass configs (what verl's and
+    SkyRL's workers hand over) as plain Python: dicts, lists and scalars."""
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    if hasattr(value, "tolist"):  # numpy, from parquet
         return value.tolist()
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):  # dicts and OmegaConf's DictConfig
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence):  # lists, tuples and OmegaConf's ListConfig
+        return [plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
@@ -111,7 +117,7 @@ def env_spec_from_row(extra_info: Mapping[str, Any] | None) -> tuple[str, dict[s
     Raises:
         ValueError: `env_id` is missing or `env_kwargs` is not a JSON object.
     """
-    info = _plain(extra_info or {})
+    info = plain(extra_info or {})
     env_id = info.get("env_id")
     if not isinstance(env_id, str) or not env_id:
         raise ValueError("the dataset row has no extra_info.env_id; build the data with `toolenv verl-data`")
@@ -127,7 +133,7 @@ def task_from_row(extra_info: Mapping[str, Any] | None) -> Task:
     Raises:
         ValueError: the task is missing or invalid.
     """
-    raw = _plain(extra_info or {}).get("task")
+    raw = plain(extra_info or {}).get("task")
     if raw is None:
         raise ValueError("the dataset row has no extra_info.task; build the data with `toolenv verl-data`")
     try:

@@ -1,0 +1,629 @@
+"""toolenv envs as skyrl-gym text envs, driven the way SkyRL-train's generator drives them.
+
+Each env is made with the real `skyrl_gym.make(env_class, env_config=..., extras=row)` from
+a row whose `prompt` and `env_class` were taken off (what SkyRL's `PromptDataset` hands the
+generator), with `extras["max_turns"]` set as the generator sets it; then `init(prompt)`,
+`step(text)` until `done`, `get_metrics()` and `close()`. The envs are real: Spider on its
+bundled SQLite files, HotpotQA on its bundled BM25 index, and a hermes-format calculator.
+Observations are tokenized with the tiny offline Qwen tokenizer the way the generator does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+skyrl_gym = pytest.importorskip(
+    "skyrl_gym", reason="the SkyRL integration needs skyrl-gym: pip install 'toolenv[skyrl]' (CI installs it)"
+)
+
+import gymnasium as gym  # noqa: E402
+
+import toolenv  # noqa: E402
+from toolenv.integrations.skyrl import (  # noqa: E402
+    ToolEnvTextEnv,
+    adataset_rows,
+    close_pooled_envs,
+    dataset_rows,
+    register,
+    task_options,
+)
+from toolenv.integrations.skyrl.env import _POOL  # noqa: E402
+from toolenv.integrations.verl.data import build_rows  # noqa: E402
+from toolenv.integrations.verl.envs import make_env  # noqa: E402
+
+from ..conftest import TASKS, Add  # noqa: E402
+
+SPIDER = "toolenv/Spider-v0"
+HOTPOT = "toolenv/HotpotQA-v0"
+CALC = "toolenv-test/SkyRLCalc-v0"
+CLOSING = "toolenv-test/SkyRLClosing-v0"
+SNAP = "toolenv-test/SkyRLSnap-v0"
+CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+
+
+class ClosingAdd(Add):
+    """`add` that counts how often its env closed it."""
+
+    closed = 0
+
+    async def close(self) -> None:
+        type(self).closed += 1
+
+
+class Snapshot(toolenv.Tool):
+    """Return a 2x2 red image."""
+
+    name = "snapshot"
+
+    class Args(BaseModel):
+        pass
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        from PIL import Image
+
+        return toolenv.ToolResult(
+            text="a red square", images=[toolenv.ToolImage.from_pil(Image.new("RGB", (2, 2), "red"))]
+        )
+
+
+def _snap_env(**kw: Any) -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[Snapshot()], tasks=TASKS, parser="hermes", **kw)
+
+
+def _calc_env(**kw: Any) -> toolenv.ToolEnv:
+    kw.setdefault("max_turns", 6)
+    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
+
+
+def _closing_env(**kw: Any) -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[ClosingAdd()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
+
+
+for _id, _factory in ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env)):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_factory)
+
+
+@pytest.fixture(autouse=True)
+def _registered() -> Iterator[None]:
+    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP])
+    yield
+    close_pooled_envs()
+
+
+def need_sql() -> None:
+    pytest.importorskip("toolenv_sql", reason="the Spider env needs toolenv-sql")
+
+
+def need_search() -> None:
+    pytest.importorskip("toolenv_search", reason="the HotpotQA env needs toolenv-search")
+
+
+def make(row: dict[str, Any], *, generator_max_turns: int = 5, env_config: Any = None) -> tuple[Any, list[Any]]:
+    """What SkyRL does per sample: split the row, set extras['max_turns'], make the env, init it."""
+    row = json.loads(json.dumps(row))  # a copy, as the dataset hands each sample its own
+    prompt = row.pop("prompt")
+    env_class = row.pop("env_class")
+    extras = {**row, "max_turns": generator_max_turns}
+    env = skyrl_gym.make(env_class, env_config=env_config if env_config is not None else {}, extras=extras)
+    messages, meta = env.init(prompt)
+    assert meta == {"env_id": env.env_id, "task_id": row["extra_info"]["task_id"]}
+    return env, messages
+
+
+def task_of(row: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(row["extra_info"]["task"]))
+
+
+def gold(row: dict[str, Any]) -> str:
+    answer = task_of(row)["answer"]
+    return str(answer[0] if isinstance(answer, list) else answer)
+
+
+def plain_env_step(env_id: str, row: dict[str, Any], text: str) -> str:
+    """The observation a plain `gym.make` env gives for `text` on the row's task."""
+    env = make_env(env_id)
+    try:
+        env.reset(options={"task": task_of(row)})
+        return env.step(text)[0]
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------- imports
+def test_importing_toolenv_and_building_rows_never_imports_skyrl_gym_or_verl() -> None:
+    code = (
+        "import sys, toolenv, toolenv.integrations.skyrl as s\n"
+        "assert 'skyrl_gym' not in sys.modules\n"
+        "rows = s.dataset_rows('toolenv/ToolEnv-v0', env_kwargs={'tasks': [{'question': 'q', 'answer': 'a'}]})\n"
+        "assert rows[0]['env_class'] == 'toolenv/ToolEnv-v0'\n"
+        "assert 'skyrl_gym' not in sys.modules and 'verl' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# ---------------------------------------------------------------------------- rows
+def test_dataset_rows_have_skyrls_columns_and_the_envs_prompt() -> None:
+    need_sql()
+    rows = dataset_rows(SPIDER, n=3)
+    assert len(rows) == 3
+    env = make_env(SPIDER)
+    try:
+        for i, row in enumerate(rows):
+            assert set(row) == {"prompt", "env_class", "reward_spec", "extra_info", "data_source"}
+            assert row["env_class"] == SPIDER and row["data_source"] == SPIDER
+            assert row["reward_spec"] == {"method": "rule", "ground_truth": gold(row)}
+            assert set(row["extra_info"]) == {"index", "split", "env_id", "task_id", "task", "env_kwargs"}
+            assert row["extra_info"]["index"] == i and row["extra_info"]["split"] == "all"
+            task = env.tasks[i]
+            assert row["extra_info"]["task_id"] == task.id and task_of(row) == task.model_dump(mode="json")
+            _, messages = env.render_prompt(task)  # the env's own prompt: the format it parses
+            assert row["prompt"] == [{"role": m.role, "content": m.content} for m in messages]
+    finally:
+        env.close()
+    json.dumps(rows)  # plain JSON all the way down (parquet-ready)
+    assert dataset_rows(SPIDER, n=1, env_class="toolenv")[0]["env_class"] == "toolenv"
+    assert dataset_rows(SPIDER, n=1, data_source="spider")[0]["data_source"] == "spider"
+
+
+def test_rows_are_verls_rows_in_skyrls_columns() -> None:
+    kwargs = {"tasks": TASKS, "max_turns": 3, "parser": "hermes"}
+    skyrl = dataset_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs)
+    verl = build_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs)
+    assert len(skyrl) == len(TASKS)
+    assert [r["prompt"] for r in skyrl] == [r["prompt"] for r in verl]
+    assert [r["reward_spec"]["ground_truth"] for r in skyrl] == [r["reward_model"]["ground_truth"] for r in verl]
+    for s, v in zip(skyrl, verl, strict=True):
+        assert s["extra_info"] == {k: x for k, x in v["extra_info"].items() if k != "tools_kwargs"}
+        assert json.loads(s["extra_info"]["env_kwargs"]) == {"max_turns": 3, "parser": "hermes"}  # not `tasks`
+    register("toolenv/ToolEnv-v0", generic=False)
+    env, _ = make(skyrl[0])  # the worker's env has no tasks: the row's own task is run
+    assert env.env.tasks == [] and env.max_turns == 5
+    assert env.step(f"<answer>{gold(skyrl[0])}</answer>")["reward"] == 1.0
+    env.close()
+
+
+def test_dataset_rows_split_n_and_their_errors() -> None:
+    every = {r["extra_info"]["task_id"] for r in dataset_rows(CALC)}
+    train = {r["extra_info"]["task_id"] for r in dataset_rows(CALC, split="train")}
+    test = {r["extra_info"]["task_id"] for r in dataset_rows(CALC, split="test")}
+    assert train | test == every and not train & test
+    assert len(dataset_rows(CALC, n=2)) == 2
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        dataset_rows(CALC, n=0)
+    pytest.importorskip("toolenv_vision", reason="the image-prompt case uses the VisualSearch env (toolenv-vision)")
+    with pytest.raises(ValueError, match="has images in its prompt"):
+        dataset_rows("toolenv/VisualSearch-v0", n=1)
+
+
+async def test_adataset_rows_inside_an_event_loop() -> None:
+    rows = await adataset_rows(CALC, n=2)
+    assert [r["extra_info"]["task_id"] for r in rows] == [t["id"] for t in TASKS[:2]]
+
+
+def test_rows_round_trip_through_skyrl_gym_make() -> None:
+    need_sql()
+    for row in dataset_rows(SPIDER, n=4):
+        env, messages = make(row)
+        assert isinstance(env, ToolEnvTextEnv) and env.env_id == SPIDER
+        assert messages == row["prompt"]
+        assert env.env.episode is not None and env.env.episode.task.id == row["extra_info"]["task_id"]
+        env.close()
+
+
+def test_rows_round_trip_through_parquet_as_skyrls_prompt_dataset_reads_them(tmp_path: Any) -> None:
+    need_sql()
+    datasets = pytest.importorskip("datasets", reason="SkyRL's PromptDataset reads rows with HF datasets")
+    rows = dataset_rows(SPIDER, n=2) + dataset_rows(CALC, n=1, env_class="toolenv")  # two kinds of extra_info
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    loaded = datasets.load_dataset("parquet", data_files=str(path), keep_in_memory=True)["train"]
+    for i in range(len(loaded)):
+        item = dict(loaded[i])  # PromptDataset.__getitem__: prompt and env_class off, the rest is extras
+        prompt, env_class = item.pop("prompt"), item.pop("env_class")
+        env = skyrl_gym.make(env_class, env_config={}, extras={**item, "max_turns": 3})
+        messages, meta = env.init(prompt)
+        assert meta["task_id"] == rows[i]["extra_info"]["task_id"] and env.env_id == rows[i]["extra_info"]["env_id"]
+        assert messages == rows[i]["prompt"]
+        env.close()
+
+
+def test_the_same_row_gives_the_same_task() -> None:
+    need_sql()
+    row = dataset_rows(SPIDER, n=5)[3]
+    seen = set()
+    for _ in range(3):
+        env, _ = make(row)
+        seen.add(env.env.episode.task.id)
+        env.close()
+    assert seen == {row["extra_info"]["task_id"]}
+
+
+def test_task_options_read_skyrl_rows_and_hand_written_ones() -> None:
+    task = toolenv.Task(id="x", question="1+1?", answer="2")
+    assert task_options({"extra_info": {"task": task.model_dump_json(), "task_id": "ignored"}}) == {"task": task}
+    assert task_options({"extra_info": {"task_id": "t2"}}) == {"task_id": "t2"}
+    assert task_options({"task_id": "t3", "extra_info": {}}) == {"task_id": "t3"}  # the row's top level
+    assert task_options({"task_index": 1, "extra_info": {"task_id": None}}) == {"task_index": 1}  # None: absent
+    inline = task_options({"extra_info": {"question": "2+3?"}, "reward_spec": {"ground_truth": "5"}})
+    assert inline["task"].question == "2+3?" and inline["task"].answer == "5"
+    own = task_options({"extra_info": {"question": "2+3?", "answer": "five"}, "reward_spec": {"ground_truth": "5"}})
+    assert own["task"].answer == "five"
+    with pytest.raises(ValueError, match="names no task"):
+        task_options({"reward_spec": {"ground_truth": "5"}})
+
+
+# ---------------------------------------------------------------------------- episodes on real envs
+def test_spider_query_result_comes_back_and_the_answer_ends_with_the_envs_reward() -> None:
+    need_sql()
+    from toolenv_sql.datasets import DATA_DIR
+
+    row = dataset_rows(SPIDER, n=1)[0]
+    context = task_of(row)["context"]
+    with sqlite3.connect(DATA_DIR / context["db_path"]) as db:
+        [(count,)] = db.execute(context["gold_sql"]).fetchall()
+    text = f"Let me look.\n<sql>{gold(row)}</sql>"
+    env, _ = make(row)
+    out = env.step(text)
+    assert out["done"] is False and out["reward"] == 0.0
+    [obs] = out["observations"]
+    assert obs == {"role": "user", "content": plain_env_step(SPIDER, row, text)}  # the env's own observation
+    assert obs["content"].startswith("<information>") and str(count) in obs["content"]
+    [call] = out["metadata"]["tool_calls"]
+    assert call["name"] == "sql" and call["error"] is None and out["metadata"]["tool_errors"] == 0
+    json.dumps(out["metadata"])
+    out = env.step(f"<answer>{gold(row)}</answer>")
+    assert out["done"] is True and out["reward"] == 1.0 and out["observations"] == []
+    assert out["metadata"]["terminated"] is True and out["metadata"]["answer"] == gold(row)
+    assert out["metadata"]["episode"]["return"] == 1.0
+    json.dumps(out["metadata"])
+    metrics = env.get_metrics()
+    assert metrics["return"] == 1.0 and metrics["turns"] == 2 and metrics["tool_calls"] == 1
+    assert metrics["answered"] == 1.0 and metrics["terminated"] == 1.0 and metrics["truncated"] == 0.0
+    env.close()
+
+
+def test_spider_wrong_answer_scores_zero() -> None:
+    need_sql()
+    row = dataset_rows(SPIDER, n=1)[0]
+    env, _ = make(row)
+    out = env.step("<answer>SELECT 1</answer>")
+    assert out["done"] is True and out["reward"] == 0.0 and env.get_metrics()["return"] == 0.0
+    env.close()
+
+
+def test_malformed_text_is_an_error_observation_and_the_episode_goes_on() -> None:
+    need_sql()
+    row = dataset_rows(SPIDER, n=1)[0]
+    env, _ = make(row)
+    out = env.step("I think the answer is six.")
+    assert out["done"] is False and out["reward"] == 0.0
+    [obs] = out["observations"]
+    assert obs["role"] == "user" and "No tool call and no final answer" in obs["content"]
+    out = env.step("<sql>SELECT nonsense FROM nowhere</sql>")  # a failing query: also an observation
+    assert out["done"] is False and out["metadata"]["tool_errors"] == 1
+    assert out["metadata"]["tool_calls"][0]["error"] is not None
+    assert "no such table: nowhere" in out["observations"][0]["content"]  # SQLite's own message
+    out = env.step(f"<answer>{gold(row)}</answer>")
+    assert out["done"] is True and out["reward"] == 1.0
+    assert env.get_metrics()["tool_errors"] == 2  # the missing call and the failed query
+    env.close()
+
+
+def test_generator_max_turns_ends_the_episode() -> None:
+    need_sql()
+    row = dataset_rows(SPIDER, n=1)[0]
+    env, _ = make(row, generator_max_turns=2)
+    assert env.max_turns == 2
+    assert env.step("<sql>SELECT 1</sql>")["done"] is False
+    out = env.step("<sql>SELECT 2</sql>")
+    assert out["done"] is True and out["observations"] == []
+    assert out["metadata"]["truncated"] is True and out["metadata"]["terminated"] is False
+    assert env.get_metrics()["truncated"] == 1.0 and env.get_metrics()["answered"] == 0.0
+    after = env.step("<answer>x</answer>")  # past `done`: nothing more is run
+    assert after["done"] is True and after["reward"] == 0.0 and len(env.env.episode.turns) == 2
+    env.close()
+
+
+def test_max_turns_precedence_and_the_pooled_env_restored() -> None:
+    row = dataset_rows(CALC, n=1)[0]
+    env, _ = make(row, generator_max_turns=9, env_config={"max_turns": 1})  # the config's wins
+    out = env.step(CALL.format(a=1, b=1))
+    assert out["done"] is True and out["metadata"]["truncated"] is True
+    env.close()
+    register(CALC, max_turns=2)
+    env, _ = make(row, generator_max_turns=9)  # then the registration's
+    assert env.max_turns == 2 and env.env.max_turns == 2
+    env.close()
+    register(CALC)
+    env, _ = make(row, generator_max_turns=9)  # then SkyRL's; the pooled env keeps no earlier limit
+    assert env.max_turns == 9 and env.env.max_turns == 9
+    env.close()
+    env = skyrl_gym.make(CALC, env_config={}, extras={"extra_info": {"task_id": "t1"}})  # none: the env's own
+    assert env.max_turns == 6
+    env.close()
+    with pytest.raises(ValueError, match="max_turns must be at least 1"):
+        skyrl_gym.make(CALC, env_config={"max_turns": 0}, extras={"extra_info": {"task_id": "t1"}})
+
+
+def test_hotpotqa_search_on_the_bundled_index() -> None:
+    need_search()
+    row = dataset_rows(HOTPOT, n=1)[0]
+    env, messages = make(row)
+    assert "<search>" in messages[0]["content"]
+    text = "<think>look it up</think><search>VIVA Media AG new name 2004</search>"
+    out = env.step(text)
+    assert out["done"] is False
+    [obs] = out["observations"]
+    assert obs == {"role": "user", "content": plain_env_step(HOTPOT, row, text)}
+    assert obs["content"].startswith("<information>") and "Doc 1" in obs["content"]
+    out = env.step(f"<answer>{gold(row)}</answer>")
+    assert out["done"] is True and out["reward"] == 1.0
+    env.close()
+
+
+def test_hermes_env_sends_tool_messages_and_the_generic_class_reads_the_env_from_the_row() -> None:
+    rows = dataset_rows(CALC, env_class="toolenv")
+    row = next(r for r in rows if r["extra_info"]["task_id"] == "t1")
+    env, messages = make(row)
+    assert env.env_id == CALC and env.observation_role == "tool"
+    assert '"name": "add"' in messages[0]["content"]  # hermes instructions with the tool schema
+    out = env.step(CALL.format(a=2, b=3))
+    assert out["observations"] == [{"role": "tool", "content": "5", "name": "add", "tool_call_id": "call_0"}]
+    out = env.step("oops")  # no call: its error answers no call, so it goes as a user message
+    [obs] = out["observations"]
+    assert obs["role"] == "user" and "No tool call and no final answer" in obs["content"]
+    out = env.step("<answer>5</answer>")
+    assert out["done"] is True and out["reward"] == 1.0
+    env.close()
+
+
+def test_a_tools_images_are_dropped_and_its_text_kept() -> None:
+    pytest.importorskip("PIL", reason="the image tool needs Pillow")
+    env = skyrl_gym.make(SNAP, env_config={}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 3})
+    env.init(None)
+    out = env.step('<tool_call>\n{"name": "snapshot", "arguments": {}}\n</tool_call>')
+    assert env.env.episode.turns[0].results[0].images  # the tool did return an image
+    assert out["observations"] == [
+        {"role": "tool", "content": "a red square", "name": "snapshot", "tool_call_id": "call_0"}
+    ]
+    env.close()
+
+
+def test_observation_role_user_for_a_hermes_env() -> None:
+    row = dataset_rows(CALC, n=1)[0]
+    text = CALL.format(a=1, b=1)
+    env, _ = make(row, env_config={"observation_role": "user"})
+    assert env.observation_role == "user"
+    [obs] = env.step(text)["observations"]
+    assert obs == {"role": "user", "content": plain_env_step(CALC, row, text)}
+    assert obs["content"].startswith("<tool_response>")
+    env.close()
+    with pytest.raises(ValueError, match="observation_role must be"):
+        make(row, env_config={"observation_role": "system"})
+
+
+def test_settings_from_skyrls_config_objects() -> None:
+    """The generator passes `environment.skyrl_gym.<env_class>`: an OmegaConf node or a dataclass."""
+    from omegaconf import OmegaConf
+
+    @dataclasses.dataclass
+    class Config:
+        env_id: str = CALC
+        observation_role: str = "user"
+        env_kwargs: dict[str, Any] = dataclasses.field(default_factory=lambda: {"max_turns": 4})
+
+    extras = {"extra_info": {"task_id": "t2"}}
+    for config in (OmegaConf.create(dataclasses.asdict(Config())), Config()):
+        env = skyrl_gym.make("toolenv", env_config=config, extras=extras)
+        messages, meta = env.init(None)  # no prompt: the env's own
+        assert env.env_id == CALC and env.observation_role == "user" and meta["task_id"] == "t2"
+        assert env.max_turns == 4 and messages[-1] == {"role": "user", "content": "10+4?"}
+        env.close()
+
+
+def test_observations_tokenize_as_skyrls_generator_tokenizes_them(tiny_tokenizer: Any) -> None:
+    """SkyRL renders `[*base, *observations]` and keeps the tokens after the base conversation."""
+    tok = tiny_tokenizer
+    base = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "I am a user."}]
+    base_ids = tok.apply_chat_template(base, add_generation_prompt=False, tokenize=True, return_dict=False)
+    if tok.eos_token_id in base_ids:
+        base_ids = base_ids[: len(base_ids) - base_ids[::-1].index(tok.eos_token_id)]
+
+    def obs_text(observations: list[dict[str, Any]], done: bool) -> str:
+        ids = tok.apply_chat_template(
+            [*base, *observations], add_generation_prompt=not done, tokenize=True, return_dict=False
+        )
+        return str(tok.decode(ids[len(base_ids) :]))
+
+    row = dataset_rows(CALC, n=1)[0]
+    env, messages = make(row)
+    tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    out = env.step(CALL.format(a=2, b=2))
+    text = obs_text(out["observations"], out["done"])
+    assert "<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>" in text  # Qwen's tool turn
+    assert text.endswith("<|im_start|>assistant\n")  # and the next turn's generation prompt
+    env.close()
+    env, _ = make(row, env_config={"observation_role": "user"})
+    out = env.step("no call here")
+    expected = plain_env_step(CALC, row, "no call here")  # hermes wraps the error in <tool_response>
+    assert f"<|im_start|>user\n{expected}<|im_end|>" in obs_text(out["observations"], out["done"])
+    env.close()
+
+
+def test_inline_question_rows_score_against_reward_spec() -> None:
+    env = skyrl_gym.make(
+        "toolenv",
+        env_config={"env_id": CALC},
+        extras={"extra_info": {"question": "7+8?"}, "reward_spec": {"ground_truth": "15"}, "max_turns": 3},
+    )
+    messages, _ = env.init([{"role": "user", "content": "7+8?"}])
+    assert messages == [{"role": "user", "content": "7+8?"}]  # the row's prompt is used as given
+    assert env.env.episode.task.answer == "15"
+    assert env.step("<answer>15</answer>")["reward"] == 1.0
+    env.close()
+
+
+def test_use_env_prompt_renders_the_envs_messages() -> None:
+    env = skyrl_gym.make("toolenv", env_config={"env_id": CALC, "use_env_prompt": True}, extras={"task_id": "t2"})
+    messages, meta = env.init([{"role": "user", "content": "ignored"}])
+    _, expected = env.env.render_prompt(env.env.episode.task)
+    assert meta["task_id"] == "t2" and messages == [m.to_openai() for m in expected]
+    env.close()
+    pytest.importorskip("toolenv_vision", reason="the image-prompt case uses the VisualSearch env (toolenv-vision)")
+    env = skyrl_gym.make(
+        "toolenv", env_config={"env_id": "toolenv/VisualSearch-v0", "use_env_prompt": True}, extras={"task_index": 0}
+    )
+    with pytest.raises(ValueError, match="has images in its prompt"):
+        env.init(None)
+    env.close()
+
+
+# ---------------------------------------------------------------------------- how SkyRL calls it
+async def test_sync_calls_inside_the_generators_event_loop() -> None:
+    """With `max_env_workers=0` SkyRL makes the env and calls init/step/close on its event loop's thread."""
+    row = (await adataset_rows(CALC, n=1))[0]
+    env, _ = make(row)
+    out = env.step(CALL.format(a=20, b=22))
+    assert out["observations"][0]["content"] == "42"
+    await asyncio.sleep(0)
+    assert env.step("<answer>5</answer>")["reward"] == 1.0
+    env.close()
+
+
+@pytest.fixture
+def mixed_rows() -> list[dict[str, Any]]:
+    need_sql()
+    return dataset_rows(CALC) + dataset_rows(SPIDER, n=3)
+
+
+async def test_calls_from_skyrls_thread_pool(mixed_rows: list[dict[str, Any]]) -> None:
+    """With `max_env_workers>0` each call may run on another pool thread; episodes run at once."""
+    pool = ThreadPoolExecutor(max_workers=3)
+    loop = asyncio.get_running_loop()
+
+    async def episode(row: dict[str, Any]) -> float:
+        env = await loop.run_in_executor(pool, lambda: make(row)[0])
+        tool = "<sql>SELECT 1</sql>" if env.env_id == SPIDER else CALL.format(a=1, b=2)
+        first = await loop.run_in_executor(pool, env.step, tool)
+        assert first["done"] is False and first["metadata"]["tool_errors"] == 0
+        out = await loop.run_in_executor(pool, env.step, f"<answer>{gold(row)}</answer>")
+        await loop.run_in_executor(pool, env.close)
+        return float(out["reward"])
+
+    rewards = await asyncio.gather(*(episode(r) for r in mixed_rows * 3))
+    pool.shutdown()
+    assert rewards == [1.0] * len(mixed_rows) * 3
+
+
+def test_envs_are_pooled_across_samples_and_never_shared() -> None:
+    row = dataset_rows(CALC, n=1)[0]
+    env, _ = make(row)
+    first = env.env
+    env.close()
+    before = _POOL.created
+    for _ in range(3):
+        env, _ = make(row)
+        assert env.env is first  # the idle env is reused
+        env.step("<answer>5</answer>")
+        env.close()
+    assert _POOL.created == before
+    a, _ = make(row)
+    b, _ = make(row)  # two samples at once: two envs
+    assert a.env is not b.env and _POOL.created == before + 1
+    a.close()
+    b.close()
+    assert close_pooled_envs() == 2
+
+
+def test_an_env_whose_call_raised_is_closed_not_pooled() -> None:
+    ClosingAdd.closed = 0
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "no-such-task"}})
+    with pytest.raises(KeyError, match="no-such-task"):
+        env.init(None)
+    env.close()
+    assert ClosingAdd.closed == 1  # its env was closed ...
+    assert close_pooled_envs() == 0  # ... and not handed to the next sample
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "t1"}})
+    env.init(None)
+    env.close()
+    env.close()  # idempotent
+    assert ClosingAdd.closed == 1 and close_pooled_envs() == 1 and ClosingAdd.closed == 2
+
+
+def test_metrics_aggregate_through_skyrl_gym() -> None:
+    from skyrl_gym.metrics import aggregate_for_environment
+
+    row = dataset_rows(CALC, n=1)[0]
+    metrics = []
+    for answer in ("5", "wrong"):
+        env, _ = make(row)
+        env.step(f"<answer>{answer}</answer>")
+        metrics.append(env.get_metrics())
+        env.close()
+    assert [m["return"] for m in metrics] == [1.0, 0.0]
+    assert metrics[0]["reward/exact_match"] == 1.0  # the env's reward component, by name
+    agg = aggregate_for_environment(CALC, metrics)
+    assert agg["return"] == 0.5 and agg["answered"] == 1.0 and agg["reward/exact_match"] == 0.5
+
+
+# ---------------------------------------------------------------------------- registration
+def test_register_is_idempotent_and_checks_its_arguments() -> None:
+    from skyrl_gym.envs.registration import registry
+
+    ids = register(CALC, env_kwargs={"max_turns": 3})
+    assert ids == ["toolenv", CALC]
+    assert registry[CALC].kwargs["env_kwargs"] == {"max_turns": 3} and registry[CALC].kwargs["env_id"] == CALC
+    assert "env_id" not in registry["toolenv"].kwargs
+    register(CALC)  # replaced: the new defaults apply
+    assert "env_kwargs" not in registry[CALC].kwargs
+    every = register()
+    assert SPIDER in every and "toolenv/ToolEnv-v0" in every
+    with pytest.raises(ValueError, match="not registered with Gymnasium"):
+        register("toolenv/NoSuchEnv-v0")
+    with pytest.raises(ValueError, match="env_kwargs must be JSON"):
+        register(CALC, env_kwargs={"tools": [Add()]})
+    with pytest.raises(ValueError, match="max_turns must be at least 1"):
+        register(CALC, max_turns=0)
+
+
+def test_register_refuses_an_id_skyrl_gym_has_for_another_env_and_registers_nothing() -> None:
+    from skyrl_gym.envs.registration import deregister, registry
+    from skyrl_gym.envs.registration import register as skyrl_register
+
+    foreign = "toolenv-test/Foreign-v0"
+    gym.register(foreign, entry_point=_calc_env)
+    skyrl_register(id=foreign, entry_point="skyrl_gym.envs.gsm8k.env:GSM8kEnv")
+    deregister(CALC)
+    try:
+        with pytest.raises(ValueError, match=r"toolenv-test/Foreign-v0.*GSM8kEnv"):
+            register([CALC, foreign], generic=False)
+        assert CALC not in registry  # all or nothing
+    finally:
+        deregister(foreign)
+        gym.registry.pop(foreign)
+
+
+def test_a_per_id_class_refuses_a_row_of_another_env() -> None:
+    need_sql()
+    row = dataset_rows(CALC, n=1)[0]
+    row["env_class"] = SPIDER
+    with pytest.raises(ValueError, match="names 'toolenv-test/SkyRLCalc-v0'"):
+        make(row)
+
+
+def test_no_env_id_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no toolenv env id"):
+        skyrl_gym.make("toolenv", env_config={}, extras={"extra_info": {"task_id": "t1"}})

@@ -1,0 +1,389 @@
+"""`ToolEnvTextEnv`: any toolenv env as a skyrl-gym `BaseTextEnv`, for SkyRL-train's generator.
+
+SkyRL-train's `SkyRLGymGenerator` makes one env per sample with
+`skyrl_gym.make(env_class, env_config=..., extras=row)`, calls `init(prompt)` with the
+row's prompt, then `step(model_text)` until `done` (or until its input length limit),
+tokenizing the `observations` it gets back as the next chat turn and placing each step's
+`reward` at the end of its turn; then it reads `get_metrics()` and calls `close()`. All are
+sync calls. `init`, `step` and `close` run in a thread pool
+(`environment.skyrl_gym.max_env_workers`) or, with no pool, on the generator's event loop,
+like `make` and `get_metrics` always; both work here.
+
+Building a toolenv env per sample would reload its tasks and tool backends, so the
+envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one and
+`close()` gives it back, its tools released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+from toolenv.env import ToolEnv
+from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
+from toolenv.integrations.verl.envs import EnvPool, make_env, plain
+from toolenv.types import Message, ToolResult, reply_messages
+
+__all__ = ["ENTRY_POINT", "ToolEnvTextEnv", "close_pooled_envs", "register"]
+
+#: The skyrl-gym entry point of every id `register` adds.
+ENTRY_POINT = "toolenv.integrations.skyrl.env:ToolEnvTextEnv"
+
+_OBSERVATION_ROLES = (None, "tool", "user")
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------- running sync toolenv calls
+_helper: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`; on a thread running an event loop (SkyRL with `max_env_workers=0`), on a
+    helper thread, since a sync ToolEnv call cannot run its coroutine inside a running loop."""
+    if asyncio._get_running_loop() is None:  # in asyncio.__all__; no exception raised per call
+        return fn(*args, **kwargs)
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolenv-skyrl")
+    return _helper.submit(functools.partial(fn, *args, **kwargs)).result()
+
+
+# ---------------------------------------------------------------------- the env pool
+@dataclasses.dataclass
+class _Lease:
+    key: str
+    env: ToolEnv
+    max_turns: int  # the env's own limit, for a borrower that sets none
+
+
+class _Pool:
+    """Idle ToolEnvs per (env_id, env_kwargs), shared by the generator's threads."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[_Lease]] = {}
+        self._lock = threading.Lock()
+        self.created = 0
+
+    def acquire(self, env_id: str, env_kwargs: Mapping[str, Any]) -> _Lease:
+        key = EnvPool.key(env_id, env_kwargs)
+        with self._lock:
+            idle = self._idle.get(key)
+            if idle:
+                return idle.pop()
+        env = make_env(env_id, env_kwargs)  # outside the lock: factories may load data
+        with self._lock:
+            self.created += 1
+        return _Lease(key, env, env.max_turns)
+
+    def release(self, lease: _Lease) -> None:
+        with self._lock:
+            self._idle.setdefault(lease.key, []).append(lease)
+
+    def drain(self) -> list[_Lease]:
+        with self._lock:
+            leases = [lease for idle in self._idle.values() for lease in idle]
+            self._idle.clear()
+        return leases
+
+
+_POOL = _Pool()
+
+
+def close_pooled_envs() -> int:
+    """Close every idle pooled env (their tools and loops); returns how many. For the end of a run or a test."""
+    leases = _POOL.drain()
+    for lease in leases:
+        _call(lease.env.close)
+    return len(leases)
+
+
+# ---------------------------------------------------------------------- the env
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(plain(value), default=str))
+
+
+def _chat(message: Message) -> dict[str, Any]:
+    """A toolenv Message as SkyRL's chat dict: role and text content (images dropped), plus the
+    tool message's name and call id."""
+    return (dataclasses.replace(message, images=[]) if message.images else message).to_openai()
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (a setting's source in order of precedence)."""
+    return next((v for v in values if v is not None), None)
+
+
+class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
+    """One SkyRL sample's episode of a toolenv env, driven by the model's raw text.
+
+    SkyRL calls it as `ToolEnvTextEnv(env_config=..., extras=row)`; the keyword-only
+    arguments are the defaults `register` stored for the skyrl-gym id. A setting in
+    `env_config` wins over the registration's, except `env_id`, which a per-id registration pins.
+
+    Args:
+        env_config: SkyRL's per-env-class config (what the generator finds at
+            `environment.skyrl_gym.<env_class>`, else `{}`): `env_id`, `env_kwargs`, `max_turns`,
+            `observation_role`, `use_env_prompt`, all optional.
+        extras: the dataset row without `prompt` and `env_class`: its `extra_info` names the
+            task (`task`, `task_id`, `task_index` or a `question`; see `task_options`) and may
+            name the env (`env_id`, `env_kwargs` JSON). SkyRL adds `max_turns` (its
+            `generator.max_turns`).
+        env_id: the toolenv env id: pinned by a per-id registration; for the generic class, the
+            row's `extra_info.env_id`, else the config's.
+        env_kwargs: `gym.make` keyword arguments; the config's and then the row's are merged over them.
+        max_turns: model turns before the episode is cut (done, truncated). The config's wins,
+            then this, then SkyRL's `extras["max_turns"]`; with none, the env's own `max_turns`.
+        observation_role: `"tool"` (a tool message per result; the chat template wraps it, e.g.
+            Qwen's `<tool_response>`), `"user"` (one user message with the env's formatted
+            observation, e.g. `<information>...</information>`), or None: `"tool"` for parsers
+            whose chat templates have tool messages (hermes, ...), `"user"` otherwise.
+        use_env_prompt: `init` returns the env's own first messages for the task instead of
+            the row's prompt (for rows made elsewhere that carry only a task id).
+
+    Attributes:
+        env: the pooled `ToolEnv` this sample runs on (until `close`).
+        last_info: the info dict of the env's last `reset` or `step`.
+
+    Raises:
+        ValueError: no env id is given, a per-id class gets a row of another env, or a setting is invalid.
+    """
+
+    def __init__(
+        self,
+        env_config: Any = None,
+        extras: Mapping[str, Any] | None = None,
+        *,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_turns: int | None = None,
+        observation_role: str | None = None,
+        use_env_prompt: bool = False,
+    ) -> None:
+        super().__init__()
+        config = json_object(env_config, "env_config")
+        self.extras: dict[str, Any] = plain(dict(extras or {}))
+        row_env_id, row_kwargs = env_spec_from_extras(self.extras)
+        if env_id and row_env_id and row_env_id != env_id:
+            raise ValueError(
+                f"this skyrl-gym class runs {env_id!r} but the row names {row_env_id!r}; "
+                f"use the row's env id (or {DEFAULT_ENV_CLASS!r}) as its env_class"
+            )
+        chosen = env_id or row_env_id or config.get("env_id")
+        if not chosen:
+            raise ValueError(
+                "no toolenv env id: register the env id as the env_class (toolenv.integrations.skyrl.register), "
+                "or give the row extra_info.env_id, or set env_id in environment.skyrl_gym.<env_class>"
+            )
+        self.env_id: str = str(chosen)
+        kwargs = {
+            **json_object(env_kwargs, "env_kwargs"),
+            **json_object(config.get("env_kwargs"), "env_config.env_kwargs"),
+            **row_kwargs,
+        }
+        role = _first(config.get("observation_role"), observation_role)
+        if role not in _OBSERVATION_ROLES:
+            raise ValueError(f"observation_role must be 'tool', 'user' or None, got {role!r}")
+        self.use_env_prompt = bool(_first(config.get("use_env_prompt"), use_env_prompt))
+        limit = _first(config.get("max_turns"), max_turns, self.extras.get("max_turns"))
+        if limit is not None and int(limit) < 1:
+            raise ValueError(f"max_turns must be at least 1, got {limit}")
+        self._lease = _POOL.acquire(self.env_id, kwargs)
+        self.env: ToolEnv = self._lease.env
+        self.observation_role: str = role or ("tool" if self.env.parser.tool_messages else "user")
+        self.max_turns = self.env.max_turns = int(limit) if limit is not None else self._lease.max_turns
+        self.last_info: dict[str, Any] = {}
+        self._closed = False
+        self._broken = False
+
+    # ------------------------------------------------------------------ SkyRL's calls
+    def init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Start the row's episode. Returns the row's prompt as given, or the env's own first
+        messages for the task with `use_env_prompt` or an empty prompt; and `{env_id, task_id}`.
+
+        Raises:
+            ValueError: the row names no task (see `task_options`), or the env's prompt has images.
+        """
+        _, info = self._run(self.env.reset, options=task_options(self.extras))
+        self.turns = 0
+        self.last_info = info
+        meta = {"env_id": self.env_id, "task_id": info["task_id"]}
+        if prompt and not self.use_env_prompt:
+            return [dict(m) for m in prompt], meta
+        messages: list[Message] = info["messages"]
+        if any(m.images for m in messages):
+            raise ValueError(f"task {info['task_id']!r} has images in its prompt; SkyRL's text envs carry text only")
+        return [_chat(m) for m in messages if m.content], meta
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        """One model turn: the env parses the text, runs its calls and scores the turn. The
+        observations are the next chat messages (none once `done`); the metadata is JSON-safe."""
+        ep = self.env.episode
+        if ep is None:
+            raise RuntimeError("init() was not called: SkyRL's generator calls it before step()")
+        if ep.terminated or ep.truncated:  # SkyRL stops at `done`; a caller that goes on gets nothing run
+            return BaseTextEnvStepOutput(
+                observations=[], reward=0.0, done=True, metadata={"note": "the episode has ended"}
+            )
+        obs, reward, terminated, truncated, info = self._run(self.env.step, action)
+        self.turns += 1
+        self.last_info = info
+        done = bool(terminated or truncated)
+        return BaseTextEnvStepOutput(
+            observations=[] if done else self._observations(obs, info["tool_results"]),
+            reward=float(reward),
+            done=done,
+            metadata=self._metadata(info, bool(terminated), bool(truncated)),
+            postprocessed_action=None,
+        )
+
+    def get_metrics(self) -> dict[str, Any]:
+        """The episode's numbers, for SkyRL's env metrics (which its default aggregator averages
+        over a batch): return, turns, tool calls, error results, answered, terminated,
+        truncated, and each reward component's sum as `reward/<name>`."""
+        ep = self.env.episode
+        if ep is None:
+            return {}
+        components: dict[str, float] = {}
+        for turn in ep.turns:
+            for k, v in turn.reward_components.items():
+                components[k] = components.get(k, 0.0) + v
+        return {
+            "return": float(sum(t.reward for t in ep.turns)),
+            "turns": len(ep.turns),
+            "tool_calls": ep.tool_calls,
+            "tool_errors": ep.tool_errors,
+            "answered": float(ep.answer is not None),
+            "terminated": float(ep.terminated),
+            "truncated": float(ep.truncated),
+            **{f"reward/{k}": v for k, v in components.items()},
+        }
+
+    def close(self) -> None:
+        """Release the episode's tools and give the env back to the pool, or close it if a call
+        on it raised (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self.env.end_episode)
+        except Exception:  # noqa: BLE001 - a tool that cannot release: close the env rather than reuse it
+            self._broken = True
+        if self._broken:
+            _call(self.env.close)
+        else:
+            _POOL.release(self._lease)
+
+    # ------------------------------------------------------------------ helpers
+    def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return _call(fn, *args, **kwargs)
+        except BaseException:
+            self._broken = True  # not handed to another sample in an unknown state
+            raise
+
+    def _observations(self, obs: str, results: list[ToolResult]) -> list[dict[str, Any]]:
+        """The turn's reply: a tool message per answered call and a user message for the rest
+        (`reply_messages`), or the env's formatted observation as one user message."""
+        if self.observation_role == "tool":
+            return [_chat(m) for m in reply_messages(results)]
+        return [{"role": "user", "content": obs}] if obs else []
+
+    def _metadata(self, info: Mapping[str, Any], terminated: bool, truncated: bool) -> dict[str, Any]:
+        results: list[ToolResult] = info["tool_results"]
+        meta: dict[str, Any] = {
+            "env_id": self.env_id,
+            "task_id": info["task_id"],
+            "turn": info["turn"],
+            "terminated": terminated,
+            "truncated": truncated,
+            "tool_calls": [
+                {"name": r.name, "call_id": r.call_id, "error": r.error, "attempts": r.attempts}
+                for r in info["tool_calls"]
+            ],
+            "tool_errors": sum(1 for r in results if r.is_error),
+            "parse_errors": list(info["action"].errors),
+            "reward_components": dict(info["reward_components"]),
+        }
+        if terminated or truncated:
+            meta["answer"] = info.get("answer")
+            meta["episode"] = _json_safe(info.get("episode", {}))
+            meta["reward_info"] = _json_safe(info.get("reward_info", {}))
+        return meta
+
+
+# ---------------------------------------------------------------------- registration
+def register(
+    env_ids: str | Iterable[str] | None = None,
+    *,
+    generic: bool = True,
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_turns: int | None = None,
+    observation_role: str | None = None,
+    use_env_prompt: bool = False,
+) -> list[str]:
+    """Register toolenv envs with skyrl-gym; returns the skyrl-gym ids. Idempotent.
+
+    Each env id becomes a skyrl-gym id of the same name (`env_class: toolenv/Spider-v0`),
+    and with `generic` the id `"toolenv"` runs whatever env a row's `extra_info.env_id`
+    names. Call it in the process that runs SkyRL's generator (SkyRL's entrypoint), as
+    for any custom skyrl-gym env. The keyword arguments become every id's defaults (see
+    `ToolEnvTextEnv`). skyrl-gym deep-copies them for every env, and the env pool is keyed
+    by their JSON, so `env_kwargs` must be JSON: tools as references (`"module:Name"` or
+    plugin names), not objects.
+
+    Args:
+        env_ids: toolenv env ids; default every installed one.
+
+    Raises:
+        ValueError: an id is not a registered Gymnasium env, a setting is invalid (`env_kwargs`
+            not JSON, `max_turns` below 1), or skyrl-gym has one of the ids for another entry
+            point (then nothing is registered).
+    """
+    import gymnasium as gym
+    from skyrl_gym.envs.registration import deregister, registry
+    from skyrl_gym.envs.registration import register as skyrl_register
+
+    import toolenv._gym
+
+    known = toolenv._gym.register_envs()
+    if env_ids is None:
+        ids = known
+    else:
+        ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+        unknown = [i for i in ids if i not in gym.registry]
+        if unknown:
+            raise ValueError(f"not registered with Gymnasium: {unknown} (is the plugin installed?)")
+    if observation_role not in _OBSERVATION_ROLES:
+        raise ValueError(f"observation_role must be 'tool', 'user' or None, got {observation_role!r}")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+    common: dict[str, Any] = {"use_env_prompt": use_env_prompt}
+    if env_kwargs:
+        try:
+            common["env_kwargs"] = json.loads(json.dumps(dict(env_kwargs)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"env_kwargs must be JSON (tools as 'module:Name' or plugin names): {exc}") from None
+    if max_turns is not None:
+        common["max_turns"] = max_turns
+    if observation_role is not None:
+        common["observation_role"] = observation_role
+    specs = [(DEFAULT_ENV_CLASS, common)] if generic else []
+    specs += [(i, {**common, "env_id": i}) for i in ids]
+    taken = {s: registry[s].entry_point for s, _ in specs if s in registry and registry[s].entry_point != ENTRY_POINT}
+    if taken:
+        raise ValueError(f"skyrl-gym already has these ids for other envs: {taken}")
+    for skyrl_id, kwargs in specs:
+        if skyrl_id in registry:
+            deregister(skyrl_id)  # ours: replaced, so new defaults take effect
+        skyrl_register(id=skyrl_id, entry_point=ENTRY_POINT, kwargs=kwargs)
+    return [s for s, _ in specs]
