@@ -81,7 +81,7 @@ def test_every_field_of_the_summary() -> None:
     assert s.tool_calls_per_episode == pytest.approx(4 / 3)
     assert s.tool_error_rate == pytest.approx(2 / 4)  # 2 error results of 4
     assert s.episode_errors == 1 and s.truncated_rate == pytest.approx(1 / 3)
-    assert s.tool_mix == {"search": 2, "sql": 2}
+    assert s.tool_mix == {"search": 2, "sql": 2} and (s.cached_calls, s.refused_calls) == (0, 0)
     assert s.reward_components == {"exact_match": pytest.approx(1 / 3), "format": pytest.approx(0.5 / 3)}
     assert s.episode_latency_s is not None
     assert (s.episode_latency_s.count, s.episode_latency_s.mean, s.episode_latency_s.max) == (3, 2.0, 3.0)
@@ -111,3 +111,26 @@ def test_builder_adds_as_it_goes_and_matches_summarize() -> None:
     # Building does not consume: more trajectories can come and a later build counts them.
     b.add(trajs[0])
     assert b.build().episodes == 4 and b.build().tool_mix == {"search": 4, "sql": 3}
+
+
+def test_cached_and_refused_calls_are_counted_and_shown() -> None:
+    from toolenv.report.console import summary_rows
+
+    turn = TurnRecord(
+        index=0,
+        action="a",
+        parsed=ParsedAction(tool_calls=[ToolCall(name="search", arguments={}) for _ in range(3)]),
+        results=[
+            ToolResult(text="ok", name="search"),
+            ToolResult(text="ok", name="search"),
+            ToolResult(
+                text="Tool 'search' is unavailable", name="search", is_error=True, metadata={"circuit_open": True}
+            ),
+        ],
+        calls=[CallStats(name="search"), CallStats(name="search", cached=True), CallStats(name="search", attempts=0)],
+    )
+    s = summarize([Trajectory(env_id="e", agent="a", task=Task(id="1", question="q"), turns=[turn])] * 2)
+    assert (s.cached_calls, s.refused_calls) == (2, 2)
+    rows = dict(summary_rows(s))
+    assert rows["calls answered by a cache"] == "2" and rows["calls refused (circuit open)"] == "2"
+    assert "calls answered by a cache" not in dict(summary_rows(summarize(_trajectories())))

@@ -98,6 +98,10 @@ def summary_rows(s: Summary) -> list[tuple[str, str]]:
     ]
     if s.tool_mix:
         rows.append(("tool mix", ", ".join(f"{k} {v}" for k, v in s.tool_mix.items())))
+    if s.cached_calls:
+        rows.append(("calls answered by a cache", str(s.cached_calls)))
+    if s.refused_calls:
+        rows.append(("calls refused (circuit open)", str(s.refused_calls)))
     if s.completion_tokens is not None:
         rows.append(("tokens (prompt / completion)", f"{s.prompt_tokens or 0} / {s.completion_tokens}"))
     if s.wall_time_s is not None:

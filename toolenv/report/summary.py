@@ -52,6 +52,8 @@ class Summary(BaseModel):
     episode_errors: int = Field(default=0, description="Episodes stopped by an agent or env failure.")
     truncated_rate: float = 0.0
     tool_mix: dict[str, int] = Field(default_factory=dict, description="Calls per tool name.")
+    cached_calls: int = Field(default=0, description="Calls a tool's ResultCache answered without running it.")
+    refused_calls: int = Field(default=0, description="Calls refused because the tool's circuit breaker was open.")
     reward_components: dict[str, float] = Field(default_factory=dict, description="Mean per component.")
     episode_latency_s: LatencyStats | None = None
     agent_latency_s: LatencyStats | None = Field(default=None, description="Per action.")
@@ -82,6 +84,8 @@ class SummaryBuilder:
         self._episode_errors = 0
         self._truncated = 0
         self._mix: dict[str, int] = {}
+        self._cached = 0
+        self._refused = 0
         self._components: dict[str, float] = {}
         self._durations: list[float] = []
         self._agent_latencies: list[float] = []
@@ -113,9 +117,13 @@ class SummaryBuilder:
             for r in turn.results:
                 if r.is_error:
                     self._result_errors += 1
+                    if r.metadata.get("circuit_open"):
+                        self._refused += 1
             agent_latencies.append(turn.agent_latency_s)
             for stats in turn.calls:
                 tool_latencies.append(stats.latency_s)
+                if stats.cached:
+                    self._cached += 1
             if turn.prompt_tokens is not None:
                 self._prompt_tokens = (self._prompt_tokens or 0) + turn.prompt_tokens
             if turn.completion_tokens is not None:
@@ -140,6 +148,8 @@ class SummaryBuilder:
             episode_errors=self._episode_errors,
             truncated_rate=self._truncated / n,
             tool_mix=dict(Counter(self._mix).most_common()),
+            cached_calls=self._cached,
+            refused_calls=self._refused,
             reward_components={k: v / n for k, v in sorted(self._components.items())},
             episode_latency_s=LatencyStats.of(self._durations),
             agent_latency_s=LatencyStats.of(self._agent_latencies),
