@@ -165,6 +165,25 @@ def test_gemma4_example() -> None:
     assert "reward=1.0 terminated=True answer='2615925'" in out.stdout
 
 
+def test_kimi_k2_example() -> None:
+    out = run(str(EXAMPLES / "kimi_k2_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith('# Tools\n[{"type": "function", "function": {"name": "convert"')
+    assert "[('convert', {'value': 100, 'to': 'F'}, 'functions.convert:0')]" in out.stdout
+    assert "'<|im_system|>convert<|im_middle|>## Return of functions.convert:0\\n212 F<|im_end|>'" in out.stdout
+    assert "reward=1.0 terminated=True answer='212'" in out.stdout
+
+
+def test_muse_glimmer_example() -> None:
+    out = run(str(EXAMPLES / "muse_glimmer_example.py"))
+    assert out.returncode == 0, out.stderr
+    assert '# Valid recipients: "self", "forecast.*", "max_of.*", "user".' in out.stdout  # the template's prompt
+    assert "--- call_0: forecast({'city': 'Paris', 'days': 2})" in out.stdout
+    assert "--- call_0: max_of({'values': [18, 21]})" in out.stdout  # max_of.max_of, read as the env's tool
+    assert '<|start|>tool forecast<|message|><tool_output name="forecast">\\n18, 21\\n</tool_output>' in out.stdout
+    assert "reward=1.0 terminated=True answer='21'" in out.stdout
+
+
 def test_remote_example() -> None:
     pytest.importorskip("starlette", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")
     pytest.importorskip("uvicorn", reason="the remote example needs the serve extra: pip install 'toolenv[serve]'")

@@ -257,6 +257,8 @@ def _add(a: int, b: list[int]) -> str:
         "deepseek_v3",
         "deepseek_v31",
         "gemma4",
+        "kimi_k2",
+        "muse_glimmer",
     ],
 )
 def test_native_calls_rendered_in_a_model_format_parse_back(spec: str) -> None:

@@ -332,7 +332,18 @@ def test_template_mismatch_reads_the_templates_own_call(tiny_tokenizer: Any) -> 
     from toolenv.parsers import get_parser, template_mismatch
 
     assert template_mismatch(get_parser("hermes"), tiny_tokenizer) is None
-    for spec in ("mistral", "harmony", "pythonic", "qwen3_xml", "tags", "glm45", "deepseek_v3", "gemma4"):
+    for spec in (
+        "mistral",
+        "harmony",
+        "pythonic",
+        "qwen3_xml",
+        "tags",
+        "glm45",
+        "deepseek_v3",
+        "gemma4",
+        "kimi_k2",
+        "muse_glimmer",
+    ):
         problem = template_mismatch(get_parser(spec), tiny_tokenizer)
         assert problem is not None and "<tool_call>" in problem and repr(spec) in problem, spec
 

@@ -37,6 +37,17 @@ FRAGMENTS = [
     "\n",
     "😀",
     "1" * 5000,
+    # Kimi K2 and Muse Glimmer
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|start|>assistant to=add<|message|>",
+    " to=self<|message|>",
+    '<atem:invoke name="add">',
+    '<atem:parameter name="a">',
+    "</atem:parameter>",
+    "</atem:invoke>",
+    "<|eom|>",
 ]
 actions = (
     st.text()
@@ -67,7 +78,10 @@ def python(code: str) -> str:
     return f"ran {len(code)} chars"
 
 
-@pytest.fixture(scope="module", params=["hermes", "tags", "codeblock", "llama3_json", "pythonic", "mistral"])
+@pytest.fixture(
+    scope="module",
+    params=["hermes", "tags", "codeblock", "llama3_json", "pythonic", "mistral", "kimi_k2", "muse_glimmer"],
+)
 def env(request: pytest.FixtureRequest) -> Iterator[toolenv.ToolEnv]:
     e = toolenv.ToolEnv(
         tools=[add, search, python],

@@ -31,6 +31,8 @@ PARSERS = [
     get_parser("deepseek_v3"),
     get_parser("deepseek_v31"),
     get_parser("gemma4"),
+    get_parser("kimi_k2"),
+    get_parser("muse_glimmer"),
 ]
 
 FRAGMENTS = [
@@ -98,6 +100,26 @@ FRAGMENTS = [
     '<|"|>',
     "<|tool_response>",
     "<turn|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "functions.f:0",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|tool_calls_section_end|>",
+    "<|im_end|>",
+    "<|im_system|>",
+    "<|start|>assistant to=f",
+    " to=self",
+    "<|message|>",
+    "<|eom|>",
+    "<|eot|>",
+    "<|end_of_text|>",
+    "<atem:function_calls>",
+    '<atem:invoke name="f">',
+    '<atem:parameter name="a">',
+    "</atem:parameter>",
+    "</atem:invoke>",
+    "</atem:function_calls>",
     "```python\n",
     "```py\n",
     "```",
@@ -195,6 +217,10 @@ def huge(draw: st.DrawFn) -> str:
                 "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[",
                 "<|tool_call>call:f{a:{",
                 '<|tool_call>call:f{a:<|"|>',
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{",
+                "<think><|tool_call_begin|>",
+                '<|start|>assistant to=f<|message|><atem:invoke name="f"><atem:parameter name="a">',
+                " to=f<|message|><atem:invoke",
             ]
         )
     )

@@ -56,6 +56,9 @@ EXPECTED: dict[str, set[str]] = {
     "gemma4_v4": {"gemma4"},
     "gemma4_v5": {"gemma4"},
     "diffusion_gemma": {"gemma4"},
+    # Meta Muse Glimmer: an ATEM block in a message addressed to the tool, after the generation
+    # prompt's `<|start|>assistant` (` to=NAME<|message|><atem:function_calls>…`).
+    "muse_glimmer": {"muse_glimmer"},
 }
 
 #: What `detect_parser` picks where several parsers read a template (else the only reader).
@@ -78,6 +81,14 @@ NO_TOOL_CALLS = [
     "qwen2_5_vl",
     "smolvlm",
 ]
+
+
+def test_every_template_trl_ships_is_classified() -> None:
+    # A template TRL adds is a model family someone may train: it must be pinned to the parsers
+    # that read it, or listed as writing no tool calls (its `*_training` variant goes with it).
+    shipped = {p.stem.removesuffix("_training") for p in TEMPLATES.glob("*.jinja")}
+    assert shipped - set(EXPECTED) - set(NO_TOOL_CALLS) == set()
+    assert not set(EXPECTED) & set(NO_TOOL_CALLS)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +118,10 @@ def test_the_training_variant_writes_calls_the_same_way(tok: Any, template: str)
     assert readers(tok, f"{template}_training") == EXPECTED[template]
 
 
-@pytest.mark.parametrize("template", NO_TOOL_CALLS)
+@pytest.mark.parametrize(
+    "template",
+    [*NO_TOOL_CALLS, *(f"{t}_training" for t in NO_TOOL_CALLS if (TEMPLATES / f"{t}_training.jinja").exists())],
+)
 def test_templates_without_tool_calls_get_no_verdict(tok: Any, template: str) -> None:
     assert readers(tok, template) == set(parser_names())  # None from every parser: nothing to compare
 

@@ -27,7 +27,18 @@ CORE = "ToolEnv-v0"
 #: The core env again with each other model-format parser (`ToolEnv-v0/harmony`, ...): fuzzed
 #: like the others, from a corpus that the parser's own `format_call` writes (plus hand-written
 #: actions for some formats).
-CORE_PARSERS = ("harmony", "qwen3_xml", "llama3_json", "pythonic", "mistral", "glm45", "deepseek_v3", "gemma4")
+CORE_PARSERS = (
+    "harmony",
+    "qwen3_xml",
+    "llama3_json",
+    "pythonic",
+    "mistral",
+    "glm45",
+    "deepseek_v3",
+    "gemma4",
+    "kimi_k2",
+    "muse_glimmer",
+)
 CORE_VARIANTS = {f"{CORE}/{p}": p for p in CORE_PARSERS}
 FUZZ_ACTIONS = int(os.environ.get("TOOLENV_REL_FUZZ_ACTIONS", "10000"))
 EPISODES = int(os.environ.get("TOOLENV_REL_EPISODES", "5000"))
@@ -101,6 +112,20 @@ CORE_HAND_WRITTEN = {
         '<|channel|>commentary to=functions.box<|message|>{"bbox": [0, 0, 2, 3], "units": "pixels"}<|call|>',
         "<|channel|>final<|message|>5<|return|>",
         "<|channel|>final<|message|>I think <answer>Paris</answer><|return|>",
+    ],
+    "kimi_k2": [  # K2-Thinking's reasoning, ids without `functions.`, a call cut off before its end
+        "<think>Add them.</think><|tool_calls_section_begin|><|tool_call_begin|>add:0"
+        '<|tool_call_argument_begin|>{"a": 2, "b": 3}<|tool_call_end|><|tool_calls_section_end|><|im_end|>',
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>"
+        '{"query": "paris"}',
+    ],
+    "muse_glimmer": [  # a reply after the generation prompt, and one decoded without its special tokens
+        " to=self<|message|>Add them.<|eom|><|start|>assistant to=add<|message|><atem:function_calls>\n"
+        '<atem:invoke name="add">\n<atem:parameter name="a">2</atem:parameter>\n'
+        '<atem:parameter name="b">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>',
+        ' to=selfLook it up.assistant to=lookup<atem:function_calls>\n<atem:invoke name="lookup">\n'
+        '<atem:parameter name="query">paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>',
+        " to=user<|message|>I think <answer>Paris</answer><|eot|>",
     ],
 }
 

@@ -7,8 +7,10 @@ from toolenv.parsers.gemma4 import Gemma4Parser
 from toolenv.parsers.glm45 import Glm45Parser
 from toolenv.parsers.harmony import HarmonyParser
 from toolenv.parsers.hermes import HermesParser
+from toolenv.parsers.kimi_k2 import KimiK2Parser
 from toolenv.parsers.llama3_json import Llama3JSONParser
 from toolenv.parsers.mistral import MistralParser
+from toolenv.parsers.muse_glimmer import MuseGlimmerParser
 from toolenv.parsers.pythonic import PythonicParser
 from toolenv.parsers.qwen3_xml import Qwen3XMLParser
 from toolenv.parsers.reasoning import ReasoningParser
@@ -23,8 +25,10 @@ __all__ = [
     "Glm45Parser",
     "HarmonyParser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JSONParser",
     "MistralParser",
+    "MuseGlimmerParser",
     "PythonicParser",
     "Qwen3XMLParser",
     "ReasoningParser",

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["call_arguments", "decode_json", "json_problem"]
+__all__ = ["call_arguments", "decode_json", "json_problem", "same_json"]
 
 
 def decode_json(text: str) -> Any:
@@ -41,3 +41,14 @@ def call_arguments(value: Any, where: str) -> dict[str, Any] | str:
     if not isinstance(value, dict):
         return f"{where}: the arguments must be a JSON object."
     return value
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equal and of the same JSON types all the way down (`1 == 1.0 == True` in Python)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)

@@ -1,11 +1,17 @@
-"""Scanning helpers shared by the parsers that read marker-delimited formats."""
+"""Helpers shared by the parsers that read marker-delimited formats: a linear marker search,
+positional call ids, and values written as bare text, read (and written) by their schema type."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["MarkerFinder", "schema_kinds"]
+from toolenv.parsers._json import decode_json, same_json
+
+__all__ = ["MarkerFinder", "param_kind", "positional_id", "schema_kinds", "typed_value", "write_typed"]
+
+_IDS = tuple(f"call_{i}" for i in range(16))
 
 
 class MarkerFinder:
@@ -24,6 +30,11 @@ class MarkerFinder:
         return at
 
 
+def positional_id(index: int) -> str:
+    """`call_0`, `call_1`, …: the id of a turn's call by its position, for formats without ids."""
+    return _IDS[index] if index < len(_IDS) else f"call_{index}"
+
+
 def schema_kinds(schema: Mapping[str, Any]) -> set[str]:
     """The JSON types a parameter's schema allows (`type`, a list of types, or `anyOf`/`oneOf`):
     the formats that write values as bare text read them back by these."""
@@ -36,3 +47,55 @@ def schema_kinds(schema: Mapping[str, Any]) -> set[str]:
     if isinstance(options, list):
         return {k for o in options if isinstance(o, Mapping) for k in schema_kinds(o)}
     return set()
+
+
+def param_kind(schema: Any) -> str | None:
+    """The one JSON type a property schema names besides null (`string?` for a string that may
+    be null), or None (no type, or several)."""
+    if not isinstance(schema, Mapping):
+        return None
+    kinds = schema_kinds(schema)
+    real = kinds - {"null"}
+    if len(real) == 1:
+        (only,) = real
+        return "string?" if only == "string" and "null" in kinds else only
+    return "null" if kinds == {"null"} else None
+
+
+def typed_value(raw: str, kind: str | None) -> Any:
+    """A value written as bare text (GLM's `<arg_value>`, Muse Glimmer's `<atem:parameter>`),
+    read by its parameter's type (`kind`, from `param_kind`; None when unknown): a string stays
+    exactly as written (None for `null` when it may be null), any other type is decoded as JSON
+    (`True`/`False` are accepted for booleans); what does not decode, and an unknown type's text
+    that is not JSON, stays text."""
+    if kind == "string":
+        return raw
+    if kind == "string?":  # the templates write None as null, and a string as it is
+        return None if raw == "null" else raw
+    text = raw.strip()
+    if kind == "null" and text in ("", "None"):
+        return None
+    if not text or (kind is None and text[0] not in '{["-0123456789tfn'):
+        return raw  # not JSON: skip the decoder
+    try:
+        return decode_json(text)
+    except (ValueError, RecursionError):  # ValueError: also ints past Python's 4300-digit limit
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        return raw
+
+
+def write_typed(value: Any, kind: str | None, breaks: Sequence[str], escape: Callable[[str], str]) -> str | None:
+    """`value` as bare text that `typed_value(…, kind)` reads back as `value`: a string as it is
+    (the templates write it so) unless it holds one of `breaks` or would read back as something
+    else, then JSON (`escape` writing the `<` of the format's markers as `\\u003c`); None when
+    nothing does (a string parameter is read as written, so a JSON text would stay text)."""
+    if isinstance(value, str) and not any(b in value for b in breaks) and same_json(typed_value(value, kind), value):
+        return value
+    if kind == "string":
+        return None
+    try:
+        text = escape(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        return text if same_json(typed_value(text, kind), value) else None
+    except (TypeError, ValueError, RecursionError):  # not JSON, NaN, ints past 4300 digits, too deep
+        return None

@@ -111,8 +111,8 @@ def parser_names() -> list[str]:
 
 def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: Any) -> ActionParser:
     """An `ActionParser` from a name (`hermes`, `tags`, `codeblock`, `harmony`, `qwen3_xml`,
-    `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`, `deepseek_v31`, `gemma4`) or
-    the parser itself.
+    `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`, `deepseek_v31`, `gemma4`,
+    `kimi_k2`, `muse_glimmer`) or the parser itself.
 
     Args:
         reasoning: True (or a pair of tags, e.g. `["<think>", "</think>"]`) to read only the text

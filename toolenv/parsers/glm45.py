@@ -72,14 +72,12 @@ read once.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json
-from toolenv.parsers._scan import MarkerFinder, schema_kinds
+from toolenv.parsers._scan import MarkerFinder, param_kind, positional_id, typed_value, write_typed
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.parsers.hermes import tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -102,11 +100,6 @@ _HOW = (
     "<arg_value>VALUE</arg_value> on lines of their own, then </tool_call>."
 )
 _WS = re.compile(r"\s*")
-_CALL_IDS = tuple(f"call_{i}" for i in range(16))
-
-
-def _call_id(index: int) -> str:
-    return _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
 
 
 def _has(text: str, markers: Sequence[str]) -> bool:
@@ -121,38 +114,6 @@ def _escape(text: str) -> str:
             if marker in text:
                 text = text.replace(marker, "\\u003c" + marker[1:])
     return text
-
-
-def _kind(schema: Any) -> str | None:
-    """The one JSON type a property schema names besides null (`string?` for a string that may
-    be null), or None (no type, or several)."""
-    if not isinstance(schema, Mapping):
-        return None
-    kinds = schema_kinds(schema)
-    real = kinds - {"null"}
-    if len(real) == 1:
-        (only,) = real
-        return "string?" if only == "string" and "null" in kinds else only
-    return "null" if kinds == {"null"} else None
-
-
-def _typed(raw: str, kind: str | None) -> Any:
-    """A value as written, read by its parameter's type (`kind`; None when unknown)."""
-    if kind == "string":
-        return raw
-    if kind == "string?":  # the template writes None as null, and a string as it is
-        return None if raw == "null" else raw
-    text = raw.strip()
-    if kind == "null" and text in ("", "None"):
-        return None
-    if not text or (kind is None and text[0] not in '{["-0123456789tfn'):
-        return raw  # not JSON: skip the decoder
-    try:
-        return decode_json(text)
-    except (ValueError, RecursionError):  # ValueError: also ints past Python's 4300-digit limit
-        if kind == "boolean" and text.lower() in ("true", "false"):
-            return text.lower() == "true"
-        return raw
 
 
 class Glm45Parser(ActionParser):
@@ -175,7 +136,7 @@ class Glm45Parser(ActionParser):
     def _kind(self, name: str, key: str) -> str | None:
         """The JSON type of parameter `key` of tool `name`, or None when the parser does not know it."""
         props = self._types.get(name)
-        return _kind(props.get(key)) if props is not None else None
+        return param_kind(props.get(key)) if props is not None else None
 
     # ------------------------------------------------------------------ parse
     def parse(self, text: str) -> ParsedAction:
@@ -275,7 +236,7 @@ class Glm45Parser(ActionParser):
             m = _WS.match(body, pos)
             pos = m.end() if m else pos
             if pos >= n:
-                return new_call(name, args, _call_id(index)), None
+                return new_call(name, args, positional_id(index)), None
             if not body.startswith(_KEY, pos):
                 if body.startswith(_VALUE, pos):
                     return None, f"{where}: an <arg_value> has no <arg_key> before it. {_HOW}"
@@ -297,7 +258,7 @@ class Glm45Parser(ActionParser):
                 return None, f"{where}: the <arg_value> of {key[:80]!r} is not closed with </arg_value>. {_HOW}"
             if key in args:
                 return None, f"{where}: argument {key[:80]!r} is given twice."
-            args[key] = _typed(body[at + len(_VALUE) : value_end], self._kind(name, key))
+            args[key] = typed_value(body[at + len(_VALUE) : value_end], self._kind(name, key))
             pos = value_end + len(_VALUE_END)
 
     # ------------------------------------------------------------------ prompt, results, calls
@@ -329,37 +290,12 @@ class Glm45Parser(ActionParser):
         for key, value in arguments.items():
             if not isinstance(key, str) or not key.strip() or key != key.strip() or _has(key, _KEY_BREAKS):
                 return None
-            text = self._write_value(self._kind(name, key), value)
+            text = write_typed(value, self._kind(name, key), _BREAKS, _escape)
             if text is None:
                 return None
             lines.append(f"{_KEY}{key}{_KEY_END}\n{_VALUE}{text}{_VALUE_END}")
         lines.append(_CLOSE)
         return "\n".join(lines)
-
-    @staticmethod
-    def _write_value(kind: str | None, value: Any) -> str | None:
-        """`value` as the template writes it (strings raw, the rest as JSON), or as JSON where that
-        text would not read back as `value`; None when nothing does."""
-        if isinstance(value, str) and not _has(value, _BREAKS) and _same(_typed(value, kind), value):
-            return value
-        if kind == "string":
-            return None  # a string parameter is read as written: a JSON text would stay text
-        try:
-            text = _escape(json.dumps(value, ensure_ascii=False, allow_nan=False))
-            return text if _same(_typed(text, kind), value) else None
-        except (TypeError, ValueError, RecursionError):  # not JSON, NaN, ints past 4300 digits, too deep
-            return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal and of the same JSON types all the way down (`1 == 1.0 == True` in Python)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
 
 
 def _cut_turn_end(text: str) -> str:

@@ -6,7 +6,8 @@ reasoning content: never run, never the answer. Most formats' parsers read the w
 verl's own parsers do), so a draft would run in training and not in serving.
 `get_parser(name, reasoning=True)` (or `parser_kwargs={"reasoning": True}`) wraps a parser so
 it reads only the text outside reasoning, for any format; the reasoning stays in the turn's
-`text`. (`glm45` and `deepseek_v3`/`deepseek_v31` already skip reasoning on their own.)
+`text`. (`glm45`, `deepseek_v3`/`deepseek_v31` and `kimi_k2` already skip reasoning on their own,
+and `muse_glimmer` reads no call or answer in a message `to=self`.)
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ model names or marker strings, so it holds for templates this project has never 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from toolenv.parsers.base import ActionParser, get_parser, parser_names
 __all__ = ["detect_parser", "template_mismatch"]
 
 _NAME, _ARGS = "lookup", {"query": "paris"}
+_IDS = ("abcdefghi", f"functions.{_NAME}:0")
 _TOOLS = [
     {
         "type": "function",
@@ -42,6 +44,8 @@ PREFERENCE = (
     "deepseek_v3",
     "deepseek_v31",
     "gemma4",
+    "kimi_k2",
+    "muse_glimmer",
     "mistral",
     "pythonic",
     "llama3_json",
@@ -55,7 +59,9 @@ def _written_call(tokenizer: Any) -> str | None:
     the template cannot render tool calls at all (then there is nothing to compare).
 
     Arguments go in as a dict first (what most templates expect), then as a JSON string
-    (DeepSeek's templates concatenate them as text).
+    (DeepSeek's templates concatenate them as text). The call's id is a 9-character one first
+    (Mistral's templates refuse others), then Kimi K2's `functions.NAME:0`: Kimi's templates
+    write the id as given and no name, so only an id that names the call makes a call.
     """
     user = [{"role": "user", "content": "Where is Paris?"}]
     try:
@@ -64,12 +70,12 @@ def _written_call(tokenizer: Any) -> str | None:
         return None
     if not isinstance(head, str):
         return None
-    for arguments in (dict(_ARGS), json.dumps(_ARGS)):
-        call = {"id": "abcdefghi", "type": "function", "function": {"name": _NAME, "arguments": arguments}}
+    for call_id, arguments in itertools.product(_IDS, (dict(_ARGS), json.dumps(_ARGS))):
+        call = {"id": call_id, "type": "function", "function": {"name": _NAME, "arguments": arguments}}
         turn = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
         try:
             whole = tokenizer.apply_chat_template(turn, tools=_TOOLS, tokenize=False)
-        except Exception:  # noqa: BLE001, S112 - this form of arguments is not the template's: try the next
+        except Exception:  # noqa: BLE001, S112 - this id or form of arguments is not the template's: try the next
             continue
         if not isinstance(whole, str):
             continue

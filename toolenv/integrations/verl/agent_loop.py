@@ -93,8 +93,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
             formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
             chat templates have tool messages (hermes, harmony, qwen3_xml, llama3_json,
-            pythonic, mistral, glm45, deepseek_v3/v31, gemma4), `"user"` otherwise; results that
-            answer no call go as a user message.
+            pythonic, mistral, glm45, deepseek_v3/v31, gemma4, kimi_k2, muse_glimmer), `"user"`
+            otherwise; results that answer no call go as a user message.
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
