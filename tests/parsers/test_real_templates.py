@@ -83,14 +83,6 @@ NO_TOOL_CALLS = [
 ]
 
 
-def test_every_template_trl_ships_is_classified() -> None:
-    # A template TRL adds is a model family someone may train: it must be pinned to the parsers
-    # that read it, or listed as writing no tool calls (its `*_training` variant goes with it).
-    shipped = {p.stem.removesuffix("_training") for p in TEMPLATES.glob("*.jinja")}
-    assert shipped - set(EXPECTED) - set(NO_TOOL_CALLS) == set()
-    assert not set(EXPECTED) & set(NO_TOOL_CALLS)
-
-
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
@@ -124,6 +116,26 @@ def test_the_training_variant_writes_calls_the_same_way(tok: Any, template: str)
 )
 def test_templates_without_tool_calls_get_no_verdict(tok: Any, template: str) -> None:
     assert readers(tok, template) == set(parser_names())  # None from every parser: nothing to compare
+
+
+def test_the_lists_do_not_overlap() -> None:
+    assert not set(EXPECTED) & set(NO_TOOL_CALLS)
+
+
+def unlisted() -> list[str]:
+    """Templates of the installed TRL that neither list names (a newer TRL's additions)."""
+    listed = set(EXPECTED) | set(NO_TOOL_CALLS)
+    return sorted(p.stem for p in TEMPLATES.glob("*.jinja") if p.stem.removesuffix("_training") not in listed)
+
+
+def test_templates_trl_adds_are_read_by_some_parser(tok: Any) -> None:
+    # A template a newer TRL adds is a model family someone may train. Some parser must read
+    # its calls (every parser gives no verdict when it writes none): a new format no parser
+    # reads fails here. Until it is pinned in EXPECTED or NO_TOOL_CALLS, the run lists it.
+    found = {template: readers(tok, template) for template in unlisted()}
+    for template, parsers in found.items():
+        print(f"TRL template {template!r} is not listed yet; read by {sorted(parsers)}")
+    assert [t for t, parsers in found.items() if not parsers] == []
 
 
 def test_a_mismatch_names_what_the_template_writes(tok: Any) -> None:
