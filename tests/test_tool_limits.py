@@ -91,3 +91,15 @@ def test_a_plugin_env_takes_them_through_gym_make() -> None:
     (tool,) = env.unwrapped.tools
     assert (tool.limits.timeout, tool.limits.breaker_threshold) == (3, 5)
     env.close()
+
+
+def test_a_trainers_env_kwargs_set_limits_and_a_shared_cache() -> None:
+    # What verl's agent loop and SkyRL's pool do with a YAML's env_kwargs (JSON-only values).
+    pytest.importorskip("toolenv_search", reason="the search plugin (toolenv-search) is not installed")
+    from toolenv.integrations.verl.envs import make_env
+
+    kwargs = {"tool_limits": {"search": {"timeout": 10, "breaker_threshold": 5}}, "cache": {"maxsize": 321}}
+    first, second = make_env("toolenv/HotpotQA-v0", kwargs), make_env("toolenv/HotpotQA-v0", kwargs)
+    (a,), (b,) = first.tools, second.tools
+    assert (a.limits.timeout, a.limits.breaker_threshold) == (10, 5)
+    assert a.cache is not None and a.cache is b.cache and a.cache.maxsize == 321
