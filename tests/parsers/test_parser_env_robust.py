@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import toolenv
 from toolenv import tool
+from toolenv.parsers import parser_names
 
 FRAGMENTS = [
     "<tool_call>",
@@ -48,6 +49,34 @@ FRAGMENTS = [
     "</atem:parameter>",
     "</atem:invoke>",
     "<|eom|>",
+    # Harmony and Qwen3-XML
+    "<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>",
+    "<|channel|>final<|message|>",
+    "<|call|>",
+    "<|return|>",
+    "<function=add>",
+    "<parameter=a>",
+    "</parameter>",
+    "</function>",
+    # GLM-4.5
+    "<tool_call>add\n",
+    "<arg_key>a</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    # DeepSeek V3 and V3.1
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n",
+    "<｜tool▁call▁begin｜>add<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "<think>",
+    "</think>",
+    # Gemma 4
+    "<|tool_call>call:add{",
+    "a:1,b:2}",
+    '<|"|>',
+    "<tool_call|>",
+    "<turn|>",
 ]
 actions = (
     st.text()
@@ -78,10 +107,7 @@ def python(code: str) -> str:
     return f"ran {len(code)} chars"
 
 
-@pytest.fixture(
-    scope="module",
-    params=["hermes", "tags", "codeblock", "llama3_json", "pythonic", "mistral", "kimi_k2", "muse_glimmer"],
-)
+@pytest.fixture(scope="module", params=parser_names())  # every registered parser: a new one is covered at once
 def env(request: pytest.FixtureRequest) -> Iterator[toolenv.ToolEnv]:
     e = toolenv.ToolEnv(
         tools=[add, search, python],
@@ -94,7 +120,11 @@ def env(request: pytest.FixtureRequest) -> Iterator[toolenv.ToolEnv]:
     e.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(action=actions)
 def test_step_never_raises(env: toolenv.ToolEnv, action: str) -> None:
     env.reset(seed=0)

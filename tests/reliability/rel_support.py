@@ -35,6 +35,7 @@ CORE_PARSERS = (
     "mistral",
     "glm45",
     "deepseek_v3",
+    "deepseek_v31",
     "gemma4",
     "kimi_k2",
     "muse_glimmer",

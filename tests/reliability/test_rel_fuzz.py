@@ -22,6 +22,7 @@ from rel_fuzz import FRAGMENTS, Mutator, StepStats, check_step, format_call, nea
 from rel_support import (
     CHEAP,
     CORE,
+    CORE_PARSERS,
     CORE_VARIANTS,
     FUZZ_ACTIONS,
     SANDBOX_ONLY,
@@ -48,6 +49,14 @@ def test_rel_built_in_env_is_fuzzed(name: str) -> None:
     env = make_env(name, **SANDBOX_ONLY.get(name, {}))
     assert env.tools and env.tasks and oracle(name) is not None, "fuzzing needs tools, tasks and an oracle"
     env.close()
+
+
+def test_rel_every_parser_is_fuzzed() -> None:
+    # The core env is fuzzed with each model format (a variant per parser); `tags` and
+    # `codeblock` through the plugin envs that use them. A new parser must join one or the other.
+    from toolenv.parsers import parser_names
+
+    assert {"hermes", *CORE_PARSERS, "tags", "codeblock"} == set(parser_names())
 
 
 def corpus_for(name: str, env: toolenv.ToolEnv, tasks: int = 6) -> list[str]:

@@ -81,7 +81,7 @@ from typing import Any, Literal
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import call_arguments, decode_json, json_problem
-from toolenv.parsers._scan import MarkerFinder
+from toolenv.parsers._scan import MarkerFinder, positional_id
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -104,12 +104,6 @@ _HOW_V3 = (
     "with the arguments as a JSON object."
 )
 _HOW_V31 = f'Write {_CALL}NAME{_SEP}{{"argument": value}}{_CALL_END} with the arguments as a JSON object.'
-
-_CALL_IDS = tuple(f"call_{i}" for i in range(16))
-
-
-def _call_id(index: int) -> str:
-    return _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
 
 
 def _escape(text: str) -> str:
@@ -221,7 +215,7 @@ class _Turn:
         if isinstance(arguments, str):
             self.errors.append(arguments)
         else:
-            self.calls.append(new_call(name, arguments, _call_id(index)))
+            self.calls.append(new_call(name, arguments, positional_id(index)))
         return rest
 
     def unclosed(self) -> None:

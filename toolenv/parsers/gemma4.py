@@ -70,6 +70,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolenv._tool import Tool
+from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
@@ -85,7 +86,6 @@ _TURN_ENDS = (_RESPONSE, "<turn|>", "<eos>", "<|turn>")
 _STRAY = (_CLOSE, _RESPONSE_END)
 _MAX_DEPTH = 100  # containers inside the arguments object, read and written
 _HOW = 'Write <|tool_call>call:NAME{key:value,...}<tool_call|>, with text between <|"|> and <|"|>.'
-_CALL_IDS = tuple(f"call_{i}" for i in range(16))
 
 _WS = re.compile(r"\s*")
 #: A bare key: anything up to its `:` but the structural characters and a marker's `<|`.
@@ -98,10 +98,6 @@ _NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?
 _WORDS: dict[str, Any] = {"true": True, "false": False, "True": True, "False": False, "null": None, "None": None}
 _SPECIAL_FLOATS = ("inf", "infinity", "nan")
 _JSON_STRING = json.JSONDecoder(strict=False)
-
-
-def _call_id(index: int) -> str:
-    return _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
 
 
 # ---------------------------------------------------------------------- reading arguments
@@ -538,7 +534,7 @@ class Gemma4Parser(ActionParser):
         m = _WS.match(text, after, seg_end)
         after = m.end() if m else after
         if text.startswith(_CLOSE, after, seg_end):
-            calls.append(new_call(name, arguments, _call_id(index)))
+            calls.append(new_call(name, arguments, positional_id(index)))
             return after + len(_CLOSE)
         if after >= seg_end:
             errors.append(f"{where} is not closed with <tool_call|>. {_HOW}")
