@@ -7,7 +7,9 @@ from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["call_arguments", "decode_json", "json_problem", "same_json"]
+__all__ = ["call_arguments", "call_json", "decode_json", "json_problem", "same_json"]
+
+_DECODER = json.JSONDecoder()
 
 
 def decode_json(text: str) -> Any:
@@ -26,6 +28,27 @@ def json_problem(exc: Exception) -> str:
     if isinstance(exc, RecursionError):
         return "too deeply nested"
     return str(exc).split(":", 1)[0]  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+
+
+def call_json(json_text: str, closed: bool, where: str, end_marker: str, how: str) -> tuple[Any, str] | str:
+    """A call's JSON arguments and the text after them, or the error worded for the model.
+
+    A closed call's text must be JSON as a whole. A call that was not closed (generation
+    stopped) may have text after its JSON, which comes back as the rest.
+    """
+    try:
+        return decode_json(json_text), ""
+    except (ValueError, RecursionError) as exc:  # ValueError: also ints past Python's 4300-digit limit
+        if closed:
+            return f"{where}: the arguments are not valid JSON ({json_problem(exc)}). {how}"
+    try:  # not closed: the JSON may be followed by text the model went on to write
+        value, end = _DECODER.raw_decode(json_text)
+    except (ValueError, RecursionError) as again:
+        return (
+            f"{where}: the arguments are not valid JSON ({json_problem(again)}), and the call is not "
+            f"closed with {end_marker}. {how}"
+        )
+    return value, json_text[end:]
 
 
 def call_arguments(value: Any, where: str) -> dict[str, Any] | str:

@@ -3,13 +3,28 @@ positional call ids, and values written as bare text, read (and written) by thei
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import Self
 
 from toolenv.parsers._json import decode_json, same_json
 
-__all__ = ["MarkerFinder", "param_kind", "positional_id", "schema_kinds", "typed_value", "write_typed"]
+if TYPE_CHECKING:
+    from toolenv._tool import Tool
+
+__all__ = [
+    "MarkerFinder",
+    "SchemaBound",
+    "param_kind",
+    "positional_id",
+    "schema_kinds",
+    "typed_value",
+    "write_typed",
+]
 
 _IDS = tuple(f"call_{i}" for i in range(16))
 
@@ -99,3 +114,21 @@ def write_typed(value: Any, kind: str | None, breaks: Sequence[str], escape: Cal
         return text if same_json(typed_value(text, kind), value) else None
     except (TypeError, ValueError, RecursionError):  # not JSON, NaN, ints past 4300 digits, too deep
         return None
+
+
+class SchemaBound:
+    """Mixin of the parsers whose formats write argument values as bare text (GLM, Muse Glimmer,
+    Qwen3-Coder): bound to an env's tools (`ToolEnv` calls `bind`), they know each parameter's
+    JSON schema and read its value by type; unbound, they know none."""
+
+    _types: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+
+    def bind(self, tools: Sequence[Tool]) -> Self:
+        bound = copy.copy(self)
+        bound._types = {t.name: t.flat_schema()["function"]["parameters"].get("properties") or {} for t in tools}
+        return bound
+
+    def _kind(self, name: str, key: str) -> str | None:
+        """The JSON type of parameter `key` of tool `name`, or None when the parser does not know it."""
+        props = self._types.get(name)
+        return param_kind(props.get(key)) if props is not None else None

@@ -80,7 +80,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import call_arguments, decode_json, json_problem
+from toolenv.parsers._json import call_arguments, call_json
 from toolenv.parsers._scan import MarkerFinder, positional_id
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -97,7 +97,6 @@ _THINK, _THINK_END = "<think>", "</think>"
 _FENCE = "```"
 #: How the arguments may start in V3.1's layout (a V3 name line starts with none of these).
 _ARGS_START = ("{", "[", '"', "`")
-_DECODER = json.JSONDecoder()
 
 _HOW_V3 = (
     f'Write {_CALL}function{_SEP}NAME\n```json\n{{"argument": value}}\n```{_CALL_END} '
@@ -194,22 +193,13 @@ class _Turn:
         if not json_text:
             self.errors.append(f"{where}: no JSON arguments follow the name (write {{}} for none). {self.how}")
             return ""
-        rest = ""
-        try:
-            value: Any = decode_json(json_text)
-        except (ValueError, RecursionError) as exc:  # ValueError: also ints past Python's 4300-digit limit
-            if closed:
-                self.errors.append(f"{where}: the arguments are not valid JSON ({json_problem(exc)}). {self.how}")
-                return ""
-            try:  # not closed: the JSON may be followed by text the model went on to write
-                value, end = _DECODER.raw_decode(json_text)
-            except (ValueError, RecursionError) as again:
-                self.errors.append(
-                    f"{where}: the arguments are not valid JSON ({json_problem(again)}), and the call is not "
-                    f"closed with {_CALL_END}. {self.how}"
-                )
-                return ""
-            rest = json_text[end:].lstrip()
+        decoded = call_json(json_text, closed, where, _CALL_END, self.how)
+        if isinstance(decoded, str):
+            self.errors.append(decoded)
+            return ""
+        value, rest = decoded
+        if rest:
+            rest = rest.lstrip()
             rest = rest[len(_FENCE) :] if rest.startswith(_FENCE) else rest
         arguments = call_arguments(value, where)
         if isinstance(arguments, str):

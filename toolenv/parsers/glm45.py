@@ -71,13 +71,12 @@ read once.
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._scan import MarkerFinder, param_kind, positional_id, typed_value, write_typed
+from toolenv.parsers._scan import MarkerFinder, SchemaBound, positional_id, typed_value, write_typed
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.parsers.hermes import tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -116,7 +115,7 @@ def _escape(text: str) -> str:
     return text
 
 
-class Glm45Parser(ActionParser):
+class Glm45Parser(SchemaBound, ActionParser):
     """GLM-4.5/4.6's `<tool_call>NAME<arg_key>…</arg_key><arg_value>…</arg_value></tool_call>` format."""
 
     name = "glm45"
@@ -126,17 +125,6 @@ class Glm45Parser(ActionParser):
 
     def __init__(self, answer_tag: bool = True) -> None:
         self.answer_tag = answer_tag
-        self._types: Mapping[str, Mapping[str, Any]] = {}
-
-    def bind(self, tools: Sequence[Tool]) -> Glm45Parser:
-        bound = copy.copy(self)
-        bound._types = {t.name: t.flat_schema()["function"]["parameters"].get("properties") or {} for t in tools}
-        return bound
-
-    def _kind(self, name: str, key: str) -> str | None:
-        """The JSON type of parameter `key` of tool `name`, or None when the parser does not know it."""
-        props = self._types.get(name)
-        return param_kind(props.get(key)) if props is not None else None
 
     # ------------------------------------------------------------------ parse
     def parse(self, text: str) -> ParsedAction:

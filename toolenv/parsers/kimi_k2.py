@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import call_arguments, decode_json, json_problem
+from toolenv.parsers._json import call_arguments, call_json
 from toolenv.parsers._scan import MarkerFinder
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -88,7 +88,6 @@ _HOW = (
     f'Write {_CALL}functions.NAME:INDEX{_ARG}{{"argument": value}}{_CALL_END} with the arguments as a '
     f"JSON object, all of a turn's calls between {_SECTION} and {_SECTION_END}."
 )
-_DECODER = json.JSONDecoder()
 
 
 def _short(text: str) -> str:
@@ -171,22 +170,11 @@ class _Turn:
         if not json_text:
             self.errors.append(f"{where}: no JSON arguments follow {_ARG} (write {{}} for none). {_HOW}")
             return ""
-        rest = ""
-        try:
-            value: Any = decode_json(json_text)
-        except (ValueError, RecursionError) as exc:  # ValueError: also ints past Python's 4300-digit limit
-            if closed:
-                self.errors.append(f"{where}: the arguments are not valid JSON ({json_problem(exc)}). {_HOW}")
-                return ""
-            try:  # not closed: the JSON may be followed by text the model went on to write
-                value, end = _DECODER.raw_decode(json_text)
-            except (ValueError, RecursionError) as again:
-                self.errors.append(
-                    f"{where}: the arguments are not valid JSON ({json_problem(again)}), and the call is not "
-                    f"closed with {_CALL_END}. {_HOW}"
-                )
-                return ""
-            rest = json_text[end:]
+        decoded = call_json(json_text, closed, where, _CALL_END, _HOW)
+        if isinstance(decoded, str):
+            self.errors.append(decoded)
+            return ""
+        value, rest = decoded
         arguments = call_arguments(value, where)
         if isinstance(arguments, str):
             self.errors.append(arguments)

@@ -84,14 +84,13 @@ with remembered positions (`MarkerFinder`) inside them; each value is decoded on
 
 from __future__ import annotations
 
-import copy
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._scan import MarkerFinder, param_kind, positional_id, typed_value, write_typed
+from toolenv.parsers._scan import MarkerFinder, SchemaBound, positional_id, typed_value, write_typed
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -380,7 +379,7 @@ class _Turn:
         return new_parsed(self.calls, answer, "\n".join(out), self.errors)
 
 
-class MuseGlimmerParser(ActionParser):
+class MuseGlimmerParser(SchemaBound, ActionParser):
     """Muse Glimmer's ATEM calls (`<atem:invoke name=…>`) in messages addressed `to=` the tool.
 
     Args:
@@ -394,17 +393,6 @@ class MuseGlimmerParser(ActionParser):
 
     def __init__(self, answer_tag: bool = True) -> None:
         self.answer_tag = answer_tag
-        self._types: Mapping[str, Mapping[str, Any]] = {}
-
-    def bind(self, tools: Sequence[Tool]) -> MuseGlimmerParser:
-        bound = copy.copy(self)
-        bound._types = {t.name: t.flat_schema()["function"]["parameters"].get("properties") or {} for t in tools}
-        return bound
-
-    def _kind(self, name: str, key: str) -> str | None:
-        """The JSON type of parameter `key` of tool `name`, or None when the parser does not know it."""
-        props = self._types.get(name)
-        return param_kind(props.get(key)) if props is not None else None
 
     def _resolve(self, name: str) -> str:
         """The env's tool for a doubled name (`search.search` for `search`), else `name`."""

@@ -19,14 +19,13 @@ can. Results come back in `<tool_response>` blocks, as with Hermes.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
-from toolenv.parsers._scan import schema_kinds
+from toolenv.parsers._scan import SchemaBound, schema_kinds
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import read_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -47,7 +46,7 @@ def _strip_newline(value: str) -> str:
     return value
 
 
-class Qwen3XMLParser(ActionParser):
+class Qwen3XMLParser(SchemaBound, ActionParser):
     """Qwen3-Coder's format (vLLM's `qwen3_xml`/`qwen3_coder` tool parsers read the same text)."""
 
     name = "qwen3_xml"
@@ -56,12 +55,6 @@ class Qwen3XMLParser(ActionParser):
 
     def __init__(self, answer_tag: bool = True) -> None:
         self.answer_tag = answer_tag
-        self._types: Mapping[str, Mapping[str, Any]] = {}
-
-    def bind(self, tools: Sequence[Tool]) -> Qwen3XMLParser:
-        bound = copy.copy(self)
-        bound._types = {t.name: t.flat_schema()["function"]["parameters"].get("properties", {}) for t in tools}
-        return bound
 
     def parse(self, text: str) -> ParsedAction:
         return tool_call_action(*read_tool_call_blocks(text, self._decode), self.answer_tag)
