@@ -117,7 +117,7 @@ def _escape(text: str) -> str:
 def _restore_cut_marker(text: str) -> str:
     """`text` with the whole opening marker when it starts with the tail of one (the generation
     prompt shared its first characters, e.g. `｜tool▁calls▁begin｜>` after a prompt ending `<`)."""
-    if _BAR not in text[: len(_CALLS)]:
+    if text[:1] == "<" or _BAR not in text[: len(_CALLS)]:  # whole markers start with "<": none was cut
         return text
     for marker in (_CALLS, _CALL):
         for cut in range(1, len(marker) - 1):
