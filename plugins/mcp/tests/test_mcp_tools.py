@@ -218,6 +218,27 @@ async def test_a_server_that_cannot_restart_gives_error_results(
         await close(tools)
 
 
+async def test_a_server_down_opens_one_circuit_for_all_its_tools(fresh_server: Factory, tmp_path: Path) -> None:
+    from toolenv.breaker import reset_breakers
+
+    reset_breakers()
+    marker = tmp_path / "refuse"
+    server = fresh_server(MCP_TEST_REFUSE_IF=str(marker))
+    tools = await amcp_tools(server, include=["die", "add", "echo"], breaker_threshold=2, breaker_cooldown=60)
+    try:
+        assert (await call(tools, "add", a=1, b=2)).text == "3"
+        marker.touch()
+        assert (await call(tools, "die")).retryable  # the server dies and cannot come back
+        assert (await call(tools, "add", a=1, b=1)).text.startswith("MCP server 'calc' could not start: ")
+        refused = await call(tools, "echo", text="hi")  # another tool of the same server
+        assert refused.is_error and refused.metadata == {"circuit_open": True}
+        assert refused.text.startswith("Tool 'echo' is unavailable: its last 2 calls failed (MCP server 'calc'")
+        assert tools[0].breaker_key() == tools[2].breaker_key() == ("toolenv_mcp", server.key)
+    finally:
+        await close(tools)
+        reset_breakers()
+
+
 def test_a_server_that_cannot_start_raises_one_readable_line() -> None:
     missing = MCPServer(name="ghost", command="toolenv-mcp-no-such-command")
     with pytest.raises(MCPServerError) as info:

@@ -16,7 +16,7 @@ import fnmatch
 import json
 import re
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -95,6 +95,10 @@ class MCPTool(Tool):
             weakref.finalize(self, drop_holder, self._holder).atexit = False
 
     # ------------------------------------------------------------------ Tool API
+    def breaker_key(self) -> Hashable:
+        """The tools of one MCP server fail together: they share its circuit (by transport settings)."""
+        return ("toolenv_mcp", self.server.key)
+
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         conn = self._connection() if self.server.scope == "process" else self._episode(ctx)
         try:
