@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from _markers import parser_markers
 from pydantic import ValidationError
 
 import toolenv
@@ -35,6 +36,8 @@ FRAGMENTS = [
     '<|python_tag|>', '{"name": ', '"parameters": ', '; ', '<|eom_id|>', '[f(', 'x=',
     "'''", '<|python_start|>', '<|python_end|>', '[TOOL_CALLS]', '[ARGS]', '[CALL_ID]', '</s>',
 ]  # fmt: skip
+# ... and the markers of every format a parser writes (DeepSeek's, Kimi's, GLM's, Gemma's, ...).
+FRAGMENTS += [m for m in parser_markers() if m not in FRAGMENTS]
 
 
 def format_call(parser: Any, name: str, arguments: Any) -> str:

@@ -59,6 +59,14 @@ def test_rel_every_parser_is_fuzzed() -> None:
     assert {"hermes", *CORE_PARSERS, "tags", "codeblock"} == set(parser_names())
 
 
+def test_rel_mutations_splice_every_formats_markers() -> None:
+    # The mutator's alphabet takes each parser's markers from the parser itself, so a format
+    # added later is fuzzed with its own tokens, not only with those of older formats.
+    for marker in ("<｜tool▁sep｜>", "<|tool_call_argument_begin|>", "<arg_value>", "<|tool_call>", "</atem:invoke>"):
+        assert marker in FRAGMENTS
+    assert len(FRAGMENTS) == len(set(FRAGMENTS))
+
+
 def corpus_for(name: str, env: toolenv.ToolEnv, tasks: int = 6) -> list[str]:
     """Valid actions (the oracle's, or the core env's list) plus near-valid schema-built calls."""
     actions = core_corpus(name) if name == CORE or name in CORE_VARIANTS else []
