@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 import toolenv
 from toolenv import ResultCache, Task, ToolCall, ToolCaller, ToolContext, ToolEnv, ToolResult
+from toolenv.result_cache import task_key
 
 
 class Lookup(toolenv.Tool):
@@ -82,6 +84,42 @@ async def test_errors_and_invalid_calls_are_not_stored() -> None:
     (res,), (rec,) = await invoke(caller, [ToolCall(id="c", name="lookup", arguments={"key": 3})], task)
     assert res.is_error and "key" in res.text and not rec.cached
     assert tool.cache is not None and tool.cache.stats().size == 0
+
+
+async def test_task_scope_keys_by_content_not_id(tmp_path: Path) -> None:
+    # Tasks given one at a time all get id "0": two of them over different databases must not
+    # share results, while copies of one task (a GRPO group's) do.
+    import sqlite3
+
+    dbs = []
+    for name, rows in (("a", 3), ("b", 5)):
+        path = tmp_path / f"{name}.sqlite"
+        with sqlite3.connect(path) as con:
+            con.execute("CREATE TABLE t (x INTEGER)")
+            con.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(rows)])
+        dbs.append(str(path))
+
+    runs: list[str] = []
+
+    @toolenv.tool(cache=ResultCache(scope="task"))
+    def count(table: str, ctx: toolenv.ToolContext) -> str:
+        """Count a table's rows in the task's database."""
+        runs.append(ctx.task.context["db"])
+        with sqlite3.connect(ctx.task.context["db"]) as con:
+            return str(con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+    env = toolenv.ToolEnv(tools=[count], max_turns=2)
+    action = '<tool_call>{"name": "count", "arguments": {"table": "t"}}</tool_call>'
+    seen = []
+    for db in (dbs[0], dbs[1], dbs[0]):
+        await env.areset(options={"task": {"question": "how many?", "context": {"db": db}}})
+        assert env.episode is not None and env.episode.task.id == "0"
+        obs, *_ = await env.astep(action)
+        seen.append(obs)
+    await env.aclose()
+    assert ["3" in seen[0], "5" in seen[1], "3" in seen[2]] == [True, True, True], seen
+    assert runs == [dbs[0], dbs[1]]  # the third episode's task equals the first: answered from the cache
+    assert task_key(Task(id="0", context={"db": dbs[0]})) != task_key(Task(id="0", context={"db": dbs[1]}))
 
 
 @pytest.mark.parametrize(

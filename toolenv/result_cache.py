@@ -10,8 +10,10 @@ and callers that come later get the stored result without running anything.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union
@@ -21,7 +23,7 @@ import pydantic_core
 
 if TYPE_CHECKING:
     from toolenv._tool import Tool, ToolContext
-    from toolenv.types import ToolResult
+    from toolenv.types import Task, ToolResult
 
 __all__ = ["CacheSpec", "CacheStats", "ResultCache", "shared_cache"]
 
@@ -70,7 +72,8 @@ class ResultCache:
         maxsize: results kept at most; the least recently used are dropped first.
         ttl: seconds a stored result stays valid (None: until it is dropped for room).
         scope: what else a result depends on. `"task"` (the default) keys results by the
-            task's id as well, for tools that read the task (its database, its files);
+            task as well (its whole content, so tasks that share an id but not their data
+            never share results), for tools that read the task (its database, its files);
             `"episode"` by the episode, for tools with per-episode state; `"shared"` by the
             arguments alone, for tools over fixed data (a search index, a calculator).
         timer: the clock `ttl` is measured with (a test may pass its own).
@@ -115,7 +118,7 @@ class ResultCache:
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
             return None
         if self.scope == "task":
-            return (tool.name, ctx.task.id, encoded)
+            return (tool.name, task_key(ctx.task), encoded)
         if self.scope == "episode":
             return (tool.name, ctx.episode_id, encoded)
         return (tool.name, encoded)
@@ -179,6 +182,24 @@ class ResultCache:
                 del self._inflight[key]
             mine.set_result(outcome)  # None (we were cancelled) tells the waiters to run it themselves
         return outcome, attempts, False
+
+
+# Task -> digest of its content, by object: a task's JSON is made once, not on every call.
+# Tasks are not hashable (Pydantic models), so the map is keyed by id() and each entry is
+# dropped by a finalizer when its task dies, before the id can be reused.
+_TASK_KEYS: dict[int, bytes] = {}
+
+
+def task_key(task: Task) -> bytes:
+    """A digest of `task`'s whole content (id, question, answer, context, metadata): equal for
+    equal tasks, so a GRPO group's copies of one task share results, and tasks that merely share
+    an id (ad-hoc tasks all default to id "0") do not. Computed once per task object."""
+    found = _TASK_KEYS.get(id(task))
+    if found is None:
+        found = hashlib.blake2b(task.model_dump_json().encode(), digest_size=16).digest()
+        _TASK_KEYS[id(task)] = found
+        weakref.finalize(task, _TASK_KEYS.pop, id(task), None)
+    return found
 
 
 def _empty_copy(maxsize: int, ttl: float | None, scope: Scope, timer: Callable[[], float]) -> ResultCache:
