@@ -8,6 +8,7 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
@@ -143,11 +144,8 @@ def _decode_call(body: str, index: int) -> tuple[ToolCall | None, str | None]:
         return None, f'Tool call {index + 1}: "arguments" must be a JSON object.'
     call_id = obj.get("id")
     if not isinstance(call_id, str):
-        call_id = _CALL_IDS[index] if index < len(_CALL_IDS) else f"call_{index}"
+        call_id = positional_id(index)
     return new_call(obj["name"], args, call_id), None
-
-
-_CALL_IDS = tuple(f"call_{i}" for i in range(16))
 
 
 register_parser("hermes", HermesParser)
