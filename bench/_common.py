@@ -45,6 +45,25 @@ def repeat(fn: Callable[[], Any], n: int, rounds: int = 5) -> list[float]:
     return per_round
 
 
+def interleaved(subjects: dict[str, Callable[[int], Any]], n: int, rounds: int = 15) -> dict[str, list[float]]:
+    """Seconds per unit of work of each subject, `rounds` times; `subjects[name](n)` does its
+    unit `n` times (an async subject loops inside one event-loop run, so the loop is not timed).
+
+    The subjects take turns within a round, each round starting with the next one: a shared
+    VM's speed drifts by tens of percent within a minute, so subjects timed one after another
+    in blocks compare the host's moments as much as the code. Ratios taken within a round
+    cancel that drift.
+    """
+    names = list(subjects)
+    per: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            subjects[name](n)
+            per[name].append((time.perf_counter() - t0) / n)
+    return per
+
+
 def write(name: str, data: dict[str, Any], out: Path | None) -> Path:
     """Write results as JSON (with the machine description) and return the path."""
     path = out or RESULTS / f"{name}.json"

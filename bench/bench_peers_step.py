@@ -19,7 +19,9 @@ Episodes are 8 steps long and every figure is per step with the reset amortised
 in: toolenv keeps the whole episode (turns, messages) for rewards and reports,
 and an endless episode would measure Python's garbage collector walking it.
 The peers live in a separate venv, `.venv-bench` (see `peers_env.py`): the whole
-measurement runs there, in one process, so every row shares one interpreter.
+measurement runs there, in one process, so every row shares one interpreter. The subjects
+take turns, round after round (`interleaved`), and each ratio to the fastest peer is the median
+of the ratios within a round: the host's speed drifts too much for blocks timed minutes apart.
 With `--quick` and no `.venv-bench`, only toolenv is measured, and the output says so.
 """
 
@@ -31,22 +33,36 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import peers_env
-from _common import machine, median, repeat, table, write
+from _common import interleaved, machine, median, table, write
 
 ACTION = '<tool_call>{"name": "noop", "arguments": {"x": 1}}</tool_call>'
 TURNS = 8  # steps per episode; every framework resets between episodes, and the reset is in the figure
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-def per_step(episode: Callable[[], None], n: int) -> float:
-    """Median seconds per step of `episode` (a reset and TURNS steps), over about `n` steps."""
-    return median(repeat(episode, max(1, n // TURNS))) / TURNS
+def episodes(episode: Callable[[], None]) -> Callable[[int], None]:
+    """A subject for `interleaved`: `k` episodes (a reset and TURNS steps each)."""
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            episode()
+
+    return run
+
+
+def turns(fn: Callable[[], Any]) -> Callable[[int], None]:
+    """A subject for `interleaved`: `fn` TURNS times per unit, so it compares with an episode."""
+
+    def run(k: int) -> None:
+        for _ in range(k * TURNS):
+            fn()
+
+    return run
 
 
 def bare_parse(action: str) -> tuple[str, dict[str, Any]] | None:
@@ -59,7 +75,7 @@ def bare_parse(action: str) -> tuple[str, dict[str, Any]] | None:
 
 
 # ---------------------------------------------------------------------- toolenv
-def toolenv_runners(n: int) -> dict[str, float]:
+def toolenv_runners() -> dict[str, Callable[[int], None]]:
     from pydantic import BaseModel
 
     import toolenv
@@ -88,23 +104,14 @@ def toolenv_runners(n: int) -> dict[str, float]:
         for _ in range(TURNS):
             env.step(ACTION)
 
-    step_s = per_step(episode, n)
-    env.close()
-
     aenv = make()
+    loop = asyncio.new_event_loop()  # one loop for every round, as a trainer's worker keeps one
 
-    async def astep_rounds() -> float:
-        per = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n // TURNS):
-                await aenv.areset()
-                for _ in range(TURNS):
-                    await aenv.astep(ACTION)
-            per.append((time.perf_counter() - t0) / (n // TURNS * TURNS))
-        return median(per)
-
-    astep_s = asyncio.run(astep_rounds())
+    async def aepisodes(k: int) -> None:
+        for _ in range(k):
+            await aenv.areset()
+            for _ in range(TURNS):
+                await aenv.astep(ACTION)
 
     # The typed floor: what any typed step must do at the least (find and decode the call into
     # a ToolCall, validate its arguments with the Args model, run the tool), with no turn,
@@ -124,12 +131,15 @@ def toolenv_runners(n: int) -> dict[str, float]:
         raise RuntimeError("the tool suspended")
 
     assert typed_floor().text == "ok"
-    floor_s = median(repeat(typed_floor, n))
-    return {"toolenv astep": astep_s, "toolenv step": step_s, "toolenv typed floor (parse+validate+run)": floor_s}
+    return {
+        "toolenv astep": lambda k: loop.run_until_complete(aepisodes(k)),
+        "toolenv step": episodes(episode),
+        "toolenv typed floor (parse+validate+run)": turns(typed_floor),
+    }
 
 
 # ---------------------------------------------------------------------- GEM
-def gem_runner(n: int) -> float:
+def gem_runner() -> Callable[[int], None]:
     from gem.core import Env  # type: ignore[import-not-found,unused-ignore]
     from gem.tools.base_tool import BaseTool  # type: ignore[import-not-found,unused-ignore]
     from gem.tools.tool_env_wrapper import ToolEnvWrapper  # type: ignore[import-not-found,unused-ignore]
@@ -165,11 +175,11 @@ def gem_runner(n: int) -> float:
         for _ in range(TURNS):
             env.step(ACTION)
 
-    return per_step(episode, n)
+    return episodes(episode)
 
 
 # ---------------------------------------------------------------------- SkyRL-gym
-def skyrl_runner(n: int) -> float:
+def skyrl_runner() -> Callable[[int], None]:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # type: ignore[import-not-found,unused-ignore]
     from skyrl_gym.tools.core import ToolGroup, tool  # type: ignore[import-not-found,unused-ignore]
 
@@ -210,15 +220,17 @@ def skyrl_runner(n: int) -> float:
             e.step(ACTION)
         e.close()
 
-    return per_step(episode, n)
+    return episodes(episode)
 
 
 # ---------------------------------------------------------------------- worker and driver
-def measure(n: int) -> dict[str, Any]:
-    """Every framework importable here, in this process: seconds per step, and what was skipped."""
-    peers_parse = median(repeat(lambda: bare_parse(ACTION), n))
-    seconds: dict[str, float] = {"bare regex + json.loads (the peers' parse)": peers_parse}
-    seconds.update(toolenv_runners(n))
+def measure(n: int, rounds: int) -> dict[str, Any]:
+    """Every framework importable here, in this process, in turns: seconds per step of each
+    round, and what was skipped."""
+    subjects: dict[str, Callable[[int], None]] = {
+        "bare regex + json.loads (the peers' parse)": turns(lambda: bare_parse(ACTION))
+    }
+    subjects.update(toolenv_runners())
     skipped: dict[str, str] = {}
     versions: dict[str, str] = {}
     from importlib import metadata
@@ -232,19 +244,46 @@ def measure(n: int) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             skipped[label] = f"{dist} is not installed in {sys.prefix}"
             continue
-        seconds[label] = runner(n)
+        subjects[label] = runner()
     for dist in ("toolenv", "pydantic", "gymnasium"):
         versions[dist] = metadata.version(dist)
-    return {"seconds": seconds, "skipped": skipped, "versions": versions, "python": peers_env.shown(sys.executable)}
+    per_round = interleaved(subjects, max(1, n // TURNS // rounds), rounds)
+    return {
+        "rounds": {k: [v / TURNS for v in vs] for k, vs in per_round.items()},
+        "skipped": skipped,
+        "versions": versions,
+        "python": peers_env.shown(sys.executable),
+    }
+
+
+PEERS = ("GEM ToolEnvWrapper", "SkyRL BaseTextEnv")
+
+
+def round_ratios(rounds: dict[str, list[float]], name: str) -> list[float]:
+    """`name`'s time over the fastest peer's, within each round."""
+    peers = [p for p in PEERS if p in rounds]
+    return [t / min(rounds[p][i] for p in peers) for i, t in enumerate(rounds[name])]
 
 
 def report(result: dict[str, Any], quick: bool, n: int, out: Path | None, note: str) -> None:
-    sec: dict[str, float] = result["seconds"]
-    base = sec["toolenv step"]
-    rows = [[name, s * 1e6, s / base, base / s] for name, s in sorted(sec.items(), key=lambda kv: kv[1])]
-    table(rows, ["env step", "µs/step (median)", "× toolenv step", "toolenv step ÷ this"])
+    rounds: dict[str, list[float]] = result["rounds"]
+    sec = {k: median(v) for k, v in rounds.items()}
+    has_peers = any(p in rounds for p in PEERS)
+    ratios = {k: median(round_ratios(rounds, k)) for k in rounds} if has_peers else {}
+    rows = [
+        [name, s * 1e6, min(rounds[name]) * 1e6, ratios.get(name, float("nan"))]
+        for name, s in sorted(sec.items(), key=lambda kv: kv[1])
+    ]
+    table(rows, ["env step", "µs/step (median)", "best round", "× fastest peer (within rounds)"])
+    print(f"{len(next(iter(rounds.values())))} rounds, the subjects in turns; medians over rounds")
     for label, why in result["skipped"].items():
         print(f"not measured: {label}: {why}")
+    if has_peers:
+        astep = ratios["toolenv astep"]
+        print(
+            f"goal: toolenv's step overhead at most the fastest peer's: astep {astep:.2f}×, "
+            f"step {ratios['toolenv step']:.2f}× ({'met' if astep <= 1.0 else 'NOT met'})"
+        )
     if note:
         print(note)
     write(
@@ -255,7 +294,8 @@ def report(result: dict[str, Any], quick: bool, n: int, out: Path | None, note: 
             "action": ACTION,
             "turns_per_episode": TURNS,
             "us_per_step": {k: v * 1e6 for k, v in sec.items()},
-            "ratio_to_toolenv_step": {k: v / base for k, v in sec.items()},
+            "us_per_step_by_round": {k: [x * 1e6 for x in v] for k, v in rounds.items()},
+            "ratio_to_fastest_peer": ratios,
             "ratio_to_toolenv_astep": {k: v / sec["toolenv astep"] for k, v in sec.items()},
             "skipped": result["skipped"],
             "versions": result["versions"],
@@ -272,9 +312,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON output path")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    n = 300 if args.quick else 20_000
+    n, rounds = (240, 3) if args.quick else (30_000, 15)
     if args.worker:  # inside .venv-bench: measure and hand the numbers back as JSON
-        print(json.dumps(measure(n)))
+        print(json.dumps(measure(n, rounds)))
         return 0
 
     note = ""
@@ -296,7 +336,7 @@ def main() -> int:
     else:
         absent = peers_env.shown(peers_env.VENV)
         note = f"{absent} is absent (--quick does not create it): toolenv only, peers not measured"
-        result = measure(n)
+        result = measure(n, rounds)
     venv = Path(result["python"]).parent.parent.name
     print(f"machine: {machine()['processor']}, {machine()['cpus']} CPUs; measured with {venv}/bin/python")
     report(result, args.quick, n, args.out, note)
