@@ -98,5 +98,36 @@ def test_doctor_json(capsys: pytest.CaptureFixture[str]) -> None:
             assert version is None
 
 
-def test_no_command_prints_help() -> None:
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
+    assert "toolenv COMMAND --help" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_with_its_help_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Built-in commands and plugins' (toolenv-search's serve-search), each with the HELP its
+    # module defines, though `--help` imports none of them.
+    import importlib
+
+    from toolenv.cli import _modules
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    modules = _modules()
+    assert {"rollout", "check", "view", "verl-data", "serve-search"} <= set(modules)
+    for name, target in modules.items():
+        help_line = importlib.import_module(target.split(":")[0]).HELP
+        assert f"{name} {' '.join(help_line.split())}" in out, name
+
+
+def test_help_imports_no_command_module() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from toolenv.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "print(sorted(m for m in sys.modules if m.endswith('_cmd')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

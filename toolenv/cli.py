@@ -9,10 +9,13 @@ Errors print one readable line and exit non-zero.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
@@ -45,11 +48,36 @@ def _modules() -> dict[str, str]:
     return found
 
 
+def _help_of(target: str) -> str | None:
+    """A command's `HELP`, read from its module's source: `toolenv --help` lists every command
+    without importing them all (one loads verl's dependencies, another the MCP SDK)."""
+    try:
+        spec = importlib.util.find_spec(target.split(":")[0])
+        if spec is None or spec.origin is None:
+            return None
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    except (ImportError, OSError, SyntaxError, ValueError):  # a broken plugin is listed without help
+        return None
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "HELP" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     modules = _modules()
-    parser = _Parser(prog="toolenv", description="Typed tool-use environments for LLM agents.")
+    parser = _Parser(
+        prog="toolenv",
+        description="Typed tool-use environments for LLM agents.",
+        epilog="`toolenv COMMAND --help` shows a command's options.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported; others are listed by name.
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -64,8 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             loaded[name] = mod
             p = sub.add_parser(name, help=getattr(mod, "HELP", None), description=getattr(mod, "HELP", None))
             mod.add_arguments(p)
-        else:
-            sub.add_parser(name)
+        else:  # listed by name, with its help line when the whole list is asked for
+            sub.add_parser(name, help=_help_of(target) if chosen is None else None)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
