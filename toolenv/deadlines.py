@@ -1,0 +1,101 @@
+"""`Deadline`: a tool call's timeout, as `asyncio.timeout` keeps it, at a fraction of the cost.
+
+Every tool call that waits (a search over HTTP, SQL in a worker thread, a sandboxed run)
+runs under its tool's timeout. `asyncio.timeout` spends two coroutine frames, a state
+machine and a loop timer (a `TimerHandle` pushed onto the loop's heap, ordered by a Python
+`__lt__`, then cancelled, since nearly every call returns in time) on each call: about a
+third of the CPU of an env step whose tool waits once, and more with a thousand calls in
+flight. asyncio offers nothing lighter, so this is the same rule in a plain object:
+
+- at the deadline the call's task is cancelled (`Task.cancel`); when that cancellation comes
+  back out of the call and no other cancellation was asked for meanwhile (`Task.uncancel`,
+  as `asyncio.timeout` counts them), the caller turns it into `TimeoutError`;
+- deadlines share timers: each is rounded *up* to a bucket (1% of its timeout, at least
+  1 ms), and the calls whose deadlines fall in one bucket share one loop timer. A deadline
+  fires never early and at most 1% (or 1 ms) late. A bucket's timer is left to fire when
+  its calls have all returned: the next calls of the same window reuse it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import weakref
+from typing import Any
+
+__all__ = ["Deadline"]
+
+#: A deadline fires at most this fraction of its timeout late (and never early).
+SLACK = 0.01
+#: ... or this many seconds late, whichever is more: no bucket is finer than a millisecond.
+MIN_BUCKET_S = 0.001
+
+
+class Deadline:
+    """The timeout of one call in the running task; `close` it when the call ends.
+
+    Needs Python 3.11+ (`Task.cancelling`/`uncancel`).
+    """
+
+    __slots__ = ("_cancelling", "_members", "_task", "expired")
+    _task: asyncio.Task[Any]
+    _cancelling: int
+    _members: set[Deadline]
+    expired: bool
+
+    def __init__(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("a Deadline needs to run inside a task")
+        if sys.version_info < (3, 11):  # pragma: no cover - the caller uses it on 3.11+ only
+            raise RuntimeError("a Deadline needs Python 3.11+ (Task.uncancel)")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.expired = False
+        buckets = _BUCKETS.get(loop)
+        if buckets is None:
+            buckets = _BUCKETS[loop] = _Buckets(loop)
+        self._members = buckets.arm(self, delay)
+
+    def expire(self) -> None:
+        """Cancel the call's task now (its timer calls this)."""
+        if not self.expired:
+            self.expired = True
+            self._task.cancel()
+
+    def close(self, exc: BaseException | None) -> bool:
+        """Disarm it as its call ends with `exc` (None: a result). True when `exc` is the
+        cancellation this deadline caused and nothing else asked for: raise `TimeoutError`."""
+        self._members.discard(self)
+        if not self.expired or sys.version_info < (3, 11):
+            return False
+        return self._task.uncancel() <= self._cancelling and isinstance(exc, asyncio.CancelledError)
+
+
+class _Buckets:
+    """The deadline buckets of one event loop: bucket time -> the deadlines due then."""
+
+    __slots__ = ("__weakref__", "due", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.due: dict[float, set[Deadline]] = {}
+
+    def arm(self, deadline: Deadline, delay: float) -> set[Deadline]:
+        width = max(delay * SLACK, MIN_BUCKET_S)
+        when = math.ceil((self.loop.time() + delay) / width) * width
+        members = self.due.get(when)
+        if members is None:
+            members = self.due[when] = set()
+            self.loop.call_at(when, self._fire, when)
+        members.add(deadline)
+        return members
+
+    def _fire(self, when: float) -> None:
+        for deadline in list(self.due.pop(when, ())):
+            deadline.expire()
+
+
+_BUCKETS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Buckets] = weakref.WeakKeyDictionary()
