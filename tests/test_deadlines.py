@@ -121,3 +121,22 @@ async def test_a_deadline_needs_a_task() -> None:
     loop.call_soon(outside_any_task)
     await asyncio.sleep(0.01)
     assert made and "inside a task" in str(made[0])
+
+
+def test_event_loops_that_kept_deadlines_are_freed() -> None:
+    # The per-loop buckets are keyed weakly by the loop; a bucket that referred to its loop
+    # would keep every loop alive (a sync env's private loop, each `asyncio.run`).
+    import gc
+    import weakref
+
+    caller = ToolCaller([Wait(timeout=30)])
+    loops = []
+
+    async def one() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        assert (await call(caller, wait(0.001))).text == "done"
+
+    for _ in range(5):
+        asyncio.run(one())
+    gc.collect()
+    assert [ref() for ref in loops] == [None] * 5

@@ -56,8 +56,8 @@ class Deadline:
         self.expired = False
         buckets = _BUCKETS.get(loop)
         if buckets is None:
-            buckets = _BUCKETS[loop] = _Buckets(loop)
-        self._members = buckets.arm(self, delay)
+            buckets = _BUCKETS[loop] = _Buckets()
+        self._members = buckets.arm(loop, self, delay)
 
     def expire(self) -> None:
         """Cancel the call's task now (its timer calls this)."""
@@ -75,21 +75,24 @@ class Deadline:
 
 
 class _Buckets:
-    """The deadline buckets of one event loop: bucket time -> the deadlines due then."""
+    """The deadline buckets of one event loop: bucket time -> the deadlines due then.
 
-    __slots__ = ("__weakref__", "due", "loop")
+    It holds no reference to its loop: `_BUCKETS` is keyed weakly by the loop, and a value
+    that referred to its key would keep every loop that ever ran a deadline alive.
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
         self.due: dict[float, set[Deadline]] = {}
 
-    def arm(self, deadline: Deadline, delay: float) -> set[Deadline]:
+    def arm(self, loop: asyncio.AbstractEventLoop, deadline: Deadline, delay: float) -> set[Deadline]:
         width = max(delay * SLACK, MIN_BUCKET_S)
-        when = math.ceil((self.loop.time() + delay) / width) * width
+        when = math.ceil((loop.time() + delay) / width) * width
         members = self.due.get(when)
         if members is None:
             members = self.due[when] = set()
-            self.loop.call_at(when, self._fire, when)
+            loop.call_at(when, self._fire, when)
         members.add(deadline)
         return members
 
