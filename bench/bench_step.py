@@ -14,6 +14,7 @@ from _common import median, parse_args, repeat, table, write
 from pydantic import BaseModel
 
 import toolenv
+from toolenv import _aio
 from toolenv.env import _turn_messages
 from toolenv.episode import Turn
 
@@ -94,7 +95,8 @@ def breakdown(env: toolenv.ToolEnv, n: int) -> dict[str, float]:
         ),
         "chat messages": lambda: _turn_messages(ACTION, parsed, results),
         "observation text": lambda: env.parser.format_results(results),
-        "event-loop round trip (sync step only)": lambda: loop.run_until_complete(nothing()),
+        "event-loop entry (sync step only: _aio.complete)": lambda: _aio.complete(loop, nothing()),
+        "run_until_complete instead (sync step only, before)": lambda: loop.run_until_complete(nothing()),
     }
     try:
         return {name: median(repeat(fn, n)) for name, fn in parts.items()}

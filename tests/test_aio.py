@@ -1,8 +1,13 @@
-"""`toolenv._aio.run`: asyncio.run without the repr of the result (CPython gh-112559)."""
+"""`toolenv._aio`: asyncio.run without the repr of the result (CPython gh-112559), a loop per thread,
+and `complete`, the cheap run_until_complete of the sync twins."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -65,3 +70,128 @@ async def test_thread_loop_refuses_a_running_loop() -> None:
     with pytest.raises(RuntimeError, match="inside a running event loop"):
         _aio.run_on_thread_loop(coro)
     assert coro.cr_frame is None  # closed, so no "never awaited" warning
+
+
+# ---------------------------------------------------------------------- complete
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    new = asyncio.new_event_loop()
+    yield new
+    new.run_until_complete(new.shutdown_asyncgens())
+    new.close()
+
+
+async def _what_the_step_sees() -> tuple[bool, bool, asyncio.AbstractEventLoop, bool]:
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    return task is not None, loop.is_running(), loop, sys.get_asyncgen_hooks().firstiter is not None
+
+
+def test_complete_runs_the_coroutine_as_a_task_on_a_running_loop(loop: asyncio.AbstractEventLoop) -> None:
+    has_task, running, seen, hooked = _aio.complete(loop, _what_the_step_sees())
+    assert has_task and running and seen is loop and hooked  # as run_until_complete shows them
+    assert not loop.is_running() and asyncio._get_running_loop() is None  # and left as before
+    assert sys.get_asyncgen_hooks().firstiter is None
+
+
+def test_complete_finishes_a_coroutine_that_waits(loop: asyncio.AbstractEventLoop) -> None:
+    async def waits() -> list[int]:
+        done = []
+        for i in range(3):
+            await asyncio.sleep(0.001)
+            done.append(i)
+        return done
+
+    assert _aio.complete(loop, waits()) == [0, 1, 2]
+    assert not loop.is_running()
+
+
+def test_complete_keeps_timers_and_handles_of_earlier_calls(loop: asyncio.AbstractEventLoop) -> None:
+    ran: list[str] = []
+
+    async def schedules() -> None:
+        asyncio.get_running_loop().call_soon(ran.append, "soon")
+        asyncio.get_running_loop().call_later(0.001, ran.append, "later")
+
+    _aio.complete(loop, schedules())
+    _aio.complete(loop, asyncio.sleep(0.01))  # the next call runs what the first left
+    assert ran == ["soon", "later"]
+
+
+def test_complete_raises_what_the_coroutine_raises(loop: asyncio.AbstractEventLoop) -> None:
+    async def fails() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        _aio.complete(loop, fails())
+    assert _aio.complete(loop, _this_loop()) is loop  # the loop is still usable
+
+
+def test_complete_lets_keyboard_interrupt_through_and_restores_the_loop(loop: asyncio.AbstractEventLoop) -> None:
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+
+    async def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _aio.complete(loop, interrupted())
+    assert not loop.is_running() and asyncio._get_running_loop() is None
+    assert sys.get_asyncgen_hooks().firstiter is None
+    gc.collect()
+    assert errors == []  # the task's exception was retrieved: nothing logged at collection
+    assert _aio.complete(loop, _this_loop()) is loop
+
+
+def test_complete_leaves_unfinished_async_generators_to_the_loop(loop: asyncio.AbstractEventLoop) -> None:
+    closed: list[bool] = []
+
+    async def numbers() -> AsyncIterator[int]:
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+
+    async def first() -> tuple[int, AsyncIterator[int]]:
+        gen = numbers()
+        return await gen.__anext__(), gen
+
+    value, gen = _aio.complete(loop, first())
+    assert value == 1 and closed == []
+    loop.run_until_complete(loop.shutdown_asyncgens())  # the loop knows the generator, as after run_until_complete
+    assert closed == [True]
+    del gen
+
+
+async def test_complete_refuses_inside_a_running_loop() -> None:
+    other = asyncio.new_event_loop()
+    coro = asyncio.sleep(0)
+    try:
+        with pytest.raises(RuntimeError, match="another loop is running"):
+            _aio.complete(other, coro)
+    finally:
+        coro.close()
+        other.close()
+
+
+def test_a_sync_step_gives_what_run_until_complete_gives() -> None:
+    import toolenv
+
+    @toolenv.tool(timeout=5)
+    async def multiply(a: int, b: int) -> str:
+        """Multiply two integers."""
+        assert asyncio.current_task() is not None  # what a deadline and anyio need
+        return str(a * b)
+
+    env = toolenv.ToolEnv(tools=[multiply], tasks=[{"question": "6*7?", "answer": "42"}])
+    action = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    env.reset(seed=0)
+    fast = env.step(action)
+    env.reset(seed=0)
+    assert env._loop is not None
+    plain = env._loop.run_until_complete(env.astep(action))
+    assert fast[0] == plain[0] and "42" in fast[0]
+    assert fast[1:4] == plain[1:4]
+    assert [r.text for r in fast[4]["tool_results"]] == [r.text for r in plain[4]["tool_results"]] == ["42"]
+    env.close()

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
+from toolenv import _aio
 from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller
 from toolenv.episode import Episode, Turn, new_episode_id
@@ -296,7 +297,7 @@ class ToolEnv(gym.Env[str, str]):
             raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
+        return _aio.complete(self._loop, coro)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode; returns the prompt and info (`task_id`, `turn`, `messages`)."""

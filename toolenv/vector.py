@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from toolenv import _aio
 from toolenv.env import ToolEnv
 
 __all__ = ["ToolVectorEnv", "batch_infos"]
@@ -136,7 +137,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     def _run(self, coro: Any) -> Any:
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
+        return _aio.complete(self._loop, coro)
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
