@@ -33,10 +33,32 @@ def test_split_check_counts_assert_statements() -> None:
 def test_extract_code_and_solution_source() -> None:
     assert extract_code("Here:\n```python\nx = 1\n```\nthanks") == "x = 1"
     assert extract_code("def f():\n    return 1") == "def f():\n    return 1"
-    assert extract_code("```python\na = 1\n```\n```python\nb = 2\n```") == "b = 2"
+    assert extract_code("```python\na = 1\n```\n```python\nb = 2\n```") == "a = 1\n\nb = 2"
     prefix = "def f(x):\n    '''doc'''\n"
     assert solution_source("    return x + 1\n", prefix) == prefix + "    return x + 1"
     assert solution_source("def f(x):\n    return x", prefix).startswith(prefix.rstrip("\n") + "\n\n")
+
+
+def test_extract_code_joins_python_blocks_of_any_case() -> None:
+    solution, usage = "def f(x):\n    return x + 1", "print(f(1))"
+    answer = f"Solution:\n```python\n{solution}\n```\nUsage:\n```Python\n{usage}\n```\nOutput:\n```\n2\n```"
+    assert extract_code(answer) == f"{solution}\n\n{usage}"  # untagged blocks only count without python ones
+    assert extract_code(f"```PY\n{solution}\n```\n```python3\n{usage}\n```") == f"{solution}\n\n{usage}"
+    assert extract_code(f"```\n{solution}\n```\n```text\nnotes\n```") == solution
+    assert extract_code(f"```python\n{solution}\n```\n```python\n>>> f(1)\n2\n```") == solution  # a transcript
+    assert extract_code(f"```python\ns = '```'\n{solution}\n```") == f"s = '```'\n{solution}"
+    assert extract_code(f"```python\n{solution}") == solution  # an unclosed block runs to the end
+    indented = "1. The code:\n   ```python\n   def f(x):\n       return x + 1\n   ```\n"
+    assert extract_code(indented) == solution  # a fence in a list item: its indentation comes off
+    assert extract_code("Only prose.\n```text\nnotes\n```") == "Only prose.\n```text\nnotes\n```"
+
+
+def test_solution_then_usage_block_and_capitalised_tag_score_full() -> None:
+    solution = "def inc(x):\n    return x + 1\n"
+    assert run_tests(f"```python\n{solution}```\nUsage:\n```python\nprint(inc(1))\n```", SPEC).fraction == 1.0
+    assert run_tests(f"```Python\n{solution}```", SPEC).fraction == 1.0
+    pickled = TestSpec(tests=["import pickle\nassert pickle.loads(pickle.dumps(P(2))).v == 2"])
+    assert run_tests("class P:\n    def __init__(self, v):\n        self.v = v", pickled).fraction == 1.0
 
 
 def test_partial_credit_and_failures() -> None:

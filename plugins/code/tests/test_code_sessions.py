@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 
 import gymnasium as gym
 
 import toolenv  # noqa: F401 - registers the env ids
+from toolenv import Task, ToolCall, ToolCaller, ToolContext
 from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
+from toolenv_code.tool import PythonTool, format_result
 
 
 def _call(code: str) -> str:
@@ -103,3 +106,76 @@ def test_session_closes_at_episode_end_and_on_abandoning_reset() -> None:
     finally:
         gc.enable()
         env.close()
+
+
+def test_session_cells_run_in_one_real_main() -> None:
+    pool = SandboxPool(size=1)
+    try:
+        pool.run("import pickle\nclass A:\n    v = 7\n", session="m")
+        r = pool.run("print(pickle.loads(pickle.dumps(A())).v)", session="m")
+        assert r.ok and r.stdout == "7\n", r.stderr
+        r = pool.run("import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n        self.fail()\n"
+                     "unittest.main(exit=False)", session="m")  # fmt: skip
+        assert "Ran 1 test" in r.stderr and "FAILED" in r.stderr
+    finally:
+        pool.close()
+
+
+def test_session_traceback_shows_each_cells_own_lines() -> None:
+    pool = SandboxPool(size=1)
+    try:
+        pool.run("def f(a):\n    b = a + 1\n    return 1 / (a - a)\n", session="t")
+        r = pool.run("# cell 2\nprint('x')\nprint('y')\nf(1)", session="t")
+        assert 'File "<cell 2>", line 4, in <module>\n    f(1)' in r.stderr
+        assert 'File "<cell 1>", line 3, in f\n    return 1 / (a - a)' in r.stderr
+        assert "print('y')" not in r.stderr and "_child.py" not in r.stderr
+        assert 'File "<cell 3>", line 1' in pool.run("def (:", session="t").stderr
+    finally:
+        pool.close()
+
+
+def test_session_process_ending_is_reported() -> None:
+    pool = SandboxPool(size=1)
+    try:
+        pool.run("x = 1", session="e")
+        r = pool.run("import os; os._exit(3)", session="e")
+        assert r.exit_code == 3 and r.signal is None and r.session_ended and not r.ok
+        text = format_result(r, SandboxLimits())
+        assert "exit status 3" in text and "session has ended" in text
+        r = pool.run("print('x' in globals()); import os; os.abort()", session="e")
+        assert r.new_session and r.stdout == "False\n" and r.signal is not None and r.session_ended
+        assert "killed by SIG" in format_result(r, SandboxLimits())
+        assert pool.run("print(1)", session="e").new_session
+    finally:
+        pool.close()
+
+
+async def test_tool_says_why_the_session_ended() -> None:
+    caller, ctx = ToolCaller([PythonTool(stateful=True)]), ToolContext(Task())
+    texts = []
+    for code in ["x = 1", "import os; os._exit(3)", "print(x)"]:
+        results, _ = await caller.invoke([ToolCall(name="python", arguments={"code": code}, id="c")], ctx)
+        texts.append(results[0])
+    assert texts[1].is_error and texts[1].metadata["exit_code"] == 3
+    assert "exit status 3" in texts[1].text and "session has ended" in texts[1].text
+    assert "session was restarted" in texts[2].text and "NameError" in texts[2].text
+
+
+def test_session_waits_for_threads_and_labels_later_output() -> None:
+    pool = SandboxPool(size=1)
+    try:
+        r = pool.run("import threading, time\n"
+                     "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+                     "print('main')", session="th")  # fmt: skip
+        assert r.stdout == "main\nthread done\n"
+        r = pool.run("from concurrent.futures import ThreadPoolExecutor\nex = ThreadPoolExecutor(2)\n"
+                     "print(ex.submit(lambda: 6 * 7).result())", session="th")  # fmt: skip
+        assert r.ok and r.stdout == "42\n"  # the executor's idle workers are not waited for
+        assert pool.run("print(ex.submit(lambda: 1).result())", session="th").stdout == "1\n"
+        pool.run("threading.Thread(target=lambda: (time.sleep(0.2), print('late')), daemon=True).start()",
+                 session="th")  # fmt: skip
+        time.sleep(0.5)
+        r = pool.run("print('now')", session="th")
+        assert r.stdout == "(printed after the previous call had returned:)\nlate\n(this call's output:)\nnow\n"
+    finally:
+        pool.close()

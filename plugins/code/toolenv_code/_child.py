@@ -11,6 +11,7 @@ costs the rlimits, the uid drop and the code itself. Sessions use `enter_child`.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C module under `signal`; no stubs
+import atexit
 import builtins
 import contextlib
 import io
@@ -22,6 +23,7 @@ import resource
 import signal
 import sys
 import traceback
+import types
 from typing import Any, NoReturn
 
 from toolenv_code._protocol import GO_LIMITS, ProtocolError, decode_go, encode_go, read_frame, write_frame
@@ -32,7 +34,7 @@ __all__ = [
     "SPARE_DONE",
     "enter_child",
     "exec_user",
-    "fresh_namespace",
+    "main_namespace",
     "premake_stdio",
     "session_loop",
     "spare_main",
@@ -45,6 +47,7 @@ SPARE_GO_FD = 3
 CPU_EXIT = 128 + signal.SIGXCPU
 #: First byte of a spare's shared status page once its code has finished (the second is the status).
 SPARE_DONE = 1
+#: The file name of one-shot code in tracebacks; a session's calls are `<cell 1>`, `<cell 2>`...
 _SOURCE_NAME = "<python>"
 #: The whole environment of sandboxed code (plus HOME and TMPDIR = its work dir). The fork
 #: server adopts it at start, so a child only sets the two per-run variables.
@@ -53,30 +56,84 @@ _MAX_FD = 1 << 20
 _WARM_GO = encode_go(dict.fromkeys(GO_LIMITS, 1), "pass")
 
 
-def _print_exception(exc: BaseException) -> None:
+def _print_exception(exc: BaseException, source_name: str) -> None:
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != _SOURCE_NAME:
+    while tb is not None and tb.tb_frame.f_code.co_filename != source_name:
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb)
 
 
-def exec_user(code: str, namespace: dict[str, Any]) -> int:
-    """Run `code` like `python -c` would: traceback on stderr, exit status returned."""
-    linecache.cache[_SOURCE_NAME] = (len(code), None, code.splitlines(True), _SOURCE_NAME)
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()  # type: ignore[union-attr]
+
+
+def exec_user(code: str, namespace: dict[str, Any], source_name: str = _SOURCE_NAME) -> int:
+    """Run `code` like `python -c` would: traceback on stderr, exit status returned.
+
+    `source_name` is the code's file name in tracebacks; its lines stay in `linecache`
+    under that name, so a later traceback through a function defined here shows them.
+    """
+    linecache.cache[source_name] = (len(code), None, code.splitlines(True), source_name)
     try:
-        exec(compile(code, _SOURCE_NAME, "exec"), namespace)  # noqa: S102 - running code is the point
+        exec(compile(code, source_name, "exec"), namespace)  # noqa: S102 - running code is the point
         status = 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - report any failure like the interpreter would
-        _print_exception(exc)
+        _print_exception(exc, source_name)
         status = 1
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            stream.flush()  # type: ignore[union-attr]
+    _flush_stdio()
     return status
+
+
+def main_namespace() -> dict[str, Any]:
+    """A fresh `__main__` module, installed as `sys.modules["__main__"]`; its namespace.
+
+    The code runs in it as `python -c` code does, so whatever looks names up in
+    `__main__` finds the code's own: `unittest.main()`, `doctest.testmod()`, `pickle`
+    of the code's classes and functions, `multiprocessing` workers.
+    """
+    module = types.ModuleType("__main__")
+    namespace = vars(module)
+    namespace.update(__builtins__=builtins, __annotations__={}, __loader__=sys.__loader__)
+    sys.modules["__main__"] = module
+    return namespace
+
+
+def _exit_like_python() -> None:
+    """What the interpreter does after `python -c` code: wait for threads, run `atexit` handlers."""
+    threading = sys.modules.get("threading")
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        with contextlib.suppress(BaseException):
+            shutdown()  # joins non-daemon threads (and stops thread pools, as at exit)
+    if atexit._ncallbacks():
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # prints errors like the interpreter
+    _flush_stdio()
+
+
+def _join_threads() -> None:
+    """After a session call: wait for the non-daemon threads the code started, as at exit.
+
+    Thread-pool workers are left alone: they idle until their executor is shut down,
+    which a session (unlike an exiting interpreter) does not do between calls.
+    """
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return
+    pools = sys.modules.get("concurrent.futures.thread")
+    workers = set(getattr(pools, "_threads_queues", None) or ())
+    current = threading.current_thread()
+    with contextlib.suppress(BaseException):
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon and thread not in workers:
+                thread.join()
+    _flush_stdio()
 
 
 def warm_interpreter() -> None:
@@ -89,8 +146,8 @@ def warm_interpreter() -> None:
     with open(os.devnull, "w", encoding="utf-8") as null:
         sys.stdout = sys.stderr = null
         try:
-            exec_user("print(1)", fresh_namespace())
-            exec_user("def f():\n    return 1 / 0\nf()\n", fresh_namespace())
+            exec_user("print(1)", {"__name__": "__main__"})
+            exec_user("def f():\n    return 1 / 0\nf()\n", {"__name__": "__main__"})
         finally:
             sys.stdout, sys.stderr = saved
     linecache.cache.pop(_SOURCE_NAME, None)
@@ -209,7 +266,8 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
     `fds` are the stdout and stderr pipes and the read end of the go pipe (→ 1, 2, 3);
     `status_fd` is a memfd shared with the server (mapped here, then closed).
     The go pipe is closed before the code runs, so the code sees only 0, 1 and 2.
-    When the code is done the status goes to the page shared with the server, then
+    When the code is done (its non-daemon threads and `atexit` handlers too, as at
+    interpreter exit), the status goes to the page shared with the server, then
     every descriptor is closed: the server answers on that EOF instead of waiting
     for the whole interpreter to be torn down (it still reaps the process after).
     """
@@ -217,8 +275,9 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
         status = mmap.mmap(status_fd, mmap.PAGESIZE)
         _prepare(workdir, fds)  # closes status_fd with every other stray descriptor
         random.seed()  # a spare cloned by the zygote ran no at-fork hooks
+        namespace = main_namespace()
         # Take the page faults of a first exec and of decoding a request before the request.
-        exec_user("pass", fresh_namespace())
+        exec_user("pass", namespace)
         decode_go(_WARM_GO)
         message = _read_to_eof(SPARE_GO_FD)
         os.close(SPARE_GO_FD)
@@ -230,7 +289,8 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
         with contextlib.suppress(BaseException):
             traceback.print_exc()
         os._exit(120)
-    code_status = exec_user(code, fresh_namespace()) & 0xFF
+    code_status = exec_user(code, namespace) & 0xFF
+    _exit_like_python()
     status[1] = code_status
     status[0] = SPARE_DONE
     os.closerange(0, _MAX_FD)
@@ -242,16 +302,16 @@ def _cpu_exceeded(signum: int, frame: object) -> None:
     os._exit(CPU_EXIT)
 
 
-def fresh_namespace() -> dict[str, Any]:
-    return {"__name__": "__main__", "__builtins__": builtins}
-
-
 def session_loop() -> None:
-    namespace = fresh_namespace()
+    """Run each request's code in one `__main__`, as cells `<cell 1>`, `<cell 2>`..."""
+    namespace = main_namespace()
+    cell = 0
     while True:
         try:
             req = read_frame(SESSION_REQ_FD)
         except (ProtocolError, OSError):
             os._exit(0)
-        status = exec_user(req["code"], namespace)
+        cell += 1
+        status = exec_user(req["code"], namespace, f"<cell {cell}>")
+        _join_threads()
         write_frame(SESSION_STATUS_FD, {"exit_code": status})

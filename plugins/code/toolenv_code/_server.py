@@ -83,6 +83,10 @@ PRELOAD = (
 )
 
 
+#: Heads output that a session printed after its previous call had returned (a daemon thread's, say).
+LATE_OUTPUT = b"(printed after the previous call had returned:)\n"
+
+
 class Capture:
     """Keeps the head and the tail of a stream, counting what falls in between."""
 
@@ -105,11 +109,35 @@ class Capture:
                 del self.tail[:excess]
 
     def text(self) -> str:
+        """The output as text; when some was cut, both ends of the cut are on character boundaries."""
         omitted = self.total - len(self.head) - len(self.tail)
-        head = self.head.decode("utf-8", "replace")
         if omitted <= 0:
-            return head + self.tail.decode("utf-8", "replace")
-        return f"{head}\n...[{omitted} bytes truncated]...\n{self.tail.decode('utf-8', 'replace')}"
+            return (self.head + self.tail).decode("utf-8", "replace")
+        head, tail = _utf8_prefix(self.head), _utf8_suffix(self.tail)
+        omitted = self.total - len(head) - len(tail)
+        return (
+            f"{head.decode('utf-8', 'replace')}\n...[{omitted} bytes truncated]...\n{tail.decode('utf-8', 'replace')}"
+        )
+
+
+def _utf8_prefix(data: bytearray) -> bytearray:
+    """`data` without a multibyte UTF-8 character cut off at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last character's first byte
+            size = 2 if byte >= 0xC0 else 1
+            size = 3 if byte >= 0xE0 else size
+            size = 4 if byte >= 0xF0 else size
+            return data[:-back] if size > back else data
+    return data
+
+
+def _utf8_suffix(data: bytearray) -> bytearray:
+    """`data` without the continuation bytes of a character cut off at its start."""
+    skip = 0
+    while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+        skip += 1
+    return data[skip:]
 
 
 @dataclass
@@ -363,10 +391,16 @@ class Server:
             _rmtree(child.workdir)
 
     # -- watching
-    def _collect(self, child: Child, timeout: float, cap: int, session: bool) -> dict[str, Any]:
+    def _collect(
+        self, child: Child, timeout: float, cap: int, session: bool, late: tuple[bytes, bytes] = (b"", b"")
+    ) -> dict[str, Any]:
+        """Wait for the run to end, capturing its output; `late` is what a session printed between calls."""
         # `select.poll` with plain ints rather than `selectors`: far fewer Python objects
         # touched per run, so fewer copy-on-write faults on the critical path.
         out, err = Capture(cap), Capture(cap)
+        for capture, data in zip((out, err), late, strict=True):
+            if data:
+                capture.add(b"%s%s%s" % (LATE_OUTPUT, data.removesuffix(b"\n"), b"\n(this call's output:)\n"))
         outputs = {child.out_r: out, child.err_r: err}
         poller = select.poll()
         for fd in (child.out_r, child.err_r, child.pidfd, *([child.status_r] if session else [])):
@@ -414,7 +448,8 @@ class Server:
             self._drain_nonblocking(child, out, err)
             result.update(exit_code=reported, signal=None, alive=False)
             self.dying.append(child)
-        elif timed_out or (exited and not session):
+        elif timed_out or (exited and (not session or session_status is None)):
+            # Killed, or the process ended (for a session: before its call did, so the session is over).
             self._kill(child)
             self._drain_nonblocking(child, out, err)
             if session:
@@ -447,6 +482,17 @@ class Server:
             return True
         del outputs[fd]
         return False
+
+    @staticmethod
+    def _pending(fd: int, cap: int) -> bytes:
+        """What is waiting in `fd` now (up to about `cap` bytes), without blocking."""
+        data = b""
+        while len(data) < cap and select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
 
     @staticmethod
     def _drain_nonblocking(child: Child, out: Capture, err: Capture) -> None:
@@ -537,12 +583,14 @@ class Server:
             child = self._fork(session_limits, index)
             self.sessions[sid] = child
         child.last_used = time.monotonic()
+        cap = int(limits["max_output_bytes"])
+        late = (b"", b"") if created else (self._pending(child.out_r, cap), self._pending(child.err_r, cap))
         try:
             write_frame(child.req_w, {"code": req["code"]})
         except OSError:
             self._close_session(sid)
             return {"error": "the session process has died; its state is gone"}
-        result = self._collect(child, float(limits["timeout"]), int(limits["max_output_bytes"]), True)
+        result = self._collect(child, float(limits["timeout"]), cap, True, late)
         if not result["alive"]:
             self.sessions.pop(sid, None)
         result["new_session"] = created

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import secrets
 
+from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
@@ -25,7 +25,10 @@ __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", 
 #: Upper bound on one grading run, however many tests time out.
 MAX_TOTAL_SECONDS = 60.0
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+#: Only what finds fenced code: blocks, lists (fences inside list items) and fences.
+_MARKDOWN = MarkdownIt("zero").enable(["fence", "list"])
+#: Languages whose blocks are the answer's code (any case); untagged blocks count when none is tagged.
+_PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 
 _HARNESS = """\
 import json as _json, os as _os, signal as _signal
@@ -42,7 +45,10 @@ def _alarm(signum, frame):
     raise _TestTimeout("test exceeded its time limit")
 
 _signal.signal(_signal.SIGALRM, _alarm)
-_G = {{"__name__": "__main__"}}
+import sys as _sys, types as _types
+_M = _types.ModuleType("__main__")  # the solution runs as `__main__`, as a script would (pickle, doctest...)
+_sys.modules["__main__"] = _M
+_G = vars(_M)
 
 def _run(kind, index, src, limit):
     _signal.setitimer(_signal.ITIMER_REAL, limit)
@@ -94,10 +100,25 @@ class TestReport(BaseModel):
         return sum(self.passed) / len(self.passed) if self.passed else 0.0
 
 
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block, in order, read as CommonMark reads them
+    (indented fences, fences in list items, an unclosed block running to the end)."""
+    tokens = _MARKDOWN.parse(text)
+    return [(t.info.split()[0].lower() if t.info.strip() else "", t.content) for t in tokens if t.type == "fence"]
+
+
 def extract_code(answer: str) -> str:
-    """The code in an answer: the last fenced block if there is one, else the whole text."""
-    blocks = _FENCE.findall(answer)
-    return (blocks[-1] if blocks else answer).strip("\n")
+    """The code in an answer, as a reader would run it.
+
+    The ```python blocks (also ```py, ```python3; the tag in any case) joined in order,
+    so a solution block followed by a usage block is graded as both; blocks that are
+    interpreter transcripts (first line `>>>`) are left out. Without python blocks, the
+    untagged ``` blocks; without any of these, the whole text.
+    """
+    blocks = _fenced_blocks(answer)
+    code = [body for lang, body in blocks if lang in _PYTHON_TAGS] or [body for lang, body in blocks if not lang]
+    code = [body for body in code if not body.lstrip().startswith(">>>")]
+    return "\n\n".join(body.strip("\n") for body in code) if code else answer.strip("\n")
 
 
 def solution_source(answer: str, prefix: str = "") -> str:

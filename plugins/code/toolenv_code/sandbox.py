@@ -55,6 +55,9 @@ class ExecResult(BaseModel):
     duration: float = Field(default=0.0, description="Seconds from handing the code over to its end.")
     error: str | None = Field(default=None, description="A sandbox failure (not the code's own error).")
     new_session: bool = Field(default=False, description="A stateful call that started a fresh session.")
+    session_ended: bool = Field(
+        default=False, description="A stateful call after which the session is gone (killed, or its process ended)."
+    )
 
     @property
     def ok(self) -> bool:
@@ -234,7 +237,9 @@ class SandboxPool:
                     self._session_slot.pop(session, None)
         finally:
             self._release(slot)
-        return _result(resp)
+        result = _result(resp)
+        result.session_ended = result.error is None and not resp.get("alive", False)
+        return result
 
     async def arun(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
         """`run` from async code (in a worker thread, so any event loop may call it)."""

@@ -45,6 +45,8 @@ def format_result(result: ExecResult, limits: SandboxLimits) -> str:
         parts.append(f"Error: exit status {result.exit_code}.")
     if result.truncated:
         parts.append("(output was truncated)")
+    if result.session_ended:
+        parts.append("The session has ended, so its variables are gone; the next call starts a fresh one.")
     return "\n".join(p.rstrip("\n") for p in parts) if parts else "(no output)"
 
 
