@@ -103,6 +103,14 @@ def test_hermes_tool_calls_work() -> None:
     assert terminated and reward == 1.0
 
 
+def test_empty_query_hint_in_hermes_mode_shows_no_tags() -> None:
+    env = make_hotpotqa_env(parser="hermes", task_order="sequential")
+    env.reset()
+    obs, *_ = env.step('<tool_call>{"name": "search", "arguments": {"query": "  "}}</tool_call>')
+    assert obs.startswith("<tool_response>") and "The search query is empty" in obs
+    assert "<search>" not in obs and "</search>" not in obs
+
+
 def test_bad_searches_are_observations() -> None:
     env = make_hotpotqa_env(task_order="sequential")
     env.reset()

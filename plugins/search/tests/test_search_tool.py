@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import toolenv
@@ -41,6 +42,33 @@ async def call(tool: SearchTool, **arguments: object) -> toolenv.ToolResult:
 def test_format_is_search_r1s() -> None:
     text = format_passages([Passage(id="1", title="A", text="alpha"), Passage(id="2", title="B", text="beta")])
     assert text == "Doc 1(Title: A) alpha\nDoc 2(Title: B) beta"
+
+
+async def test_passages_with_line_breaks_stay_one_line_each(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    records = [
+        {"id": "a", "title": "Aurora\nborealis", "text": "Northern lights.\n\nSeen near the poles.\r\n  Green."},
+        {"id": "b", "title": "Tide", "text": "Tides follow the moon.\u2028Twice a day."},
+        {"id": "c", "title": "Plain", "text": "Aurora  and tide  with  double spaces."},
+    ]
+    corpus.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    tool = SearchTool(BM25Backend(corpus, cache_dir=tmp_path / "cache"), topk=3)
+    result = await call(tool, query="aurora tide moon poles")
+    assert not result.is_error, result.text
+    lines = result.text.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"Doc {i}(Title: ") for i, line in enumerate(lines, 1))
+    bodies = {line.split("(", 1)[1] for line in lines}
+    assert bodies == {
+        "Title: Aurora borealis) Northern lights. Seen near the poles. Green.",
+        "Title: Tide) Tides follow the moon. Twice a day.",
+        "Title: Plain) Aurora  and tide  with  double spaces.",  # other spacing is kept
+    }
+
+
+async def test_empty_query_hint_has_no_tag_syntax() -> None:
+    # The tool cannot know the env's action format; the hint names the argument instead of a tag.
+    result = await call(SearchTool(FixedBackend()), query=" ")
+    assert result.is_error and "<search>" not in result.text and "in the query" in result.text
 
 
 async def test_tags_parser_wraps_results_in_information(tmp_path: Path) -> None:

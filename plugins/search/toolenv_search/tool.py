@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -16,9 +17,20 @@ __all__ = ["MAX_TOPK", "SearchTool", "format_passages"]
 MAX_TOPK = 20
 
 
+# What `str.splitlines` breaks on, with the spaces around it.
+_LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]\s*")
+# Format-neutral: the call's syntax was fine (only its query was blank), and the env's
+# action format (tags, JSON tool calls, ...) is not the tool's to know.
+_EMPTY_QUERY = 'The search query is empty. Put what to look for in the query, e.g. "capital of France".'
+
+
+def _one_line(text: str) -> str:
+    return _LINE_BREAKS.sub(" ", text).strip() if _LINE_BREAKS.search(text) else text
+
+
 def format_passages(passages: Sequence[Passage]) -> str:
-    """Search-R1's layout: one `Doc i(Title: ...) text` line per passage."""
-    return "\n".join(f"Doc {i}(Title: {p.title}) {p.text}" for i, p in enumerate(passages, 1))
+    """Search-R1's layout: one `Doc i(Title: ...) text` line per passage (line breaks inside become spaces)."""
+    return "\n".join(f"Doc {i}(Title: {_one_line(p.title)}) {_one_line(p.text)}" for i, p in enumerate(passages, 1))
 
 
 class SearchArgs(BaseModel):
@@ -70,9 +82,7 @@ class SearchTool(Tool):
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         query = " ".join(str(args.query).split())
         if not query:
-            return ToolResult.error(
-                "The search query is empty. Write what to look for, e.g. <search> capital of France </search>."
-            )
+            return ToolResult.error(_EMPTY_QUERY)
         if len(query) > self.max_query_chars:
             return ToolResult.error(
                 f"The search query is too long ({len(query)} characters; at most {self.max_query_chars}). "

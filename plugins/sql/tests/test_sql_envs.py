@@ -118,6 +118,20 @@ def test_execution_match_scores() -> None:
     assert _episode_reward(env, "spiderman-train-chinook_1-000", "SELECT 347; SELECT 1") == 0.0
 
 
+def test_a_trailing_comment_neither_refuses_the_query_nor_zeroes_the_reward() -> None:
+    env = make_spider_env()
+    env.reset(options={"task_id": "spider-dev-0000"})  # SELECT count(*) FROM singer
+    obs, *_ = env.step("<sql>SELECT count(*) FROM singer; -- count them</sql>")
+    assert obs.startswith("<information>count(*)") and "(1 row)" in obs, obs
+    for answer in [
+        "SELECT count(*) FROM singer; -- final",
+        "SELECT count(*) FROM singer; /* final */",
+        "```sql\nSELECT count(*) FROM singer; -- final\n```",
+    ]:
+        assert _episode_reward(env, "spider-dev-0000", answer) == 1.0, answer
+    assert _episode_reward(env, "spider-dev-0000", "SELECT count(*) FROM singer; -- x\nSELECT 1") == 0.0
+
+
 def test_execution_match_order_sensitivity() -> None:
     env = make_spider_env()
     ordered = next(t for t in env.tasks if t.id == "spider-dev-0002")  # ... ORDER BY age DESC

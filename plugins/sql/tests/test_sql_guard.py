@@ -109,3 +109,70 @@ def test_checks_are_cached_but_rejections_still_raise() -> None:
     for _ in range(2):
         with pytest.raises(SQLError):
             prepare("DELETE FROM t", dialect=None, engine="sqlite")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1; -- a note",
+        "SELECT 1; /* a note */",
+        "SELECT 1;\n-- one\n-- two\n",
+        "SELECT 1; ; -- note",
+        "SELECT 1 -- no semicolon",
+        "/* lead */ SELECT 1; -- and trail",
+    ],
+)
+def test_a_comment_after_the_last_semicolon_is_not_a_statement(sql: str) -> None:
+    prepared = prepare(sql, dialect=None, engine="sqlite")
+    assert prepared.endswith("SELECT 1")  # the trailing comment and semicolons are gone
+    assert sqlite3.connect(":memory:").execute(prepared).fetchall() == [(1,)]
+    transpiled = prepare(sql, dialect="mysql", engine="sqlite")
+    assert sqlite3.connect(":memory:").execute(transpiled).fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1; /* note */ DROP TABLE singer",
+        "SELECT 1; -- note\nDELETE FROM singer",
+        "SELECT 1; SELECT 2 -- note",
+        "SELECT 1; -- note\nSELECT 2; -- note",
+    ],
+)
+def test_stacked_statements_around_comments_are_still_rejected(sql: str) -> None:
+    with pytest.raises(SQLError, match="found 2"):
+        prepare(sql, dialect=None, engine="sqlite")
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("SELECT Name FROM singer WHERE Age >", "incomplete expression near '>' (line 1, column 35)"),
+        ("SELECT Name FROM singer\nWHERE Name = 'Joe' AND", "incomplete expression near 'AND' (line 2, column 20)"),
+        ("SELECT * FROM singer JOIN", "expected table name after 'JOIN', but the query ends there (line 1, column 22)"),
+        ("SELECT 'abc", "unterminated string literal (no closing ') starting at line 1, column 8: 'abc"),
+        ('SELECT "Name FROM singer', 'unterminated quoted name (no closing ") starting at line 1, column 8'),
+        ("SELECT count(Name FROM singer", "expected ')' near 'FROM' (line 1, column 19)"),
+        ("SELECT Name Age Song FROM singer", "unexpected 'Song' (line 1, column 17)"),
+    ],
+)
+def test_syntax_errors_name_the_problem_in_plain_words(sql: str, message: str) -> None:
+    with pytest.raises(SQLError) as err:
+        prepare(sql, dialect=None, engine="sqlite")
+    text = str(err.value)
+    assert text.startswith("SQL syntax error (sqlite): ") and message in text, text
+    for internal in ("<class", "<Token", "TokenType", "sqlglot", "Required keyword", "Error tokenizing"):
+        assert internal not in text
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT name FROM pragma_table_info('singer')",
+        "SELECT count(*) FROM singer, PRAGMA_INDEX_LIST('singer') AS p",
+        "SELECT (SELECT count(*) FROM pragma_table_xinfo('singer')) AS n",
+    ],
+)
+def test_pragma_table_functions_are_refused_as_pragma(sql: str) -> None:
+    with pytest.raises(SQLError, match=r"PRAGMA functions are not allowed: pragma_\w+\(\)"):
+        prepare(sql, dialect=None, engine="sqlite")

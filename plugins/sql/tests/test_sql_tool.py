@@ -85,9 +85,18 @@ async def test_huge_output_is_capped_by_characters() -> None:
     res = await call(tool, {"query": query}, {"db_path": "spider_dev_sample/database/world_1/world_1.sqlite"})
     assert not res.is_error
     assert len(res.text) <= 1000
-    assert "239 rows in total" in res.text and "capped at 1000 characters" in res.text
+    # A row at 30 characters a cell does not fit beside the header: the cells are cut narrower.
+    assert "239 rows in total; showing the first 1; cells cut to" in res.text
+    assert "to fit 1000 characters. Select fewer columns" in res.text
     assert max(len(line) for line in res.text.splitlines()[:-1]) < 1000
-    assert "x" * 40 not in res.text  # cells are cut
+    assert "x" * 30 not in res.text  # cells are cut
+    narrow = await call(
+        tool,
+        {"query": "SELECT Code, Name FROM country"},
+        {"db_path": "spider_dev_sample/database/world_1/world_1.sqlite"},
+    )
+    assert len(narrow.text) <= 1000
+    assert "239 rows in total; showing the first" in narrow.text and "capped at 1000 characters" in narrow.text
 
 
 @pytest.mark.parametrize(
@@ -228,3 +237,64 @@ def test_duckdb_engine_layer_alone(duck_db: Path, monkeypatch: pytest.MonkeyPatc
         run_query(duck_db, "duckdb", "SELECT count(*) FROM range(1000000000000) a", timeout=0.3)
     assert run_query(duck_db, "duckdb", "SELECT count(*) FROM items").rows == [(500,)]
     assert _digest(duck_db.parent) == before
+
+
+# ---------------------------------------------------------------------------- reported edge cases
+
+
+async def test_a_trailing_comment_after_the_semicolon_runs_the_query() -> None:
+    for query in ["SELECT count(*) FROM singer; -- count them", "SELECT count(*) FROM singer; /* done */"]:
+        res = await call(SQLTool(), {"query": query}, {"db_path": SINGER})
+        assert not res.is_error, res.text
+        assert res.metadata["rows"] == [[6]] and res.metadata["sql"] == "SELECT count(*) FROM singer"
+    res = await call(
+        SQLTool(), {"query": "SELECT count(*) FROM singer; -- note\nDELETE FROM singer"}, {"db_path": SINGER}
+    )
+    assert res.is_error and "found 2" in res.text
+
+
+def _wide_db(folder: Path, columns: int, rows: int) -> str:
+    conn = sqlite3.connect(folder / "wide.sqlite")
+    conn.execute("CREATE TABLE w (" + ", ".join(f"column_{i} TEXT" for i in range(columns)) + ")")
+    values = [[f"r{r}c{i}-" + "v" * 40 for i in range(columns)] for r in range(rows)]
+    conn.executemany(f"INSERT INTO w VALUES ({', '.join('?' * columns)})", values)
+    conn.commit()
+    conn.close()
+    return "wide.sqlite"
+
+
+@pytest.mark.parametrize("max_chars", [4000, 1000])
+async def test_a_wide_result_stays_within_max_chars_and_shows_a_row(tmp_path: Path, max_chars: int) -> None:
+    db = _wide_db(tmp_path, columns=60, rows=5)
+    res = await call(SQLTool(root=tmp_path, max_chars=max_chars), {"query": "SELECT * FROM w"}, {"db_path": db})
+    assert not res.is_error, res.text
+    assert len(res.text) <= max_chars
+    lines = res.text.splitlines()
+    assert lines[0].startswith("column_0") and lines[2].startswith("r0c0-")  # a row is shown, cells cut
+    footer = lines[-1]
+    assert footer.startswith("(5 rows in total; showing the first ") and "Select fewer columns" in footer
+    assert "showing the first 0" not in footer and "LIMIT" not in footer
+    assert res.metadata["row_count"] == 5 and len(res.metadata["rows"][0]) == 60  # metadata keeps everything
+
+
+async def test_too_many_columns_leave_out_the_last_ones(tmp_path: Path) -> None:
+    db = _wide_db(tmp_path, columns=500, rows=1)
+    res = await call(SQLTool(root=tmp_path), {"query": "SELECT * FROM w"}, {"db_path": db})
+    assert len(res.text) <= 4000
+    lines = res.text.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("r0c0")
+    assert "of 500 columns shown" in lines[-1] and "Select fewer columns" in lines[-1]
+    assert lines[-1].startswith("(1 row; ")
+
+
+async def test_syntax_and_pragma_errors_are_plain(tmp_path: Path) -> None:
+    cases = {
+        "SELECT Name FROM singer WHERE Age >": "incomplete expression near '>' (line 1, column 35)",
+        "SELECT * FROM singer JOIN": "expected table name after 'JOIN', but the query ends there",
+        "SELECT 'abc": "unterminated string literal",
+        "SELECT name FROM pragma_table_info('singer')": "PRAGMA functions are not allowed: pragma_table_info()",
+    }
+    for query, needle in cases.items():
+        res = await call(SQLTool(), {"query": query}, {"db_path": SINGER})
+        assert res.is_error and needle in res.text, res.text
+        assert "<class" not in res.text and "<Token" not in res.text and "not authorized" not in res.text

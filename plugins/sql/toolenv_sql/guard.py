@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import ParseError, SqlglotError, TokenError
 
 from toolenv_sql.errors import SQLError
+from toolenv_sql.syntax import clip, parse_problem, token_problem
 
 __all__ = ["DENIED_FUNCTIONS", "is_ordered", "parse_read_query", "prepare"]
 
@@ -93,11 +94,25 @@ def parse_read_query(sql: str, dialect: str) -> exp.Expr:
     Raises:
         SQLError: empty input, a syntax error, several statements, or anything but a read query.
     """
+    return _parse_read_query(sql, dialect)[0]
+
+
+def _parse_read_query(sql: str, dialect: str) -> tuple[exp.Expr, str]:
+    """`parse_read_query`, plus the query's text without the semicolons and comments that follow it."""
+    reader = Dialect.get_or_raise(dialect)  # an unknown name is a configuration error: ValueError
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        tokens = reader.tokenize(sql)
+        parsed = reader.parser().parse(tokens, sql)
+    except TokenError as exc:
+        raise SQLError(f"SQL syntax error ({dialect}): {token_problem(exc, sql, reader)}") from None
+    except ParseError as exc:
+        raise SQLError(f"SQL syntax error ({dialect}): {parse_problem(exc)}") from None
     except SqlglotError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SQLError(f"SQL syntax error ({dialect}): {first}") from None
+        raise SQLError(f"SQL syntax error ({dialect}): {clip(first, 200)}") from None
+    # A comment after the last `;` comes back as a Semicolon node that only carries the
+    # comment: it is not a statement.
+    statements = [s for s in parsed if s is not None and not isinstance(s, exp.Semicolon)]
     if not statements:
         raise SQLError("The query is empty. Write one SELECT statement.")
     if len(statements) > 1:
@@ -114,7 +129,14 @@ def parse_read_query(sql: str, dialect: str) -> exp.Expr:
             fname = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
             if fname in DENIED_FUNCTIONS:
                 raise SQLError(f"The function {fname}() is not allowed: queries may only read this database.")
-    return tree
+            if fname.startswith("pragma_"):
+                raise SQLError(
+                    f"PRAGMA functions are not allowed: {fname}() is refused like a PRAGMA statement. "
+                    "Query the tables themselves (the schema is in sqlite_master)."
+                )
+    # Everything up to the last real token: trailing semicolons, whitespace and comments go.
+    last = max((t.end for t in tokens if t.token_type.name != "SEMICOLON"), default=len(sql) - 1)
+    return tree, sql[: last + 1].strip()
 
 
 def prepare(sql: str, *, dialect: str | None, engine: str) -> str:
@@ -126,16 +148,16 @@ def prepare(sql: str, *, dialect: str | None, engine: str) -> str:
 def _prepare(sql: str, dialect: str | None, engine: str) -> str:
     """The SQL to run on `engine`: checked, and transpiled when the model writes another dialect.
 
-    In the engine's own dialect the text runs as written (minus trailing semicolons),
-    so sqlglot's re-rendering can never change a query's meaning.
+    In the engine's own dialect the text runs as written (minus the semicolons and
+    comments after it), so sqlglot's re-rendering can never change a query's meaning.
 
     Raises:
         SQLError: see `parse_read_query`; also when transpiling fails.
     """
     source = dialect or engine
-    tree = parse_read_query(sql, source)
+    tree, text = _parse_read_query(sql, source)
     if source == engine:
-        return sql.strip().rstrip(";").strip()
+        return text
     try:
         return tree.sql(dialect=engine)
     except SqlglotError as exc:

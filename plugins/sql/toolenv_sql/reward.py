@@ -30,7 +30,10 @@ _GOLD_CACHE_SIZE = 20_000
 
 
 def clean_sql(text: str) -> str:
-    """The SQL in an answer: without a surrounding ``` fence and trailing semicolons."""
+    """The SQL in an answer: without a surrounding ``` fence and trailing semicolons.
+
+    A comment after the last semicolon may stay: the guard (`prepare`) drops it.
+    """
     text = text.strip()
     fenced = _FENCE.match(text)
     if fenced:

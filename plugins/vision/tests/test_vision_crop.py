@@ -114,3 +114,40 @@ def test_schema_is_flat_and_complete() -> None:
     flat = CropTool().flat_schema()["function"]["parameters"]
     assert flat["properties"]["bbox"]["items"]["type"] == "number"
     assert flat["properties"]["units"]["enum"] == ["auto", "pixels", "normalized"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"bbox": [-5, 0, 100, 100]}, "bbox.0: Input should be greater than or equal to 0"),
+        ({"bbox": [100, 100, 50, 200]}, "bbox [100, 100, 50, 200] must have x1 < x2 and y1 < y2"),
+        ({"bbox": [0, 0, 1.5, 0.5], "units": "normalized"}, "normalized bbox [0, 0, 1.5, 0.5] has values above 1"),
+        ({"bbox": [0, 0, 10]}, "at least 4 items"),
+        ({"bbox": ["a", 0, 10, 10]}, "valid number"),
+        ({"bbox": [float("inf"), 0, 10, 10]}, "finite number"),
+        ({"bbox": "0 0 10 10"}, "valid list"),
+        ({"bbox": [0, 0, 10, 10], "units": "cm"}, "units: Input should be"),
+    ],
+)
+def test_argument_errors_say_how_big_the_image_is(arguments: dict[str, object], message: str) -> None:
+    r = call(CropTool(), PHOTO, **arguments)
+    assert r.is_error and message in r.text and r.text.endswith("The image is 512x512 px."), r.text
+
+
+@pytest.mark.parametrize("value", [1e308, 1e30, 10**40])
+def test_huge_coordinates_are_clipped_in_the_message(value: float) -> None:
+    r = call(CropTool(), PHOTO, bbox=[0, 0, value, value])
+    assert r.is_error and "The image is 512x512 px" in r.text, r.text
+    assert len(r.text) < 250 and not any(len(w) > 20 for w in r.text.split()), r.text
+
+
+def test_the_model_sees_the_strict_argument_schema() -> None:
+    # The caller only checks argument names; the values are checked in run (which knows the image),
+    # but the schema a model is shown still says what a valid box is.
+    from toolenv_vision import CropArgs, CropCall
+
+    assert CropCall.model_json_schema() == CropArgs.model_json_schema()
+    params = CropTool().schema()["function"]["parameters"]
+    assert params["properties"]["bbox"]["items"] == {"minimum": 0, "type": "number"}
+    assert params["properties"]["bbox"]["minItems"] == params["properties"]["bbox"]["maxItems"] == 4
+    assert params["required"] == ["bbox"]

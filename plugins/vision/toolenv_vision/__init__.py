@@ -6,7 +6,7 @@ bundled scikit-image photos by default) and decoded once per process.
 
 from __future__ import annotations
 
-from toolenv_vision.crop import CropArgs, CropTool, PixelBox, zoom_size
+from toolenv_vision.crop import CropArgs, CropCall, CropTool, PixelBox, zoom_size
 from toolenv_vision.envs import VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
 from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
 from toolenv_vision.render import CodeOverlay, code_patch, task_image
@@ -18,6 +18,7 @@ __all__ = [
     "PHOTOS",
     "CodeOverlay",
     "CropArgs",
+    "CropCall",
     "CropTool",
     "ImageRefError",
     "PixelBox",

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, model_validator
 
 from toolenv import Task, Tool, ToolContext, ToolImage, ToolResult
 from toolenv_vision.images import ImageRefError
 from toolenv_vision.render import task_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DEFAULT_MIN_PIXELS", "CropArgs", "CropTool", "PixelBox", "zoom_size"]
+__all__ = ["DEFAULT_MAX_PIXELS", "DEFAULT_MIN_PIXELS", "CropArgs", "CropCall", "CropTool", "PixelBox", "zoom_size"]
 
 DEFAULT_MIN_PIXELS = 224 * 224
 DEFAULT_MAX_PIXELS = 1024 * 1024
@@ -66,6 +66,21 @@ class CropArgs(BaseModel):
         return self.units == "normalized" or (self.units == "auto" and max(self.bbox) <= 1)
 
 
+_ARG_SCHEMAS = CropArgs.model_json_schema()["properties"]
+
+
+class CropCall(BaseModel):
+    """Arguments of the crop tool."""
+
+    # What the caller validates before `run`: only the argument names, so that `run`, which
+    # knows the image, checks the values with `CropArgs` and can say how big the image is.
+    # The schema the model sees is `CropArgs`'s.
+    model_config = ConfigDict(extra="forbid", title="CropArgs")
+
+    bbox: Annotated[Any, WithJsonSchema(_ARG_SCHEMAS["bbox"])]
+    units: Annotated[Any, WithJsonSchema(_ARG_SCHEMAS["units"])] = "auto"
+
+
 class PixelBox(BaseModel):
     """A crop box in whole pixels, validated against the image (pass `context={"width", "height", "min_size"}`)."""
 
@@ -81,11 +96,11 @@ class PixelBox(BaseModel):
         ctx = info.context or {}
         width, height, min_size = ctx.get("width"), ctx.get("height"), ctx.get("min_size", 1)
         if width is not None and height is not None and (self.x2 > width or self.y2 > height):
-            raise ValueError(f"box {self.as_list()} reaches outside the {width}x{height} image")
+            raise ValueError(f"box {_fmt(self.as_list())} reaches outside the {width}x{height} image")
         if self.x2 - self.x1 < min_size or self.y2 - self.y1 < min_size:
             raise ValueError(
-                f"box {self.as_list()} is {self.x2 - self.x1}x{self.y2 - self.y1} px; each side must be at least "
-                f"{min_size} px"
+                f"box {_fmt(self.as_list())} is {_num(self.x2 - self.x1)}x{_num(self.y2 - self.y1)} px; each side "
+                f"must be at least {min_size} px"
             )
         return self
 
@@ -118,12 +133,33 @@ def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tupl
     return w, h
 
 
-def _fmt(values: list[float]) -> str:
-    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+def _num(value: float) -> str:
+    """A number for a message: whole numbers in full up to 12 digits, else 6 significant digits."""
+    if isinstance(value, int) and abs(value) < 10**12:
+        return str(value)
+    try:
+        return f"{float(value):.6g}"
+    except OverflowError:  # an int past float range
+        return "-huge" if value < 0 else "huge"
+
+
+def _fmt(values: list[float] | list[int]) -> str:
+    return "[" + ", ".join(_num(v) for v in values) + "]"
 
 
 def _error_text(exc: ValidationError) -> str:
     return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors(include_url=False))
+
+
+def _argument_errors(exc: ValidationError) -> str:
+    """`loc: message` per problem, as the caller writes them, each cut short."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        msg = msg if len(msg) <= 200 else msg[:199] + "…"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
 
 
 class CropTool(Tool):
@@ -134,7 +170,7 @@ class CropTool(Tool):
     """
 
     name = "crop"
-    Args = CropArgs
+    Args = CropCall
 
     def __init__(
         self,
@@ -153,32 +189,35 @@ class CropTool(Tool):
         self.image_root = Path(image_root) if image_root is not None else None
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
 
-    async def run(self, args: CropArgs, ctx: ToolContext) -> ToolResult:
+    async def run(self, args: CropCall | CropArgs, ctx: ToolContext) -> ToolResult:
         # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
         return await asyncio.to_thread(self.crop, args, ctx.task)
 
-    def crop(self, args: CropArgs, task: Task) -> ToolResult:
-        """The synchronous crop of `task`'s image; errors come back as error results."""
+    def crop(self, args: CropCall | CropArgs, task: Task) -> ToolResult:
+        """The synchronous crop of `task`'s image; errors (with the image's size) come back as error results."""
         try:
             image = task_image(task.context, self.image_root)
         except ImageRefError as exc:
             return ToolResult.error(f"Cannot open the task image: {exc}.")
+        size = f"The image is {image.width}x{image.height} px."
+        if not isinstance(args, CropArgs):
+            try:
+                args = CropArgs.model_validate({"bbox": args.bbox, "units": args.units})
+            except ValidationError as exc:
+                return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {size}")
         try:
             box = PixelBox.from_args(args, image.width, image.height, self.min_size)
         except ValidationError as exc:
             units = "normalized" if args.normalized else "pixels"
-            return ToolResult.error(
-                f"Invalid bbox {_fmt(args.bbox)} ({units}): {_error_text(exc)}. "
-                f"The image is {image.width}x{image.height} px."
-            )
+            return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({units}): {_error_text(exc)}. {size}")
         region = image.crop((box.x1, box.y1, box.x2, box.y2))
-        size = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels)
-        if size != region.size:
-            region = region.resize(size, Image.Resampling.LANCZOS)
-        zoom = size[0] / (box.x2 - box.x1)
+        zoomed = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels)
+        if zoomed != region.size:
+            region = region.resize(zoomed, Image.Resampling.LANCZOS)
+        zoom = zoomed[0] / (box.x2 - box.x1)
         text = (
             f"Cropped region {box.as_list()} ({box.x2 - box.x1}x{box.y2 - box.y1} px of the "
-            f"{image.width}x{image.height} image), shown at {size[0]}x{size[1]}, zoom ×{zoom:.3g}"
+            f"{image.width}x{image.height} image), shown at {zoomed[0]}x{zoomed[1]}, zoom ×{zoom:.3g}"
         )
-        meta = {"bbox": box.as_list(), "size": list(size), "zoom": zoom, "image_size": [image.width, image.height]}
+        meta = {"bbox": box.as_list(), "size": list(zoomed), "zoom": zoom, "image_size": [image.width, image.height]}
         return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)
