@@ -192,6 +192,13 @@ def test_codeblock_blocks_are_calls() -> None:
     assert "```bash" in action.text and action.errors == []
 
 
+def test_codeblock_tags_in_any_case_and_python3() -> None:
+    text = "```Python\nprint(1)\n```\n```python3\nprint(2)\n```\n```PY\nprint(3)\n```"
+    action = CodeBlockParser().parse(text)
+    assert [c.arguments["code"] for c in action.tool_calls] == ["print(1)\n", "print(2)\n", "print(3)\n"]
+    assert action.errors == [] and action.text == ""
+
+
 def test_codeblock_empty_unclosed_and_answer() -> None:
     action = CodeBlockParser().parse("```python\n\n```\n<answer>6</answer>")
     assert action.tool_calls == [] and action.answer == "6" and action.errors == []

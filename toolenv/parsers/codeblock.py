@@ -18,12 +18,16 @@ class CodeBlockParser(ActionParser):
 
     name = "codeblock"
 
-    def __init__(self, tool: str = "python", arg: str = "code", languages: Sequence[str] = ("python", "py")) -> None:
+    def __init__(
+        self, tool: str = "python", arg: str = "code", languages: Sequence[str] = ("python", "py", "python3", "py3")
+    ) -> None:
         self.tool = tool
         self.arg = arg
         self.languages = tuple(languages)
-        langs = "|".join(re.escape(lang) for lang in languages)
-        self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL)
+        # Longest first, so "python3" is not read as "python" followed by a stray "3"; the tag
+        # in any case, as Markdown readers take it (models write ```Python too).
+        langs = "|".join(re.escape(lang) for lang in sorted(languages, key=len, reverse=True))
+        self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL | re.IGNORECASE)
 
     def parse(self, text: str) -> ParsedAction:
         # The answer comes out first: a fenced block inside <answer> is the answer, not a call.
