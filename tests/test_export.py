@@ -117,3 +117,11 @@ def test_a_chat_template_renders_the_export_back_into_calls_the_env_reads(run_di
     (call,) = toolenv.get_parser("hermes").parse(assistant).tool_calls
     assert (call.name, call.arguments) == ("add", {"a": 2, "b": 3})
     assert "<tool_response>\n5\n</tool_response>" in text
+
+
+def test_a_failed_export_leaves_no_tmp_file(run_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()  # the final rename onto a directory fails
+    with pytest.raises(OSError):
+        export_chat(read_trajectories(run_dir / "trajectories.jsonl"), target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no taken.tmp left behind

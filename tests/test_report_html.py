@@ -122,3 +122,22 @@ def test_an_image_shared_by_episodes_is_embedded_once(run_dir: Path) -> None:
     parsed = json.loads(data.group(1))
     refs = [im["file"] for ep in parsed["episodes"] for t in ep["turns"] for r in t["results"] for im in r["images"]]
     assert len(refs) == 2 and set(refs) == set(parsed["images"])
+
+
+def test_placeholders_in_user_text_stay_text(run_dir: Path) -> None:
+    """A tool name the model made up, or a title, that reads like a template placeholder
+    (`__DATA__`, `__JS__`) is shown as written; the page keeps its data and its script."""
+    from toolenv.report.html import _asset
+    from toolenv.trajectory import read_trajectories
+
+    trajs = read_trajectories(run_dir / "trajectories.jsonl", strict=True)
+    odd = next(t for t in trajs if t.tool_calls)
+    odd.turns[0].parsed.tool_calls[0].name = "__DATA__"  # counted in the summary's tool mix
+    page = render_report(trajs, title="__JS__ report __TITLE__ __DATA__")
+    assert "<title>__JS__ report __TITLE__ __DATA__</title>" in page
+    assert "__DATA__" in page.split('id="report-data"')[0]  # in the tool-mix chart and table, as text
+    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
+    assert data is not None
+    parsed = json.loads(data.group(1))
+    assert len(parsed["episodes"]) == 4 and parsed["title"] == "__JS__ report __TITLE__ __DATA__"
+    assert page.count(_asset("report.js")) == 1  # the script went where __JS__ was in the template

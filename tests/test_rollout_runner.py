@@ -29,6 +29,8 @@ example = load_example("rollout_example")
 class Flaky(Agent):
     """Solves tasks like the scripted agent but fails on the task named in `fail`."""
 
+    name = "scripted"  # the scripted agent with a flaky server: resuming with ScriptedAgent is the same run
+
     def __init__(self, fail: str = "price", delay: float = 0.0) -> None:
         self.fail = fail
         self.delay = delay
@@ -235,6 +237,8 @@ def test_example_runs(tmp_path: Path) -> None:
 
 class Stalls(Agent):
     """The scripted agent, except that on `task_id` it stalls at turn `turn` (a hung server)."""
+
+    name = "scripted"
 
     def __init__(self, task_id: str, turn: int) -> None:
         self.task_id, self.turn = task_id, turn

@@ -103,3 +103,23 @@ def test_a_trainers_env_kwargs_set_limits_and_a_shared_cache() -> None:
     (a,), (b,) = first.tools, second.tools
     assert (a.limits.timeout, a.limits.breaker_threshold) == (10, 5)
     assert a.cache is not None and a.cache is b.cache and a.cache.maxsize == 321
+
+
+def test_tool_keyword_limits_are_checked_by_name_and_value() -> None:
+    """`Tool(**limits)` names a misspelt limit and the known ones; a bad value is one clear
+    error (no pydantic serializer warning on the way)."""
+    import warnings
+
+    assert Slow(timeout=5, retries=2).limits == ToolLimits(timeout=5, retries=2)
+    with pytest.raises(
+        TypeError, match=r"tool 'echo' \(Echo\) got unknown tool limit 'timeot'; known limits: timeout, "
+    ):
+        Echo(timeot=5)
+    with pytest.raises(TypeError, match=r"tool 'f' \(FunctionTool\) got unknown tool limits 'retry', 'rate'"):
+        toolenv.tool(name="f", retry=1, rate=2)(lambda: "x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a serializer warning would fail here
+        with pytest.raises(ValueError, match=r"tool 'echo' \(Echo\) limits: timeout: Input should be a valid number"):
+            Echo(timeout="abc")
+        with pytest.raises(ValueError, match=r"retries: Input should be greater than or equal to 0"):
+            Echo(limits=ToolLimits(timeout=1), retries=-1)

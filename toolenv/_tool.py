@@ -75,6 +75,22 @@ def with_limits(tools: Iterable[Tool], overrides: Mapping[str, Mapping[str, Any]
     return out
 
 
+def _override(owner: str, base: ToolLimits, update: Mapping[str, Any]) -> ToolLimits:
+    """`base` with the fields in `update` changed, validated (`model_copy(update=...)` is not)."""
+    known = list(ToolLimits.model_fields)
+    unknown = [k for k in update if k not in ToolLimits.model_fields]
+    if unknown:
+        raise TypeError(
+            f"{owner} got unknown tool limit{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"known limits: {', '.join(known)}"
+        )
+    try:
+        return ToolLimits.model_validate({**base.model_dump(), **update})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+        raise ValueError(f"{owner} limits: {problems}") from None
+
+
 @dataclass(slots=True)
 class ToolContext:
     """What a tool knows about the episode calling it.
@@ -111,9 +127,11 @@ class Tool:
         if cache is not None:
             self.cache = cache
         base = limits if limits is not None else type(self).limits
-        self.limits = base.model_copy(update=limit_overrides) if limit_overrides else base
         if limit_overrides:
-            ToolLimits.model_validate(self.limits.model_dump())  # re-validate overrides
+            owner = f"tool {self.name!r} ({type(self).__name__})" if self.name else type(self).__name__
+            self.limits = _override(owner, base, limit_overrides)
+        else:
+            self.limits = base
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -168,10 +186,10 @@ class FunctionTool(Tool):
         cache: ResultCache | None = None,
         **limit_overrides: Any,
     ) -> None:
+        self.name = name or fn.__name__  # type: ignore[misc]
         super().__init__(limits=limits, cache=cache, **limit_overrides)
         self._fn = fn
         self._is_async = inspect.iscoroutinefunction(fn)
-        self.name = name or fn.__name__  # type: ignore[misc]
         self.description = description or inspect.cleandoc(fn.__doc__ or "")  # type: ignore[misc]
         self.Args, self._ctx_param = _args_model(fn)  # type: ignore[misc]
         functools.update_wrapper(self, fn)

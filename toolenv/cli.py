@@ -19,7 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
-__all__ = ["main"]
+from pydantic import ValidationError
+
+__all__ = ["error_line", "main"]
 
 COMMANDS: dict[str, str] = {
     "list": "toolenv.commands.list_cmd",
@@ -69,6 +71,39 @@ def _help_of(target: str) -> str | None:
     return None
 
 
+#: The longest error line printed (a library error can be a page of text).
+MAX_ERROR_CHARS = 500
+
+
+def _validation_problems(exc: ValidationError) -> str:
+    """`loc: message` for each error of a pydantic ValidationError, joined."""
+    said = []
+    for e in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in e["loc"])
+        said.append(f"{where}: {e['msg']}" if where else e["msg"])
+    return "; ".join(said) or str(exc)
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one readable line that keeps its cause.
+
+    A pydantic ValidationError (raised, or quoted by the message of the error it led to)
+    becomes `field: message; ...`, not its header line; other multi-line messages are
+    joined into one line. The line is clipped to `MAX_ERROR_CHARS`.
+    """
+    text = str(exc).strip()
+    inner = exc if isinstance(exc, ValidationError) else exc.__cause__ or exc.__context__
+    if isinstance(inner, ValidationError):
+        quoted = str(inner).strip()
+        problems = _validation_problems(inner)
+        if inner is exc:
+            text = f"{exc.title}: {problems}"
+        elif quoted and quoted in text:
+            text = text.replace(quoted, problems)
+    text = " ".join(text.split()) or type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -78,10 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Typed tool-use environments for LLM agents.",
         epilog="`toolenv COMMAND --help` shows a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     # Only the chosen subcommand's module is imported; others are listed by name.
     chosen = next((a for a in argv if not a.startswith("-")), None)
     loaded: dict[str, ModuleType] = {}
+    subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, target in sorted(modules.items()):
         if name == chosen:
             try:
@@ -92,9 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             loaded[name] = mod
             p = sub.add_parser(name, help=getattr(mod, "HELP", None), description=getattr(mod, "HELP", None))
             mod.add_arguments(p)
+            subparsers[name] = p
         else:  # listed by name, with its help line when the whole list is asked for
             sub.add_parser(name, help=_help_of(target) if chosen is None else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's own parser: `toolenv rollout: error: ...`
+        subparsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
@@ -105,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"toolenv {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one readable line instead of a traceback
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"toolenv {args.command}: error: {msg}", file=sys.stderr)
+        print(f"toolenv {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,7 @@ errors, "no tool call"), the layout verl's agent loop and the OpenAI agent use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -95,17 +96,22 @@ def export_chat(
     target.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for t in trajectories:
-            if t.error is not None or not t.turns:
-                continue
-            if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
-                continue
-            line: dict[str, Any] = {"messages": chat_messages(t, calls=calls, arguments=arguments)}
-            if tools:
-                line["tools"] = tools
-            line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
-            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-            written += 1
-    tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for t in trajectories:
+                if t.error is not None or not t.turns:
+                    continue
+                if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
+                    continue
+                line: dict[str, Any] = {"messages": chat_messages(t, calls=calls, arguments=arguments)}
+                if tools:
+                    line["tools"] = tools
+                line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
+                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                written += 1
+        tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed write or rename leaves nothing behind either
+        raise
     return written

@@ -6,7 +6,9 @@ worker owning one env (`gym.make(env_id).unwrapped`, stepped with
 `OUT/trajectories.jsonl` and flushed, so a run stopped by Ctrl-C keeps what it
 wrote and a second run with the same `OUT` skips the finished (task id, sample)
 pairs. Agent and env failures end their episode with `Trajectory.error`, never the
-run. `OUT/summary.json` holds the summary of every trajectory in the file.
+run, and so does a value the trajectory cannot be written with (it is written as null and
+named in `error`). `OUT/summary.json` holds the summary of every trajectory in the file: it
+is removed when a run starts and written when it ends (Ctrl-C and SIGTERM included).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -22,14 +25,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from pydantic import ValidationError
+
 from toolenv import _aio
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
-from toolenv.image_store import IMAGES_DIR, ImageStore
+from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
-from toolenv.trajectory import CallStats, Trajectory, TurnRecord, iter_trajectory_lines
+from toolenv.trajectory import (
+    CallStats,
+    Trajectory,
+    TurnRecord,
+    dump_line,
+    invalid_line_message,
+    iter_trajectory_lines,
+)
 from toolenv.types import Task, load_tasks
 
 __all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
@@ -215,6 +227,18 @@ async def run_episode(
             break
         t2 = time.perf_counter()
         rec = ep.turns[-1]
+        turn_reward, components = float(reward), dict(rec.reward_components)
+        if not math.isfinite(turn_reward) or not all(math.isfinite(v) for v in components.values()):
+            # An env that does not use WeightedSum (which refuses these) may still return one:
+            # record it as an error with a finite reward, so the line reads back and averages hold.
+            bad = {k: v for k, v in components.items() if not math.isfinite(v)} or {"reward": turn_reward}
+            traj.error = (
+                f"env step {turn} gave a non-finite reward "
+                f"({', '.join(f'{k}={v!r}' for k, v in bad.items())}); recorded as 0"
+            )
+            turn_reward = 0.0
+            components = {k: (v if math.isfinite(v) else 0.0) for k, v in components.items()}
+            done = True
         traj.turns.append(
             TurnRecord(
                 index=turn,
@@ -223,8 +247,8 @@ async def run_episode(
                 results=rec.results,
                 calls=[CallStats.model_validate(r, from_attributes=True) for r in rec.records],
                 observation=obs,
-                reward=float(reward),
-                reward_components=dict(rec.reward_components),
+                reward=turn_reward,
+                reward_components=components,
                 agent_latency_s=t1 - t0,
                 env_latency_s=t2 - t1,
                 prompt_tokens=action.prompt_tokens,
@@ -235,7 +259,7 @@ async def run_episode(
             )
         )
         messages.extend(info.get("messages", []))
-        done = bool(term or trunc)
+        done = done or bool(term or trunc)
     traj.answer, traj.terminated, traj.truncated = ep.answer, ep.terminated, ep.truncated
     traj.reward = sum(t.reward for t in traj.turns)
     comps: dict[str, float] = {}
@@ -250,43 +274,97 @@ async def run_episode(
 
 # ---------------------------------------------------------------------- output files
 class _Output:
-    """`trajectories.jsonl` (append, flushed per line), `images/`, `summary.json`, `run.json`."""
+    """`trajectories.jsonl` (append, flushed per line), `images/`, `summary.json`, `run.json`.
+
+    Nothing on disk changes until `start` (after the caller's checks of `previous`).
+    """
 
     def __init__(self, out: Path, *, resume: bool, overwrite: bool, retry_errors: bool, images: str) -> None:
         self.dir = out
         self.path = out / TRAJECTORIES
         self.images = ImageStore(out / IMAGES_DIR) if images == "files" else None
         self.previous: list[Trajectory] = []
+        self._lines: list[str] = []  # the raw line of each of `previous`
+        self._rewrite = overwrite  # the file needs writing afresh at `start`
         self._fh: IO[str] | None = None
         out.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
             if not resume:
                 raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
             self._load(retry_errors)
-        else:
-            self.path.write_text("", encoding="utf-8")
+        elif not self.path.exists():
+            self._rewrite = True
 
     def _load(self, retry_errors: bool) -> None:
-        keep: list[str] = []
-        dropped = 0
-        for _, traj, line in iter_trajectory_lines(self.path):
-            if traj is None or (retry_errors and traj.error is not None):
-                dropped += 1
+        for lineno, traj, line in iter_trajectory_lines(self.path):
+            if traj is None:
+                if line.endswith("\n"):  # not what a killed write leaves: never drop it unasked
+                    raise ValueError(
+                        f"cannot resume: {invalid_line_message(self.path, lineno, line)}; "
+                        "fix or remove that line, or use --overwrite (overwrite=True) to start again"
+                    )
+                self._rewrite = True  # a partial last line from a killed run: dropped
+                continue
+            if retry_errors and traj.error is not None:
+                self._rewrite = True
                 continue
             self.previous.append(traj)
-            keep.append(line if line.endswith("\n") else line + "\n")
-        raw = self.path.read_bytes()
-        if dropped or not raw.endswith(b"\n"):
-            # A partial last line (a killed run) or dropped failures: rewrite atomically.
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(keep), encoding="utf-8")
-            tmp.replace(self.path)
+            self._lines.append(line if line.endswith("\n") else line + "\n")
+        if not self._rewrite:
+            with self.path.open("rb") as fh:  # a last line without its newline gets one
+                fh.seek(-1, 2)
+                self._rewrite = fh.read(1) != b"\n"
 
-    def write(self, traj: Trajectory) -> None:
+    def start(self, success_threshold: float) -> None:
+        """Start writing: mark `previous` successes at `success_threshold` (rewriting the lines
+        whose `success` changes), drop what `_load` left out, and remove a stale summary."""
+        for i, traj in enumerate(self.previous):
+            success = traj.error is None and traj.reward >= success_threshold
+            if success != traj.success:
+                traj.success = success
+                data = json.loads(self._lines[i])
+                data["success"] = success
+                self._lines[i] = json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+                self._rewrite = True
+        (self.dir / SUMMARY).unlink(missing_ok=True)  # a killed run must not leave an earlier run's summary
+        if self._rewrite:  # atomically: a crash now leaves the old file or the new one
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(self._lines), encoding="utf-8")
+            tmp.replace(self.path)
+        self._lines = []
+
+    def write(self, traj: Trajectory) -> Trajectory:
+        """Append `traj` and return it as written: a value JSON cannot hold is written as null
+        and named in `error` (the returned trajectory is read back from the line)."""
+        line, problems, altered = dump_line(traj, self.images)
+        if problems:
+            said = f"could not write {'; '.join(problems)}"
+            traj.error = f"{traj.error}; {said}" if traj.error else said
+            traj.success = False
+            line = dump_line(traj, self.images).text
+        if altered:  # keep in memory what the file holds
+            context = {IMAGE_STORE: self.images} if self.images else None
+            try:
+                traj = Trajectory.model_validate_json(line, context=context)
+            except ValidationError:  # what was left does not read back: keep who ran what, and why
+                traj = Trajectory(
+                    env_id=traj.env_id,
+                    agent=traj.agent,
+                    model=traj.model,
+                    task=traj.task,
+                    sample=traj.sample,
+                    seed=traj.seed,
+                    episode_id=traj.episode_id,
+                    error=f"{traj.error or 'the trajectory could not be written'}; its turns were left out",
+                    started_at=traj.started_at,
+                    duration_s=traj.duration_s,
+                )
+                line = dump_line(traj, self.images).text
         if self._fh is None:
             self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(traj.to_json_line(self.images) + "\n")
+        self._fh.write(line + "\n")
         self._fh.flush()
+        return traj
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         (self.dir / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
@@ -300,6 +378,24 @@ class _Output:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def _who(agent: str, model: str | None) -> str:
+    return f"agent {agent!r}" + (f" (model {model!r})" if model is not None else "")
+
+
+def _check_same_run(path: Path, previous: list[Trajectory], env_id: str, agent: Agent) -> None:
+    """Resuming is running the same command again: refuse a file of another env, agent or model."""
+    if env_id:
+        other_env = next((t.env_id for t in previous if t.env_id != env_id), None)
+        if other_env is not None:
+            raise ValueError(f"{path} holds trajectories of {other_env!r}, not {env_id!r}")
+    other = next((t for t in previous if (t.agent, t.model) != (agent.label, agent.model)), None)
+    if other is not None:
+        raise ValueError(
+            f"{path} holds trajectories of {_who(other.agent, other.model)}, not {_who(agent.label, agent.model)}; "
+            "use another output directory, or --overwrite (overwrite=True) to start again"
+        )
 
 
 def _redact(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,6 +435,10 @@ async def arollout(
         raise ValueError(f"samples must be at least 1, got {samples}")
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if seed is not None and seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    if math.isnan(success_threshold):
+        raise ValueError("success_threshold must be a number, got nan")
     the_agent = load_agent(agent, **dict(agent_kwargs or {}))
     first, env_id = _make_env(env, dict(env_kwargs or {}))
     chosen = _select_tasks(first, tasks, n)
@@ -349,9 +449,9 @@ async def arollout(
         else None
     )
     previous = output.previous if output else []
-    if previous and env_id and any(t.env_id != env_id for t in previous):
-        other = next(t.env_id for t in previous if t.env_id != env_id)
-        raise ValueError(f"{output.path if output else out} holds trajectories of {other!r}, not {env_id!r}")
+    if output is not None:
+        _check_same_run(output.path, previous, env_id, the_agent)
+        output.start(success_threshold)
     done_keys = {t.key for t in previous}
     todo = [w for w in work if (w[1].id, w[2]) not in done_keys]
     if output:
@@ -400,10 +500,10 @@ async def arollout(
                 success_threshold=success_threshold,
                 timeout=episode_timeout,
             )
-            new.append(traj)
-            totals.add(traj)
             if output:
-                output.write(traj)
+                traj = output.write(traj)
+            new.append(traj)
+            totals.add(traj)  # after the write: the summary counts what the file holds
             bar.update(traj)
             if on_trajectory is not None:
                 on_trajectory(traj)
@@ -461,10 +561,13 @@ def rollout(
         samples: attempts per task (trajectories carry `sample`).
         concurrency: episodes in flight at once.
         out: a directory for `trajectories.jsonl`, `summary.json` and `run.json`.
-        resume: skip (task id, sample) pairs already in `out`.
+        resume: skip (task id, sample) pairs already in `out`. The file must hold the same
+            env, agent and model (else ValueError) and valid lines (a partial last line, from a
+            killed run, is dropped; any other invalid line is a ValueError naming it). Earlier
+            episodes' `success` is recomputed at `success_threshold` (their lines rewritten).
         overwrite: start `out` afresh.
         retry_errors: on resume, drop and rerun episodes that ended with an error.
-        seed: episode `i` resets with `seed + i` (None: unseeded).
+        seed: episode `i` resets with `seed + i` (None: unseeded); at least 0.
         success_threshold: an episode succeeds when its reward reaches this and it has no error.
         progress: draw a live progress bar on stderr.
         tune_gc: run the episodes inside `toolenv.tuned_gc()` (the collector's settings are

@@ -9,22 +9,36 @@ components, timings and token counts when the agent knows them.
 from __future__ import annotations
 
 import json
+import math
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
-__all__ = ["CallStats", "Trajectory", "TurnRecord", "read_trajectories"]
+__all__ = [
+    "CallStats",
+    "JsonLine",
+    "Trajectory",
+    "TurnRecord",
+    "dump_line",
+    "invalid_line_message",
+    "load_trajectory_file",
+    "read_trajectories",
+]
 
 SCHEMA_VERSION = 1
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A non-finite float (a -inf logprob) is written as "NaN", "Infinity" or "-Infinity",
+    # which reads back; pydantic's default, null, would make the line unreadable.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
 
 
 class CallStats(_Model):
@@ -120,10 +134,91 @@ class Trajectory(_Model):
 
     def to_json_line(self, images: ImageStore | None = None) -> str:
         """One line of JSON (no newline inside). Images are base64 inside the line, or, given
-        an `ImageStore`, files in it that the line names."""
-        if images is None:
-            return self.model_dump_json()
-        return self.model_dump_json(context={IMAGE_STORE: images})
+        an `ImageStore`, files in it that the line names.
+
+        Text with lone UTF-16 surrogates (half an emoji, cut by a server) is written with
+        U+FFFD in their place, and numpy scalars and arrays (or anything else with `tolist()`
+        or `item()`) in metadata as plain numbers and lists.
+
+        Raises:
+            ValueError: a value cannot be written as JSON; the message names its field.
+        """
+        line, problems, _ = dump_line(self, images)
+        if problems:
+            raise ValueError(f"cannot write {'; '.join(problems)}")
+        return line
+
+
+def _fix_text(text: str) -> str:
+    """`text` with each lone surrogate replaced by U+FFFD (a pair kept as two halves is joined)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or array (or a tensor) as plain Python, else `value` itself."""
+    for method in ("tolist", "item"):
+        convert = getattr(value, method, None)
+        if callable(convert):
+            try:
+                return convert()
+            except Exception:  # noqa: BLE001, S112 - not a numpy-like value after all
+                continue
+    return value
+
+
+class JsonLine(NamedTuple):
+    """What `dump_line` made of a trajectory."""
+
+    text: str
+    #: Values written as null, each named: `turns.2.agent_metadata.x: Foo is not JSON (written as null)`.
+    problems: list[str]
+    #: The line differs from the trajectory in memory (surrogates replaced, values converted).
+    altered: bool
+
+
+def dump_line(traj: Trajectory, images: ImageStore | None = None) -> JsonLine:
+    """`traj` as one JSON line, whatever it holds, and what could not be written.
+
+    The common case is one call of pydantic's serializer. When it fails, lone surrogates
+    become U+FFFD, numpy-like values plain numbers and lists, and each value that still is
+    not JSON is written as null and named (`turns.2.agent_metadata.score: Foo is not JSON`).
+    """
+    context = None if images is None else {IMAGE_STORE: images}
+    try:
+        return JsonLine(traj.model_dump_json(context=context), [], False)
+    except PydanticSerializationError:
+        pass
+    token = f"\x00toolenv-unwritable-{uuid.uuid4().hex}:"
+
+    def fallback(value: Any) -> Any:
+        plain = _plain(value)
+        return plain if plain is not value else token + type(value).__qualname__
+
+    data = traj.model_dump(mode="json", context=context, fallback=fallback)
+    problems: list[str] = []
+
+    def clean(value: Any, where: tuple[str, ...]) -> Any:
+        if isinstance(value, str):
+            if value.startswith(token):
+                problems.append(f"{'.'.join(where)}: {value[len(token) :]} is not JSON (written as null)")
+                return None
+            return _fix_text(value)
+        if isinstance(value, float) and not math.isfinite(value):  # a float field (Any ones are null by now)
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        if isinstance(value, dict):
+            return {_fix_text(str(k)): clean(v, (*where, str(k))) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v, (*where, str(i))) for i, v in enumerate(value)]
+        return value
+
+    data = clean(data, ())
+    return JsonLine(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False), problems, True)
 
 
 def iter_trajectory_lines(path: str | Path) -> Iterator[tuple[int, Trajectory | None, str]]:
@@ -151,9 +246,12 @@ def _why_invalid(line: str, path: Path) -> str:
     try:
         Trajectory.model_validate_json(line, context={IMAGE_STORE: ImageStore(path.parent / IMAGES_DIR)})
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"not a valid trajectory ({where + ': ' if where else ''}{first['msg']})"
+        errors = exc.errors(include_url=False)
+        said = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) + ': ' if e['loc'] else ''}{e['msg']}" for e in errors[:3]
+        )
+        more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+        return f"not a valid trajectory ({said}{more})"
     return "not a valid trajectory"  # pragma: no cover - it failed a moment ago
 
 
@@ -163,7 +261,7 @@ def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Traject
     Args:
         path: the file (`runs/NAME/trajectories.jsonl`).
         strict: raise on an invalid line instead of skipping it (a run killed mid-write
-            may leave one partial last line).
+            may leave one partial last line; `load_trajectory_file` allows that one only).
 
     Raises:
         ValueError: `strict` and a line is not a valid trajectory (the message names the line).
@@ -176,3 +274,34 @@ def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Traject
             continue
         out.append(traj)
     return out
+
+
+def invalid_line_message(path: str | Path, lineno: int, line: str) -> str:
+    """`PATH:LINE: why the line is not a valid trajectory`, one line."""
+    return f"{path}:{lineno}: {_why_invalid(line, Path(path))}"
+
+
+def load_trajectory_file(path: str | Path) -> tuple[list[Trajectory], int | None]:
+    """Every trajectory in a run's file, and the number of a partial last line left out.
+
+    A partial last line (one with no newline at its end that is not a valid trajectory) is
+    what a run killed mid-write leaves: it is left out and its number returned. Every other
+    line must be a valid trajectory.
+
+    Raises:
+        ValueError: a line other than a partial last one is not a valid trajectory, or the
+            file holds no trajectory at all; the message names the file (and line) and why.
+    """
+    out: list[Trajectory] = []
+    partial: int | None = None
+    for lineno, traj, line in iter_trajectory_lines(path):
+        if traj is None:
+            if line.endswith("\n"):
+                raise ValueError(invalid_line_message(path, lineno, line))
+            partial = lineno
+            continue
+        out.append(traj)
+    if not out:
+        extra = f" (only a partial line {partial}, from a run killed mid-write)" if partial else ""
+        raise ValueError(f"{path} holds no trajectories{extra}")
+    return out, partial

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "Write rollout trajectories as chat-format JSONL for supervised fine-tuning (e.g. the successful ones)."
@@ -31,11 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _warn(message: str) -> None:
+    print(f"toolenv export: warning: {message}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from toolenv.export import export_chat
     from toolenv.report.html import load_run
 
-    trajectories = [t for r in args.run for t in load_run(r)[0]]
+    trajectories = [t for r in args.run for t in load_run(r, warn=_warn)[0]]
     written = export_chat(
         trajectories,
         args.out,

@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=1, help="attempts per task (default 1)")
     parser.add_argument("--concurrency", "-c", type=int, default=8, help="episodes in flight (default 8)")
     parser.add_argument("--out", type=Path, required=True, help="output directory, e.g. runs/NAME")
-    parser.add_argument("--seed", type=int, default=0, help="episode i resets with seed+i (default 0)")
+    parser.add_argument(
+        "--seed", type=_non_negative_int, default=0, help="episode i resets with seed+i (0 or more; default 0)"
+    )
     parser.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as success (default 1.0)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="start the output afresh instead of resuming")
@@ -80,37 +82,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _cancel_on_sigint(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run `coro` so that Ctrl-C cancels it, then raise KeyboardInterrupt.
+class _Stopped(Exception):
+    """The run was stopped by a signal (SIGINT or SIGTERM)."""
 
-    This is what `asyncio.run` does from Python 3.11 on. Python 3.10's raises
-    KeyboardInterrupt wherever the signal lands, inside the event loop's own code too,
-    and its shutdown can then hang. A second Ctrl-C interrupts as usual.
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def _cancel_on_signal(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run `coro` so that Ctrl-C (SIGINT) or SIGTERM cancels it, then raise `_Stopped`.
+
+    Cancelling lets the runner write `summary.json` (with `"interrupted": true`) and close
+    its envs, as `asyncio.run` does for SIGINT from Python 3.11 on; SIGTERM (`kill`,
+    `timeout`, `docker stop`, a preempted Slurm or Kubernetes job) would otherwise end the
+    process at once. Python 3.10's `asyncio.run` raises KeyboardInterrupt wherever the
+    signal lands, inside the event loop's own code too, and its shutdown can then hang.
+    A second signal acts as usual (Ctrl-C interrupts, SIGTERM kills).
     """
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
-    interrupted = False
+    stopped_by: int | None = None
+    installed: list[signal.Signals] = []
 
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
-        loop.remove_signal_handler(signal.SIGINT)
+    def on_signal(signum: int) -> None:
+        nonlocal stopped_by
+        if stopped_by is None:
+            stopped_by = signum
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        installed.clear()
         if task is not None:
             task.cancel()
 
     try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        for sig in _STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
     except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        installed.clear()
         return await coro
     try:
         return await coro
     except asyncio.CancelledError:
-        if interrupted:
-            raise KeyboardInterrupt from None
+        if stopped_by is not None:
+            raise _Stopped(stopped_by) from None
         raise
     finally:
-        if not interrupted:
-            loop.remove_signal_handler(signal.SIGINT)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (gymnasium seeds are non-negative), got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         agent_kwargs["base_url"] = args.base_url
     try:
         result = _aio.run(
-            _cancel_on_sigint(
+            _cancel_on_signal(
                 arollout(
                     args.env_id,
                     args.agent,
@@ -147,14 +182,16 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped) as exc:
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
         path = args.out / "trajectories.jsonl"
         kept = len(read_trajectories(path)) if path.exists() else 0
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(
-            f"toolenv rollout: interrupted; {kept} trajectories kept in {path} (run the same command to resume)",
+            f"toolenv rollout: {how}; {kept} trajectories kept in {path} (run the same command to resume)",
             file=sys.stderr,
         )
-        return 130
+        return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
     errors = sum(t.error is not None for t in result.trajectories)

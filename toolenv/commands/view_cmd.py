@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,14 @@ def serve(page: Path, port: int) -> None:
         server.server_close()
 
 
+def _warn(message: str) -> None:
+    print(f"toolenv view: warning: {message}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from toolenv.report.html import build_report
 
-    page = build_report(args.run, args.out, title=args.title)
+    page = build_report(args.run, args.out, title=args.title, warn=_warn)
     print(f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB)", flush=True)
     if args.serve:
         serve(page, args.port)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Sequence
+import math
+import re
+import warnings
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from html import escape
 from importlib import resources
@@ -21,28 +24,41 @@ from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, summarize
 from toolenv.report.svg import bar_chart, histogram
-from toolenv.trajectory import Trajectory, read_trajectories
+from toolenv.trajectory import Trajectory, load_trajectory_file
 
 __all__ = ["build_report", "load_run", "render_report"]
 
 REPORT = "report.html"
+_PLACEHOLDER = re.compile(r"__(?:TITLE|GENERATED|CSS|SUMMARY_ROWS|CHARTS|JS|DATA)__")
 
 
 def _asset(name: str) -> str:
     return resources.files("toolenv.report").joinpath(name).read_text(encoding="utf-8")
 
 
-def load_run(run: str | Path) -> tuple[list[Trajectory], Path]:
+def load_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> tuple[list[Trajectory], Path]:
     """The trajectories of a run directory (or of a `.jsonl` file) and the directory.
+
+    A partial last line (a run killed mid-write) is left out with a warning, given to
+    `warn` (default: `warnings.warn`); every other line must be a valid trajectory.
 
     Raises:
         FileNotFoundError: no trajectories file there.
+        ValueError: a line is not a valid trajectory (the message names the file, the line
+            and why), or the file holds no trajectories.
     """
     path = Path(run)
     file = path if path.is_file() else path / "trajectories.jsonl"
     if not file.is_file():
         raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
-    return read_trajectories(file), file.parent
+    trajs, partial = load_trajectory_file(file)
+    if partial is not None:
+        message = f"{file}:{partial}: left out a partial last line (a run killed mid-write; resuming reruns it)"
+        if warn is None:
+            warnings.warn(message, stacklevel=2)
+        else:
+            warn(message)
+    return trajs, file.parent
 
 
 def _charts(trajs: Sequence[Trajectory], summary: Summary) -> list[str]:
@@ -68,9 +84,25 @@ def _charts(trajs: Sequence[Trajectory], summary: Summary) -> list[str]:
     ]
 
 
+def _finite(data: Any) -> Any:
+    """`data` with each NaN or infinity as the string the trajectory file uses for it
+    (`JSON.parse` rejects the bare `NaN` that `json.dumps` writes)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return data
+
+
 def _json_for_script(data: Any) -> str:
+    try:
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere (rare): walk the data once more
+        text = json.dumps(_finite(data), ensure_ascii=False, allow_nan=False)
     # Inside <script> only "</" and "<!--" are dangerous; escaping every <, > and & covers both.
-    return json.dumps(data, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 class _ImageTable:
@@ -98,26 +130,35 @@ def render_report(
     table = _ImageTable()
     episodes = [t.model_dump(mode="json", context={IMAGE_STORE: table}) for t in trajs]
     data = {"title": title, "episodes": episodes, "images": table.images}
-    page = _asset("template.html")
-    page = page.replace("__TITLE__", escape(title))
-    for key, value in {
+    values = {
+        "__TITLE__": escape(title),
         "__GENERATED__": escape(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
         "__CSS__": _asset("report.css"),
         "__SUMMARY_ROWS__": rows,
         "__CHARTS__": "".join(f'<figure class="chart-box">{svg}</figure>' for svg in _charts(trajs, summary)),
         "__JS__": _asset("report.js"),
         "__DATA__": _json_for_script(data),
-    }.items():
-        page = page.replace(key, value, 1)
-    return page
+    }
+    # One pass over the template: text filled in (a title, a tool name) is never scanned again,
+    # so a placeholder inside it stays text.
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], _asset("template.html"))
 
 
 def build_report(
-    run: str | Path | Sequence[str | Path], out: str | Path | None = None, *, title: str | None = None
+    run: str | Path | Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    title: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the report of one or more runs; returns the HTML file's path (default `RUN/report.html`).
 
-    Several runs (e.g. one per env) make one page whose env filter tells them apart.
+    Several runs (e.g. one per env) make one page whose env filter tells them apart. Each
+    file is read as `load_run` reads it (`warn` as there).
+
+    Raises:
+        FileNotFoundError: a run has no trajectories file.
+        ValueError: a line is not a valid trajectory, or a file holds none.
     """
     runs = [run] if isinstance(run, (str, Path)) else list(run)
     if not runs:
@@ -125,7 +166,7 @@ def build_report(
     trajs: list[Trajectory] = []
     folders: list[Path] = []
     for r in runs:
-        t, folder = load_run(r)
+        t, folder = load_run(r, warn=warn)
         trajs += t
         folders.append(folder)
     target = Path(out) if out is not None else folders[0] / REPORT

@@ -35,7 +35,10 @@ def _fmt(x: float) -> str:
 
 
 def histogram(values: Sequence[float], *, title: str, xlabel: str = "", bins: int = 10, integer: bool = False) -> str:
-    """A histogram of `values` as an SVG string (integer=True: one bar per integer)."""
+    """A histogram of `values` as an SVG string (integer=True: one bar per integer).
+
+    NaN and infinite values are left out (they fall in no bin)."""
+    values = [v for v in values if math.isfinite(v)]
     if not values:
         return _frame(title, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no data</text>'], xlabel)
     lo, hi = min(values), max(values)

@@ -8,6 +8,7 @@ component of every step in `info["reward_components"]`.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -69,11 +70,20 @@ class WeightedSum(Reward):
 
     @staticmethod
     def total(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
-        """The weighted sum of `components`."""
+        """The weighted sum of `components`.
+
+        Raises:
+            ValueError: a component is NaN or infinite (the message names it): such a value
+                would poison every average it enters, and JSON has no number for it.
+        """
         total = 0.0
         for k, v in components.items():
             if v:  # most per-step components are 0: skip the lookup (hot path)
+                if not math.isfinite(v):
+                    raise ValueError(f"reward component {k!r} is {v!r}; a reward must be a finite number")
                 total += weights.get(k, 0.0) * v
+        if not math.isfinite(total):  # finite parts, but a weight is not (or the sum overflows)
+            raise ValueError(f"the weighted reward is {total!r} (weights {dict(weights)}); it must be a finite number")
         return float(total)
 
     @property

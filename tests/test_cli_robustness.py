@@ -1,0 +1,233 @@
+"""The command line on bad input and signals, as a user meets it: a real `toolenv` process,
+real run directories. Bad input is one line and a non-zero exit; a run stopped by a signal
+keeps what it wrote and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _examples import load_example
+
+from toolenv.cli import MAX_ERROR_CHARS, error_line
+from toolenv.runner import rollout
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLENV = str(Path(sys.executable).parent / "toolenv")
+example = load_example("rollout_example")
+
+
+def _env(*extra: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, extra), str(ROOT / "examples"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _toolenv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([TOOLENV, *args], capture_output=True, text=True, timeout=120, env=env or _env())
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str], start: str) -> str:
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(start), out.stderr
+    return out.stderr.strip()
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run")
+    return tmp_path / "run"
+
+
+# ---------------------------------------------------------------------- invalid lines
+def test_view_and_export_stop_at_an_invalid_line(run_dir: Path, tmp_path: Path) -> None:
+    path = run_dir / "trajectories.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    annotated = json.loads(lines[1])
+    annotated["judge_note"] = "checked by hand"
+    lines[1] = json.dumps(annotated) + "\n"
+    path.write_text("".join(lines))
+    why = f"{path}:2: not a valid trajectory (judge_note: Extra inputs are not permitted)"
+    assert _one_line_error(_toolenv("view", str(run_dir)), "toolenv view: error: ").endswith(why)
+    assert not (run_dir / "report.html").exists()
+    sft = tmp_path / "sft.jsonl"
+    assert _one_line_error(_toolenv("export", str(run_dir), "--out", str(sft)), "toolenv export: error: ").endswith(why)
+    assert not sft.exists()
+
+
+def test_view_and_export_leave_out_a_partial_last_line_with_a_warning(run_dir: Path, tmp_path: Path) -> None:
+    path = run_dir / "trajectories.jsonl"
+    path.write_text(path.read_text() + '{"schema_version": 1, "env_id": "rollout_ex')  # a killed write
+    warning = f"{path}:5: left out a partial last line (a run killed mid-write; resuming reruns it)"
+    out = _toolenv("view", str(run_dir))
+    assert out.returncode == 0 and out.stderr.strip() == f"toolenv view: warning: {warning}"
+    out = _toolenv("export", str(run_dir), "--out", str(tmp_path / "sft.jsonl"))
+    assert out.returncode == 0 and out.stderr.strip() == f"toolenv export: warning: {warning}"
+    assert "wrote 4 of 4 trajectories" in out.stdout
+
+
+def test_a_missing_image_file_is_named(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files")
+    (stored,) = (tmp_path / "images").iterdir()
+    stored.unlink()
+    for command in ("view", "export"):
+        args = [command, str(tmp_path)] + (["--out", str(tmp_path / "sft.jsonl")] if command == "export" else [])
+        line = _one_line_error(_toolenv(*args), f"toolenv {command}: error: ")
+        assert "not a valid trajectory" in line and f"{stored.name} is missing" in line
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("garbage\n", "trajectories.jsonl:1: not valid JSON (Expecting value)"),
+        ('{"a": 1}\n[1, 2]\n', "trajectories.jsonl:1: not a valid trajectory (env_id: Field required"),
+        ("[1, 2]\n", "trajectories.jsonl:1: not a valid trajectory (Input should be an object)"),
+        ("", "trajectories.jsonl holds no trajectories"),
+        ('{"schema_version": 1', "trajectories.jsonl holds no trajectories (only a partial line 1"),
+    ],
+)
+def test_a_file_without_trajectories_is_an_error(tmp_path: Path, content: str, why: str) -> None:
+    (tmp_path / "trajectories.jsonl").write_text(content)
+    assert why in _one_line_error(_toolenv("view", str(tmp_path)), "toolenv view: error: ")
+    out = _toolenv("export", str(tmp_path), "--out", str(tmp_path / "x.jsonl"))
+    assert why in _one_line_error(out, "toolenv export: error: ")
+
+
+# ---------------------------------------------------------------------- signals
+SLOW = (
+    "import asyncio\nfrom rollout_example import ScriptedAgent\n"
+    "class Slow(ScriptedAgent):\n"
+    "    quick = ('sum-2',)\n"
+    "    async def act(self, o, m, i):\n"
+    "        await asyncio.sleep(0.0 if i.task.id in self.quick else 60)\n"
+    "        return await super().act(o, m, i)\n"
+    "class Slower(Slow):\n"
+    "    quick = ('price',)\n"
+)
+
+
+def _lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def _start_and_wait(cmd: list[str], env: dict[str, str], path: Path, lines: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(path) < lines:
+        time.sleep(0.1)
+    assert _lines(path) == lines
+    return proc
+
+
+def test_sigterm_is_handled_like_ctrl_c_and_no_stale_summary_is_left(tmp_path: Path) -> None:
+    (tmp_path / "slow_agent.py").write_text(SLOW)
+    env = _env(tmp_path)
+    out = tmp_path / "run"
+    path, summary = out / "trajectories.jsonl", out / "summary.json"
+    base = [TOOLENV, "rollout", f"rollout_example:{example.ENV_ID}", "-c", "4", "--out", str(out), "--no-progress"]
+    first = subprocess.run([*base, "--agent", "rollout_example:ScriptedAgent", "-n", "1"], env=env, timeout=120)
+    assert first.returncode == 0 and json.loads(summary.read_text())["episodes"] == 1
+
+    # SIGTERM (kill, timeout, docker stop, a preempted job): the run ends as on Ctrl-C.
+    proc = _start_and_wait([*base, "--agent", "slow_agent:Slow"], env, path, 2)  # sum-1 resumed, sum-2 new
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip() == (
+        f"toolenv rollout: stopped by SIGTERM; 2 trajectories kept in {path} (run the same command to resume)"
+    )
+    written = json.loads(summary.read_text())
+    assert written["interrupted"] is True and written["episodes"] == 2 == _lines(path)
+
+    # SIGKILL cannot be handled: then there is no summary at all, never the last run's.
+    proc = _start_and_wait([*base, "--agent", "slow_agent:Slower"], env, path, 3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _lines(path) == 3 and not summary.exists()
+
+
+# ---------------------------------------------------------------------- arguments and error lines
+def test_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
+    out = _toolenv(
+        "rollout", f"rollout_example:{example.ENV_ID}", "--agent", "rollout_example:ScriptedAgent",
+        "--out", str(tmp_path / "run"), "--seed", "-2",
+    )  # fmt: skip
+    line = _one_line_error(out, "toolenv rollout: error: argument --seed: must be 0 or more")
+    assert line.endswith("got -2 (see toolenv rollout --help)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_option_is_reported_by_the_subcommand(tmp_path: Path) -> None:
+    out = _toolenv("rollout", "toolenv/ToolEnv-v0", "--agent", "oracle", "--out", str(tmp_path), "--bogus")
+    line = _one_line_error(out, "toolenv rollout: error: ")
+    assert line == "toolenv rollout: error: unrecognized arguments: --bogus (see toolenv rollout --help)"
+
+
+def test_a_validation_error_names_its_field(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"foo": 1}\n')
+    out = _toolenv(
+        "rollout", f"rollout_example:{example.ENV_ID}", "--agent", "rollout_example:ScriptedAgent",
+        "--out", str(tmp_path / "run"), "--tasks", str(tasks),
+    )  # fmt: skip
+    assert _one_line_error(out, "toolenv rollout: error: ") == (
+        "toolenv rollout: error: task 0 is not valid: foo: Extra inputs are not permitted"
+    )
+
+
+def test_check_tool_kwargs_are_validated_in_one_line() -> None:
+    pytest.importorskip("toolenv_sql", reason="the SQL plugin (toolenv-sql) is not installed")
+    line = _one_line_error(_toolenv("check", "sql", "--kwargs", '{"timeout": "abc"}'), "toolenv check: error: ")
+    assert line == (
+        "toolenv check: error: tool 'sql' (SQLTool) limits: timeout: Input should be a valid number, "
+        "unable to parse string as a number"
+    )
+    line = _one_line_error(_toolenv("check", "sql", "--kwargs", '{"timeot": 5}'), "toolenv check: error: ")
+    assert "unknown tool limit 'timeot'; known limits: timeout, max_concurrency" in line
+
+
+def test_error_line_keeps_the_cause() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class Task(BaseModel):
+        id: str
+        n: int = 0
+
+    try:
+        Task.model_validate({"n": "x"})
+    except ValidationError as exc:
+        assert error_line(exc) == (
+            "Task: id: Field required; n: Input should be a valid integer, unable to parse string as an integer"
+        )
+        wrapped = ValueError(f"task 3 is not valid: {exc}")
+        wrapped.__context__ = exc
+        assert error_line(wrapped).startswith("task 3 is not valid: id: Field required; n: Input should be")
+    hf = OSError("Couldn't instantiate the backend tokenizer from one of: \n(1) a file,\n(2) a slow tokenizer.")
+    assert error_line(hf) == "Couldn't instantiate the backend tokenizer from one of: (1) a file, (2) a slow tokenizer."
+    long = error_line(RuntimeError("x" * 5000))
+    assert len(long) == MAX_ERROR_CHARS and long.endswith("…")
+    assert error_line(KeyError()) == "KeyError"
+
+
+def test_list_shows_plugin_rewards_without_importing_plugins() -> None:
+    pytest.importorskip("toolenv_sql", reason="the SQL plugin (toolenv-sql) is not installed")
+    code = (
+        "import json, sys, io, contextlib\nfrom toolenv.cli import main\n"
+        "buf = io.StringIO()\nwith contextlib.redirect_stdout(buf): main(['list', '--json'])\n"
+        "print(json.dumps({'rewards': json.loads(buf.getvalue())['rewards'], "
+        "'imported': sorted(m for m in sys.modules if m.startswith('toolenv_'))}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    data = json.loads(out.stdout)
+    rewards = {r["name"]: r for r in data["rewards"]}
+    assert rewards["execution_match"]["dist"].startswith("toolenv-sql ")
+    assert rewards["execution_match"]["target"] == "toolenv_sql.reward"
+    assert rewards["exact_match"]["dist"] == "toolenv (core)"
+    assert data["imported"] == []
