@@ -144,6 +144,46 @@ def test_a_think_tag_inside_a_calls_arguments_is_not_reasoning() -> None:
     assert summary(PARSER.parse(text)) == [("write", {"s": "<think>x</think>"}, "call_0"), ("b", {}, "call_1")]
 
 
+@pytest.mark.parametrize("parser", [PARSER, V31], ids=["v3", "v31"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # R1's prompt opens the reasoning: the draft sits before the first `</think>`.
+        "Maybe <answer>Lyon</answer>? Let me verify first.\n</think>\n\n{call}",
+        "<think>Maybe <answer>Lyon</answer>?</think>\n{call}",
+        "{call}<think>then maybe <answer>Lyon</answer>",  # unclosed: reasoning to the end
+        "Maybe <answer>Lyon</answer>?</think>Let me check.",  # no call marker at all
+    ],
+)
+def test_an_answer_drafted_in_reasoning_is_not_the_answer(parser: DeepSeekParser, text: str) -> None:
+    call = parser.format_call("search", {"q": "capital of France"})
+    assert call is not None
+    action = parser.parse(text.format(call=call))
+    assert action.answer is None and action.errors == []
+    assert "<answer>Lyon</answer>" in action.text  # the reasoning stays in the text
+    if "{call}" in text:
+        assert summary(action) == [("search", {"q": "capital of France"}, "call_0")]
+
+
+def test_an_answer_after_the_reasoning_is_the_answer() -> None:
+    action = PARSER.parse("draft <answer>Lyon</answer></think>\nChecked: <answer>Paris</answer>")
+    assert action.answer == "Paris" and action.text == "draft <answer>Lyon</answer></think>\nChecked:"
+    action = PARSER.parse("<think>draft <answer>Lyon</answer></think><answer>Paris</answer><think>no</think>")
+    assert action.answer == "Paris"
+
+
+def test_an_answer_in_reasoning_ends_no_deepseek_episode() -> None:
+    env = toolenv.ToolEnv(tools=[Weather()], tasks=[{"question": "Weather?", "answer": "20"}], parser="deepseek_v3")
+    env.reset(seed=0)
+    call = PARSER.format_call("get_weather", {"city": "Paris"}) or ""
+    obs, reward, term, _, info = env.step("Maybe <answer>20</answer>?\n</think>\n\n" + call)
+    assert (
+        not term
+        and info.get("answer") is None
+        and obs == f"{OUTPUTS}{OUTPUT}20 degrees in Paris{OUTPUT_END}{OUTPUTS_END}"
+    )
+
+
 # ---------------------------------------------------------------- answers
 def test_the_answer_tag() -> None:
     assert PARSER.parse(f"It is <answer>Paris</answer>{EOS}").answer == "Paris"

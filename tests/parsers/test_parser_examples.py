@@ -186,8 +186,8 @@ def test_codeblock_blocks_are_calls() -> None:
     text = "Compute:\n```python\nx = 2\nprint(x * 3)\n```\nand\n```py\nprint(1)\n```\n```bash\nls\n```"
     action = CodeBlockParser().parse(text)
     assert [(c.name, c.arguments) for c in action.tool_calls] == [
-        ("python", {"code": "x = 2\nprint(x * 3)\n"}),
-        ("python", {"code": "print(1)\n"}),
+        ("python", {"code": "x = 2\nprint(x * 3)"}),
+        ("python", {"code": "print(1)"}),
     ]
     assert "```bash" in action.text and action.errors == []
 
@@ -195,7 +195,7 @@ def test_codeblock_blocks_are_calls() -> None:
 def test_codeblock_tags_in_any_case_and_python3() -> None:
     text = "```Python\nprint(1)\n```\n```python3\nprint(2)\n```\n```PY\nprint(3)\n```"
     action = CodeBlockParser().parse(text)
-    assert [c.arguments["code"] for c in action.tool_calls] == ["print(1)\n", "print(2)\n", "print(3)\n"]
+    assert [c.arguments["code"] for c in action.tool_calls] == ["print(1)", "print(2)", "print(3)"]
     assert action.errors == [] and action.text == ""
 
 
@@ -206,10 +206,37 @@ def test_codeblock_empty_unclosed_and_answer() -> None:
     assert unclosed.tool_calls == [] and unclosed.errors == ["A ```python block is not closed with ```."]
 
 
+def test_codeblock_an_answer_inside_the_code_is_code() -> None:
+    parser = CodeBlockParser()
+    code = 'x = 6 * 7\nprint(f"<answer>{x}</answer>")'
+    action = parser.parse("Compute it:\n" + (parser.format_call("python", {"code": code}) or ""))
+    assert action.answer is None and action.errors == [] and action.text == "Compute it:"
+    assert [c.arguments for c in action.tool_calls] == [{"code": code}]
+    # Text outside the blocks still gives the answer; a block inside the answer is the answer.
+    text = "```python\nprint('<answer>no</answer>')\n```\n<answer>```python\n42\n```</answer> after"
+    action = parser.parse(text)
+    assert [c.arguments for c in action.tool_calls] == [{"code": "print('<answer>no</answer>')"}]
+    assert action.answer == "```python\n42\n```" and action.text == "after"
+    # The last closed answer outside blocks wins; an unclosed one ends the search, not the blocks.
+    action = parser.parse(
+        "<answer>a</answer>```python\n<answer>b</answer>\n```<answer>c</answer><answer>d```py\n1\n```"
+    )
+    assert action.answer == "c" and [c.arguments["code"] for c in action.tool_calls] == ["<answer>b</answer>", "1"]
+    assert action.text == "<answer>d"
+
+
+def test_codeblock_code_round_trips_without_an_added_line_break() -> None:
+    parser = CodeBlockParser()
+    for code in ("print(1)", "print(1)\n", "\nx = 1\n\n", "a\r"):
+        action = parser.parse(parser.format_call("python", {"code": code}) or "")
+        assert [c.arguments["code"] for c in action.tool_calls] == [code]
+    assert parser.parse("```python\nprint(1)```").tool_calls[0].arguments == {"code": "print(1)"}
+
+
 def test_codeblock_is_configurable() -> None:
     parser = CodeBlockParser(tool="sandbox", arg="source", languages=("js",))
     action = parser.parse("```js\nconsole.log(1)\n```\n```python\nprint(1)\n```")
-    assert [(c.name, c.arguments) for c in action.tool_calls] == [("sandbox", {"source": "console.log(1)\n"})]
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [("sandbox", {"source": "console.log(1)"})]
     assert parser.format_results([ToolResult(text="1")]) == "```output\n1\n```"
 
 

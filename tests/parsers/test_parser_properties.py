@@ -296,9 +296,11 @@ def test_tags_round_trip(calls: list[tuple[str, str]], answer: str) -> None:
 
 @ROUND_TRIP
 @given(
-    # No "<answer>" either: the parser takes the answer out before it looks for code blocks.
+    # `<answer>` included: inside a block it is code, and the code round-trips verbatim.
     st.lists(
-        st.text(min_size=1, max_size=60).filter(lambda s: s.strip() and "```" not in s and "<answer>" not in s),
+        st.lists(st.one_of(st.text(max_size=20), st.sampled_from(["<answer>", "</answer>", "\n"])), max_size=6)
+        .map("".join)
+        .filter(lambda s: s.strip() and "```" not in s),
         min_size=1,
         max_size=3,
     )
@@ -307,8 +309,11 @@ def test_codeblock_round_trip(blocks: list[str]) -> None:
     text = "Let me compute.\n" + "\n".join(f"```python\n{b}\n```" for b in blocks)
     action = CodeBlockParser().parse(text)
     assert action.errors == []
-    assert [c.arguments["code"] for c in action.tool_calls] == [f"{b}\n" for b in blocks]
+    assert [c.arguments["code"] for c in action.tool_calls] == blocks
+    assert action.answer is None and action.text == "Let me compute."
     assert all(c.name == "python" for c in action.tool_calls)
+    written = "\n".join(CodeBlockParser().format_call("python", {"code": b}) or "" for b in blocks)
+    assert CodeBlockParser().parse(written).tool_calls == action.tool_calls
 
 
 @SETTINGS

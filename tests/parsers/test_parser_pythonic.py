@@ -126,6 +126,26 @@ def test_a_list_that_is_not_last_gives_way_to_the_one_that_is() -> None:
     assert action.text == "I tried [get_time(zone='x')] before; now:"
 
 
+@pytest.mark.parametrize(
+    "first",
+    ['[get_weather(city="Paris")]', '[get_weather(city="Paris"]', "<|python_start|>[get_weather(city='Paris')]"],
+)
+def test_a_list_that_starts_the_reply_is_never_dropped_silently(first: str) -> None:
+    # The first list is followed by prose (or never closes): it does not run, and the turn says so
+    # even when a later list ends the reply and runs.
+    action = P.parse(f'{first}\nThen I also need the time:\n[get_time(tz="CET")]')
+    assert calls(action) == [("get_time", {"tz": "CET"}, "call_0")]
+    assert len(action.errors) == 1 and action.errors[0].startswith(
+        "The call list at the start of the reply did not run."
+    )
+    alone = P.parse(f"{first}\nThen I also need the time.")
+    assert alone.tool_calls == [] and len(alone.errors) == 1
+    assert action.errors[0].endswith(alone.errors[0])
+    # An answer ends the turn: no error for a list it leaves behind.
+    answered = P.parse(f"{first}\nSo:\n[get_time()] <answer>noon</answer>")
+    assert answered.answer == "noon" and answered.errors == []
+
+
 def test_the_answer_tag() -> None:
     assert P.parse("It is sunny. <answer>sunny</answer>").answer == "sunny"
     assert P.parse("<answer>[1, 2]</answer>").answer == "[1, 2]"

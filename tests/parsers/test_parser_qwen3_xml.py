@@ -101,6 +101,38 @@ def test_several_calls_and_an_answer() -> None:
     assert action.answer == "42"
 
 
+def functions(*calls: tuple[str, dict[str, str]]) -> str:
+    """Several `<function=…>` blocks in ONE `<tool_call>`, as vLLM's qwen3_coder parser reads them."""
+    parts = []
+    for name, params in calls:
+        inner = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+        parts.append(f"<function={name}>\n{inner}</function>\n")
+    return "<tool_call>\n" + "".join(parts) + "</tool_call>"
+
+
+def test_every_function_in_one_tool_call_block_is_a_call() -> None:
+    text = functions(("run_sql", {"query": "a"}), ("run_sql", {"query": "b", "limit": "2"})) + block("now")
+    action = BOUND.parse(text)
+    assert action.errors == [] and action.text == ""
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [
+        ("run_sql", {"query": "a"}, "call_0"),
+        ("run_sql", {"query": "b", "limit": 2}, "call_1"),
+        ("now", {}, "call_2"),
+    ]
+
+
+def test_a_bad_function_next_to_a_good_one_in_one_block_is_an_error_not_dropped() -> None:
+    text = functions(("f", {"a": "1"}), ("", {}), ("g", {"b": "2"}))
+    action = Qwen3XMLParser().parse(text)
+    assert [(c.name, c.id) for c in action.tool_calls] == [("f", "call_0"), ("g", "call_2")]
+    assert action.errors == ["Tool call 2: <function=> names no function."]
+    unclosed = Qwen3XMLParser().parse(
+        "<tool_call>\n<function=f>\n</function>\n<function=g>\n<parameter=a>\n1\n</tool_call>"
+    )
+    assert [c.name for c in unclosed.tool_calls] == ["f"]
+    assert unclosed.errors == ["Tool call 2: <function=g> is not closed with </function>."]
+
+
 def test_instructions_list_parameters_with_their_types() -> None:
     text = BOUND.instructions([Query()])
     assert "<name>run_sql</name>" in text and "<description>Run a query.</description>" in text

@@ -81,6 +81,42 @@ def test_the_wrapper_keeps_the_format() -> None:
     assert bound.parse(f"<think>x</think>{call}").tool_calls[0].arguments == {"a": 1, "b": 2}
 
 
+THINK_ARGS = [
+    {"code": 'out = reply.split("</think>")[-1]'},
+    {"code": "print('<think>')"},
+    {"code": "<think>a</think> and </think><think>", "n": [1, "</think>"]},
+]
+
+
+@pytest.mark.parametrize("args", THINK_ARGS)
+@pytest.mark.parametrize("name", parser_names())
+def test_a_think_tag_in_a_calls_arguments_reads_back_or_is_declined(name: str, args: dict[str, object]) -> None:
+    wrapped = get_parser(name, reasoning=True)
+    text = wrapped.format_call("python", args, "call_0")
+    if get_parser(name).format_call("python", args, "call_0") is None:
+        assert text is None
+    if text is None:  # the format has no escapes (raw text): it cannot carry the tag
+        assert name not in {"hermes", "llama3_json", "mistral", "pythonic", "harmony", "deepseek_v3", "kimi_k2"}
+        return
+    for reply in (text, f"<think>I will split.</think>{text}", f"I will split.</think>\n{text}"):
+        action = wrapped.parse(reply)
+        assert [(c.name, c.arguments) for c in action.tool_calls] == [("python", args)], reply
+        assert action.errors == []
+
+
+def test_the_wrapper_escapes_think_tags_only_where_needed() -> None:
+    wrapped = get_parser("hermes", reasoning=True)
+    plain = get_parser("hermes").format_call("python", {"code": "x"})
+    assert wrapped.format_call("python", {"code": "x"}) == plain  # no tag: the inner text as it is
+    text = wrapped.format_call("python", {"code": "a</think>b"})
+    assert text is not None and "</think>" not in text and "\\u003c/think>" in text
+    custom = get_parser("hermes", reasoning=["\U0001f914", "</\U0001f914>"])
+    written = custom.format_call("python", {"code": "\U0001f914 hmm </\U0001f914>"})
+    assert written is not None and "\U0001f914" not in written
+    assert custom.parse(written).tool_calls[0].arguments == {"code": "\U0001f914 hmm </\U0001f914>"}
+    assert get_parser("qwen3_xml", reasoning=True).format_call("python", {"code": "</think>"}) is None
+
+
 def test_an_env_with_reasoning_runs_only_the_real_call() -> None:
     env = toolenv.ToolEnv(
         tools=[add],

@@ -91,6 +91,21 @@ def tool_call_action(calls: list[ToolCall], errors: list[str], rest: str, answer
     return new_parsed(calls, answer, rest.strip(), errors)
 
 
+def reasoning_runs(pieces: Sequence[tuple[str, bool]]) -> list[tuple[str, bool]]:
+    """A turn's pieces of text, as `(text, is_reasoning)`, with each stretch of plain pieces
+    joined into one run between the reasoning runs (a plain run may be empty)."""
+    runs: list[tuple[str, bool]] = []
+    plain: list[str] = []
+    for piece, reasoning in pieces:
+        if reasoning:
+            runs += [("".join(plain), False), (piece, True)]
+            plain = []
+        else:
+            plain.append(piece)
+    runs.append(("".join(plain), False))
+    return runs
+
+
 def tools_json(tools: Sequence[Tool]) -> str:
     """One JSON schema per line, the layout Qwen/Hermes chat templates use inside `<tools>`."""
     return "\n".join(json.dumps(t.schema(), ensure_ascii=False) for t in tools)

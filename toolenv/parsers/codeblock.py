@@ -1,4 +1,11 @@
-"""Fenced code blocks: each ```python block is a call of the code tool."""
+"""Fenced code blocks: each ```python block is a call of the code tool.
+
+The code is what lies between the opening fence's line and the closing fence, less the one line
+break before the closing fence (`format_call` writes it), so a block round-trips exactly. The
+text is read once, in order: an `<answer>` inside a block's code is code (a program may print
+its result in answer tags), while a fenced block inside `<answer>…</answer>` is the answer, not a
+call. As with `ActionParser.find_answer`, the last closed `<answer>` outside blocks is the answer.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,9 @@ from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult
 
 __all__ = ["CodeBlockParser"]
+
+_OPEN, _CLOSE = "<answer>", "</answer>"
+_FENCE = "```"
 
 
 class CodeBlockParser(ActionParser):
@@ -27,22 +37,52 @@ class CodeBlockParser(ActionParser):
         # Longest first, so "python3" is not read as "python" followed by a stray "3"; the tag
         # in any case, as Markdown readers take it (models write ```Python too).
         langs = "|".join(re.escape(lang) for lang in sorted(languages, key=len, reverse=True))
-        self._pattern = re.compile(rf"```(?:{langs})[ \t]*\n(.*?)(```|$)", re.DOTALL | re.IGNORECASE)
+        self._fence = re.compile(rf"```(?:{langs})[ \t]*\n", re.IGNORECASE)
 
     def parse(self, text: str) -> ParsedAction:
-        # The answer comes out first: a fenced block inside <answer> is the answer, not a call.
-        answer, text = self.find_answer(text)
+        # One pass in order: a block's code is passed through verbatim (an `<answer>` inside it
+        # is code), and a fenced block inside `<answer>…</answer>` is the answer, not a call.
         calls: list[ToolCall] = []
         errors: list[str] = []
-        for m in self._pattern.finditer(text):
-            if not m.group(2):
-                errors.append("A ```python block is not closed with ```.")
+        rest: list[str] = []
+        answer: str | None = None
+        pos = 0
+        # Remembered positions (-2: not searched yet, -1: none left) keep the scan linear.
+        fence: re.Match[str] | None = None
+        fence_done = False
+        close = opened = -2
+        while pos < len(text):
+            if not fence_done and (fence is None or fence.start() < pos):
+                fence = self._fence.search(text, pos)
+                fence_done = fence is None
+            if opened != -1 and opened < pos:
+                opened = text.find(_OPEN, pos)
+            if opened >= 0 and (fence is None or opened < fence.start()):
+                end = text.find(_CLOSE, opened + len(_OPEN))
+                if end < 0:  # unclosed: no answer from here on, but blocks after it are still read
+                    opened = -1
+                    continue
+                rest.append(text[pos:opened])
+                answer = text[opened + len(_OPEN) : end].strip()
+                pos = end + len(_CLOSE)
                 continue
-            code = m.group(1)
+            if fence is None:
+                break
+            rest.append(text[pos : fence.start()])
+            body = fence.end()
+            if close != -1 and close < body:
+                close = text.find(_FENCE, body)
+            if close < 0:
+                errors.append("A ```python block is not closed with ```.")
+                pos = len(text)
+                break
+            code = text[body:close]
+            code = code[:-1] if code.endswith("\n") else code  # the line break before the fence is the format's
             if code.strip():
                 calls.append(ToolCall(name=self.tool, arguments={self.arg: code}, id=f"call_{len(calls)}"))
-        rest = self._pattern.sub("", text)
-        return ParsedAction(tool_calls=calls, answer=answer, text=rest.strip(), errors=errors)
+            pos = close + len(_FENCE)
+        rest.append(text[pos:])
+        return ParsedAction(tool_calls=calls, answer=answer, text="".join(rest).strip(), errors=errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         return (

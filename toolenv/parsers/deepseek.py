@@ -42,7 +42,8 @@ Design choices:
 - **Reasoning is never a call.** As vLLM's reasoning parsers do, a reply with `</think>`
   before any `<think>` starts in reasoning (the generation prompt opened it), and every
   `<think>…</think>` block (to the end of the text when unclosed) is reasoning; markers inside
-  reasoning are not read. The reasoning stays in the turn's `text`, as with Hermes. (So a raw
+  reasoning are not read, and neither is an `<answer>` drafted there: only one outside reasoning
+  is the answer. The reasoning stays in the turn's `text`, as with Hermes. (So a raw
   `</think>` inside the arguments of a reply's first call hides the call; `format_call` escapes it.)
 - **Errors**, per call, worded with the layout the parser writes: nothing after
   `<｜tool▁call▁begin｜>`, no `<｜tool▁sep｜>`, no name, no arguments, JSON that does not decode
@@ -82,7 +83,7 @@ from typing import Any, Literal
 from toolenv._tool import Tool
 from toolenv.parsers._json import call_arguments, call_json
 from toolenv.parsers._scan import MarkerFinder, positional_id
-from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.parsers.base import ActionParser, reasoning_runs, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
 __all__ = ["DeepSeekParser"]
@@ -237,23 +238,27 @@ class DeepSeekParser(ActionParser):
         self._how = _HOW_V31 if version == "v3.1" else _HOW_V3
 
     def parse(self, text: str) -> ParsedAction:
-        if _BAR not in text:  # no DeepSeek marker at all: plain text or a bare answer
-            return self._action([], [], text, [])
+        if _BAR not in text and "think>" not in text:  # no marker, no reasoning: plain text or a bare answer
+            return self._action([], [], [(text, False)], [])
         text = _restore_cut_marker(text)
         find = MarkerFinder(text)
         turn = _Turn(self._how)
-        pieces: list[str] = []
-        kept = pos = 0  # text[kept:] is not in pieces yet; the scan goes on from pos
+        #: The turn's text in order, as (text, is_reasoning); reasoning is never read.
+        pieces: list[tuple[str, bool]] = []
+        pos = 0  # the scan goes on from pos; text[:pos] is in pieces or was a call
         opened = stray = False  # `<｜tool▁calls▁begin｜>` / `<｜tool▁sep｜>` outside calls and reasoning
 
         def plain(start: int, end: int) -> None:
             nonlocal opened, stray
-            opened = opened or text.find(_CALLS, start, end) >= 0
-            stray = stray or text.find(_SEP, start, end) >= 0
+            if start < end:
+                opened = opened or text.find(_CALLS, start, end) >= 0
+                stray = stray or text.find(_SEP, start, end) >= 0
+                pieces.append((text[start:end], False))
 
         first_end = find(_THINK_END, 0)
         if first_end >= 0 and not 0 <= find(_THINK, 0) < first_end:
             pos = first_end + len(_THINK_END)  # the reply starts in reasoning the prompt opened
+            pieces.append((text[:pos], True))
         while True:
             call, think = find(_CALL, pos), find(_THINK, pos)
             if call < 0 and think < 0:
@@ -262,12 +267,13 @@ class DeepSeekParser(ActionParser):
             if think >= 0 and (call < 0 or think < call):  # reasoning: kept as text, never read
                 plain(pos, think)
                 end = find(_THINK_END, think + len(_THINK))
-                if end < 0:
-                    break  # unclosed: reasoning to the end of the text
+                if end < 0:  # unclosed: reasoning to the end of the text
+                    pieces.append((text[think:], True))
+                    break
                 pos = end + len(_THINK_END)
+                pieces.append((text[think:pos], True))
                 continue
             plain(pos, call)
-            pieces.append(text[kept:call])
             body = call + len(_CALL)
             close, nxt, outer = find(_CALL_END, body), find(_CALL, body), find(_CALLS_END, body)
             stop = min([at for at in (nxt, outer) if at >= 0], default=len(text))
@@ -278,28 +284,38 @@ class DeepSeekParser(ActionParser):
                 turn.unclosed()
                 pos = nxt
             else:  # not closed before the calls end: generation stopped, read what is there
-                pieces.append(turn.read(text[body:stop], closed=False))
+                after = turn.read(text[body:stop], closed=False)
+                if after:
+                    pieces.append((after, False))
                 pos = stop
-            kept = pos
-        pieces.append(text[kept:])
-        rest = "".join(pieces)
-        if _BAR in rest:
-            for marker in (_CALLS, _CALLS_END, _EOS):
-                rest = rest.replace(marker, "")
         orphans = []
         if stray:
             orphans.append(f"{_SEP} appears outside a tool call: start each call with {_CALL}. {self._how}")
         elif opened and not turn.attempts:
             orphans.append(f"{_CALLS} is not followed by a tool call: start each call with {_CALL}. {self._how}")
-        return self._action(turn.calls, turn.errors, rest, orphans)
+        return self._action(turn.calls, turn.errors, pieces, orphans)
 
-    def _action(self, calls: list[ToolCall], errors: list[str], rest: str, orphans: list[str]) -> ParsedAction:
-        """The turn's action; `orphans`: errors for call markers without a call, which a turn that
-        gives the answer does not need to hear."""
-        answer, rest = self.find_answer(rest) if self.answer_tag and "<answer>" in rest else (None, rest)
+    def _action(
+        self, calls: list[ToolCall], errors: list[str], pieces: list[tuple[str, bool]], orphans: list[str]
+    ) -> ParsedAction:
+        """The turn's action from its pieces of text (as `(text, is_reasoning)`): the outer markers
+        and the EOS leave the text, an `<answer>` counts only outside reasoning (a draft in the
+        reasoning is never the answer); `orphans` are errors for call markers without a call,
+        which a turn that gives the answer does not need to hear."""
+        runs = reasoning_runs(pieces)
+        answer: str | None = None
+        out: list[str] = []
+        for run, reasoning in runs:
+            if _BAR in run:
+                for marker in (_CALLS, _CALLS_END, _EOS):
+                    run = run.replace(marker, "")
+            if self.answer_tag and not reasoning and "<answer>" in run:
+                found, run = self.find_answer(run)
+                answer = found if found is not None else answer
+            out.append(run)
         if orphans and answer is None:
             errors.extend(orphans)
-        return new_parsed(calls, answer, rest.strip(), errors)
+        return new_parsed(calls, answer, "".join(out).strip(), errors)
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         # The layout of DeepSeek-V3.1's model card (V3's template writes no tools), with V3's call for V3.

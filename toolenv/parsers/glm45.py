@@ -77,7 +77,7 @@ from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._scan import MarkerFinder, SchemaBound, positional_id, typed_value, write_typed
-from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
+from toolenv.parsers.base import ActionParser, reasoning_runs, register_parser, tool_call_action, tools_json
 from toolenv.parsers.hermes import tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -177,15 +177,7 @@ class Glm45Parser(SchemaBound, ActionParser):
 
     def _action(self, calls: list[ToolCall], errors: list[str], pieces: list[tuple[str, bool]]) -> ParsedAction:
         """The turn's action when it has reasoning: an `<answer>` counts only outside it."""
-        runs: list[tuple[str, bool]] = []
-        plain: list[str] = []
-        for piece, reasoning in pieces:
-            if reasoning:
-                runs += [("".join(plain), False), (piece, True)]
-                plain = []
-            else:
-                plain.append(piece)
-        runs.append(("".join(plain), False))
+        runs = reasoning_runs(pieces)
         answer: str | None = None
         out: list[str] = []
         for run, reasoning in runs:

@@ -12,12 +12,12 @@ from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
-__all__ = ["HermesParser", "read_tool_call_blocks", "tool_responses"]
+__all__ = ["HermesParser", "read_tool_call_blocks", "scan_tool_call_blocks", "tool_responses"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
-def _scan(text: str) -> Iterator[tuple[int, int, str, bool]]:
+def scan_tool_call_blocks(text: str) -> Iterator[tuple[int, int, str, bool]]:
     """Yield `(start, end, body, closed)` for each `<tool_call>` in `text`.
 
     A call ends at its `</tool_call>`; an unclosed one ends where the next `<tool_call>`
@@ -53,7 +53,7 @@ def read_tool_call_blocks(
         return calls, errors, text
     pieces: list[str] = []
     pos = 0
-    for i, (start, end, body, closed) in enumerate(_scan(text)):
+    for i, (start, end, body, closed) in enumerate(scan_tool_call_blocks(text)):
         pieces.append(text[pos:start])
         pos = end
         if not closed:

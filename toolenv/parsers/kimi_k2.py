@@ -70,7 +70,7 @@ from typing import Any
 from toolenv._tool import Tool
 from toolenv.parsers._json import call_arguments, call_json
 from toolenv.parsers._scan import MarkerFinder
-from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.parsers.base import ActionParser, reasoning_runs, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
 __all__ = ["KimiK2Parser"]
@@ -282,15 +282,7 @@ class KimiK2Parser(ActionParser):
         """The turn's action from its pieces of text: section markers leave the text, an `<answer>`
         counts only outside reasoning; `orphans` are errors for call markers without a call,
         which a turn that gives the answer does not need to hear."""
-        runs: list[tuple[str, bool]] = []
-        plain: list[str] = []
-        for piece, reasoning in pieces:
-            if reasoning:
-                runs += [("".join(plain), False), (piece, True)]
-                plain = []
-            else:
-                plain.append(piece)
-        runs.append(("".join(plain), False))
+        runs = reasoning_runs(pieces)
         answer: str | None = None
         out: list[str] = []
         for run, reasoning in runs:

@@ -18,7 +18,8 @@ How the text is read, and why:
   and `(`; a `[` in prose (`[1]`, `[see above]`, a Markdown link) is therefore never a call,
   and a `[name(...)]` inside a sentence, followed by more text, is prose too. A reply that
   starts with `[name(` but does not end with its list (text after it, not closed, too long)
-  is an error that says so, unless it gives an `<answer>`.
+  is an error that says so, unless it gives an `<answer>`; when a later list does end the
+  reply, that list runs and the error for the first is reported beside it.
 - **`ast`, never `eval`.** The list is found with a scanner that knows Python's strings and
   comments and matches brackets, then handed to `ast.parse(mode="eval")`. Only a list of
   calls of plain names with keyword arguments is accepted, and each value must be a literal:
@@ -150,7 +151,8 @@ class PythonicParser(ActionParser):
         if self.answer_tag and "<answer>" in rest:
             answer, rest = self.find_answer(rest)
         if failed is not None and answer is None:
-            errors.append(self._diagnose(text, end, *failed))
+            lost = "The call list at the start of the reply did not run. " if spans else ""
+            errors.append(lost + self._diagnose(text, end, *failed))
         if "<|" in rest:
             rest = _unmark(rest)
         return new_parsed(calls, answer, rest.strip(), errors)
@@ -179,7 +181,10 @@ class PythonicParser(ActionParser):
                     chain = []
                 chain.append((start, stop))
                 if stop == end:
-                    return chain, None
+                    # A list that started the reply but is not in this chain (text followed it)
+                    # is still an error: the lists that end the reply run, and that one is said.
+                    lost = failure is not None and at_start and failure[0] == first.start() != chain[0][0]
+                    return chain, failure if lost else None
                 if start == first.start() and at_start:
                     failure = (start, _CLOSED)
                 pos = stop

@@ -14,7 +14,8 @@ Arguments arrive as text, unquoted (code and SQL need no JSON escaping, which is
 of the format). Bound to an env's tools (`bind`), the parser reads each argument by its
 JSON-schema type: strings stay as written, numbers, booleans, arrays and objects are
 decoded. Unbound, every argument stays text and the tool's Pydantic model coerces what it
-can. Results come back in `<tool_response>` blocks, as with Hermes.
+can. Results come back in `<tool_response>` blocks, as with Hermes. One `<tool_call>` block
+may hold several `<function=…>` blocks; each is a call, as vLLM's `qwen3_coder` parser has it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json
 from toolenv.parsers._scan import SchemaBound, schema_kinds
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
-from toolenv.parsers.hermes import read_tool_call_blocks, tool_responses
+from toolenv.parsers.hermes import scan_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
 __all__ = ["Qwen3XMLParser"]
@@ -57,40 +58,75 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
         self.answer_tag = answer_tag
 
     def parse(self, text: str) -> ParsedAction:
-        return tool_call_action(*read_tool_call_blocks(text, self._decode), self.answer_tag)
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        if _OPEN not in text:  # skip the scan for plain text and bare answers
+            return tool_call_action(calls, errors, text, self.answer_tag)
+        pieces: list[str] = []
+        pos = index = 0  # index: the next call's position in the turn (its id and error number)
+        for start, end, body, closed in scan_tool_call_blocks(text):
+            pieces.append(text[pos:start])
+            pos = end
+            if not closed:
+                errors.append(f"Tool call {index + 1} is not closed with </tool_call>.")
+                index += 1
+                continue
+            index = self._read_block(body, index, calls, errors)
+        pieces.append(text[pos:])
+        return tool_call_action(calls, errors, "".join(pieces), self.answer_tag)
 
-    def _decode(self, body: str, index: int) -> tuple[ToolCall | None, str | None]:
-        where = f"Tool call {index + 1}"
+    def _read_block(self, body: str, index: int, calls: list[ToolCall], errors: list[str]) -> int:
+        """Append the calls of one `<tool_call>` block (or their errors); return the next call's
+        index. Every `<function=…>…</function>` in the block is a call of its own, as vLLM's
+        `qwen3_coder` parser reads them; a function runs to its first `</function>`."""
         head = body.find(_FUNCTION)
         if head < 0:
-            return None, f"{where} has no <function=NAME>."
+            errors.append(f"Tool call {index + 1} has no <function=NAME>.")
+            return index + 1
+        while head >= 0:
+            call, err, end = self._decode(body, head, index)
+            if err is not None:
+                errors.append(err)
+            elif call is not None:
+                calls.append(call)
+            index += 1
+            if end < 0:  # not closed: nothing after it can be told apart from its parameters
+                break
+            head = body.find(_FUNCTION, end)
+        return index
+
+    def _decode(self, body: str, head: int, index: int) -> tuple[ToolCall | None, str | None, int]:
+        """The function at `body[head:]` (at `<function=`): the call or its error, and where the
+        function ends (after its `</function>`; -1 when it is not closed)."""
+        where = f"Tool call {index + 1}"
         name_end = body.find(">", head)
         if name_end < 0:
-            return None, f"{where}: <function= is not closed with >."
+            return None, f"{where}: <function= is not closed with >.", -1
         name = body[head + len(_FUNCTION) : name_end].strip()
-        if not name:
-            return None, f"{where}: <function=> names no function."
         stop = body.find(_FUNCTION_END, name_end)
+        end = stop + len(_FUNCTION_END) if stop >= 0 else -1
+        if not name:
+            return None, f"{where}: <function=> names no function.", end
         if stop < 0:
-            return None, f"{where}: <function={name[:80]}> is not closed with </function>."
+            return None, f"{where}: <function={name[:80]}> is not closed with </function>.", -1
         types = self._types.get(name, {})
         args: dict[str, Any] = {}
         pos = name_end + 1
         while (p := body.find(_PARAMETER, pos, stop)) >= 0:
             key_end = body.find(">", p, stop)
             if key_end < 0:
-                return None, f"{where}: <parameter= is not closed with >."
+                return None, f"{where}: <parameter= is not closed with >.", end
             key = body[p + len(_PARAMETER) : key_end].strip()
             value_end = body.find(_PARAMETER_END, key_end, stop)
             if value_end < 0:
-                return None, f"{where}: <parameter={key[:80]}> is not closed with </parameter>."
+                return None, f"{where}: <parameter={key[:80]}> is not closed with </parameter>.", end
             if not key:
-                return None, f"{where}: a <parameter=> has no name."
+                return None, f"{where}: a <parameter=> has no name.", end
             if key in args:
-                return None, f"{where}: parameter {key[:80]!r} is given twice."
+                return None, f"{where}: parameter {key[:80]!r} is given twice.", end
             args[key] = _typed(_strip_newline(body[key_end + 1 : value_end]), types.get(key))
             pos = value_end + len(_PARAMETER_END)
-        return new_call(name, args, f"call_{index}"), None
+        return new_call(name, args, f"call_{index}"), None, end
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         blocks = []

@@ -8,6 +8,10 @@ verl's own parsers do), so a draft would run in training and not in serving.
 it reads only the text outside reasoning, for any format; the reasoning stays in the turn's
 `text`. (`glm45`, `deepseek_v3`/`deepseek_v31` and `kimi_k2` already skip reasoning on their own,
 and `muse_glimmer` reads no call or answer in a message `to=self`.)
+
+`format_call` writes a reasoning tag inside a call's arguments with its `<` escaped (`\\u003c`),
+as `deepseek_v3` and `kimi_k2` do, so the call reads back rather than turning into reasoning;
+where the format has no escapes it returns None.
 """
 
 from __future__ import annotations
@@ -51,6 +55,17 @@ def split_reasoning(text: str, open_tag: str = THINK[0], close_tag: str = THINK[
         reasoning.append(text[start:pos])
     rest.append(text[pos:])
     return "".join(reasoning), "".join(rest)
+
+
+def _escaped_first(tag: str) -> str:
+    """`tag` with its first character written as a JSON/Python `\\uXXXX` escape."""
+    code = ord(tag[0])
+    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
+        code -= 0x10000
+        first = f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    else:
+        first = f"\\u{code:04x}"
+    return first + tag[1:]
 
 
 def reasoning_tags(value: Any) -> tuple[str, str] | None:
@@ -109,7 +124,21 @@ class ReasoningParser(ActionParser):
         return self.inner.format_errors(errors)
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
-        return self.inner.format_call(name, arguments, call_id)
+        """`inner`'s call, with the first character of a reasoning tag inside it written as a
+        `\\uXXXX` escape (`\\u003c/think>`), which JSON and Python strings read back as the tag:
+        written raw, `parse` would take the tag for reasoning and lose the call. None when the
+        escaped text does not read back as the same call (a format of raw text, such as
+        Qwen3-Coder's XML or a code block, cannot carry a reasoning tag)."""
+        text = self.inner.format_call(name, arguments, call_id)
+        if text is None or not any(tag in text for tag in self.tags):
+            return text
+        escaped = text
+        for tag in self.tags:
+            escaped = escaped.replace(tag, _escaped_first(tag))
+        if any(tag in escaped for tag in self.tags):
+            return None
+        written = self.inner.parse(text).tool_calls
+        return escaped if written and self.parse(escaped).tool_calls == written else None
 
     def __repr__(self) -> str:
         return f"ReasoningParser({self.inner!r}, tags={self.tags!r})"
