@@ -238,3 +238,11 @@ def test_a_reply_that_begins_in_its_header_with_the_recipient() -> None:
     # Prose before a channel is not a header, even with "to=" in it.
     parsed = p.parse("I will write to=functions.x<|channel|>commentary<|message|>{}")
     assert parsed.tool_calls == [] and "to=functions.x" in parsed.text
+
+
+@pytest.mark.parametrize("name", ["get weather", "a\tb", "x<|call|>", ""])
+def test_format_call_declines_a_name_the_recipient_cannot_hold(name: str) -> None:
+    # The recipient `to=functions.NAME` ends at whitespace or a marker: such a name would read
+    # back as another tool (`get weather` as `get`), so the parser says it cannot write it.
+    assert HarmonyParser().format_call(name, {"city": "Paris"}) is None
+    assert HarmonyParser().format_call("get_weather", {}) is not None

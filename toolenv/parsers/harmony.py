@@ -183,7 +183,9 @@ class HarmonyParser(ActionParser):
                 out.append(f"<|start|>user<|message|>{r.text}<|end|>")
         return "".join(out)
 
-    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
+        if not name or _recipient(f"to={name}") != name:
+            return None  # the recipient ends at whitespace or a marker: this name cannot be written
         # A marker inside a JSON string would end the message; `\u003c` is the same character.
         body = json.dumps(arguments, ensure_ascii=False).replace("<|", "\\u003c|")
         return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
