@@ -182,3 +182,30 @@ def test_an_env_with_the_qwen3_xml_parser() -> None:
     obs, *_ = env.step(block("run_sql", query="SELECT 1", limit="three"))
     assert "Invalid arguments for tool 'run_sql'" in obs and "limit" in obs
     assert get_parser("qwen3_xml").bind([]) is not get_parser("qwen3_xml")  # bound copies, never shared state
+
+
+def test_union_and_any_parameters_read_back_as_written() -> None:
+    from pydantic import BaseModel
+
+    class Lookup(toolenv.Tool):
+        """Look a key up."""
+
+        name = "lookup"
+
+        class Args(BaseModel):
+            key: int | str
+            extra: Any = None
+            note: str = ""
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+            return toolenv.ToolResult(text="ok")
+
+    parser = get_parser("qwen3_xml").bind([Lookup()])
+    for args in (
+        {"key": 7, "extra": {"a": 1}, "note": "7"},
+        {"key": "seven", "extra": [1, "x"], "note": "[1]"},
+        {"key": "7", "extra": "true", "note": "plain"},  # strings that read as JSON are written as JSON strings
+    ):
+        text = parser.format_call("lookup", args)
+        assert text is not None
+        assert parser.parse(text).tool_calls[0].arguments == args, text

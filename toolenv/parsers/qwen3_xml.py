@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json
-from toolenv.parsers._scan import SchemaBound, schema_kinds
+from toolenv.parsers._json import decode_json, same_json
+from toolenv.parsers._scan import SchemaBound, schema_kinds, typed_value
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import scan_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -167,8 +167,13 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
 
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         params = []
+        props = self._types.get(name)
         for key, value in arguments.items():
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            schema = props.get(key) if props is not None else None
+            as_written = isinstance(value, str) and (
+                not isinstance(schema, Mapping) or _kind(schema) == "string" or same_json(_typed(value, schema), value)
+            )
+            text = value if as_written else json.dumps(value, ensure_ascii=False)
             if not isinstance(key, str) or not key.strip() or key != key.strip() or ">" in key:
                 return None
             if any(tag in text for tag in (_PARAMETER_END, _FUNCTION_END, _CLOSE, _OPEN)):
@@ -193,11 +198,17 @@ def _kind(schema: Any) -> str | None:
 
 
 def _typed(value: str, schema: Any) -> Any:
-    """`value` read by its parameter's type: text for strings (and when the type is unknown
-    or the text does not decode, so the tool's validation reports it), JSON otherwise."""
-    kind = _kind(schema)
-    if kind is None or kind == "string":
+    """`value` read by its parameter's type: text for strings (and for a parameter the tool
+    does not have, or text that does not decode, so the tool's validation reports it); for a
+    parameter of several types (a union) or of any type, JSON when the text reads as JSON;
+    JSON otherwise."""
+    if not isinstance(schema, Mapping):
         return value
+    kind = _kind(schema)
+    if kind == "string":
+        return value
+    if kind is None:
+        return typed_value(value, None)
     if kind == "null" and value.strip() in ("", "null", "None"):
         return None
     try:
