@@ -141,3 +141,22 @@ def test_other_platforms_get_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(sys, "platform", "darwin")
     with pytest.raises(RuntimeError, match=r"needs Linux .* this is darwin"):
         SandboxPool(size=1)
+
+
+def test_a_ctrl_c_while_closing_kills_the_servers_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolenv_code import sandbox
+
+    pool = SandboxPool(size=2)
+    pool.stats()  # both servers started
+    procs = [s.proc for s in pool._servers if s is not None]
+    assert len(procs) == 2 and all(p.poll() is None for p in procs)
+
+    def interrupted(self: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(pool._servers[0]), "close", interrupted)
+    monkeypatch.setattr(sandbox, "_POOL", pool)
+    sandbox._shutdown_at_exit()  # what atexit runs: the second Ctrl-C is not raised from it
+    for proc in procs:
+        assert proc.wait(timeout=10) is not None  # killed, not left running
+    assert sandbox._POOL is None

@@ -268,9 +268,16 @@ class SandboxPool:
             self._closed = True
             self._cond.notify_all()
             servers, self._servers = self._servers, [None] * self.size
-        for server in servers:
-            if server is not None:
+        for i, server in enumerate(servers):
+            if server is None:
+                continue
+            try:
                 server.close()
+            except BaseException:  # a Ctrl-C while waiting: the servers left are killed, not waited for
+                for rest in servers[i:]:
+                    if rest is not None:
+                        rest.proc.kill()
+                raise
 
 
 def _result(resp: dict[str, Any]) -> ExecResult:
@@ -316,7 +323,14 @@ def _forget_after_fork() -> None:
     _POOL, _POOL_LOCK = None, threading.Lock()
 
 
-atexit.register(shutdown_pool)
+def _shutdown_at_exit() -> None:
+    """`shutdown_pool` at interpreter exit. A second Ctrl-C while the servers stop has them
+    killed at once, and says nothing: the interpreter would print it as an ignored traceback."""
+    with contextlib.suppress(KeyboardInterrupt):
+        shutdown_pool()
+
+
+atexit.register(_shutdown_at_exit)
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
