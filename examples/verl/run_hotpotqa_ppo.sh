@@ -11,13 +11,17 @@ DATA_DIR=${DATA_DIR:-$HOME/data/toolenv}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000}
 N_GPUS=${N_GPUS:-8}
 NNODES=${NNODES:-1}
+# The agent loop (examples/verl/toolenv_agent.yaml): stored in every row as agent_name, which verl
+# uses over default_agent_loop, so both come from this one variable.
+AGENT_LOOP=toolenv_search_agent
 ENV_KWARGS="{\"backend\": \"http\", \"backend_options\": {\"url\": \"$RETRIEVER_URL\"}, \"max_turns\": 4}"
 
 mkdir -p "$DATA_DIR"
 # The bundled HotpotQA sample has 100 questions: fine to check the pipeline, too small to train on.
 # For real runs pass your own tasks: --env-kwargs '{"tasks": "train.jsonl", ...}'.
-toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_train.parquet" --env-kwargs "$ENV_KWARGS"
-toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_val.parquet" --limit 32 --env-kwargs "$ENV_KWARGS"
+# Train on 90% of the tasks and validate on the other 10% (--split: a fixed hash of the task id).
+toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_train.parquet" --split train --agent-name "$AGENT_LOOP" --env-kwargs "$ENV_KWARGS"
+toolenv verl-data toolenv/HotpotQA-v0 --out "$DATA_DIR/hotpotqa_val.parquet" --split test --agent-name "$AGENT_LOOP" --env-kwargs "$ENV_KWARGS"
 
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=gae \
@@ -44,7 +48,7 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.multi_turn.enable=True \
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4 \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/toolenv_agent.yaml" \
-    actor_rollout_ref.rollout.agent.default_agent_loop=toolenv_search_agent \
+    actor_rollout_ref.rollout.agent.default_agent_loop="$AGENT_LOOP" \
     actor_rollout_ref.rollout.agent.num_workers=8 \
     trainer.n_gpus_per_node="$N_GPUS" \
     trainer.nnodes="$NNODES" \

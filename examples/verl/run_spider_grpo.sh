@@ -9,13 +9,17 @@ MODEL=${MODEL:-Qwen/Qwen2.5-3B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/toolenv}
 N_GPUS=${N_GPUS:-8}
 NNODES=${NNODES:-1}
+# The agent loop (examples/verl/toolenv_agent.yaml): stored in every row as agent_name, which verl
+# uses over default_agent_loop, so both come from this one variable.
+AGENT_LOOP=toolenv_sql_agent
 ENV_KWARGS='{"max_turns": 4}'
 
 mkdir -p "$DATA_DIR"
 # The bundled Spider sample is dev data (697 questions over 10 databases): it checks the pipeline.
 # For real runs build Spider train tasks and pass them: --env-kwargs '{"tasks": "spider_train.jsonl"}'.
-toolenv verl-data toolenv/Spider-v0 --out "$DATA_DIR/spider_train.parquet" --env-kwargs "$ENV_KWARGS"
-toolenv verl-data toolenv/Spider-v0 --out "$DATA_DIR/spider_val.parquet" --limit 64 --env-kwargs "$ENV_KWARGS"
+# Train on 90% of the tasks and validate on the other 10% (--split: a fixed hash of the task id).
+toolenv verl-data toolenv/Spider-v0 --out "$DATA_DIR/spider_train.parquet" --split train --agent-name "$AGENT_LOOP" --env-kwargs "$ENV_KWARGS"
+toolenv verl-data toolenv/Spider-v0 --out "$DATA_DIR/spider_val.parquet" --split test --agent-name "$AGENT_LOOP" --env-kwargs "$ENV_KWARGS"
 
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
@@ -40,7 +44,7 @@ python -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.multi_turn.enable=True \
     actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4 \
     actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/toolenv_agent.yaml" \
-    actor_rollout_ref.rollout.agent.default_agent_loop=toolenv_sql_agent \
+    actor_rollout_ref.rollout.agent.default_agent_loop="$AGENT_LOOP" \
     actor_rollout_ref.rollout.agent.num_workers=8 \
     trainer.n_gpus_per_node="$N_GPUS" \
     trainer.nnodes="$NNODES" \

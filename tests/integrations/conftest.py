@@ -95,7 +95,15 @@ def make_loop(tiny_tokenizer: Any) -> Any:
     """Factory for a ToolEnvAgentLoop built the way verl's worker builds it (call inside a running loop)."""
 
     def make(
-        server: Any, *, response_length: int = 512, max_turns: int = 4, cls: Any = None, **loop_kwargs: Any
+        server: Any,
+        *,
+        response_length: int = 512,
+        max_turns: int = 4,
+        cls: Any = None,
+        tools: Any = (),
+        tokenizer: Any = None,
+        hf_model_type: str = "qwen2",
+        **loop_kwargs: Any,
     ) -> Any:
         from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
         from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -106,12 +114,12 @@ def make_loop(tiny_tokenizer: Any) -> Any:
         return (cls or ToolEnvAgentLoop)(
             trainer_config=DictConfigWrap(cfg),
             server_manager=server,
-            tokenizer=tiny_tokenizer,
+            tokenizer=tokenizer or tiny_tokenizer,
             processor=None,
             dataset_cls=RLHFDataset,
             data_config=DictConfigWrap(cfg.data),
-            hf_model_type="qwen2",
-            tools=ToolListWrap([]),
+            hf_model_type=hf_model_type,  # picks verl's continuous-token builder for the family
+            tools=ToolListWrap(list(tools)),  # verl's BaseTools, for its own tool_agent loop
             **loop_kwargs,
         )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -403,3 +403,90 @@ async def test_parser_auto_picks_the_parser_the_chat_template_writes(scripted_se
     loop.tokenizer = plain
     with pytest.raises(ValueError, match="parser='auto': the model's chat template writes no tool call"):
         await loop.run({}, **await _row())
+
+
+PENALIZED = {"reward": {"exact_match": 1.0, "answer_avoidance_penalty": 1.0}, "max_turns": 10}
+
+
+@pytest.mark.parametrize("cause", ["max_turns", "budget", "overflow"])
+async def test_episodes_the_loop_cuts_get_the_envs_final_reward(cause, tiny_tokenizer, scripted_server, make_loop):
+    """A final-only component (answer_avoidance_penalty) counts whoever ends the episode: the loop
+    truncates it through `env.atruncate()` as the env's own max_turns would. Causes: the loop's own
+    turn cap (under the env's), a reply that fills response_length, and a reply that fits but
+    whose observation would not."""
+    reply = len(tiny_tokenizer.encode(CALL + "<|im_end|>", add_special_tokens=False))
+    loop_kwargs = {"max_turns": {"max_turns": 2}, "budget": {"response_length": reply - 5}}.get(
+        cause, {"response_length": reply + 5}
+    )
+    server = scripted_server([CALL])
+    loop = make_loop(server, **{"max_turns": 10, **loop_kwargs})
+    out = await loop.run({}, **await _row(PENALIZED))
+    extra = out.extra_fields
+    assert extra["toolenv_stop_reason"] == ("max_turns" if cause == "max_turns" else "response_length")
+    if cause == "budget":
+        assert len(server.calls) == 1 and len(out.response_ids) == reply - 5
+    if cause == "overflow":
+        assert len(server.calls) == 1 and out.response_ids == server.emitted[0]
+    assert out.reward_score == -1.0
+    assert extra["turn_scores"][-1] == -1.0 and sum(extra["turn_scores"]) == -1.0
+    assert extra["reward_components"]["answer_avoidance_penalty"] == -1.0
+    info = extra["reward_extra_info"]
+    assert info["reward/answer_avoidance_penalty"] == -1.0 and info["score"] == -1.0
+    assert info["truncated"] == 1.0 and info["terminated"] == 0.0
+    assert out.as_dict()["rm_scores"].sum().item() == -1.0
+
+    # The env's own truncation scores the same way (and is not scored twice).
+    out = await make_loop(scripted_server([CALL]), max_turns=10).run({}, **await _row({**PENALIZED, "max_turns": 2}))
+    assert out.reward_score == -1.0 and out.extra_fields["turn_scores"] == [0.0, -1.0]
+
+
+async def test_answered_episodes_are_not_truncated(scripted_server, make_loop):
+    out = await make_loop(scripted_server([CALL, "<answer>42</answer>"])).run({}, **await _row(PENALIZED))
+    assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["truncated"] == 0.0
+
+
+async def test_env_kwargs_that_change_the_prompt_replace_the_dataset_prompt(scripted_server, make_loop):
+    """The row was built for the pythonic parser; the loop's env_kwargs switch to hermes. The model
+    must be taught hermes (the env's prompt), not the row's pythonic instructions."""
+    row = await _row({"parser": "pythonic"})
+    assert "[func_name1(" in row["raw_prompt"][0]["content"]
+    server = scripted_server([CALL, "<answer>42</answer>"])
+    loop = make_loop(server, env_kwargs={"parser": "hermes"})
+    out = await loop.run({}, **row)
+    system = loop.messages[0]["content"]
+    assert "[func_name1(" not in system and "<tool_call>" in system
+    assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["tool_calls"] == 1.0
+    assert server.calls[0]["prompt_ids"] == out.prompt_ids
+
+
+async def test_env_kwargs_that_keep_the_prompt_keep_the_dataset_prompt(scripted_server, make_loop):
+    """An override that does not touch the prompt (max_turns) leaves the row's prompt as written,
+    edits included."""
+    row = await _row()
+    row["raw_prompt"] = [{**row["raw_prompt"][0], "content": "EDITED SYSTEM PROMPT"}, *row["raw_prompt"][1:]]
+    for env_kwargs in ({}, {"max_turns": 3}):
+        loop = make_loop(scripted_server([CALL, "<answer>42</answer>"]), env_kwargs=env_kwargs)
+        out = await loop.run({}, **row)
+        assert loop.messages[0]["content"] == "EDITED SYSTEM PROMPT" and out.reward_score == 1.0
+
+
+async def test_mm_processor_kwargs_reach_the_server_and_the_output(tiny_tokenizer, make_loop):
+    """`data.mm_processor_kwargs` (e.g. max_pixels) go with every generate call, as in verl's
+    ToolAgentLoop, so the server renders images as the trainer does; the output carries them."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    seen: list[dict[str, Any]] = []
+
+    class Server:
+        replies: ClassVar[list[str]] = [CALL, "<answer>42</answer>"]
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            seen.append(kw)
+            ids = tiny_tokenizer.encode(self.replies[len(seen) - 1] + "<|im_end|>", add_special_tokens=False)
+            return TokenOutput(token_ids=ids, log_probs=[-0.1] * len(ids))
+
+    loop = make_loop(Server())
+    loop.mm_processor_kwargs = {"max_pixels": 200704}  # what verl reads from data.mm_processor_kwargs
+    out = await loop.run({}, **await _row())
+    assert [kw["mm_processor_kwargs"] for kw in seen] == [{"max_pixels": 200704}] * 2
+    assert out.mm_processor_kwargs == {"max_pixels": 200704}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, Field
@@ -11,6 +11,8 @@ pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[
 
 import toolenv
 from toolenv.integrations.verl.demo import Calculator
+
+CALC_REF = "toolenv.integrations.verl.demo:Calculator"
 
 
 class Stats(toolenv.Tool):
@@ -184,3 +186,57 @@ async def test_image_observations_need_a_vision_processor(scripted_server, make_
     assert images[0].size == (2, 2)
     with pytest.raises(ValueError, match="Multimodal inputs require"):
         await loop.run({}, raw_prompt=rows[0]["prompt"], extra_info=rows[0]["extra_info"])
+
+
+class Session(toolenv.Tool):
+    """Open a session on a trajectory's first call; count the releases."""
+
+    name = "calculator"
+    opened: ClassVar[list[str]] = []
+    released: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+
+    class Args(BaseModel):
+        expression: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        if "session" not in ctx.state:
+            ctx.state["session"] = ctx.episode_id
+            self.opened.append(ctx.episode_id)
+        return toolenv.ToolResult(text="42")
+
+    async def release(self, ctx: toolenv.ToolContext) -> None:
+        self.released.append((ctx.episode_id, dict(ctx.state)))
+
+
+async def test_tool_agent_trajectories_release_the_tools_episode(scripted_server, make_loop):
+    """verl's ToolAgentLoop releases a BaseTool instance after every call, and has no end of
+    trajectory hook: the tool's own `release(ctx)` runs once per trajectory when it is over,
+    with that trajectory's state, so per-episode sessions (MCP servers, code sessions) end."""
+    import asyncio
+
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+    from toolenv.integrations.verl.data import abuild_rows
+    from toolenv.integrations.verl.demo import DEMO_TASKS
+
+    Session.opened, Session.released = [], []
+    adapter = ToolEnvBaseTool(tool=Session())
+    row = (await abuild_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC_REF], "tasks": DEMO_TASKS}))[0]
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+    for _ in range(3):
+        server = scripted_server([call, call, "<answer>42</answer>"])
+        loop = make_loop(server, cls=ToolAgentLoop, tools=[adapter])
+        await loop.run({}, raw_prompt=row["prompt"], extra_info=row["extra_info"])
+        await asyncio.sleep(0)  # the release runs as a task on the trajectory's event loop
+        assert len(Session.released) == len(Session.opened)
+    assert len(Session.opened) == 3 and len(set(Session.opened)) == 3
+    assert [episode for episode, _ in Session.released] == Session.opened
+    assert all(state == {"session": episode} for episode, state in Session.released)
+    await adapter.aclose()
+
+    # Without verl's AgentData, each instance is its own episode: released with the instance.
+    iid, _ = await adapter.create()
+    await adapter.execute(iid, {"expression": "1"})
+    await adapter.release(iid)
+    assert Session.released[-1][0] == iid and len(Session.released) == 4

@@ -194,6 +194,7 @@ def test_launch_script_overrides_compose(script, tmp_path):
         "MODEL": "Qwen/Qwen2.5-3B-Instruct",
         "N_GPUS": "8",
         "NNODES": "2",
+        "AGENT_LOOP": re.search(r"^AGENT_LOOP=(\w+)$", text, re.MULTILINE).group(1),  # type: ignore[union-attr]
     }
     block = re.sub(r"\$(\w+)", lambda m: values[m.group(1)], block.replace("\\\n", " "))
     overrides = shlex.split(block)[3:]

@@ -25,6 +25,13 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
+from toolenv.integrations.verl._turns import (
+    changes_prompt,
+    merge_server_fields,
+    stopped_on_string,
+    template_turn_end_id,
+    truncate,
+)
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
 from toolenv.parsers import ActionParser, detect_parser, template_mismatch
 from toolenv.types import Message, Task, ToolResult, reply_messages
@@ -35,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: (parser class, parser name, tokenizer id) pairs already checked against the chat template.
 _CHECKED: set[tuple[type[ActionParser], str, int]] = set()
+#: Turn-end token id per (tokenizer id, chat template), read from the template once (verl makes a loop per sample).
+_TURN_END: dict[tuple[int, str], int | None] = {}
 
 
 def _check_template(parser: ActionParser, tokenizer: Any) -> None:
@@ -82,7 +91,7 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
+class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
     """verl agent loop that runs the toolenv env named by each row's `extra_info`.
 
     Args:
@@ -98,9 +107,14 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
-        stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that stops
-            without the turn-end token gets it appended with mask 0.
+        stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that ends on one
+            gets the chat template's turn-end token appended with mask 0 (see `turn_end_token`).
         use_dataset_prompt: start from the row's `raw_prompt` (default) or re-render the env's prompt.
+            When `env_kwargs` changes the env's prompt (another parser, system prompt or
+            template), the env's prompt is used anyway: the row's was written for the old env.
+        turn_end_token: the token that closes a turn cut by a stop string; default: the special
+            token the chat template writes after an assistant message (`<|im_end|>` for
+            ChatML), none when it writes none there (GLM). Other turns are left as generated.
         tune_gc: run each episode inside `toolenv.tuned_gc()`; while any episode of the worker
             runs, the collector is tuned, and it is restored when the last one ends (a batch of
             thousands of episodes spends much of its CPU in the collector otherwise; see
@@ -149,15 +163,19 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         self._auto_parser: str | None = None
 
     def _turn_end_id(self, token: str | None) -> int | None:
-        """Id of the token that closes a turn: `token`, else ChatML's `<|im_end|>`, else EOS."""
+        """Id of the token that closes a turn cut by a stop string: `token`, else the one the
+        chat template writes after an assistant message (None when it writes none)."""
+        if token is None:
+            key = (id(self.tokenizer), str(getattr(self.tokenizer, "chat_template", None)))
+            if key not in _TURN_END:
+                _TURN_END[key] = template_turn_end_id(self.tokenizer)
+            return _TURN_END[key]
         # convert_tokens_to_ids, not get_vocab(): the latter copies a 150k-entry dict per sample.
-        tid = self.tokenizer.convert_tokens_to_ids(token if token is not None else "<|im_end|>")
-        if tid is not None and tid != self.tokenizer.unk_token_id:
-            return int(tid)
-        if token is not None:
+        tokenizer: Any = self.tokenizer  # verl annotates it as AutoTokenizer, which has no instance methods
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if tid is None or tid == tokenizer.unk_token_id:
             raise ValueError(f"turn_end_token {token!r} is not in the tokenizer's vocabulary")
-        eos = self.tokenizer.eos_token_id
-        return int(eos) if eos is not None else None
+        return int(tid)
 
     def _detected_parser(self) -> str:
         """`parser: auto`: the parser for the tool calls this model's chat template writes."""
@@ -180,37 +198,57 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
         env_kwargs = {**row_kwargs, **self.env_kwargs}
         if env_kwargs.get("parser") == "auto":
             env_kwargs["parser"] = self._detected_parser()
+        row_spec = (env_id, row_kwargs) if env_kwargs != row_kwargs else None
         with tuned_gc() if self.tune_gc else contextlib.nullcontext():
             async with self.pool.lease(env_id, env_kwargs) as env:
-                return await self._episode(env, env_id, task, sampling_params, kwargs)
+                return await self._episode(env, env_id, task, sampling_params, kwargs, row_spec)
+
+    async def _prompt(
+        self, task: Task, row: dict[str, Any], reset: list[Message], row_spec: tuple[str, dict[str, Any]] | None
+    ) -> list[dict[str, Any]]:
+        """The chat the episode starts from: the row's `raw_prompt`, unless it is off or the
+        loop's `env_kwargs` change the env's prompt (parser, system prompt, template), in which
+        case the env's own prompt: the row's teaches the env it was built for."""
+        raw_prompt = row.get("raw_prompt")
+        if not self.use_dataset_prompt or raw_prompt is None:
+            return [chat_message(m)[0] for m in reset]
+        if row_spec is not None and await changes_prompt(*row_spec, self.env_kwargs, task, reset, raw_prompt):
+            return [chat_message(m)[0] for m in reset]
+        return [dict(m) for m in raw_prompt]
 
     async def _episode(
-        self, env: ToolEnv, env_id: str, task: Task, sampling_params: dict[str, Any], row: dict[str, Any]
+        self,
+        env: ToolEnv,
+        env_id: str,
+        task: Task,
+        sampling_params: dict[str, Any],
+        row: dict[str, Any],
+        row_spec: tuple[str, dict[str, Any]] | None = None,
     ) -> AgentLoopOutput:
         _check_template(env.parser, self.tokenizer)
         _, info = await env.areset(options={"task": task})
-        raw_prompt = row.get("raw_prompt")
-        if self.use_dataset_prompt and raw_prompt is not None:
-            messages = [dict(m) for m in raw_prompt]
-        else:
-            messages = [chat_message(m)[0] for m in info["messages"]]
+        messages = await self._prompt(task, row, info["messages"], row_spec)
         mm = await self.process_multi_modal_info(messages)
         if mm.get("videos") or mm.get("audios"):
             raise ValueError("ToolEnvAgentLoop carries images only; this row's prompt has video or audio")
         images: list[Any] | None = mm.get("images")
         self._assert_mm_supported(bool(images))
-        runtime = await self.ct_build_initial_tokens(messages, images=images)
+        mm_kwargs = self._get_mm_processor_kwargs()
+        # verl annotates `images` as a list though None is its default.
+        runtime: list[int] = await self.ct_build_initial_tokens(messages, images=images)  # type: ignore[arg-type,unused-ignore]
         mask: list[int] = []
         logprobs: list[float] = []
         request_id = uuid4().hex
         params = dict(sampling_params)
         if self.stop:
             params["stop"] = [*(params.get("stop") or []), *self.stop]
+        stops: list[str] = list(params.get("stop") or [])
 
         reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
         components = dict.fromkeys(reward_keys, 0.0)
         turn_scores: list[float] = []
         results: list[ToolResult] = []
+        server_fields: dict[str, Any] = {}
         tool_latency = 0.0
         gen_s = env_s = 0.0
         preempted = 0
@@ -229,9 +267,11 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 prompt_ids=runtime,
                 sampling_params={**params, "max_tokens": budget},
                 image_data=images,
+                mm_processor_kwargs=mm_kwargs,
             )
             gen_s += time.perf_counter() - t0
             preempted += out.num_preempted or 0
+            merge_server_fields(server_fields, out.extra_fields or {})
             new_ids = list(out.token_ids)[:budget]
             new_lp = list(out.log_probs)[: len(new_ids)] if out.log_probs else None
             merged, mask, lps = await self.ct_merge_assistant_token(
@@ -243,7 +283,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
             assistant_turns += 1
 
             # Formats written in special tokens (Harmony) keep them; the others read plain text.
-            text = self.tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
+            tokenizer: Any = self.tokenizer
+            text = tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
             messages.append({"role": "assistant", "content": text})
             t0 = time.perf_counter()
             _, reward, terminated, truncated, step = await env.astep(text)
@@ -264,8 +305,14 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 stop_reason = "max_turns"
                 break
 
-            if self.turn_end_id is not None and (not new_ids or new_ids[-1] != self.turn_end_id):
-                # Generation stopped on a stop string: close the turn (not a model token, so mask 0).
+            if (
+                self.turn_end_id is not None
+                and new_ids[-1:] != [self.turn_end_id]
+                and stopped_on_string(self.tokenizer, new_ids, stops)
+            ):
+                # Generation stopped on a stop string, before the turn's end: close the turn as the
+                # chat template does (not a model token, so mask 0). Any other ending is the model's
+                # own and verl's token builder handles its boundary.
                 runtime = [*runtime, self.turn_end_id]
                 mask = [*mask, 0]
                 if logprobs:
@@ -286,6 +333,17 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
             if new_images:
                 images = [*(images or []), *new_images]
             observation_turns += 1
+
+        if not (terminated or truncated):
+            # The loop cut the episode (its max_turns, the response budget): the env scores it as a
+            # truncation, so final-only rewards (no-answer penalties, format) count here too.
+            final, parts = await truncate(env)
+            truncated = True
+            if turn_scores:
+                turn_scores[-1] += final
+            for k, v in parts.items():
+                if k in components:
+                    components[k] += v
 
         self.messages = messages
         split = len(runtime) - len(mask)
@@ -311,10 +369,12 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc]
             response_mask=mask[: self.response_length],
             response_logprobs=logprobs[: self.response_length] if logprobs else None,
             multi_modal_data={"images": images} if images else {},
+            mm_processor_kwargs=mm_kwargs,
             reward_score=score,
             num_turns=1 + assistant_turns + observation_turns,
             metrics=AgentLoopMetrics(generate_sequences=gen_s, tool_calls=env_s, num_preempted=preempted),
             extra_fields={
+                **server_fields,
                 "turn_scores": turn_scores,
                 "tool_rewards": [],
                 "reward_extra_info": reward_extra_info,

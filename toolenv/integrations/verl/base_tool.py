@@ -19,12 +19,20 @@ the chat template (`tool_schema.model_dump()`) is the tool's full schema.
 Calls run through toolenv's `ToolCaller` (argument validation, timeout, retries,
 truncation); failures come back as text, never as exceptions. verl creates and
 releases an instance per call, so per-trajectory tool state (`ToolContext.state`)
-is kept on verl's per-trajectory `AgentData` object.
+is kept on verl's per-trajectory `AgentData` object, and the tool's per-episode
+`Tool.release(ctx)` (an MCP server per episode, a code session) runs when that
+object is freed, i.e. when verl's loop returns the trajectory. verl has no
+end-of-trajectory hook for tools; `AgentData` is freed by reference counting as
+soon as `ToolAgentLoop.run` returns.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
+import logging
+import weakref
 from typing import Any
 from uuid import uuid4
 
@@ -47,6 +55,8 @@ __all__ = ["FullToolSchema", "ToolEnvBaseTool", "verl_tool_schema"]
 
 _STATE_ATTR = "_toolenv_tool_state"
 
+_log = logging.getLogger(__name__)
+
 
 class _Property(OpenAIFunctionPropertySchema):
     model_config = ConfigDict(extra="allow")
@@ -59,13 +69,13 @@ class _Parameters(OpenAIFunctionParametersSchema):
 
 class _Function(OpenAIFunctionSchema):
     model_config = ConfigDict(extra="allow")
-    parameters: _Parameters  # type: ignore[assignment]
+    parameters: _Parameters  # type: ignore[assignment,unused-ignore]
 
 
 class FullToolSchema(OpenAIFunctionToolSchema):
     """verl's tool schema model, validated the same way, keeping every JSON-schema key it does not model."""
 
-    function: _Function  # type: ignore[assignment]
+    function: _Function  # type: ignore[assignment,unused-ignore]
 
 
 def verl_tool_schema(tool: Tool) -> FullToolSchema:
@@ -92,7 +102,7 @@ def _task(value: Any) -> Task:
     return Task.model_validate(dict(value))
 
 
-class ToolEnvBaseTool(BaseTool):  # type: ignore[misc]
+class ToolEnvBaseTool(BaseTool):  # type: ignore[misc,unused-ignore]
     """A verl `BaseTool` that runs a toolenv `Tool` (built from `config` or passed as `tool=`)."""
 
     def __init__(
@@ -110,6 +120,11 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc]
         self.tool = tool
         self.caller = ToolCaller([tool])
         self._contexts: dict[str, ToolContext] = {}
+        #: Instances run without an `AgentData`: each is its own episode, released with the instance.
+        self._standalone: set[str] = set()
+        #: Trajectories (AgentData) whose release is registered, and the releases in flight.
+        self._tracked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._pending: set[asyncio.Future[None] | concurrent.futures.Future[None]] = set()
         super().__init__(cfg, tool_schema or verl_tool_schema(tool))
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
@@ -130,18 +145,14 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc]
         ctx = self._contexts.get(instance_id) or ToolContext(task=Task(), episode_id=instance_id)
         agent_data = kwargs.get("agent_data")
         if agent_data is not None:  # share state across the calls of one trajectory
-            state = getattr(agent_data, _STATE_ATTR, None)
-            if state is None:
-                state = {}
-                setattr(agent_data, _STATE_ATTR, state)
-            ctx = ToolContext(
-                task=ctx.task, episode_id=str(getattr(agent_data, "request_id", instance_id)), state=state
-            )
+            ctx = self._trajectory_context(agent_data, ctx, instance_id)
+        else:
+            self._standalone.add(instance_id)
         if isinstance(parameters, str):
             try:
                 parameters = json.loads(parameters)
             except json.JSONDecodeError:
-                parameters = None  # type: ignore[assignment]
+                parameters = None  # type: ignore[assignment,unused-ignore]
         if not isinstance(parameters, dict):
             text = f"Arguments for tool '{self.tool.name}' must be a JSON object."
             return ToolResponse(text=text), 0.0, {"is_error": True}
@@ -158,5 +169,50 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc]
         return 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Forget the instance."""
-        self._contexts.pop(instance_id, None)
+        """Forget the instance (verl calls this after every call). An instance that ran without
+        verl's `AgentData` is its own episode: the tool's `release(ctx)` runs now."""
+        ctx = self._contexts.pop(instance_id, None)
+        if instance_id in self._standalone:
+            self._standalone.discard(instance_id)
+            if ctx is not None and self.caller.releases:
+                await self.caller.release(ctx)
+
+    def _trajectory_context(self, agent_data: Any, ctx: ToolContext, instance_id: str) -> ToolContext:
+        """The trajectory's context (state kept on `agent_data`); on its first call, arrange
+        for the tool's `release` to run when `agent_data` is freed."""
+        state = getattr(agent_data, _STATE_ATTR, None)
+        if state is None:
+            state = {}
+            setattr(agent_data, _STATE_ATTR, state)
+        out = ToolContext(task=ctx.task, episode_id=str(getattr(agent_data, "request_id", instance_id)), state=state)
+        if self.caller.releases and agent_data not in self._tracked:
+            self._tracked.add(agent_data)
+            # The finalizer holds the context (its state dict) but never agent_data itself.
+            weakref.finalize(agent_data, self._schedule_release, out, asyncio.get_running_loop())
+        return out
+
+    def _schedule_release(self, ctx: ToolContext, loop: asyncio.AbstractEventLoop) -> None:
+        """Run `release(ctx)` on the trajectory's event loop (called from a finalizer, any thread)."""
+        if loop.is_closed():
+            _log.warning(
+                "tool %r: episode %s ended after its event loop closed; not released", self.tool.name, ctx.episode_id
+            )
+            return
+        if asyncio._get_running_loop() is loop:  # the usual case: freed on the loop's own thread
+            task = loop.create_task(self.caller.release(ctx))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            return
+        try:
+            future = asyncio.run_coroutine_threadsafe(self.caller.release(ctx), loop)
+        except RuntimeError:  # the loop closed in between
+            return
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+
+    async def aclose(self) -> None:
+        """Wait for the releases in flight, then close the tool."""
+        pending = [asyncio.wrap_future(f) if isinstance(f, concurrent.futures.Future) else f for f in self._pending]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.caller.aclose()

@@ -15,7 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env_id", metavar="ENV_ID", help="e.g. toolenv/Spider-v0")
     parser.add_argument("--out", required=True, help="parquet file to write")
     parser.add_argument(
-        "--split", default="all", choices=["all", "train", "test"], help="deterministic 90/10 split by task id"
+        "--split",
+        default="all",
+        choices=["all", "train", "test"],
+        help="train: 90%% of the tasks, test: the other 10%% (a fixed hash of the task id); all: every task",
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     parser.add_argument(

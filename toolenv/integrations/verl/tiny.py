@@ -11,6 +11,7 @@ and `torch` (all installed with verl).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 __all__ = ["QWEN_CHAT_TEMPLATE", "build_tiny_qwen2"]
 
@@ -50,13 +51,14 @@ _CORPUS = [
 ]
 
 
-def build_tiny_qwen2(root: str | Path, *, with_model: bool = True) -> Path:
-    """Write the tokenizer (and, with `with_model`, the random model) to `root/tiny-qwen2`; returns that folder."""
-    import tokenizers
+def byte_bpe_tokenizer(special: list[str], corpus: list[str], chat_template: str, roles: dict[str, str | None]) -> Any:
+    """A small byte-level BPE tokenizer trained here (no download): `special` tokens, the tool
+    tags as added tokens, `chat_template`; `roles` names the `eos_token`, `pad_token`... as
+    `PreTrainedTokenizerFast` takes them."""
+    import tokenizers  # type: ignore[import-untyped,unused-ignore]
     import transformers
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, models, pre_tokenizers, trainers  # type: ignore[import-untyped,unused-ignore]
 
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -66,12 +68,23 @@ def build_tiny_qwen2(root: str | Path, *, with_model: bool = True) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, **{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None}
-    )
+    tok.train_from_iterator(corpus * 4, trainer=trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **roles)  # type: ignore[no-untyped-call,unused-ignore]
     fast.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
-    fast.chat_template = QWEN_CHAT_TEMPLATE
+    fast.chat_template = chat_template
+    return fast
+
+
+def build_tiny_qwen2(root: str | Path, *, with_model: bool = True) -> Path:
+    """Write the tokenizer (and, with `with_model`, the random model) to `root/tiny-qwen2`; returns that folder."""
+    import transformers
+
+    fast = byte_bpe_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        _CORPUS,
+        QWEN_CHAT_TEMPLATE,
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None},
+    )
     out = Path(root) / "tiny-qwen2"
     fast.save_pretrained(out)
     if not with_model:
@@ -92,5 +105,5 @@ def build_tiny_qwen2(root: str | Path, *, with_model: bool = True) -> Path:
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.pad_token_id,
     )
-    transformers.Qwen2ForCausalLM(config).save_pretrained(out)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(out)  # type: ignore[no-untyped-call,unused-ignore]
     return out

@@ -1,0 +1,182 @@
+"""Helpers of `ToolEnvAgentLoop`: the server's per-call fields, the token that closes a turn
+cut by a stop string, whether the dataset prompt still fits the env, and the final reward of
+an episode the loop cuts short. They import neither verl nor torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from toolenv.env import ToolEnv
+from toolenv.integrations.verl.envs import EnvPool, make_env
+from toolenv.types import Message, Task
+
+__all__ = [
+    "changes_prompt",
+    "merge_server_fields",
+    "prompt_key",
+    "stopped_on_string",
+    "template_turn_end_id",
+    "truncate",
+]
+
+logger = logging.getLogger("toolenv.integrations.verl.agent_loop")
+
+#: Whether the loop's env_kwargs change an env's prompt, per (row env, loop env) pool keys; the
+#: keys whose row env cannot be built here; one lock per key.
+_PROMPT_CHANGED: dict[str, bool] = {}
+_NO_ROW_ENV: set[str] = set()
+_PROMPT_LOCKS: dict[str, asyncio.Lock] = {}
+
+#: verl's speculative-decoding counters (`tool_agent_loop.SPEC_DECODE_EXTRA_KEYS`): summed over turns.
+_SUMMED = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_verify_steps")
+
+
+def merge_server_fields(merged: dict[str, Any], new: Mapping[str, Any]) -> None:
+    """Fold one generation's `TokenOutput.extra_fields` into the episode's, in place.
+
+    verl's `LLMServerClient.generate` tags each call with the weight version that served it
+    (`min_global_steps`/`max_global_steps`); verl 0.9.1's default trainer stores them per
+    trajectory and reads them as ints, so an episode keeps the earliest and the latest over its
+    turns, as verl's own `ToolAgentLoop` does. Speculative-decoding counters are summed; any
+    other key keeps its first value.
+    """
+    for key, value in new.items():
+        old = merged.get(key)
+        if key not in merged or old is None:
+            merged[key] = value
+        elif value is None:
+            continue
+        elif key == "min_global_steps":
+            merged[key] = min(old, value)
+        elif key == "max_global_steps":
+            merged[key] = max(old, value)
+        elif key in _SUMMED:
+            merged[key] = int(old) + int(value)
+
+
+def stopped_on_string(tokenizer: Any, token_ids: Sequence[int], stops: Iterable[str]) -> bool:
+    """Whether generation ended on one of `stops`: a stop string completed by the last token.
+
+    Servers return the tokens of the stop string (vLLM and SGLang trim only the text), so the
+    string is in the decoded reply and was not there before its last token.
+    """
+    stops = [s for s in stops if s]
+    if not stops or not token_ids:
+        return False
+    # Only the tail can hold a stop the last token completed: a token decodes to at least one
+    # character, or a byte of one (4 at most per character), so this many tokens cover the
+    # longest stop whatever the reply's length.
+    tail = list(token_ids[-(4 * max(len(s) for s in stops) + 2) :])
+    text = tokenizer.decode(tail, skip_special_tokens=False)
+    before = tokenizer.decode(tail[:-1], skip_special_tokens=False)
+    return any(s in text and s not in before for s in stops)
+
+
+_PROBE = "TOOLENV-TURN-END-PROBE"
+
+
+def template_turn_end_id(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after an assistant message's content
+    (`<|im_end|>` for ChatML, `<|eot_id|>` for Llama 3, `<turn|>` for Gemma 4), or None when
+    it writes none there (GLM: the next role token closes the turn) or the template cannot say.
+    """
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - any template error means "unknown"
+        return None
+    if not isinstance(text, str) or _PROBE not in text:
+        return None
+    tail = text[text.rindex(_PROBE) + len(_PROBE) :]
+    ids = tokenizer.encode(tail, add_special_tokens=False) if tail else []
+    if not ids:
+        return None
+    first = int(ids[0])
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = first in set(getattr(tokenizer, "all_special_ids", []) or []) or bool(
+        getattr(added.get(first), "special", False)
+    )
+    return first if special else None
+
+
+def prompt_key(messages: Iterable[Any]) -> list[tuple[str, str]]:
+    """(role, text) per message, images as `<image>`: the form in which a parquet prompt (chat
+    dicts, possibly with content blocks) and an env's reset messages compare."""
+    out: list[tuple[str, str]] = []
+    for m in messages:
+        if isinstance(m, Message):
+            out.append((m.role, "<image>" * len(m.images) + m.content))
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append((str(m.get("role")), content))
+            continue
+        parts = []
+        for block in content or []:
+            kind = block.get("type") if isinstance(block, Mapping) else None
+            parts.append("<image>" if kind == "image" else str(block.get("text", "")) if kind == "text" else "")
+        out.append((str(m.get("role")), "".join(parts)))
+    return out
+
+
+async def truncate(env: ToolEnv) -> tuple[float, dict[str, float]]:
+    """`env.atruncate()` on an unfinished episode: its final reward and that reward's components
+    (what `atruncate` added to the last turn's)."""
+    ep = env.episode
+    last = ep.turns[-1] if ep is not None and ep.turns else None
+    before = dict(last.reward_components) if last is not None else {}
+    reward = float(await env.atruncate())
+    after = last.reward_components if last is not None else {}
+    return reward, {k: float(v) - float(before.get(k, 0.0)) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+async def changes_prompt(
+    env_id: str,
+    row_kwargs: dict[str, Any],
+    overrides: Mapping[str, Any],
+    task: Task,
+    reset: list[Message],
+    raw_prompt: Sequence[Any],
+) -> bool:
+    """Whether the env built with the loop's `env_kwargs` prompts differently from the env the row
+    was built for (another parser's instructions, system prompt or template): decided once per
+    pair of kwargs by resetting the row's env on the task. When the row's env cannot be built
+    here, the row's `raw_prompt` stands for its prompt."""
+    key = EnvPool.key(env_id, row_kwargs) + "\n" + EnvPool.key(env_id, {**row_kwargs, **overrides})
+    changed = _PROMPT_CHANGED.get(key)
+    if changed is None and key not in _NO_ROW_ENV:
+        async with _PROMPT_LOCKS.setdefault(key, asyncio.Lock()):  # one build, however many episodes wait
+            changed = _PROMPT_CHANGED.get(key)
+            if changed is None and key not in _NO_ROW_ENV:
+                changed = await _row_prompt_differs(env_id, row_kwargs, task, reset)
+                if changed is None:
+                    _NO_ROW_ENV.add(key)
+                else:
+                    _PROMPT_CHANGED[key] = changed
+                    if changed:
+                        logger.warning(
+                            "toolenv: the agent loop's env_kwargs %r change the prompt of %s; episodes start "
+                            "from the env's prompt instead of the dataset's",
+                            dict(overrides),
+                            env_id,
+                        )
+    if changed is None:
+        return prompt_key(raw_prompt) != prompt_key(reset)
+    return changed
+
+
+async def _row_prompt_differs(env_id: str, row_kwargs: dict[str, Any], task: Task, reset: list[Message]) -> bool | None:
+    """Whether the row's env prompts `task` differently from `reset`; None when it cannot be built."""
+    try:
+        row_env = await asyncio.to_thread(make_env, env_id, row_kwargs)
+    except ValueError:
+        return None
+    try:
+        _, info = await row_env.areset(options={"task": task})
+    finally:
+        await row_env.aclose()
+    return prompt_key(info["messages"]) != prompt_key(reset)
