@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -252,3 +253,28 @@ def test_parser_names() -> None:
     assert {"hermes", "tags", "codeblock"} <= set(parser_names())
     with pytest.raises(ValueError, match="unknown parser"):
         get_parser("nope")
+
+
+def _deep(levels: int) -> Any:
+    value: Any = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("spec", parser_names())
+@pytest.mark.parametrize(
+    "value",
+    [{1, 2}, float("nan"), float("inf"), 10**5000, _deep(100_000)],
+    ids=["set", "nan", "inf", "huge-int", "too-deep"],
+)
+def test_format_call_declines_what_json_cannot_hold(spec: str, value: Any) -> None:
+    # An agent writes native calls back as text with format_call: a value JSON cannot hold makes
+    # it say "cannot write this" (None), never raise in the middle of a rollout; what a format
+    # can write (NaN and infinities, which Python's JSON writes) reads back as one call.
+    parser = get_parser(spec)
+    text = parser.format_call("search", {"query": value})
+    if text is not None:
+        assert isinstance(value, float), (spec, text)
+        action = parser.parse(text)
+        assert [c.name for c in action.tool_calls] == ["search"] and action.errors == [], (spec, text)

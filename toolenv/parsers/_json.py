@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["call_arguments", "call_json", "decode_json", "json_problem", "same_json"]
+__all__ = ["call_arguments", "call_json", "decode_json", "encode_json", "json_problem", "same_json"]
 
 _DECODER = json.JSONDecoder()
 
@@ -19,6 +19,16 @@ def decode_json(text: str) -> Any:
         return from_json(text)
     except (ValueError, TypeError):
         return json.loads(text)
+
+
+def encode_json(value: Any) -> str | None:
+    """`value` as JSON text (non-ASCII kept; NaN and infinities as `json` writes them, which the
+    parsers read back), or None when JSON cannot hold it (a set, an int past Python's 4300-digit
+    limit, nesting too deep): a `format_call` then declines the call."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def json_problem(exc: Exception) -> str:

@@ -81,7 +81,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import call_arguments, call_json
+from toolenv.parsers._json import call_arguments, call_json, encode_json
 from toolenv.parsers._scan import MarkerFinder, positional_id
 from toolenv.parsers.base import ActionParser, reasoning_runs, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -361,7 +361,10 @@ class DeepSeekParser(ActionParser):
     def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         if not _writable(name):
             return None
-        args = _escape(json.dumps(arguments, ensure_ascii=False))
+        text = encode_json(arguments)
+        if text is None:
+            return None
+        args = _escape(text)
         if self.version == "v3" and _v3_name(name):
             call = f"function{_SEP}{name}\n```json\n{args}\n```"
         else:

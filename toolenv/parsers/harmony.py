@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._json import decode_json, encode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -187,7 +187,10 @@ class HarmonyParser(ActionParser):
         if not name or _recipient(f"to={name}") != name:
             return None  # the recipient ends at whitespace or a marker: this name cannot be written
         # A marker inside a JSON string would end the message; `\u003c` is the same character.
-        body = json.dumps(arguments, ensure_ascii=False).replace("<|", "\\u003c|")
+        body = encode_json(arguments)
+        if body is None:
+            return None
+        body = body.replace("<|", "\\u003c|")
         return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{body}<|call|>"
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._json import decode_json, encode_json, json_problem
 from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action, tools_json
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -115,10 +114,12 @@ class HermesParser(ActionParser):
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return tool_responses(results)
 
-    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         body = {"name": name, "arguments": arguments, **({"id": call_id} if call_id else {})}
         # A tag inside a JSON string would end the call early; `\u003c` is the same character.
-        text = json.dumps(body, ensure_ascii=False)
+        text = encode_json(body)
+        if text is None:
+            return None
         for tag in (_OPEN, _CLOSE):
             text = text.replace(tag, "\\u003c" + tag[1:])
         return f"{_OPEN}\n{text}\n{_CLOSE}"

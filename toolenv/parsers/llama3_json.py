@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, json_problem
+from toolenv.parsers._json import decode_json, encode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
 
@@ -315,10 +315,10 @@ class Llama3JSONParser(ActionParser):
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(json.dumps({"error" if r.is_error else "output": r.text}, ensure_ascii=False) for r in results)
 
-    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str:
+    def format_call(self, name: str, arguments: dict[str, Any], call_id: str = "") -> str | None:
         # A special token inside a JSON string would be tokenized as one; `\u003c` is the same character.
-        text = json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
-        return text.replace("<|", "\\u003c|")
+        text = encode_json({"name": name, "parameters": arguments})
+        return None if text is None else text.replace("<|", "\\u003c|")
 
 
 register_parser("llama3_json", Llama3JSONParser)

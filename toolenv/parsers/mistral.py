@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import call_arguments, decode_json, json_problem
+from toolenv.parsers._json import call_arguments, decode_json, encode_json, json_problem
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 
@@ -180,10 +180,12 @@ class MistralParser(ActionParser):
             return None  # no layout carries a call without a name
         if name == name.strip() and name[0] != '"' and not any(c in name for c in "[{<"):
             ident = f"{_CALL_ID}{call_id}" if _mistral_id(call_id) else ""
-            return f"{_CALLS}{name}{ident}{_ARGS}{_escape(json.dumps(arguments, ensure_ascii=False))}"
+            args = encode_json(arguments)
+            return None if args is None else f"{_CALLS}{name}{ident}{_ARGS}{_escape(args)}"
         # The v3 layout, whose JSON name can be any string.
         call = {"name": name, "arguments": arguments, **({"id": call_id} if call_id else {})}
-        return f"{_CALLS}[{_escape(json.dumps(call, ensure_ascii=False))}]"
+        text = encode_json(call)
+        return None if text is None else f"{_CALLS}[{_escape(text)}]"
 
 
 def _read_segment(segment: str, index: int, calls: list[ToolCall], errors: list[str]) -> tuple[int, int]:

@@ -20,12 +20,11 @@ may hold several `<function=…>` blocks; each is a call, as vLLM's `qwen3_coder
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, same_json
+from toolenv.parsers._json import decode_json, encode_json, same_json
 from toolenv.parsers._scan import SchemaBound, schema_kinds, typed_value
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import scan_tool_call_blocks, tool_responses
@@ -173,7 +172,9 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
             as_written = isinstance(value, str) and (
                 not isinstance(schema, Mapping) or _kind(schema) == "string" or same_json(_typed(value, schema), value)
             )
-            text = value if as_written else json.dumps(value, ensure_ascii=False)
+            text = value if as_written else encode_json(value)
+            if text is None:
+                return None
             if not isinstance(key, str) or not key.strip() or key != key.strip() or ">" in key:
                 return None
             if any(tag in text for tag in (_PARAMETER_END, _FUNCTION_END, _CLOSE, _OPEN)):
