@@ -52,7 +52,11 @@ def render_tool_calls(content: str, calls: list[dict[str, Any]], parser: ActionP
     for call in calls:
         name, args, call_id = call["name"], call["arguments"], call.get("id") or ""
         text = parser.format_call(name, args, call_id) if parser is not None and isinstance(args, dict) else None
-        parts.append(text if text is not None else _HERMES.format_call(name, args, call_id))
+        if text is None:
+            text = _HERMES.format_call(name, args, call_id)
+        if text is None:  # arguments decoded from a JSON response always encode again
+            raise ValueError(f"tool call {name!r} has arguments that JSON cannot hold")
+        parts.append(text)
     return "\n".join(parts)
 
 
