@@ -105,3 +105,22 @@ def test_has_block(text: str, expected: bool) -> None:
 def test_invalid_think_tag_is_refused() -> None:
     with pytest.raises(ValueError, match="not a valid tag name"):
         FormatReward(think_tag="a b")
+
+
+def test_require_think_accepts_reasoning_the_generation_prompt_opened() -> None:
+    """Qwen3-thinking, DeepSeek-R1 and GLM templates end the prompt with `<think>`: the turn then
+    starts inside the reasoning and holds only its `</think>`, as vLLM's reasoning parsers read it."""
+    reward = FormatReward(require_think=True)
+    opened = [f"need the sum</think>\n{CALL}", "got 5\n</think>\n<answer>5</answer>"]
+    assert run(opened, reward)[0] == 1.0
+    for reasoning in (True, False):
+        parser_kwargs = {"reasoning": True} if reasoning else {}
+        env = toolenv.ToolEnv(
+            tools=[add], tasks=[{"question": "2+3?", "answer": "5"}], reward=reward, parser_kwargs=parser_kwargs
+        )
+        env.reset(seed=0)
+        _, r, term, _, _ = env.step("got 5</think><answer>5</answer>")
+        env.close()
+        assert term and r == 1.0
+    empty = [f"  </think>{CALL}", "got 5</think><answer>5</answer>"]
+    assert run(empty, reward)[0] == 0.0

@@ -76,7 +76,10 @@ class FakeServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 512  # many judge calls connect at once
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -330,3 +333,72 @@ async def test_many_judges_share_one_client_per_loop(server: FakeServer) -> None
     loop = asyncio.get_running_loop()
     assert judge_module._client() is judge_module._CLIENTS[loop]
     assert sum(1 for k in judge_module._CLIENTS if k is loop) == 1
+
+
+async def test_waiting_for_a_pooled_connection_is_not_a_timeout(server: FakeServer) -> None:
+    """More judge calls than the shared pool's 64 connections queue for one: a call that waits
+    longer than `timeout` for a free connection still gets its own `timeout` for the request."""
+    import asyncio
+
+    server.script = [Reply(body=completion("yes"), delay=1.0)]
+    j = judge(server, timeout=2.5, retries=0)  # 1.5 s to spare for each request on a loaded machine
+    episodes = [make_episode("Paris") for _ in range(4 * 64)]  # four waves: the last waits ~3 s for the pool
+    scores = await asyncio.gather(*(j.final(ep) for ep in episodes))
+    errors = {reward_info(ep)["judge"]["error"] for ep in episodes}
+    assert errors == {None}
+    assert scores == [1.0] * len(episodes)
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        # A verdict-first reply (what the default prompt asks for) is read by its first word, even
+        # when the reason mentions a score, rating or grade of the question's own subject.
+        ("Yes. The prediction gives the final score: 4-2, as the gold does.", 1.0),
+        ("No. The gold says the match ended with score: 1-0, not 2-1.", 0.0),
+        ("**Yes** - same city.", 1.0),
+        # A negated verdict word is the opposite verdict.
+        ("The predicted answer is not correct.", 0.0),
+        ("The prediction isn't correct: it names Lyon.", 0.0),
+        ("The predicted answer is not incorrect, just terse.", 1.0),
+        # Markdown around a score.
+        ("**Score:** 0.8", 0.8),
+        ("Score: **3/4**", 0.75),
+        ("Score: 4 out of 5", 0.8),
+        # Reasoning cut off (max_tokens) before `</think>`: no verdict, not one read from the reasoning.
+        ("<think>Is the prediction correct? Paris is the gold answer, so yes it", None),
+        # A generation prompt that opened the reasoning: only the text after `</think>` counts.
+        ("The gold says Paris, so yes.</think>\nNo.", 0.0),
+    ],
+)
+def test_parse_judgement_reads_the_verdict_not_the_reasoning(reply: str, score: float | None) -> None:
+    assert parse_judgement(reply) == score
+
+
+async def test_reply_cut_inside_reasoning_is_an_error_not_a_verdict(server: FakeServer) -> None:
+    body = completion("<think>The prediction Paris looks correct, let me check the gold")
+    body["choices"][0]["finish_reason"] = "length"
+    server.script = [Reply(body=body)]
+    ep = make_episode("Lyon")
+    assert await judge(server).final(ep) == 0.0
+    info = reward_info(ep)["judge"]
+    assert info["error"] is not None and "max_tokens" in info["error"]
+
+
+async def test_null_content_error_names_the_finish_reason(server: FakeServer) -> None:
+    """vLLM with a reasoning parser: reasoning cut at max_tokens leaves `content` null."""
+    message = {"role": "assistant", "content": None, "reasoning_content": "Let me see"}
+    body = {"choices": [{"index": 0, "message": message, "finish_reason": "length"}]}
+    server.script = [Reply(body=body)]
+    ep = make_episode("Paris")
+    assert await judge(server).final(ep) == 0.0
+    assert "max_tokens" in reward_info(ep)["judge"]["error"]
+
+
+async def test_max_tokens_none_is_left_out_of_the_request(server: FakeServer) -> None:
+    """OpenAI's reasoning models refuse `max_tokens` (they take `max_completion_tokens`)."""
+    server.script = [Reply(body=completion("yes"))]
+    j = judge(server, max_tokens=None, extra_body={"max_completion_tokens": 2048})
+    assert await j.final(make_episode("Paris")) == 1.0
+    body = server.requests[0]["body"]
+    assert "max_tokens" not in body and body["max_completion_tokens"] == 2048

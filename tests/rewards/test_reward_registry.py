@@ -109,3 +109,43 @@ async def test_weighted_sums_nest() -> None:
     f1 = 2 * (1.0 * 0.5) / 1.5
     assert info["reward_components"] == {"inner": pytest.approx(0.0 + f1)}
     assert reward == pytest.approx(0.5 * f1)
+
+
+def test_a_list_of_names_weighs_each_one() -> None:
+    """`reward: [f1, format]` in a YAML config: each name at weight 1 (it used to unpack the
+    name's letters: "unknown reward 'f'")."""
+    assert get_reward(["f1", "format"]).weights == {"f1": 1.0, "format": 1.0}
+    assert get_reward(["em"]).weights == {"exact_match": 1.0}
+    assert get_reward([ExactMatch(), ["format", 0.2]]).weights == {"exact_match": 1.0, "format": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ([("f1",)], r"reward spec item \('f1',\) must be"),
+        ([("f1", 1.0, 2.0)], r"must be a name, a Reward or a \(reward, weight\) pair"),
+        ([(1.0, "f1")], r"must be a name, a Reward or a \(reward, weight\) pair"),
+        ({"f1": None}, r"the weight of 'f1' must be a finite number, got None"),
+        ({"f1": "heavy"}, r"the weight of 'f1' must be a finite number, got 'heavy'"),
+        ({"f1": float("nan")}, r"the weight of 'f1' must be a finite number, got nan"),
+        ([(ExactMatch(), float("inf"))], r"the weight of 'exact_match' must be a finite number, got inf"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong_when_built(spec: object, message: str) -> None:
+    """A bad weight is refused when the env is built, not at the first step that scores it."""
+    with pytest.raises(ValueError, match=message):
+        get_reward(spec)  # type: ignore[arg-type]
+
+
+def test_a_factorys_own_key_error_is_not_an_unknown_name() -> None:
+    from toolenv.rewards import base
+
+    def broken() -> ExactMatch:
+        return {}["missing"]  # type: ignore[no-any-return]
+
+    base.register_reward("broken_factory", broken)
+    try:
+        with pytest.raises(KeyError, match="missing"):
+            get_reward("broken_factory")
+    finally:
+        del base._FACTORIES["broken_factory"]

@@ -139,3 +139,21 @@ def test_build_args_returning_none_skips() -> None:
     comps, _, env = run(["<answer>x</answer>"], ToolVerified("python", lambda ep: None))
     assert comps == {"tool_verified": 0.0}
     assert env.episode is not None and "skipped" in reward_info(env.episode)["tool_verified"]
+
+
+@pytest.mark.parametrize(
+    ("reward", "error"),
+    [
+        (ToolVerified("python", with_tests, judge=lambda r: float("nan")), "judge returned nan"),
+        (ToolVerified("python", with_tests, judge=lambda r: float("inf")), "judge returned inf"),
+        (ToolVerified("python", lambda ep: "print(1)"), "build_args failed"),
+        (ToolVerified("python", lambda ep: {1: "x"}), "build_args failed"),
+    ],
+)
+def test_bad_judge_scores_and_arguments_score_zero_instead_of_raising(reward: ToolVerified, error: str) -> None:
+    """The reward promises nothing raises: a NaN score would end the step with an error, and
+    arguments that are not a mapping of names would escape `final`."""
+    comps, reward_value, env = run(["<answer>def square(x): return x * x</answer>"], reward)
+    assert comps == {"tool_verified": 0.0} and reward_value == 0.0
+    assert env.episode is not None
+    assert error in reward_info(env.episode)["tool_verified"]["error"]

@@ -61,7 +61,8 @@ class WeightedSum(Reward):
         names = list(parts.keys()) if isinstance(parts, Mapping) else [r.name for r, _ in items]
         if len(set(names)) != len(names):
             raise ValueError(f"reward component names must be unique, got {names}")
-        self.parts = dict(zip(names, items, strict=True))
+        # A bad weight is refused here, not at the first step whose component is non-zero.
+        self.parts = {k: (r, _weight(k, w)) for k, (r, w) in zip(names, items, strict=True)}
         self._weights = {k: w for k, (_, w) in self.parts.items()}
         self._per_turn = [(k, r) for k, (r, _) in self.parts.items() if type(r).turn is not Reward.turn]
         #: False when every step scores 0 for every part (no part overrides `turn`): the env then
@@ -118,6 +119,21 @@ class WeightedSum(Reward):
         return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
 
 
+def _weight(name: str, value: object) -> float:
+    """`value` as a finite float.
+
+    Raises:
+        ValueError: it is not a number (or a numeric string) or not finite; the message names `name`.
+    """
+    try:
+        weight = float(value)  # type: ignore[arg-type]  # anything float() takes, e.g. "0.5" from a config
+    except (TypeError, ValueError):
+        weight = math.nan
+    if not math.isfinite(weight):
+        raise ValueError(f"the weight of {name!r} must be a finite number, got {value!r}")
+    return weight
+
+
 def reward_info(episode: Episode) -> dict[str, dict[str, Any]]:
     """Details rewards left about an episode (judge replies, errors), by component name.
 
@@ -131,7 +147,7 @@ def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
     reward_info(episode)[name] = data
 
 
-RewardSpec = str | Reward | Mapping[str, float] | Sequence[tuple[Reward | str, float]]
+RewardSpec = str | Reward | Mapping[str, float] | Sequence[Reward | str | tuple[Reward | str, float]]
 
 _FACTORIES: dict[str, Callable[..., Reward]] = {}
 
@@ -147,16 +163,31 @@ def reward_names() -> list[str]:
 
 
 def _by_name(name: str, **kwargs: Any) -> Reward:
-    try:
-        return _FACTORIES[name](**kwargs)
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}") from None
+    factory = _FACTORIES.get(name)  # looked up apart from the call: a factory's own KeyError is its own
+    if factory is None:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}")
+    return factory(**kwargs)
+
+
+def _spec_item(item: object) -> tuple[Reward, Any]:
+    """A list spec's item as `(reward, weight)`: a name or a Reward weighs 1."""
+    if isinstance(item, str | Reward):
+        return (_by_name(item) if isinstance(item, str) else item), 1.0
+    if isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str | Reward):
+        r, w = item
+        return (_by_name(r) if isinstance(r, str) else r), w
+    raise ValueError(f"reward spec item {item!r} must be a name, a Reward or a (reward, weight) pair")
 
 
 def get_reward(spec: RewardSpec) -> WeightedSum:
     """Normalise a spec to a `WeightedSum`.
 
-    Accepts a name (`"f1"`), a Reward, a `{name: weight}` mapping, or `[(reward, weight), ...]`.
+    Accepts a name (`"f1"`), a Reward, a `{name: weight}` mapping, or a list whose items are
+    `(reward or name, weight)` pairs or bare names/Rewards (weight 1), as a YAML config writes
+    `[f1, [format, 0.2]]`.
+
+    Raises:
+        ValueError: an unknown name, a malformed item, or a weight that is not a finite number.
     """
     if isinstance(spec, WeightedSum):
         return spec
@@ -165,5 +196,7 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
     if isinstance(spec, str):
         return WeightedSum([(_by_name(spec), 1.0)])
     if isinstance(spec, Mapping):
-        return WeightedSum([(_by_name(k), float(w)) for k, w in spec.items()])
-    return WeightedSum([(_by_name(r) if isinstance(r, str) else r, float(w)) for r, w in spec])
+        return WeightedSum([(_by_name(k), w) for k, w in spec.items()])
+    if not isinstance(spec, Sequence):
+        raise TypeError(f"a reward spec is a name, a Reward, a mapping or a list, got {type(spec).__name__}")
+    return WeightedSum([_spec_item(item) for item in spec])

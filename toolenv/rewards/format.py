@@ -33,15 +33,24 @@ def has_block(text: str, tag: str) -> bool:
     return False
 
 
+def _opened_by_prompt(text: str, tag: str) -> bool:
+    """True when `text` starts inside a `<tag>` block the generation prompt opened (Qwen3-thinking,
+    DeepSeek-R1 and GLM templates end the prompt with `<think>`): non-empty text before a
+    `</tag>` that no `<tag>` precedes, as vLLM's reasoning parsers and `split_reasoning` read it."""
+    end = text.find(f"</{tag}>")
+    return end >= 0 and f"<{tag}>" not in text[:end] and bool(text[:end].strip())
+
+
 def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
     """True when the turn parsed without errors, did something (a call or an answer)
-    and, when `think_tag` is given, holds a non-empty `<think_tag>` block."""
+    and, when `think_tag` is given, holds a non-empty `<think_tag>` block (or starts inside
+    one the generation prompt opened, ending at its `</think_tag>`)."""
     parsed = turn.parsed
     if parsed.errors:
         return False
     if not parsed.tool_calls and parsed.answer is None:
         return False
-    return think_tag is None or has_block(turn.action, think_tag)
+    return think_tag is None or has_block(turn.action, think_tag) or _opened_by_prompt(turn.action, think_tag)
 
 
 class FormatReward(Reward):
@@ -50,7 +59,8 @@ class FormatReward(Reward):
 
     Args:
         require_answer: the episode must end with an answer (not by truncation).
-        require_think: every turn must hold a `<think>…</think>` block (R1-style).
+        require_think: every turn must hold a non-empty `<think>…</think>` block (R1-style), or
+            start inside one that the generation prompt opened and close it with `</think>`.
         think_tag: the tag name of the reasoning block.
         partial: score the fraction of well-formed turns instead of all-or-nothing
             (the answer requirement still gates the score).

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from toolenv.episode import Episode
+from toolenv.parsers.reasoning import split_reasoning
 from toolenv.rewards.base import Reward, record_reward_info, register_reward
 
 if TYPE_CHECKING:  # httpx is imported on first use so that `import toolenv` stays fast.
@@ -36,9 +37,12 @@ Is the predicted answer correct, i.e. does it mean the same as one of the gold a
 Reply with "yes" or "no" first, then a short reason."""
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-_SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)(?:\s*/\s*(\d+(?:\.\d+)?))?\s*\.?\s*$")
-_VERDICT = re.compile(r"\b(yes|no|correct|incorrect|true|false)\b", re.IGNORECASE)
+_OF = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
+_SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)" + _OF, re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*\.?\s*$", re.IGNORECASE)
+_WORDS = r"(yes|no|correct|incorrect|true|false)\b"
+_LEADING_VERDICT = re.compile(r"\W*" + _WORDS, re.IGNORECASE)
+_VERDICT = re.compile(r"(\bnot\s+|n['\u2019]t\s+)?\b" + _WORDS, re.IGNORECASE)
 _POSITIVE = frozenset({"yes", "correct", "true"})
 
 
@@ -63,18 +67,31 @@ def _fraction(num: str, den: str | None) -> float | None:
 def parse_judgement(text: str) -> float | None:
     """A score in [0, 1] from a judge reply, or None when the reply gives none.
 
-    Understood, in this order: `score: 0.8` or `score: 4/5`; a reply that is just a
-    number or fraction; the first yes/no (correct/incorrect, true/false) word.
-    A reasoning model's `<think>…</think>` preamble is skipped.
+    Understood, in this order: a reply that starts with a yes/no (correct/incorrect,
+    true/false) word, as the default prompt asks; `score: 0.8`, `score: 4/5` or
+    `score: 4 out of 5`; a reply that is just a number or fraction; the first yes/no word
+    anywhere, where "not correct" or "isn't true" counts as the opposite verdict. Markdown
+    bold is ignored. A reasoning model's `<think>…</think>` is skipped (an unclosed one runs
+    to the end of the reply, and text before a `</think>` that no `<think>` opens is
+    reasoning too, as vLLM's reasoning parsers read it).
     """
-    text = text.rpartition("</think>")[2] if "</think>" in text else text
+    text = split_reasoning(text)[1].replace("*", "")
+    lead = _LEADING_VERDICT.match(text)
+    if lead:
+        return 1.0 if lead.group(1).lower() in _POSITIVE else 0.0
     m = _SCORE.search(text) or _NUMBER.match(text)
     if m:
         return _fraction(m.group(1), m.group(2))
     v = _VERDICT.search(text)
     if v:
-        return 1.0 if v.group(1).lower() in _POSITIVE else 0.0
+        return float((v.group(2).lower() in _POSITIVE) != bool(v.group(1)))
     return None
+
+
+def _ends_in_reasoning(text: str) -> bool:
+    """True when the reply's last `<think>` is never closed (cut at the token limit)."""
+    start = text.rfind("<think>")
+    return start >= 0 and text.find("</think>", start) < 0
 
 
 # One AsyncClient per event loop, shared by every judge in the process: clients are
@@ -102,11 +119,13 @@ class LLMJudge(Reward):
         api_key_env: name of the environment variable holding the API key (None: no key).
         prompt: a `str.format` template with `{question}`, `{gold}` and `{prediction}`.
         system: an optional system message.
-        timeout: seconds for one HTTP request.
+        timeout: seconds for one HTTP request (connect, send, and each wait for reply bytes);
+            waiting for a free connection of the shared pool is not counted.
         retries: extra attempts after a 429, a 5xx, a timeout or a connection error.
         backoff: first retry delay in seconds, doubled each attempt (with jitter),
             capped by `max_backoff`; a `Retry-After` header is honoured up to the cap.
-        max_tokens: reply length limit sent to the server.
+        max_tokens: reply length limit sent to the server; None sends none (OpenAI's reasoning
+            models refuse `max_tokens`: pass `extra_body={"max_completion_tokens": n}` instead).
         extra_body: more fields for the request body (e.g. `{"temperature": 0}`).
         name: the component name.
     """
@@ -123,7 +142,7 @@ class LLMJudge(Reward):
         retries: int = 3,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
-        max_tokens: int = 256,
+        max_tokens: int | None = 256,
         extra_body: Mapping[str, Any] | None = None,
         name: str = "judge",
     ) -> None:
@@ -175,7 +194,11 @@ class LLMJudge(Reward):
             return 0.0
         score = parse_judgement(reply)
         if score is None:
-            error = "the judge's reply holds no score or yes/no verdict"
+            error = (
+                "the judge's reply ends inside its <think> reasoning: raise max_tokens"
+                if _ends_in_reasoning(reply)
+                else "the judge's reply holds no score or yes/no verdict"
+            )
             record_reward_info(episode, self.name, score=0.0, error=error, reply=reply[:500], attempts=attempts)
             return 0.0
         record_reward_info(episode, self.name, score=score, error=None, reply=reply[:500], attempts=attempts)
@@ -189,17 +212,23 @@ class LLMJudge(Reward):
         """
         import httpx
 
-        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, **self.extra_body}
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        body.update(self.extra_body)
         # ASCII-escaped JSON: model text may hold lone surrogates, which UTF-8 cannot encode
         # (httpx's `json=` encodes without escaping and would raise).
         content = json.dumps(body, ensure_ascii=True).encode("ascii")
         headers = {"Content-Type": "application/json", **self._headers()}
         client = _client()
+        # `timeout` bounds the request, not the wait for one of the shared pool's connections:
+        # when more calls are in flight than the pool holds, the rest queue without failing.
+        timeout = httpx.Timeout(self.timeout, pool=None)
         last = ""
         for attempt in range(1, self.retries + 2):
             retry_after: float | None = None
             try:
-                resp = await client.post(self.url, content=content, headers=headers, timeout=self.timeout)
+                resp = await client.post(self.url, content=content, headers=headers, timeout=timeout)
             except httpx.TimeoutException:
                 last = f"timed out after {self.timeout:g} s"
             except httpx.HTTPError as exc:  # connection refused, reset, protocol errors
@@ -235,7 +264,9 @@ def _reply_text(content: bytes, attempts: int) -> str:
             f"the judge's reply is not a chat completion ({type(exc).__name__}): {content[:200]!r}", attempts
         ) from None
     if not isinstance(text, str):
-        raise JudgeError(f"the judge's reply has no text content: {content[:200]!r}", attempts)
+        finish = data["choices"][0].get("finish_reason")
+        hint = " (finish_reason 'length': raise max_tokens)" if finish == "length" else ""
+        raise JudgeError(f"the judge's reply has no text content{hint}: {content[:200]!r}", attempts)
     return text
 
 

@@ -8,6 +8,7 @@ through `episode.call_tool`, with the same limits and error handling.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -19,6 +20,18 @@ __all__ = ["ToolVerified"]
 
 BuildArgs = Callable[[Episode], "Mapping[str, Any] | None"]
 JudgeFn = Callable[[ToolResult], "float | Awaitable[float]"]
+
+
+def _arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` as keyword arguments.
+
+    Raises:
+        TypeError, ValueError: `args` is not a mapping of argument names (e.g. a string).
+    """
+    kwargs = dict(args)
+    if not all(isinstance(k, str) for k in kwargs):
+        raise TypeError(f"argument names must be strings, got {list(kwargs)!r}")
+    return kwargs
 
 
 def _default_judge(result: ToolResult) -> float:
@@ -37,8 +50,9 @@ class ToolVerified(Reward):
         require_answer: score 0 without calling the tool when the episode has no answer.
         name: the component name.
 
-    Nothing raises: a failure in `build_args`, the tool or `judge` scores 0 and is
-    kept in `reward_info(episode)[name]`.
+    Nothing raises: a failure in `build_args` (or arguments that are not a mapping of
+    names), the tool or `judge` (or a NaN or infinite score) scores 0 and is kept in
+    `reward_info(episode)[name]`.
     """
 
     def __init__(
@@ -64,12 +78,13 @@ class ToolVerified(Reward):
             return 0.0
         try:
             args = self.build_args(episode)
+            kwargs = None if args is None else _arguments(args)
         except Exception as exc:  # noqa: BLE001 - a reward never breaks the episode
             return self._fail(episode, f"build_args failed: {type(exc).__name__}: {exc}")
-        if args is None:
+        if kwargs is None:
             record_reward_info(episode, self.name, score=0.0, error=None, skipped="build_args returned None")
             return 0.0
-        result = await episode.call_tool(self.tool, **dict(args))
+        result = await episode.call_tool(self.tool, **kwargs)
         if result.is_error and not self.score_errors:
             return self._fail(episode, f"tool {self.tool!r} failed: {result.text[:500]}", result)
         try:
@@ -79,6 +94,8 @@ class ToolVerified(Reward):
             score = float(value)
         except Exception as exc:  # noqa: BLE001
             return self._fail(episode, f"judge failed: {type(exc).__name__}: {exc}", result)
+        if not math.isfinite(score):  # would end the step with an error (see `WeightedSum.total`)
+            return self._fail(episode, f"judge returned {score!r}; a reward must be a finite number", result)
         record_reward_info(episode, self.name, score=score, error=None, tool_output=result.text[:500])
         return score
 
