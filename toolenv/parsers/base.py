@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import abc
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
+from toolenv._schema import openai_schema
 from toolenv._tool import Tool
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_parsed
 
@@ -108,7 +112,19 @@ def reasoning_runs(pieces: Sequence[tuple[str, bool]]) -> list[tuple[str, bool]]
 
 def tools_json(tools: Sequence[Tool]) -> str:
     """One JSON schema per line, the layout Qwen/Hermes chat templates use inside `<tools>`."""
-    return "\n".join(json.dumps(t.schema(), ensure_ascii=False) for t in tools)
+    return "\n".join(
+        _schema_line(t.name, t.description, t.Args)
+        if type(t).schema is Tool.schema
+        else json.dumps(t.schema(), ensure_ascii=False)
+        for t in tools
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_line(name: str, description: str, args: type[BaseModel]) -> str:
+    """A tool's schema line, made once: every env renders its tools into its prompt when built
+    (the runner builds one env per concurrent episode), and the line depends only on these."""
+    return json.dumps(openai_schema(name, description, args), ensure_ascii=False)
 
 
 _FACTORIES: dict[str, Callable[..., ActionParser]] = {}
