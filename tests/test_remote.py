@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, make_env, serving
 
 import toolenv
 from toolenv.remote import RemoteEnvError, RemoteToolEnv
+from toolenv.rewards.base import record_reward_info
 from toolenv.trajectory import Trajectory
 from toolenv.vector import ToolVectorEnv
 
@@ -403,3 +405,185 @@ def test_a_server_stopped_mid_episode_is_a_remote_env_error() -> None:
     with pytest.raises(RemoteEnvError, match="cannot reach"):
         env.reset()
     env.close()  # best effort: the server is gone, nothing raised
+
+
+# ---------------------------------------------------------------------- values a local env returns
+@toolenv.tool
+def shell(cmd: str) -> toolenv.ToolResult:
+    """Output as a sandbox decodes it (undecodable bytes as lone surrogates), numpy stats in metadata."""
+    out = b"caf\xe9 \xf0\x9f\x98\x80 ok".decode("utf-8", "surrogateescape")
+    return toolenv.ToolResult(text=out, metadata={"rc": np.int64(0), "mean": np.float32(0.5), "v": np.arange(3)})
+
+
+class NumpyReward(toolenv.Reward):
+    """Scores and details as numpy values, as rewards built on numpy return them."""
+
+    name = "np_score"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        record_reward_info(episode, self.name, hits=np.int64(2), ok=np.bool_(True))
+        return np.float32(1.0)  # type: ignore[no-any-return]
+
+
+def test_numpy_values_and_lone_surrogates_cross_the_wire() -> None:
+    def factory() -> Any:
+        return make_env(tools=[shell], reward=NumpyReward())
+
+    call = '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>'
+    with serving(factory) as u:
+        env = RemoteToolEnv(u)
+        env.reset(options={"task_id": "t1", "tag": np.float32(1.5)})  # extra options go to the env
+        obs, *_, info = env.step(call)
+        result = info["tool_results"][0]
+        assert result.text == "caf\ufffd \U0001f600 ok" and "caf\ufffd" in obs
+        assert result.metadata == {"rc": 0, "mean": 0.5, "v": [0, 1, 2]}
+        obs, reward, terminated, _, info = env.step("<answer>5 \ud83d</answer>")  # half an emoji from the model
+        assert (reward, terminated) == (1.0, True)
+        assert info["reward_info"] == {"np_score": {"hits": 2, "ok": True}}
+        assert info["answer"] == "5 \ufffd"
+        env.close()
+
+
+class _TerseInfo(toolenv.ToolEnv):
+    """A served env subclass whose `step` info leaves out keys the wire needs."""
+
+    async def astep(self, action: str, *, parsed: Any = None) -> Any:
+        obs, reward, terminated, truncated, info = await super().astep(action, parsed=parsed)
+        return obs, reward, terminated, truncated, {"turn": info["turn"]}
+
+
+def test_an_unexpected_server_failure_is_a_clear_500_on_a_live_connection() -> None:
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    with serving(lambda: _TerseInfo(tasks=TASKS)) as u:
+        parts = urlsplit(u)
+        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+        headers = {"content-type": "application/json"}
+
+        def post(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+            conn.request("POST", path, body=json.dumps(body), headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw else None
+
+        try:
+            status, created = post("/sessions", {})
+            sid = created["session_id"]
+            assert post(f"/sessions/{sid}/reset", {})[0] == 200
+            status, body = post(f"/sessions/{sid}/step", {"action": "<answer>5</answer>"})
+            assert status == 500
+            assert "KeyError" in body["error"] and "task_id" in body["error"], body
+            # the same keep-alive connection serves the next request (no spurious failure after a 500)
+            conn.request("DELETE", f"/sessions/{sid}")
+            assert conn.getresponse().status == 204
+        finally:
+            conn.close()
+
+
+async def test_the_reaper_never_closes_a_session_taken_while_it_closes_another() -> None:
+    from toolenv.remote.sessions import SessionStore
+
+    store = SessionStore(make_env, max_sessions=4, ttl=60)
+    a, b = await store.create(), await store.create()
+    closing, go_on = asyncio.Event(), asyncio.Event()
+    closed: list[str] = []
+
+    async def close_a() -> None:  # a slow teardown (a sandbox, a browser)
+        closing.set()
+        await go_on.wait()
+        closed.append("a")
+
+    async def close_b() -> None:
+        closed.append("b")
+
+    a.env.aclose, b.env.aclose = close_a, close_b  # type: ignore[method-assign]
+    a.last_used = b.last_used = float("-inf")  # both idle for long
+    reaping = asyncio.create_task(store.reap())
+    await closing.wait()  # the reaper is closing a ...
+    async with store.use(b.id):  # ... when b's client comes back and steps
+        go_on.set()
+        assert await reaping == 1
+        assert closed == ["a"] and len(store) == 1  # b, mid-step, is neither closed nor dropped
+    await store.aclose()
+    assert closed == ["a", "b"]
+
+
+async def test_a_cancelled_step_is_never_sent_again() -> None:
+    import threading
+
+    started, finish = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    @toolenv.tool
+    async def slow(n: int) -> str:
+        """A tool call with side effects (a write, a payment) that takes a while."""
+        runs.append(n)
+        started.set()
+        await asyncio.to_thread(finish.wait, 30)
+        return "done"
+
+    call = '<tool_call>{"name": "slow", "arguments": {"n": 1}}</tool_call>'
+    with serving(lambda: make_env(tools=[slow])) as u:
+        env = RemoteToolEnv(u)
+        await env.areset(options={"task_id": "t1"})
+        stepping = asyncio.create_task(env.astep(call))
+        assert await asyncio.to_thread(started.wait, 30)
+        stepping.cancel()  # e.g. the runner's episode timeout: the server goes on with the step
+        with pytest.raises(asyncio.CancelledError):
+            await stepping
+        finish.set()
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.astep(call)  # sending it again would run the call twice
+        assert runs == [1]
+        await env.areset(options={"task_id": "t1"})  # a new episode is fine
+        await env.aclose()
+
+
+def test_a_url_that_is_not_a_toolenv_server_is_a_clear_error() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def models(request: Any) -> JSONResponse:
+        return JSONResponse({"data": []})
+
+    # e.g. the model server's URL given by mistake: it answers 404 to every toolenv path
+    with _plain_server(Starlette(routes=[Route("/v1/models", models)])) as other, pytest.raises(RemoteEnvError) as exc:
+        RemoteToolEnv(other)
+    assert exc.value.status == 404
+    assert f"the toolenv server at {other} answered 404" in str(exc.value), str(exc.value)
+
+
+@contextlib.contextmanager
+def _plain_server(app: Any) -> Any:
+    """Any ASGI app on 127.0.0.1, in a thread; yields its URL."""
+    import threading
+
+    import uvicorn
+
+    from toolenv.commands.serve_cmd import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(20)
+        sock.close()
+
+
+async def test_tasks_are_listed_after_steps_through_a_given_transport(url: str) -> None:
+    env = RemoteToolEnv(url, transport=httpx.AsyncHTTPTransport(retries=2))
+    await env.areset(options={"task_id": "t1"})
+    await env.astep(CALL_ADD)  # the transport now keeps a connection of this event loop
+    assert [t.id for t in env.tasks] == [t["id"] for t in TASKS]
+    await env.aclose()

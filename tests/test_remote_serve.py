@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -161,3 +162,33 @@ def test_a_server_killed_mid_run_ends_episodes_with_errors_and_resume_finishes_t
         stop(again)
     assert res.skipped == 1 and res.new == 3
     assert all(t.success for t in res.trajectories) and len(res.trajectories) == 4
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_serve_binds_an_ipv6_address() -> None:
+    proc = subprocess.Popen(
+        [TOOLENV, "serve", "toolenv/ToolEnv-v0", "--host", "::1", "--port", "0", *ENV_ARGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving toolenv/ToolEnv-v0 on http://[::1]:"), line
+        env = RemoteToolEnv(line.split(" on ", 1)[1].split()[0])
+        env.reset(options={"task_id": "t2"})
+        assert env.step("<answer>14</answer>")[1] == 1.0
+        env.close()
+    finally:
+        stop(proc)
+    assert proc.returncode == 0

@@ -149,7 +149,7 @@ class Trajectory(_Model):
         return line
 
 
-def _fix_text(text: str) -> str:
+def fix_text(text: str) -> str:
     """`text` with each lone surrogate replaced by U+FFFD (a pair kept as two halves is joined)."""
     if text.isascii():
         return text
@@ -160,7 +160,7 @@ def _fix_text(text: str) -> str:
     return text
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A numpy scalar or array (or a tensor) as plain Python, else `value` itself."""
     for method in ("tolist", "item"):
         convert = getattr(value, method, None)
@@ -183,24 +183,31 @@ class JsonLine(NamedTuple):
 
 
 def dump_line(traj: Trajectory, images: ImageStore | None = None) -> JsonLine:
-    """`traj` as one JSON line, whatever it holds, and what could not be written.
+    """`traj` as one JSON line, whatever it holds, and what could not be written (`dump_json`)."""
+    return dump_json(traj, None if images is None else {IMAGE_STORE: images})
+
+
+def dump_json(model: BaseModel, context: Any = None, *, warnings: bool = True) -> JsonLine:
+    """`model` as one line of JSON, whatever it holds, and what could not be written.
 
     The common case is one call of pydantic's serializer. When it fails, lone surrogates
     become U+FFFD, numpy-like values plain numbers and lists, and each value that still is
     not JSON is written as null and named (`turns.2.agent_metadata.score: Foo is not JSON`).
+    Non-finite floats are written as the model's `ser_json_inf_nan` says (null by default).
+    Trajectory files and the remote env's wire both write through this.
     """
-    context = None if images is None else {IMAGE_STORE: images}
     try:
-        return JsonLine(traj.model_dump_json(context=context), [], False)
+        return JsonLine(model.model_dump_json(context=context, warnings=warnings), [], False)
     except PydanticSerializationError:
         pass
     token = f"\x00toolenv-unwritable-{uuid.uuid4().hex}:"
+    strings = model.model_config.get("ser_json_inf_nan") == "strings"
 
     def fallback(value: Any) -> Any:
-        plain = _plain(value)
+        plain = plain_value(value)
         return plain if plain is not value else token + type(value).__qualname__
 
-    data = traj.model_dump(mode="json", context=context, fallback=fallback)
+    data = model.model_dump(mode="json", context=context, fallback=fallback, warnings=warnings)
     problems: list[str] = []
 
     def clean(value: Any, where: tuple[str, ...]) -> Any:
@@ -208,11 +215,13 @@ def dump_line(traj: Trajectory, images: ImageStore | None = None) -> JsonLine:
             if value.startswith(token):
                 problems.append(f"{'.'.join(where)}: {value[len(token) :]} is not JSON (written as null)")
                 return None
-            return _fix_text(value)
+            return fix_text(value)
         if isinstance(value, float) and not math.isfinite(value):  # a float field (Any ones are null by now)
+            if not strings:
+                return None
             return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
         if isinstance(value, dict):
-            return {_fix_text(str(k)): clean(v, (*where, str(k))) for k, v in value.items()}
+            return {fix_text(str(k)): clean(v, (*where, str(k))) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [clean(v, (*where, str(i))) for i, v in enumerate(value)]
         return value

@@ -47,7 +47,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     (uvicorn sets it only on sockets it binds itself; without it a small response can
     wait ~40 ms for a delayed ACK)."""
     try:
-        sock = socket.create_server((host, port))
+        # The address family is the host's: an IPv6 address (`::1`, `::`) is bound as one,
+        # a name that has an IPv4 address (`localhost`) as IPv4, as before.
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        families = [info[0] for info in found]
+        family = socket.AF_INET if socket.AF_INET in families else families[0]
+        sock = socket.create_server((host, port), family=family)
     except OSError as exc:
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

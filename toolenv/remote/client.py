@@ -36,6 +36,7 @@ from toolenv.remote.wire import (
     StepResponse,
     TaskList,
     TruncateResponse,
+    dump_json,
 )
 from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.types import ParsedAction, Task, load_tasks
@@ -96,7 +97,8 @@ class RemoteToolEnv(ToolEnv):
         headers: sent with every request (e.g. the `Authorization` a proxy in front expects).
         timeout: seconds one request may take (a step runs all of its tool calls); None: no limit.
         transport: an `httpx.AsyncBaseTransport` to send requests through (retries, a Unix
-            socket, a proxy); used as is and closed with the env.
+            socket, a proxy); used as is and closed with the env. It belongs to one event
+            loop, as an httpx client: use the env's sync API or its async API, not both.
         render_mode: None or `"ansi"` (the mirrored episode's messages).
 
     Raises:
@@ -122,7 +124,7 @@ class RemoteToolEnv(ToolEnv):
         )
         self._session: str | None = None
         self._lost: str | None = None  # why the current episode cannot take another step
-        meta = _blocking(self._get_once("/metadata", EnvMetadata, "read the server's metadata"))
+        meta, tasks = _blocking(self._describe())
         if meta.protocol != PROTOCOL_VERSION:
             raise RemoteEnvError(
                 f"the server at {self.url} speaks toolenv protocol {meta.protocol} (toolenv {meta.toolenv_version}), "
@@ -136,12 +138,12 @@ class RemoteToolEnv(ToolEnv):
         super().__init__(parser=parser, reward=reward, max_turns=meta.max_turns, render_mode=render_mode)
         #: The server's description of its env.
         self.remote = meta
-        self._tasks: list[Task] | None = None  # after ToolEnv.__init__, which sets `tasks` to []
+        self._tasks: list[Task] | None = tasks  # after ToolEnv.__init__, which sets `tasks` to []
 
     # ------------------------------------------------------------------ what stands in for the env
     @property
     def tasks(self) -> list[Task]:
-        """The server's tasks, fetched on first use (assign a list to use others)."""
+        """The server's tasks, fetched on first use (with a `transport`: at construction); assign to use others."""
         if self._tasks is None:
             found = _blocking(self._get_once("/tasks", TaskList, "list the server's tasks")).tasks
             self._tasks = found
@@ -207,6 +209,9 @@ class RemoteToolEnv(ToolEnv):
             self._lost = f"this episode was lost ({exc}); call reset() to start another"
             if isinstance(exc, _SessionGone):
                 self._session = None
+            raise
+        except BaseException:  # cancelled (a timeout) or interrupted: the server may still take it
+            self._lost = "this episode was lost (its last step was cancelled); call reset() to start another"
             raise
         info = reply.info
         turn = Turn(action, info.action, info.tool_results, info.tool_calls, reply.observation)
@@ -307,6 +312,18 @@ class RemoteToolEnv(ToolEnv):
         created = await self._call("POST", "/sessions", None, SessionCreated, "open a session")
         self._session = created.session_id
 
+    async def _describe(self) -> tuple[EnvMetadata, list[Task] | None]:
+        """The server's metadata, and with a given transport its tasks too.
+
+        A transport, as an httpx client, belongs to the event loop whose connections it
+        keeps; read later, from a short-lived loop (`tasks` is a property), the tasks would
+        reach for a connection of another loop. Without one, they are fetched on first use.
+        """
+        meta = await self._get_once("/metadata", EnvMetadata, "read the server's metadata")
+        if self._transport is None or meta.protocol != PROTOCOL_VERSION:
+            return meta, None
+        return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks")).tasks
+
     async def _get_once(self, path: str, model: type[M], what: str) -> M:
         """One GET on a client of its own, for the blocking calls (their loop is short-lived)."""
         client = self._new_client(connection="close")
@@ -327,7 +344,7 @@ class RemoteToolEnv(ToolEnv):
     async def _send(
         self, client: httpx.AsyncClient, method: str, path: str, body: BaseModel | None, what: str
     ) -> httpx.Response:
-        content = None if body is None else body.model_dump_json()
+        content = None if body is None else dump_json(body)
         try:
             resp = await client.request(method, path, content=content, headers=None if body is None else _JSON)
         except httpx.TimeoutException as exc:
@@ -360,6 +377,6 @@ class RemoteToolEnv(ToolEnv):
         status = resp.status_code
         if status == 400 and kind in _REBUILT:
             return _REBUILT[kind](message)
-        if status == 404:
+        if status == 404 and "/sessions/" in resp.request.url.path:
             return _SessionGone(f"{what}: {message}", status=status)
         return RemoteEnvError(f"{what}: the toolenv server at {self.url} answered {status}: {message}", status=status)

@@ -22,7 +22,7 @@ import contextlib
 import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -55,8 +55,10 @@ from toolenv.remote.wire import (
     StepResponse,
     TaskList,
     TruncateResponse,
+    dump_json,
     schemas,
 )
+from toolenv.trajectory import fix_text
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TTL", "create_app", "describe_env", "parser_spec"]
 
@@ -66,6 +68,7 @@ log = logging.getLogger("toolenv.remote")
 _BAD_OPTIONS = (ValueError, KeyError, IndexError, TypeError)
 
 M = TypeVar("M", bound=BaseModel)
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class _Failure(Exception):
@@ -122,14 +125,14 @@ def describe_env(env: ToolEnv, env_id: str = "") -> EnvMetadata:
 
 
 def _json(model: BaseModel, status: int = 200) -> Response:
-    # Responses are built unvalidated from the env's own objects; a reward returning an int
-    # where the model says float is still right, so no serializer warnings.
-    return Response(model.model_dump_json(warnings=False), status_code=status, media_type="application/json")
+    # Responses are built unvalidated from the env's own objects (an int reward where the
+    # model says float is still right, numpy values and lone surrogates are converted).
+    return Response(dump_json(model), status_code=status, media_type="application/json")
 
 
 def _error(status: int, message: str, type_: str | None = None) -> Response:
     return Response(
-        ErrorResponse(error=message, type=type_).model_dump_json(exclude_none=True),
+        ErrorResponse(error=fix_text(message), type=type_).model_dump_json(exclude_none=True),
         status_code=status,
         media_type="application/json",
     )
@@ -286,16 +289,16 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/sessions", create_session, methods=["POST"]),
-            Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),
-            Route("/sessions/{session_id}/reset", reset, methods=["POST"]),
-            Route("/sessions/{session_id}/step", step, methods=["POST"]),
-            Route("/sessions/{session_id}/end", end_episode, methods=["POST"]),
-            Route("/sessions/{session_id}/truncate", truncate, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/metadata", get_metadata, methods=["GET"]),
-            Route("/tasks", tasks, methods=["GET"]),
-            Route("/schema", schema, methods=["GET"]),
+            Route("/sessions", _guarded(create_session), methods=["POST"]),
+            Route("/sessions/{session_id}", _guarded(delete_session), methods=["DELETE"]),
+            Route("/sessions/{session_id}/reset", _guarded(reset), methods=["POST"]),
+            Route("/sessions/{session_id}/step", _guarded(step), methods=["POST"]),
+            Route("/sessions/{session_id}/end", _guarded(end_episode), methods=["POST"]),
+            Route("/sessions/{session_id}/truncate", _guarded(truncate), methods=["POST"]),
+            Route("/health", _guarded(health), methods=["GET"]),
+            Route("/metadata", _guarded(get_metadata), methods=["GET"]),
+            Route("/tasks", _guarded(tasks), methods=["GET"]),
+            Route("/schema", _guarded(schema), methods=["GET"]),
         ],
         exception_handlers={
             _Failure: _on_failure,
@@ -308,6 +311,25 @@ def create_app(
     app.state.sessions = store
     app.state.metadata = metadata
     return app
+
+
+def _guarded(endpoint: Endpoint) -> Endpoint:
+    """`endpoint`, with an unexpected exception answered as a 500 that names it.
+
+    Left to Starlette, the exception would be re-raised to uvicorn after the 500, and
+    uvicorn then drops the keep-alive connection: the client's next request on it fails.
+    """
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except (_Failure, UnknownSessionError, HTTPException):
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _error(500, f"internal server error: {type(exc).__name__}: {_message(exc)}", type(exc).__name__)
+
+    return guarded
 
 
 def _step_info(info: Mapping[str, Any]) -> StepInfo:

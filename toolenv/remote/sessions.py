@@ -172,13 +172,15 @@ class SessionStore:
     async def reap(self) -> int:
         """Close the sessions idle longer than `ttl` (a session mid-call is never idle); returns how many."""
         cutoff = time.monotonic() - self.ttl
-        idle = [s for s in self._sessions.values() if s.last_used < cutoff and not s.lock.locked()]
-        for s in idle:
-            if self._sessions.get(s.id) is s:
+        closed = 0
+        for s in list(self._sessions.values()):
+            # Checked again for each: while an earlier one closed, this one's client may be back.
+            if self._sessions.get(s.id) is s and s.last_used < cutoff and not s.lock.locked():
                 del self._sessions[s.id]
                 log.info("closing session %s: idle for more than %g s", s.id, self.ttl)
                 await _close(s)
-        return len(idle)
+                closed += 1
+        return closed
 
 
 async def _close(session: Session) -> None:

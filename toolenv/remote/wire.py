@@ -8,11 +8,13 @@ crosses the wire is what a local `info` holds, with the same JSON limits as a tr
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv.caller import ToolCallRecord
+from toolenv.trajectory import dump_json as json_line
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
 __all__ = [
@@ -29,8 +31,11 @@ __all__ = [
     "StepResponse",
     "TaskList",
     "TruncateResponse",
+    "dump_json",
     "schemas",
 ]
+
+log = logging.getLogger("toolenv.remote")
 
 #: Bumped when a change breaks clients of the previous version (2: `POST /sessions/{id}/truncate`).
 PROTOCOL_VERSION = 2
@@ -157,6 +162,20 @@ class ErrorResponse(_Wire):
 
     error: str
     type: str | None = None
+
+
+def dump_json(model: BaseModel) -> str:
+    """`model` as JSON, also when it holds what a local env returns but JSON has no word for.
+
+    Tool output decoded with `surrogateescape`, a model's half emoji, numpy scores and
+    metadata: a local step returns them as they are, so the wire takes them as a trajectory
+    file does (`toolenv.trajectory.dump_json`); a value that still is not JSON is sent as
+    null and logged.
+    """
+    line = json_line(model, warnings=False)
+    for problem in line.problems:
+        log.warning("%s: %s", type(model).__name__, problem)
+    return line.text
 
 
 def schemas() -> dict[str, Any]:
