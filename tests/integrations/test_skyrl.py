@@ -49,6 +49,7 @@ HOTPOT = "toolenv/HotpotQA-v0"
 CALC = "toolenv-test/SkyRLCalc-v0"
 CLOSING = "toolenv-test/SkyRLClosing-v0"
 SNAP = "toolenv-test/SkyRLSnap-v0"
+TOLL = "toolenv-test/SkyRLToll-v0"
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
 
@@ -90,14 +91,20 @@ def _closing_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[ClosingAdd()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
 
 
-for _id, _factory in ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env)):
+def _toll_env(**kw: Any) -> toolenv.ToolEnv:
+    """The calculator with a per-turn reward: each tool call costs 0.25."""
+    reward = [("exact_match", 1.0), (toolenv.rewards.ToolCallPenalty(-0.25), 1.0)]
+    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward=reward, **kw)
+
+
+for _id, _factory in ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env), (TOLL, _toll_env)):
     if _id not in gym.registry:
         gym.register(_id, entry_point=_factory)
 
 
 @pytest.fixture(autouse=True)
 def _registered() -> Iterator[None]:
-    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP])
+    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL])
     yield
     close_pooled_envs()
 
@@ -413,6 +420,28 @@ def test_observation_role_user_for_a_hermes_env() -> None:
     env.close()
     with pytest.raises(ValueError, match="observation_role must be"):
         make(row, env_config={"observation_role": "system"})
+
+
+def test_reward_at_end_puts_the_whole_return_on_the_last_step() -> None:
+    """With a custom chat template SkyRL keeps only the last step's reward: `reward_at_end`
+    puts the episode's return there, so per-turn rewards are not lost."""
+    row = dataset_rows(TOLL, n=1)[0]
+    env, _ = make(row)  # by default each step carries its own reward
+    assert [env.step(CALL.format(a=2, b=3))["reward"], env.step("<answer>5</answer>")["reward"]] == [-0.25, 1.0]
+    env.close()
+    for settings in ({"env_config": {"reward_at_end": True}}, {}):
+        if not settings:
+            register(TOLL, reward_at_end=True)
+        env, _ = make(row, **settings)
+        first = env.step(CALL.format(a=2, b=3))
+        assert first["reward"] == 0.0 and first["metadata"]["reward_components"]["tool_call_penalty"] == -0.25
+        last = env.step("<answer>5</answer>")
+        assert last["done"] and last["reward"] == 0.75 == env.get_metrics()["return"]
+        env.close()
+    env, _ = make(row, generator_max_turns=1)  # cut by the turn limit: the return is there too
+    assert env.step(CALL.format(a=2, b=3))["reward"] == -0.25
+    env.close()
+    register(TOLL)
 
 
 def test_settings_from_skyrls_config_objects() -> None:

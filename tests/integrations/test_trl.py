@@ -109,6 +109,37 @@ def test_methods_carry_each_tools_schema_as_transformers_reads_it() -> None:
     assert answer["parameters"]["required"] == ["answer"]
 
 
+class Query(toolenv.Tool):
+    """Run a query. Returns: the rows as a table. Raises: nothing the model must handle."""
+
+    name = "query"
+
+    class Args(BaseModel):
+        sql: str = Field(description="The SQL. Returns: at most 100 rows.")
+        order: str = Field(default="asc", description="Sort order (choices: asc, desc)")
+        scale: int | float = Field(default=1, description="A factor.")
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=f"{args.sql}|{args.order}|{args.scale}")
+
+
+def test_descriptions_transformers_docstring_parser_would_misread_reach_the_model_whole() -> None:
+    """transformers cuts a docstring at `Args:`/`Returns:`/`Raises:` anywhere and reads a trailing
+    `(choices: ...)` as JSON: a tool's own words must neither crash the chat template nor be cut."""
+    get_json_schema = pytest.importorskip(
+        "transformers.utils", reason="schemas are read by transformers"
+    ).get_json_schema
+    env = environment_factory(lambda: make_env(tools=[Query()]))()
+    fn = get_json_schema(tool_methods(env)["query"])["function"]
+    assert "the rows as a table" in fn["description"] and "nothing the model must handle" in fn["description"]
+    props = fn["parameters"]["properties"]
+    assert "at most 100 rows" in props["sql"]["description"]
+    assert "choices: asc, desc" in props["order"]["description"] and "enum" not in props["order"]
+    assert props["scale"]["type"] == ["integer", "number"]  # `int | float` keeps its types
+    env.reset(task_id="t1")
+    assert env.query(sql="SELECT 1", scale=2.5) == "SELECT 1|asc|2.5"
+
+
 def test_calls_run_through_the_env_and_only_what_the_model_wrote_is_passed() -> None:
     env = environment_factory(make_env)()
     assert env.reset(prompt=[{"role": "user", "content": "2+3?"}], task_id="t1") is None  # the row has the prompt
@@ -155,6 +186,18 @@ def test_an_open_episode_is_ended_and_scored_with_no_answer_once() -> None:
     assert env.get_reward() == -0.5
 
 
+async def test_calls_from_a_thread_that_runs_an_event_loop() -> None:
+    """GRPOTrainer calls reset, the tools and get_reward on its own thread; in Jupyter or Colab
+    that thread runs an event loop, where a sync ToolEnv call cannot run its coroutine."""
+    env = environment_factory(make_env)()
+    assert env.reset(task_id="t1") == "2+3?"
+    assert env.add(a=2, b=3) == "5"
+    assert env.answer(answer="5") == "Your answer is recorded; the episode is over."
+    assert env.get_reward() == 1.0
+    env.reset(task_id="t1")
+    assert env.get_reward() == 0.0  # an open episode is ended there too
+
+
 def test_max_turns_ends_the_episode_and_later_calls_are_refused() -> None:
     env = environment_factory(lambda: make_env(max_turns=2))()
     env.reset(task_id="t1")
@@ -188,6 +231,16 @@ def test_no_answer_tool_and_names_that_cannot_be_methods() -> None:
     for bad in (Reset(), Dashed()):
         with pytest.raises(ValueError, match="cannot be offered to TRL"):
             environment_factory(lambda bad=bad: make_env(tools=[bad]))
+
+    class Translate(Add):
+        name = "translate"
+
+        class Args(BaseModel):
+            text: str
+            source: str = Field(alias="from")
+
+    with pytest.raises(ValueError, match="argument 'from' is a Python keyword"):
+        environment_factory(lambda: make_env(tools=[Translate()]))
     with pytest.raises(ValueError, match="answer_tool"):
         environment_factory(make_env, answer_tool="get_reward")
     with pytest.raises(ValueError, match="cannot be offered"):
@@ -204,6 +257,15 @@ def test_dataset_rows_carry_the_prompt_and_the_task() -> None:
     env = environment_factory(make_env)()
     assert env.reset(**rows[1]) is None and env.env.episode is not None and env.env.episode.task.answer == "14"
     assert dataset_rows(make_env, answer_tool=None)[0]["prompt"] == [{"role": "user", "content": "2+3?"}]
+
+
+def test_dataset_rows_refuse_a_bad_n_and_an_env_without_tasks() -> None:
+    assert len(dataset_rows(make_env, n=len(TASKS) + 5)) == len(TASKS)  # more than there are: all of them
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="n must be at least 1"):
+            dataset_rows(make_env, n=bad)
+    with pytest.raises(ValueError, match="has no tasks"):
+        dataset_rows(lambda: make_env(tasks=[]))
 
 
 # ---------------------------------------------------------------------- TRL's trainer

@@ -16,19 +16,17 @@ envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from toolenv.env import ToolEnv
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
+from toolenv.integrations.trl.environment import _off_loop
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
 from toolenv.types import Message, ToolResult, reply_messages
 
@@ -41,21 +39,9 @@ _OBSERVATION_ROLES = (None, "tool", "user")
 T = TypeVar("T")
 
 
-# ---------------------------------------------------------------------- running sync toolenv calls
-_helper: ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-
-
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)`; on a thread running an event loop (SkyRL with `max_env_workers=0`), on a
-    helper thread, since a sync ToolEnv call cannot run its coroutine inside a running loop."""
-    if asyncio._get_running_loop() is None:  # in asyncio.__all__; no exception raised per call
-        return fn(*args, **kwargs)
-    global _helper
-    with _helper_lock:
-        if _helper is None:
-            _helper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolenv-skyrl")
-    return _helper.submit(functools.partial(fn, *args, **kwargs)).result()
+# Sync toolenv calls: on a helper thread when the caller's thread runs an event loop
+# (SkyRL with `max_env_workers=0`), as the TRL adapter runs them.
+_call = _off_loop
 
 
 # ---------------------------------------------------------------------- the env pool
@@ -133,7 +119,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
     Args:
         env_config: SkyRL's per-env-class config (what the generator finds at
             `environment.skyrl_gym.<env_class>`, else `{}`): `env_id`, `env_kwargs`, `max_turns`,
-            `observation_role`, `use_env_prompt`, all optional.
+            `observation_role`, `use_env_prompt`, `reward_at_end`, all optional.
         extras: the dataset row without `prompt` and `env_class`: its `extra_info` names the
             task (`task`, `task_id`, `task_index` or a `question`; see `task_options`) and may
             name the env (`env_id`, `env_kwargs` JSON). SkyRL adds `max_turns` (its
@@ -149,6 +135,10 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             whose chat templates have tool messages (hermes, ...), `"user"` otherwise.
         use_env_prompt: `init` returns the env's own first messages for the task instead of
             the row's prompt (for rows made elsewhere that carry only a task id).
+        reward_at_end: every step's reward is 0 but the one that ends the episode, which carries
+            the episode's return. For SkyRL's generator with a custom chat template
+            (`generator.chat_template`), which keeps only the last step's reward; by default each
+            step carries its own (SkyRL's token-level rewards, placed at the end of each turn).
 
     Attributes:
         env: the pooled `ToolEnv` this sample runs on (until `close`).
@@ -168,6 +158,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         max_turns: int | None = None,
         observation_role: str | None = None,
         use_env_prompt: bool = False,
+        reward_at_end: bool = False,
     ) -> None:
         super().__init__()
         config = json_object(env_config, "env_config")
@@ -194,6 +185,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         if role not in _OBSERVATION_ROLES:
             raise ValueError(f"observation_role must be 'tool', 'user' or None, got {role!r}")
         self.use_env_prompt = bool(_first(config.get("use_env_prompt"), use_env_prompt))
+        self.reward_at_end = bool(_first(config.get("reward_at_end"), reward_at_end))
         limit = _first(config.get("max_turns"), max_turns, self.extras.get("max_turns"))
         if limit is not None and int(limit) < 1:
             raise ValueError(f"max_turns must be at least 1, got {limit}")
@@ -238,6 +230,8 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         self.turns += 1
         self.last_info = info
         done = bool(terminated or truncated)
+        if self.reward_at_end:
+            reward = sum(t.reward for t in ep.turns) if done else 0.0
         return BaseTextEnvStepOutput(
             observations=[] if done else self._observations(obs, info["tool_results"]),
             reward=float(reward),
@@ -330,6 +324,7 @@ def register(
     max_turns: int | None = None,
     observation_role: str | None = None,
     use_env_prompt: bool = False,
+    reward_at_end: bool = False,
 ) -> list[str]:
     """Register toolenv envs with skyrl-gym; returns the skyrl-gym ids. Idempotent.
 
@@ -367,7 +362,7 @@ def register(
         raise ValueError(f"observation_role must be 'tool', 'user' or None, got {observation_role!r}")
     if max_turns is not None and max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns}")
-    common: dict[str, Any] = {"use_env_prompt": use_env_prompt}
+    common: dict[str, Any] = {"use_env_prompt": use_env_prompt, "reward_at_end": reward_at_end}
     if env_kwargs:
         try:
             common["env_kwargs"] = json.loads(json.dumps(dict(env_kwargs)))

@@ -6,12 +6,18 @@ builds each tool's JSON schema from the method's type hints and docstring
 hints and docstring say what its Pydantic `Args` schema says, as far as hints can:
 types, lists, enums (`Literal`), optional and nested objects (`dict`). Bounds such as
 `maxLength` have no hint; toolenv still checks them on every call.
+
+transformers reads the docstring back with regular expressions that end a section at
+`Args:`, `Returns:` or `Raises:` anywhere in the text and parse a trailing `(choices: ...)`
+as JSON, so the tool's own descriptions are written so that they are read back whole.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Literal, Optional, cast
+import keyword
+import re
+from typing import Any, Literal, Optional, Union, cast
 
 from toolenv._tool import Tool
 
@@ -28,7 +34,10 @@ def _hint(node: dict[str, Any]) -> Any:
     kind = node.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
-        inner = _hint({**node, "type": kinds[0]}) if len(kinds) == 1 else Any
+        if len(kinds) == 1:
+            inner = _hint({**node, "type": kinds[0]})
+        else:  # transformers writes a union of plain types back as a list of types
+            inner = cast(Any, Union)[tuple(_hint({"type": k}) for k in kinds)] if kinds else Any
         return cast(Any, Optional)[inner] if "null" in kind else inner
     if kind in _SCALARS:
         return _SCALARS[kind]
@@ -41,8 +50,21 @@ def _hint(node: dict[str, Any]) -> Any:
     return Any
 
 
+# What transformers' docstring parser takes for the start of a section, wherever it stands.
+_SECTION = re.compile(r"(Args|Returns|Raises):")
+# An argument description ending so is read as `(choices: <JSON list>)` and fails if it is not JSON.
+_CHOICES = re.compile(r"\(choices:.*\)\s*$", re.IGNORECASE | re.DOTALL)
+
+
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """`text` on one line, its section words in lower case so the parser does not cut it there."""
+    return _SECTION.sub(lambda m: m.group(1).lower() + ":", " ".join(text.split()))
+
+
+def _arg_line(text: str) -> str:
+    """An argument's description, read back verbatim (no `(choices: ...)` taken as an enum)."""
+    text = _one_line(text)
+    return text + "." if _CHOICES.search(text) else text
 
 
 def tool_signature(tool: Tool) -> tuple[inspect.Signature, dict[str, Any], str]:
@@ -62,11 +84,15 @@ def tool_signature(tool: Tool) -> tuple[inspect.Signature, dict[str, Any], str]:
     for name in ordered:
         if not name.isidentifier():
             raise ValueError(f"tool {tool.name!r}: argument {name!r} is not a Python identifier, so TRL cannot pass it")
+        if keyword.iskeyword(name):
+            raise ValueError(
+                f"tool {tool.name!r}: argument {name!r} is a Python keyword, so it cannot be a method parameter for TRL"
+            )
         hint = _hint(props[name])
         default = inspect.Parameter.empty if name in required else None
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
         annotations[name] = hint
-        described = _one_line(str(props[name].get("description") or props[name].get("title") or ""))
+        described = _arg_line(str(props[name].get("description") or props[name].get("title") or ""))
         lines.append(f"    {name}: {described or 'The ' + name.replace('_', ' ') + '.'}")
     annotations["return"] = str
     summary = _one_line(fn.get("description") or "") or f"Call the {tool.name} tool."
