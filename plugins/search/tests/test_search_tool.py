@@ -132,3 +132,11 @@ def test_backend_by_name_and_plugin_entry_point() -> None:
     assert tool.schema()["function"]["name"] == "search"
     assert set(tool.schema()["function"]["parameters"]["properties"]) == {"query", "topk"}
     assert SearchTool().backend.name == "bm25"
+
+
+def test_the_model_sees_what_the_tool_does_not_how_to_construct_it() -> None:
+    """The class docstring's Args section documents the constructor; the schema the model reads
+    (prompt, verl, SkyRL, TRL) must not carry it."""
+    description = SearchTool().schema()["function"]["description"]
+    assert description == "Search a knowledge source and return the most relevant passages."
+    assert "backend_options" not in description

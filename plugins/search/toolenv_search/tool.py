@@ -57,6 +57,8 @@ class SearchTool(Tool):
     """
 
     name = "search"
+    # Set apart from the docstring, whose Args section documents the constructor, not the call.
+    description = "Search a knowledge source and return the most relevant passages."
     Args: ClassVar[type[BaseModel]] = SearchArgs
     limits = ToolLimits(timeout=30.0, max_output_chars=16384)
 
