@@ -195,3 +195,38 @@ def test_a_sync_step_gives_what_run_until_complete_gives() -> None:
     assert fast[1:4] == plain[1:4]
     assert [r.text for r in fast[4]["tool_results"]] == [r.text for r in plain[4]["tool_results"]] == ["42"]
     env.close()
+
+
+def _interrupt_soon() -> None:
+    """Ctrl-C as the loop sees it: a KeyboardInterrupt raised out of a callback while a task waits."""
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    asyncio.get_running_loop().call_soon(interrupt)
+
+
+@pytest.mark.parametrize("first_step_waits", [True, False])
+def test_an_interrupted_call_is_cancelled_not_left_to_resume_in_the_next(
+    loop: asyncio.AbstractEventLoop, first_step_waits: bool
+) -> None:
+    events: list[str] = []
+
+    async def waits() -> None:
+        if first_step_waits:
+            await asyncio.sleep(0)  # interrupted in run_until_complete, not in the first step
+        _interrupt_soon()
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            raise
+        events.append("resumed")
+
+    with pytest.raises(KeyboardInterrupt):
+        _aio.complete(loop, waits())
+    assert events == ["cancelled"]  # finished before the interrupt reached the caller
+    assert not loop.is_running() and asyncio._get_running_loop() is None
+    _aio.complete(loop, asyncio.sleep(0.1))  # the next call runs nothing of the interrupted one
+    assert events == ["cancelled"]
+    assert asyncio.all_tasks(loop) == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -107,3 +108,100 @@ async def test_vector_env_releases_every_finished_episode() -> None:
     await venv.astep([CALL] * 3)
     await venv.aclose()
     assert len(tool.released()) == len(set(tool.released())) == 6
+
+
+class Closing(Counter):
+    """A Counter that counts its `close` calls too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+def test_close_after_async_use_releases_and_closes_once() -> None:
+    tool = Closing()
+    env = make(tool)
+
+    async def use() -> str:
+        await env.areset(seed=0)
+        await env.astep(CALL)
+        return env.episode.episode_id  # type: ignore[union-attr]
+
+    episode_id = asyncio.run(use())
+    env.close()  # the sync loop was never made: close must still release and close
+    assert tool.released() == [episode_id] and tool.closed == 1
+    env.close()  # Gymnasium: closing a closed env has no effect
+    assert tool.closed == 1
+
+
+def test_close_of_an_env_never_reset_closes_its_tools() -> None:
+    tool = Closing()
+    make(tool).close()
+    assert tool.closed == 1
+
+
+async def test_close_inside_a_running_loop_closes_and_after_aclose_does_nothing() -> None:
+    tool = Closing()
+    env = make(tool)
+    await env.areset(seed=0)
+    env.close()  # a notebook cell, or a `with env:` block in async code: on a worker thread
+    assert tool.closed == 1 and len(tool.released()) == 1
+    other = Closing()
+    env = make(other)
+    await env.areset(seed=0)
+    await env.aclose()
+    env.close()  # nothing left to do
+    await env.aclose()
+    assert other.closed == 1 and len(other.released()) == 1
+
+
+def test_a_step_interrupted_mid_tool_does_not_resume_in_the_next_step() -> None:
+    class Interrupted(Counter):
+        """Ctrl-C arrives while the first call waits (a KeyboardInterrupt out of the loop); that
+        call would go on once a later call lets it."""
+
+        resume: asyncio.Event | None = None
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+            if self.resume is None:
+                self.resume = asyncio.Event()
+
+                def interrupt() -> None:
+                    raise KeyboardInterrupt
+
+                asyncio.get_running_loop().call_soon(interrupt)
+                self.events.append(("waiting", ctx.episode_id, 0))
+                await self.resume.wait()
+            else:
+                self.resume.set()
+                for _ in range(3):  # loop iterations in which a waiting call could go on
+                    await asyncio.sleep(0)
+            return await super().run(args, ctx)
+
+    tool = Interrupted()
+    env = make(tool, max_turns=10)
+    env.reset(seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        env.step(CALL)
+    obs, *_ = env.step(CALL)
+    assert obs == "<tool_response>\n1\n</tool_response>"
+    assert [e[0] for e in tool.events] == ["waiting", "run"]  # the interrupted call never ran on
+    assert len(env.episode.turns) == 1  # type: ignore[union-attr]
+    env.close()
+
+
+def test_a_failed_reset_leaves_no_released_episode_to_step() -> None:
+    tool = Counter()
+    env = make(tool)
+    env.reset(seed=0)
+    env.step(CALL)
+    with pytest.raises(KeyError, match="no task with id"):
+        env.reset(options={"task_id": "nope"})
+    assert len(tool.released()) == 1  # the abandoned episode was released...
+    with pytest.raises(RuntimeError, match=r"call reset\(\) before step\(\)"):
+        env.step(CALL)  # ... so it cannot be stepped on, its tools running after their release
+    assert [e[0] for e in tool.events] == ["run", "release"]
+    env.close()

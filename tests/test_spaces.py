@@ -54,3 +54,10 @@ def test_spaces_built_after_the_first_equal_what_gymnasium_builds() -> None:
         if key != "_np_random":
             assert getattr(ours, key) == value, key
     assert [ours.np_random.integers(1000) for _ in range(5)] == [theirs.np_random.integers(1000) for _ in range(5)]
+
+
+def test_sampling_respects_a_min_length_above_the_sample_length() -> None:
+    for space in (UnicodeText(1000, min_length=500), UnicodeText(400, min_length=300, sample_max_length=10)):
+        space.seed(0)
+        sample = space.sample()
+        assert space.contains(sample) and len(sample) == space.min_length

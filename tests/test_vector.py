@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+import toolenv
 from toolenv.vector import ToolVectorEnv, batch_infos
 
 from .conftest import TASKS, Add, Sleep
@@ -105,3 +108,124 @@ def test_batch_infos_matches_gymnasiums_layout(infos: list[dict[str, Any]]) -> N
     for i, info in enumerate(infos):
         theirs = reference._add_info(theirs, info, i)
     _same(batch_infos(infos), theirs)
+
+
+# ---------------------------------------------------------------------- failures, close, partial reset
+class _Flaky(toolenv.Reward):
+    """Fails to score an answer of `boom` (a judge that cannot be reached, say)."""
+
+    name = "flaky"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        if episode.answer == "boom":
+            raise ConnectionError("judge unreachable")
+        return 0.0
+
+
+class _Gate(toolenv.Tool):
+    """Wait for the test to open the gate; record how each call ended."""
+
+    name = "gate"
+
+    class Args(BaseModel):
+        pass
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+        self.events: list[str] = []
+        self.closed = 0
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        self.events.append("start")
+        try:
+            await self.opened.wait()
+        except asyncio.CancelledError:
+            self.events.append("cancelled")
+            raise
+        self.events.append("done")
+        return toolenv.ToolResult(text="open")
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+GATE = '<tool_call>{"name": "gate", "arguments": {}}</tool_call>'
+
+
+def _gated(gate: _Gate, n: int = 2, **kwargs: Any) -> ToolVectorEnv:
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[gate], tasks=TASKS, reward=[(_Flaky(), 1.0)], max_turns=5, **kwargs)
+
+    return ToolVectorEnv([make] * n)
+
+
+def test_an_error_in_one_env_cancels_the_others_steps_and_is_raised_as_is() -> None:
+    gate = _Gate()
+    venv = _gated(gate)
+    venv.reset(seed=0)
+    with pytest.raises(ConnectionError, match="judge unreachable"):
+        venv.step(["<answer>boom</answer>", GATE])
+    assert gate.events == ["start", "cancelled"]  # not left pending on the loop
+    gate.opened.set()
+    venv.reset(seed=0)
+    venv.step([GATE, GATE])
+    assert gate.events == ["start", "cancelled", "start", "done", "start", "done"]
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 1]  # type: ignore[union-attr]
+    venv.close()
+
+
+def test_close_after_async_use_closes_every_tool_once() -> None:
+    gate = _Gate()
+    venv = _gated(gate, n=3)
+
+    async def use() -> None:
+        await venv.areset(seed=0)
+
+    asyncio.run(use())
+    venv.close()
+    assert gate.closed == 3
+    venv.close()  # Gymnasium: closing a closed env has no effect
+    assert gate.closed == 3
+
+
+async def test_aclose_then_close_closes_once_and_sync_calls_refuse_inside_a_loop() -> None:
+    gate = _Gate()
+    venv = _gated(gate)
+    await venv.areset(seed=0)
+    with pytest.raises(RuntimeError, match="use areset/astep"):
+        venv.step([GATE, GATE])
+    await venv.aclose()
+    venv.close()
+    assert gate.closed == 2
+    other = _Gate()
+    venv = _gated(other)
+    await venv.areset(seed=0)
+    venv.close()  # inside a running loop too
+    assert other.closed == 2
+
+
+def test_reset_mask_resets_only_the_masked_envs() -> None:
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS, task_order="sequential")] * 3)
+    first, _ = venv.reset()
+    stepped, *_ = venv.step(["hello"] * 3)
+    options = {"reset_mask": np.array([False, True, False])}
+    obs, infos = venv.reset(options=options)
+    assert "reset_mask" in options  # the caller's dict is left as it was
+    assert obs[0] == stepped[0] and obs[2] == stepped[2]  # the others keep their observation...
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 0, 1]  # type: ignore[union-attr]
+    assert "Question: 10+4?" in obs[1]  # ... and env 1 started its next task
+    assert list(infos["_task_id"]) == [False, True, False] and infos["task_id"][1] == "t2"
+    with pytest.raises(ValueError, match="at least one True"):
+        venv.reset(options={"reset_mask": np.zeros(3, dtype=bool)})
+    with pytest.raises(ValueError, match="shape"):
+        venv.reset(options={"reset_mask": np.ones(2, dtype=bool)})
+    venv.close()
+
+
+def test_render_gives_each_envs_frame() -> None:
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS, render_mode="ansi")] * 2)
+    venv.reset(seed=0)
+    frames = venv.render()
+    assert frames is not None and len(frames) == 2 and all("[user]" in f for f in frames)  # type: ignore[operator]
+    venv.close()

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import sys
 import threading
 from collections.abc import Coroutine
@@ -83,9 +85,22 @@ def complete(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T
     on `BaseEventLoop`'s `_ready` queue and `_thread_id`, unchanged since Python 3.4; any other
     loop (uvloop's, say) takes the plain path.
     """
-    if not isinstance(loop, asyncio.BaseEventLoop) or loop.is_running() or asyncio._get_running_loop():
-        return loop.run_until_complete(coro)  # refuses as it always has, or runs another loop type
+    if loop.is_running() or asyncio._get_running_loop():
+        return loop.run_until_complete(coro)  # refuses as it always has
     task = loop.create_task(coro)
+    try:
+        if isinstance(loop, asyncio.BaseEventLoop):
+            _first_step(loop, task)
+            if task.done():
+                return task.result()
+        return loop.run_until_complete(task)  # any other loop type (uvloop's, say) takes this path only
+    except BaseException:
+        _finish_interrupted(loop, task)
+        raise
+
+
+def _first_step(loop: asyncio.BaseEventLoop, task: asyncio.Task[Any]) -> None:
+    """Run what is ready on `loop` now (the new task's first step) with the loop marked running."""
     ready = loop._ready  # type: ignore[attr-defined]
     hooks = sys.get_asyncgen_hooks()
     loop._thread_id = threading.get_ident()  # type: ignore[attr-defined]
@@ -96,14 +111,38 @@ def complete(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T
             handle = ready.popleft()
             if not handle._cancelled:
                 handle._run()
-    except BaseException:  # KeyboardInterrupt or SystemExit from the step: run_until_complete's rule
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: no "exception was never retrieved" at collection
-        raise
     finally:
         asyncio._set_running_loop(None)
         sys.set_asyncgen_hooks(*hooks)
         loop._thread_id = None  # type: ignore[attr-defined]
-    if task.done():
-        return task.result()
-    return loop.run_until_complete(task)
+
+
+def _finish_interrupted(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    """After `complete` raised (KeyboardInterrupt, SystemExit, the coroutine's own error): a task
+    left pending is cancelled and run to its end now, as `asyncio.run` does on Ctrl-C. Left
+    pending on the loop, it would resume inside the next call (a second step running alongside
+    the next one, a tool call of an abandoned episode)."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # the first error is the one raised
+            loop.run_until_complete(task)
+    elif not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" at collection
+
+
+def close_from_sync(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:
+    """Run a sync `close`'s coroutine to its end on `loop` (or on a loop of its own when `loop`
+    is None or closed), also when this thread already runs an event loop (a notebook, a runner
+    building envs inside its loop): then on a worker thread, since it cannot run here. A close
+    must not quietly do nothing there, leaving the tools open."""
+    own = asyncio.new_event_loop() if loop is None or loop.is_closed() else None
+    target = own or loop
+    assert target is not None
+    try:
+        if asyncio._get_running_loop() is None:
+            return complete(target, coro)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toolenv-close") as pool:
+            return pool.submit(complete, target, coro).result()
+    finally:
+        if own is not None:
+            own.close()

@@ -102,6 +102,7 @@ class ToolEnv(gym.Env[str, str]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seed: int | None = None  # a reset's seed whose generator is not made yet
         self._rng: np.random.Generator | None = None
+        self._closed = False  # tools closed, and the env not used since
 
     # ------------------------------------------------------------------ seeding
     # Gymnasium's `reset(seed=...)` builds the generator at once (a SeedSequence and a PCG64,
@@ -172,6 +173,7 @@ class ToolEnv(gym.Env[str, str]):
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         await self.aend_episode()
+        self._episode, self._closed = None, False  # a reset failing below leaves no released episode to step
         task = self._pick_task(options or {})
         obs, messages = await self.arender_prompt(task)
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
@@ -286,9 +288,12 @@ class ToolEnv(gym.Env[str, str]):
         return reward
 
     async def aclose(self) -> None:
-        """Release the current episode, then close the tools."""
+        """Release the current episode, then close the tools; again only once the env is reset."""
+        if self._closed:
+            return
         await self.aend_episode()
         await self.caller.aclose()
+        self._closed = True
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
@@ -318,11 +323,16 @@ class ToolEnv(gym.Env[str, str]):
         self._run(self.aend_episode())
 
     def close(self) -> None:
-        """Close the tools and the private event loop."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.run_until_complete(self.aclose())
-            self._loop.close()
-        self._loop = None
+        """`aclose`, then close the private event loop: also after the async twins alone were
+        used, and inside a running event loop (a notebook), where `aclose` runs on a worker
+        thread; after `await env.aclose()` there is nothing left to do."""
+        loop, self._loop = self._loop, None
+        try:
+            if not self._closed:
+                _aio.close_from_sync(loop, self.aclose())
+        finally:
+            if loop is not None:
+                loop.close()
 
     def render(self) -> str | None:
         """The episode so far as text (render_mode="ansi")."""

@@ -81,5 +81,5 @@ class Episode:
 
     @property
     def tool_errors(self) -> int:
-        """Tool calls that failed so far."""
+        """Error results so far: failed tool calls, parse errors and turns with no action."""
         return sum(1 for t in self.turns for r in t.results if r.is_error)

@@ -51,13 +51,13 @@ class UnicodeText(spaces.Text):
             super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
             parts = _PRINTABLE.get(self)
         self._char_set, self._char_list, self._char_index, self._char_str = parts
-        self.sample_max_length = min(sample_max_length, max_length)
+        self.sample_max_length = max(self.min_length, min(sample_max_length, self.max_length))
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
-        """A random printable string no longer than `sample_max_length`."""
+        """A random printable string of `min_length` to `sample_max_length` characters."""
         if mask is None and probability is None:
             length = int(self.np_random.integers(self.min_length, self.sample_max_length + 1))
             mask = (length, None)

@@ -8,9 +8,9 @@ in the same loop and all tool calls of all episodes overlap.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -20,6 +20,8 @@ from toolenv import _aio
 from toolenv.env import ToolEnv
 
 __all__ = ["ToolVectorEnv", "batch_infos"]
+
+T = TypeVar("T")
 
 
 def batch_infos(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -58,11 +60,44 @@ def _batch(entries: list[tuple[int, Mapping[str, Any]]], n: int) -> dict[str, An
     return out
 
 
+async def _gather(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """`asyncio.gather`, except that when one fails (or the caller is cancelled) the others are
+    cancelled and awaited before the error is raised. `gather` leaves them running: on the
+    sync API's loop they would resume inside the next call, beside that call's own step."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _reset_mask(options: dict[str, Any] | None, n: int) -> tuple[Any, dict[str, Any] | None]:
+    """Gymnasium's `options["reset_mask"]` (validated as Gymnasium does) and the other options."""
+    if options is None or "reset_mask" not in options:
+        return None, options
+    rest = {k: v for k, v in options.items() if k != "reset_mask"}
+    mask = options["reset_mask"]
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (n,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError(f"`options['reset_mask']` must contain at least one True value, got {mask}")
+    return mask, rest
+
+
 class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     """A vector of ToolEnvs with Gymnasium's next-step autoreset.
 
     Observations and actions are tuples of strings; rewards, terminations and
     truncations are NumPy arrays; infos follow Gymnasium's dict-of-arrays layout.
+    An exception in one env's step cancels the other envs' steps and is raised;
+    call `reset` before stepping again.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], ToolEnv]]) -> None:
@@ -78,6 +113,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.render_mode = first.render_mode
         self._needs_reset = np.zeros(self.num_envs, dtype=bool)
+        self._obs: list[str] = [""] * self.num_envs  # each env's latest observation
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -90,7 +126,8 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     async def areset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
-        """Reset every sub-env (seeds `seed, seed+1, …` when an int is given)."""
+        """Reset every sub-env (seeds `seed, seed+1, …` when an int is given), or with
+        `options={"reset_mask": mask}` (a bool array) only the envs it selects."""
         seeds: list[int | None]
         if seed is None:
             seeds = [None] * self.num_envs
@@ -100,11 +137,15 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             if len(seed) != self.num_envs:
                 raise ValueError(f"got {len(seed)} seeds for {self.num_envs} envs")
             seeds = list(seed)
-        results = await asyncio.gather(
-            *(e.areset(seed=s, options=options) for e, s in zip(self.envs, seeds, strict=True))
-        )
-        self._needs_reset[:] = False
-        return tuple(o for o, _ in results), batch_infos([info for _, info in results])
+        mask, options = _reset_mask(options, self.num_envs)
+        which: Sequence[int] = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
+        results = await _gather(self.envs[i].areset(seed=seeds[i], options=options) for i in which)
+        infos: list[tuple[int, Mapping[str, Any]]] = []
+        for i, (obs, info) in zip(which, results, strict=True):
+            self._obs[i] = obs
+            self._needs_reset[i] = False
+            infos.append((i, info))
+        return tuple(self._obs), _batch(infos, self.num_envs)
 
     async def astep(
         self, actions: Sequence[str]
@@ -121,20 +162,25 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             obs, reward, term, trunc, info = await env.astep(action)
             return obs, float(reward), term, trunc, info
 
-        results = await asyncio.gather(*(one(i, a) for i, a in enumerate(actions)))
+        results = await _gather(one(i, a) for i, a in enumerate(actions))
         rewards = np.array([r[1] for r in results], dtype=np.float64)
         terms = np.array([r[2] for r in results], dtype=bool)
         truncs = np.array([r[3] for r in results], dtype=bool)
         self._needs_reset = terms | truncs
-        return tuple(r[0] for r in results), rewards, terms, truncs, batch_infos([r[4] for r in results])
+        self._obs = [r[0] for r in results]
+        return tuple(self._obs), rewards, terms, truncs, batch_infos([r[4] for r in results])
 
     async def aclose(self) -> None:
-        """Close every sub-env's tools."""
+        """Close every sub-env's tools (after this, `close` has nothing left to do)."""
         for e in self.envs:
             await e.aclose()
+        self.closed = True
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
+        if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per step
+            coro.close()
+            raise RuntimeError("ToolVectorEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         return _aio.complete(self._loop, coro)
@@ -149,8 +195,16 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     ) -> tuple[tuple[str, ...], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]]:
         return self._run(self.astep(actions))  # type: ignore[no-any-return]
 
+    def render(self) -> tuple[Any, ...] | None:
+        """Each sub-env's `render()`: the episode so far as text (`render_mode="ansi"`), else None."""
+        return tuple(e.render() for e in self.envs)
+
     def close_extras(self, **kwargs: Any) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.run_until_complete(self.aclose())
-            self._loop.close()
-        self._loop = None
+        """Close every sub-env, then the private loop: also after the async API alone was used,
+        and inside a running event loop (on a worker thread, as `ToolEnv.close`)."""
+        loop, self._loop = self._loop, None
+        try:
+            _aio.close_from_sync(loop, self.aclose())
+        finally:
+            if loop is not None:
+                loop.close()
