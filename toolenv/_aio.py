@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -128,6 +129,23 @@ def _finish_interrupted(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]
             loop.run_until_complete(task)
     elif not task.cancelled():
         task.exception()  # retrieved: no "exception was never retrieved" at collection
+
+
+_helper: concurrent.futures.ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def call_off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)`; on a thread running an event loop (a trainer in Jupyter or Colab,
+    SkyRL with `max_env_workers=0`), on a helper thread, since a sync ToolEnv call cannot run
+    its coroutine inside a running loop."""
+    if asyncio._get_running_loop() is None:  # in asyncio.__all__; no exception raised per call
+        return fn(*args, **kwargs)
+    global _helper
+    with _helper_lock:
+        if _helper is None:
+            _helper = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolenv-sync")
+    return _helper.submit(functools.partial(fn, *args, **kwargs)).result()
 
 
 def close_from_sync(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T]) -> T:

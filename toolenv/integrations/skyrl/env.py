@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from toolenv._aio import call_off_loop
 from toolenv.env import ToolEnv
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
-from toolenv.integrations.trl.environment import _off_loop
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
 from toolenv.types import Message, ToolResult, reply_messages
 
@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 # Sync toolenv calls: on a helper thread when the caller's thread runs an event loop
 # (SkyRL with `max_env_workers=0`), as the TRL adapter runs them.
-_call = _off_loop
+_call = call_off_loop
 
 
 # ---------------------------------------------------------------------- the env pool

@@ -20,14 +20,11 @@ each such object holds a `ToolEnv` episode:
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
+from toolenv._aio import call_off_loop
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import tool_signature
@@ -47,23 +44,6 @@ Returns:
 """
 
 _TASK_FIELDS = ("id", "question", "prompt", "answer", "context", "metadata")
-T = TypeVar("T")
-
-_helper: ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-
-
-def _off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)`; on a thread running an event loop (a trainer in Jupyter or Colab,
-    SkyRL with `max_env_workers=0`), on a helper thread, since a sync ToolEnv call cannot run
-    its coroutine inside a running loop."""
-    if asyncio._get_running_loop() is None:  # in asyncio.__all__; no exception raised per call
-        return fn(*args, **kwargs)
-    global _helper
-    with _helper_lock:
-        if _helper is None:
-            _helper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolenv-sync")
-    return _helper.submit(functools.partial(fn, *args, **kwargs)).result()
 
 
 class TRLEnvironment:
@@ -89,7 +69,7 @@ class TRLEnvironment:
         options: dict[str, Any] = {"task": task} if task is not None else {}
         if task is None and "task_id" in row:
             options = {"task_id": row["task_id"]}
-        _, info = _off_loop(self.env.reset, options=options)
+        _, info = call_off_loop(self.env.reset, options=options)
         self._return = 0.0
         self._calls = 0
         self.last_info = info
@@ -101,7 +81,7 @@ class TRLEnvironment:
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first."""
         self._episode()
-        self._return += _off_loop(self.env.truncate)  # nothing when the episode has ended
+        self._return += call_off_loop(self.env.truncate)  # nothing when the episode has ended
         return self._return
 
     # ------------------------------------------------------------------ calls
@@ -117,7 +97,7 @@ class TRLEnvironment:
         if ep.terminated or ep.truncated:
             why = "the answer was given" if ep.terminated else f"the limit of {self.env.max_turns} turns was reached"
             return f"The episode has ended ({why}); nothing more is run.", None
-        obs, reward, _, _, info = _off_loop(self.env.step, written_turn(self.env.parser, parsed), parsed=parsed)
+        obs, reward, _, _, info = call_off_loop(self.env.step, written_turn(self.env.parser, parsed), parsed=parsed)
         self._return += float(reward)
         self.last_info = info
         return obs, info
