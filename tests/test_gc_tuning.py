@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 import toolenv
-from toolenv.gc_tuning import DEFAULT_GEN0_THRESHOLD, tuned_gc
+from toolenv.gc_tuning import DEFAULT_GEN0_THRESHOLD, LIVE_OBJECTS_PER_EPISODE, gen0_threshold_for, tuned_gc
+from toolenv.runner import arollout
 
 
 @pytest.fixture(autouse=True)
@@ -93,4 +94,48 @@ def test_rollout_runs_its_episodes_tuned_unless_told_not_to() -> None:
     asyncio.run(arollout(example.ENV_ID, example.ScriptedAgent(), n=2, on_trajectory=note))
     asyncio.run(arollout(example.ENV_ID, example.ScriptedAgent(), n=2, on_trajectory=note, tune_gc=False))
     assert seen == [DEFAULT_GEN0_THRESHOLD] * 2 + [700] * 2
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_what_the_block_made_leaves_it_in_the_oldest_generation_unwalked() -> None:
+    """At the exit the young generation holds everything the block made; with the threshold back
+    at 700, the next allocation would walk all of it. It goes to the oldest generation instead,
+    as the objects frozen at the start do, and garbage cycles among it still go at a full collection."""
+    import weakref
+
+    class Node:
+        pass
+
+    with tuned_gc():
+        kept = [[i] for i in range(5_000)]
+        cycle = Node()
+        cycle.self = cycle  # type: ignore[attr-defined]
+        gone = weakref.ref(cycle)
+        del cycle
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(x) in oldest for x in kept)
+    assert gc.get_count()[0] < 700  # nothing left for the next young collection to walk
+    assert gone() is not None  # not collected on the way out...
+    gc.collect()
+    assert gone() is None  # ...but by the next full collection
+
+
+def test_gen0_threshold_is_sized_for_the_episodes_in_flight() -> None:
+    assert gen0_threshold_for(1) == DEFAULT_GEN0_THRESHOLD
+    assert gen0_threshold_for(1024) == 1024 * LIVE_OBJECTS_PER_EPISODE > DEFAULT_GEN0_THRESHOLD
+
+
+def test_the_runner_sizes_the_young_generation_for_its_concurrency() -> None:
+    import asyncio
+
+    tasks = [{"id": f"t{i}", "question": "q", "answer": "a"} for i in range(600)]
+    seen: list[int] = []
+    run = arollout(
+        lambda: toolenv.ToolEnv(tasks=tasks),
+        "oracle",
+        concurrency=600,
+        on_trajectory=lambda _: seen.append(gc.get_threshold()[0]),
+    )
+    assert asyncio.run(run).summary.episodes == 600
+    assert set(seen) == {600 * LIVE_OBJECTS_PER_EPISODE}
     assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0

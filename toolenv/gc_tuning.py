@@ -21,11 +21,26 @@ import gc
 import threading
 from collections.abc import Iterator
 
-__all__ = ["DEFAULT_GEN0_THRESHOLD", "tuned_gc"]
+__all__ = ["DEFAULT_GEN0_THRESHOLD", "LIVE_OBJECTS_PER_EPISODE", "gen0_threshold_for", "tuned_gc"]
 
-#: Young-generation threshold inside `tuned_gc` (CPython's default is 700, 2,000 from 3.13):
-#: a turn of 1,024 episodes then allocates less than one young generation's worth.
+#: Young-generation threshold inside `tuned_gc` (CPython's default is 700, 2,000 from 3.13).
 DEFAULT_GEN0_THRESHOLD = 100_000
+#: Container objects an episode in flight keeps alive across its tool's await (its turns, chat
+#: messages, results, trajectory record and coroutine frames: about 120 for a 4-turn episode of
+#: the concurrency benchmark), with room to spare.
+LIVE_OBJECTS_PER_EPISODE = 256
+
+
+def gen0_threshold_for(episodes: int) -> int:
+    """A young generation that holds what `episodes` episodes in flight keep alive.
+
+    A young collection walks every object allocated since the last one; objects of episodes
+    still in flight all survive it, so one that fires mid-run is pure cost (21 ms at 1,024
+    episodes with the default threshold, a tenth of a 200 ms run). Sized like this, such
+    objects are mostly freed by reference counting before a collection comes round.
+    """
+    return max(DEFAULT_GEN0_THRESHOLD, LIVE_OBJECTS_PER_EPISODE * episodes)
+
 
 _lock = threading.Lock()
 _depth = 0
@@ -66,4 +81,9 @@ def tuned_gc(gen0_threshold: int = DEFAULT_GEN0_THRESHOLD) -> Iterator[bool]:
                 _saved = None
                 gc.set_threshold(*thresholds)
                 if froze:
+                    # What the block made and still holds goes to the oldest generation unwalked,
+                    # as what was alive at its start does: with the young threshold back at its
+                    # default, the next allocation would otherwise walk all of it (10-20 ms after
+                    # 1,024 episodes). Garbage cycles among it go at the next full collection.
+                    gc.freeze()
                     gc.unfreeze()

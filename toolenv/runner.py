@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from toolenv import _aio
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
-from toolenv.gc_tuning import tuned_gc
+from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
@@ -510,7 +510,7 @@ async def arollout(
 
     interrupted = False
     try:
-        with bar, tuned_gc() if tune_gc else contextlib.nullcontext():
+        with bar, tuned_gc(gen0_threshold_for(len(envs))) if tune_gc else contextlib.nullcontext():
             await asyncio.gather(*(worker(e) for e in envs))
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
@@ -570,8 +570,9 @@ def rollout(
         seed: episode `i` resets with `seed + i` (None: unseeded); at least 0.
         success_threshold: an episode succeeds when its reward reaches this and it has no error.
         progress: draw a live progress bar on stderr.
-        tune_gc: run the episodes inside `toolenv.tuned_gc()` (the collector's settings are
-            restored afterwards; programs that set them themselves are left alone).
+        tune_gc: run the episodes inside `toolenv.tuned_gc()`, its young generation sized for
+            `concurrency` episodes (`gen0_threshold_for`); the collector's settings are restored
+            afterwards, and programs that set them themselves are left alone.
         images: `"inline"` keeps images base64 inside each JSON line; `"files"` writes each
             distinct image once to `out/images/` (named by its SHA-256) and the lines name the
             files; `read_trajectories` reads both.
