@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 import toolenv
 from toolenv.agent import Agent, AgentAction, EnvInfo
+from toolenv.gc_tuning import gen0_threshold_for
 from toolenv.runner import arollout
 
 LATENCY = 0.05
@@ -92,7 +93,7 @@ async def bare_independent_episode() -> None:
 
 async def independent_walls(n: int, rounds: int) -> tuple[float, float, float]:
     """Median seconds of `n` independent episodes (reset included), of the same inside
-    `toolenv.tuned_gc()` (as `toolenv rollout` runs them), and of `n` bare ones."""
+    `toolenv.tuned_gc()` sized for `n` (as `toolenv rollout` runs them), and of `n` bare ones."""
     envs = [make() for _ in range(n)]
     await asyncio.gather(*(independent_episode(e) for e in envs))  # warm-up round
     walls, tuned, floors = [], [], []
@@ -104,7 +105,7 @@ async def independent_walls(n: int, rounds: int) -> tuple[float, float, float]:
             t0 = time.perf_counter()
             await asyncio.gather(*(bare_independent_episode() for _ in range(n)))
             floors.append(time.perf_counter() - t0)
-        with toolenv.tuned_gc():
+        with toolenv.tuned_gc(gen0_threshold_for(n)):
             for _ in range(rounds):
                 t0 = time.perf_counter()
                 await asyncio.gather(*(independent_episode(e) for e in envs))
@@ -146,7 +147,7 @@ async def batch_walls(n: int, rounds: int, tuned: bool) -> tuple[float, float]:
     await episode_wall(venv)  # warm-up round
     resets, walls = [], []
     try:
-        with toolenv.tuned_gc() if tuned else contextlib.nullcontext():
+        with toolenv.tuned_gc(gen0_threshold_for(n)) if tuned else contextlib.nullcontext():
             for _ in range(rounds):
                 r, w = await episode_wall(venv)
                 resets.append(r)
