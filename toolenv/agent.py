@@ -136,7 +136,7 @@ def load_agent(spec: str | Agent, **kwargs: Any) -> Agent:
         module, _, attr = spec.partition(":")
         try:
             obj: Any = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # a module failing at import is a broken plugin too, as with entry points
             raise PluginError(f"agent {spec!r} could not be imported: {type(exc).__name__}: {exc}") from exc
     else:
         obj = load("agents", spec)

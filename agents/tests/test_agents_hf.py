@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -36,7 +38,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<answer>", "</answer>"]
+    specials = [
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<answer>",
+        "</answer>",
+        "[TOOL_CALLS]",  # Mistral's control tokens, special as in its tokenizers
+        "[ARGS]",
+    ]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -122,3 +134,141 @@ async def test_greedy_is_deterministic(tiny_model: Path) -> None:
     msgs = [toolenv.Message(role="user", content="What is 2 + 3?")]
     a, b = await agent.act("", msgs, info), await agent.act("", msgs, info)
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def _steer(agent: Any, script: list[int]) -> None:
+    """Make the real model's generate() emit `script` (then its last id) by rewriting its logits."""
+    import torch
+
+    step = [0]
+
+    def hook(module: Any, args: Any, logits: torch.Tensor) -> torch.Tensor:
+        forced = torch.full_like(logits, -1e4)
+        forced[..., script[min(step[0], len(script) - 1)]] = 0.0
+        step[0] += 1
+        return forced
+
+    agent.lm.lm_head.register_forward_hook(hook)
+
+
+async def test_special_token_formats_keep_their_tokens(tiny_model: Path) -> None:
+    """A parser written in special tokens (Mistral's `[TOOL_CALLS]`) gets them in the action text,
+    as vLLM and verl decode for it; the closing EOS is still dropped."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=40)
+    tok = agent.tokenizer
+    call_ids = tok('[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}', add_special_tokens=False)["input_ids"]
+    _steer(agent, [*call_ids, tok.eos_token_id])
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(
+            tools=[Add()], tasks=[{"id": "t", "question": "2+3?", "answer": "5"}], parser="mistral", max_turns=1
+        )
+
+    traj = (await arollout(env, agent, n=1)).trajectories[0]
+    turn = traj.turns[0]
+    assert turn.action == '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}'
+    assert turn.parsed.errors == [] and [(c.name, c.arguments) for c in turn.parsed.tool_calls] == [
+        ("add", {"a": 2, "b": 3})
+    ]
+    assert turn.results[0].text == "5" and turn.token_ids == [*call_ids, tok.eos_token_id]
+
+
+async def test_samples_of_a_task_are_sampled_independently(tiny_model: Path) -> None:
+    """With temperature > 0, the samples of one task are different draws (GRPO needs them to be),
+    and a fresh agent with the same seed draws them again."""
+    from toolenv_agents.hf import TransformersAgent
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=[{"id": "t", "question": "2+3?", "answer": "5"}], max_turns=1)
+
+    async def draws() -> dict[int, list[int] | None]:
+        agent = TransformersAgent(tiny_model, max_new_tokens=8, temperature=1.0, seed=7)
+        res = await arollout(env, agent, n=1, samples=4, concurrency=2)
+        return {t.sample: t.turns[0].token_ids for t in res.trajectories}
+
+    first = await draws()
+    assert len({tuple(ids or []) for ids in first.values()}) == 4
+    assert await draws() == first
+
+
+async def test_queued_generations_leave_the_default_executor_to_tools(tiny_model: Path) -> None:
+    """Episodes waiting for the model hold no thread of the loop's default executor, where sync
+    tools run (`asyncio.to_thread`): a tool call goes ahead while generations are queued."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2)
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+    release = threading.Event()
+    real = agent.lm.generate
+
+    def gated(*args: Any, **kwargs: Any) -> Any:  # the first generation waits for the "tool" below
+        release.wait()
+        return real(*args, **kwargs)
+
+    agent.lm.generate = gated
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    msgs = [toolenv.Message(role="user", content="What is 2 + 3?")]
+    acts = [asyncio.create_task(agent.act("", msgs, info)) for _ in range(4)]
+    try:
+        # A hang guard, not a timing check: on the old code the tool never gets a thread.
+        await asyncio.wait_for(asyncio.to_thread(release.set), timeout=20)
+    finally:
+        release.set()
+        done = await asyncio.gather(*acts)
+    assert [len(a.token_ids or []) for a in done] == [2, 2, 2, 2]
+
+
+# Mistral's templates check each tool message's call id (this check is theirs) and pair it with its call.
+MISTRAL_LIKE_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'tool' %}"
+    "{%- if m['tool_call_id'] is not defined or m['tool_call_id'] | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{%- endif %}"
+    "[TOOL_RESULTS]{{ m['tool_call_id'] }}[TOOL_CONTENT]{{ m['content'] }}[/TOOL_RESULTS]"
+    "{%- elif m['role'] == 'assistant' %}{{ m['content'] }}<|im_end|>"
+    "{%- else %}[INST]{{ m['content'] }}[/INST]"
+    "{%- endif %}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("reply", "tail"),
+    [
+        ('[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}', "[TOOL_RESULTS]call00000[TOOL_CONTENT]5[/TOOL_RESULTS]"),
+        ("[TOOL_CALLS]add[ARGS]{oops", "[INST]Tool call 1"),  # a parse error answers no call: a user turn
+    ],
+)
+async def test_tool_results_reach_the_template_with_their_call_ids(tiny_model: Path, reply: str, tail: str) -> None:
+    """Tool messages keep `tool_call_id` and `name` (as verl's loop sends them); results that
+    answer no call (parse errors) go as one user message, which such templates accept."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=40)
+    tok = agent.tokenizer
+    tok.chat_template = MISTRAL_LIKE_TEMPLATE
+    _steer(agent, [*tok(reply, add_special_tokens=False)["input_ids"], tok.eos_token_id])
+    prompts: list[str] = []
+    render = agent.prompt_ids
+
+    def spy(messages: list[toolenv.Message], env_info: toolenv.agent.EnvInfo) -> list[int]:
+        ids = render(messages, env_info)
+        prompts.append(tok.decode(ids))
+        return ids
+
+    agent.prompt_ids = spy  # type: ignore[method-assign]
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(
+            tools=[Add()], tasks=[{"id": "t", "question": "2+3?", "answer": "5"}], parser="mistral", max_turns=2
+        )
+
+    traj = (await arollout(env, agent, n=1)).trajectories[0]
+    assert traj.error is None and len(traj.turns) == 2
+    after_turn_0 = prompts[1].rsplit("<|im_end|>", 1)[1]
+    assert after_turn_0.startswith(tail) and after_turn_0.count("[INST]") == (tail == "[INST]Tool call 1")

@@ -274,3 +274,93 @@ def test_native_calls_rendered_in_a_model_format_parse_back(spec: str) -> None:
     action = parser.parse(text)
     assert action.errors == []
     assert [(c.name, c.arguments) for c in action.tool_calls] == [(c["name"], c["arguments"]) for c in two]
+
+
+async def test_completions_mode_asks_for_and_keeps_token_ids(server: Server) -> None:
+    """`return_token_ids` and `logprobs` work in completions mode as in chat mode."""
+    server.script = [
+        (
+            "json",
+            200,
+            {
+                "choices": [
+                    {
+                        "text": "<answer>5</answer>",
+                        "finish_reason": "stop",
+                        "token_ids": [11, 12, 13],
+                        "logprobs": {"tokens": ["a", "b", "c"], "token_logprobs": [-0.5, -0.25, -0.125]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 3},
+            },
+            {},
+        )
+    ]
+    res = await arollout(make_env, agent(server, api="completions", return_token_ids=True, logprobs=True), n=1)
+    turn = res.trajectories[0].turns[0]
+    body = server.requests[0]["body"]
+    assert body["return_token_ids"] is True and body["logprobs"] == 1
+    assert turn.token_ids == [11, 12, 13] and turn.logprobs == [-0.5, -0.25, -0.125]
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_text_modes_keep_special_tokens_for_formats_written_in_them(server: Server, api: str) -> None:
+    """A format made of special tokens (Mistral's `[TOOL_CALLS]`) reaches the env only if the
+    server does not skip them (vLLM and SGLang skip them by default); other formats leave the
+    server's default alone."""
+    reply = '[TOOL_CALLS]add[ARGS]{"a": 2, "b": 3}'
+    step = chat(reply) if api == "chat" else {"choices": [{"text": reply, "finish_reason": "stop"}]}
+    server.script = [("json", 200, step, {})]
+    env = toolenv.ToolEnv(tools=[Add()], tasks=[{"id": "t1", "question": "2+3?"}], parser="mistral", max_turns=1)
+    res = await arollout(lambda: env, agent(server, api=api, tool_calling="text"), n=1)
+    assert res.trajectories[0].turns[0].results[0].text == "5"
+    assert server.requests[0]["body"]["skip_special_tokens"] is False
+    server.script = [("json", 200, chat("<answer>5</answer>"), {})]
+    await arollout(make_env, agent(server, tool_calling="text"), n=1)
+    assert "skip_special_tokens" not in server.requests[1]["body"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"choices": [None]},
+        {"choices": ["<answer>5</answer>"]},
+        {"choices": [{"message": "<answer>5</answer>", "finish_reason": "stop"}]},
+        {"choices": [{"message": None, "finish_reason": "stop"}]},
+    ],
+)
+async def test_malformed_reply_shapes_are_retried(server: Server, bad: dict[str, Any]) -> None:
+    """A 200 reply whose choice is not an object with a message is a malformed reply: retried."""
+    server.script = [("json", 200, bad, {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(make_env, agent(server, max_retries=1), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2
+
+
+async def test_native_calls_with_null_function_or_arguments(server: Server) -> None:
+    """`arguments: null` is a call without arguments; `function: null` is a call the env reports."""
+    no_args = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": None}}
+    server.script = [
+        ("json", 200, chat(None, [no_args]), {}),
+        ("json", 200, chat(None, [{"id": "c2", "type": "function", "function": None}]), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0
+    first = traj.turns[0].parsed.tool_calls[0]
+    assert (first.name, first.arguments) == ("add", {}) and "Invalid arguments" in traj.turns[0].results[0].text
+    assert traj.turns[1].results[0].is_error
+
+
+async def test_stop_string_already_in_the_text_is_not_added_twice(server: Server) -> None:
+    """With `include_stop_str_in_output` (vLLM) the text ends with the stop string already."""
+    text = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    server.script = [
+        ("json", 200, chat(text, stop_reason="</tool_call>"), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    kw: dict[str, Any] = {"tool_calling": "text", "extra_body": {"include_stop_str_in_output": True}}
+    res = await arollout(make_env, agent(server, **kw), n=1)
+    assert res.trajectories[0].turns[0].action == text
+    assert server.requests[1]["body"]["messages"][-2] == {"role": "assistant", "content": text}

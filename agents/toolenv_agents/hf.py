@@ -4,8 +4,11 @@ The env's messages are rendered with the tokenizer's chat template (the env's
 tool schemas passed as `tools`, so Qwen/Hermes templates list them), the model
 generates until EOS or one of the parser's stop strings, and the action carries
 the generated token ids and their log-probabilities — what an RL trainer needs.
-Generation runs in a worker thread, one at a time per model, so the event loop
-keeps stepping other episodes' tools meanwhile. Works on the CPU.
+Formats written in special tokens (`parser.special_tokens`: Harmony, Mistral...) are
+decoded with those tokens kept, as vLLM and verl do for them.
+Generation runs in the model's own worker thread, one at a time per model, so the event
+loop keeps stepping other episodes' tools meanwhile (and queued episodes hold no thread
+of the loop's default executor, where sync tools run). Works on the CPU.
 
 Needs the `transformers` extra and torch (install the build you want first).
 """
@@ -13,7 +16,9 @@ Needs the `transformers` extra and torch (install the build you want first).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,9 @@ from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.types import Message
 
 __all__ = ["TransformersAgent"]
+
+#: Seeds of successive episodes lie this far apart (seed + episode * stride + turn).
+_EPISODE_STRIDE = 1 << 20
 
 
 class TransformersAgent(Agent):
@@ -32,7 +40,9 @@ class TransformersAgent(Agent):
         max_new_tokens: the generation budget per action.
         temperature: 0 for greedy decoding, otherwise sampling at this temperature.
         top_p: nucleus sampling when sampling.
-        seed: seeds sampling (each action reseeds with seed + turn).
+        seed: seeds sampling. Each action reseeds with `seed + turn`, offset per episode
+            spawned from this agent (`spawn()`), so that the samples of one task are
+            different draws and a fresh agent with the same seed draws them again.
         tool_role: the role given to tool results (`"tool"`, or `"user"` for templates without it).
         dtype: torch dtype name (`"float32"`, `"bfloat16"`).
     """
@@ -74,12 +84,44 @@ class TransformersAgent(Agent):
         if self.tokenizer.chat_template is None:
             raise AgentError(f"the tokenizer of {self.model} has no chat template")
         self._lock = threading.Lock()  # one generate() at a time per model
+        # The model's own thread: episodes queued for it hold none of the default executor's.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolenv-transformers")
+        gen_eos = getattr(self.lm.generation_config, "eos_token_id", None)
+        eos = [self.tokenizer.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])]
+        self._eos_ids = {int(i) for i in eos if i is not None}
+        self._episodes = itertools.count(1)  # shared by spawned copies
+        self._episode = 0  # 0: not spawned (direct use)
+
+    def spawn(self) -> TransformersAgent:
+        """A copy for one episode, sharing the model, with its own sampling seeds."""
+        twin = super().spawn()
+        assert isinstance(twin, TransformersAgent)
+        twin._episode = next(self._episodes)
+        return twin
 
     def _chat(self, messages: list[Message]) -> list[dict[str, Any]]:
-        out = []
+        """The messages as chat-template dicts. A turn's tool results keep their call id and tool
+        name (Mistral's templates require the id, Gemma 4's write the name); results that answer
+        no call (parse errors) follow as one user message, as `toolenv.types.reply_messages` sends
+        them, since templates that pair results with calls reject a tool message without an id."""
+        out: list[dict[str, Any]] = []
+        unanswered: list[str] = []
         for m in messages:
-            role = self.tool_role if m.role == "tool" else m.role
-            out.append({"role": role, "content": m.content})
+            if m.role == "tool" and not m.tool_call_id:
+                unanswered.append(m.content)
+                continue
+            if unanswered and m.role != "tool":
+                out.append({"role": "user", "content": "\n".join(unanswered)})
+                unanswered = []
+            if m.role != "tool":
+                out.append({"role": m.role, "content": m.content})
+            elif self.tool_role == "tool":
+                result = {"role": "tool", "content": m.content, "tool_call_id": m.tool_call_id}
+                out.append({**result, "name": m.name} if m.name else result)
+            else:
+                out.append({"role": self.tool_role, "content": m.content})
+        if unanswered:
+            out.append({"role": "user", "content": "\n".join(unanswered)})
         return out
 
     def prompt_ids(self, messages: list[Message], env_info: EnvInfo) -> list[int]:
@@ -92,10 +134,10 @@ class TransformersAgent(Agent):
         )
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
-    def _generate(self, prompt: list[int], stop: tuple[str, ...], turn: int) -> tuple[list[int], list[float]]:
+    def _generate(self, prompt: list[int], stop: tuple[str, ...], seed: int) -> tuple[list[int], list[float]]:
         torch = self._torch
         with self._lock, torch.inference_mode():
-            torch.manual_seed(self.seed + turn)
+            torch.manual_seed(seed)
             input_ids = torch.tensor([prompt], device=self.device)
             kwargs: dict[str, Any] = {
                 "max_new_tokens": self.max_new_tokens,
@@ -122,10 +164,14 @@ class TransformersAgent(Agent):
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
-        ids, logprobs = await asyncio.to_thread(self._generate, prompt, env_info.stop, env_info.turn)
-        eos = self.tokenizer.eos_token_id
-        text_ids = ids[:-1] if ids and ids[-1] == eos else ids
-        text = str(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+        seed = self.seed + self._episode * _EPISODE_STRIDE + env_info.turn
+        loop = asyncio.get_running_loop()
+        ids, logprobs = await loop.run_in_executor(self._executor, self._generate, prompt, env_info.stop, seed)
+        # The closing EOS is not part of the action, unless it is a stop string the parser reads.
+        ended = bool(ids) and ids[-1] in self._eos_ids
+        text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in env_info.stop else ids
+        keep = env_info.parser is not None and env_info.parser.special_tokens
+        text = str(self.tokenizer.decode(text_ids, skip_special_tokens=not keep))
         return AgentAction(
             text=text,
             token_ids=ids,

@@ -8,7 +8,10 @@ Three ways to talk to the server:
   Later turns send the env's tool results back as `tool` messages with matching call ids.
 - `api="chat", tool_calling="text"`: plain chat; the model writes the parser's format itself,
   each observation goes back as a user message, generation stops at the parser's stop strings.
-- `api="completions"`: one growing text prompt (the env's prompt, then action + observation).
+  A format written in special tokens (`parser.special_tokens`: Harmony, Mistral...) is asked
+  for with `skip_special_tokens: false` (a vLLM/SGLang field), so its markers reach the env.
+- `api="completions"`: one growing text prompt (the env's prompt, then action + observation);
+  stop strings and special tokens as in text mode.
 
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
 episode of a rollout. 429s, 5xx, timeouts, dropped connections and malformed JSON are
@@ -214,9 +217,9 @@ class OpenAIAgent(Agent):
                     except ValueError:
                         last = f"malformed JSON in the reply: {resp.text[:100]!r}"
                     else:
-                        if isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"]:
+                        if _has_choice(data, "message" if path == "/chat/completions" else None):
                             return data, attempt + 1
-                        last = f"a reply without choices: {str(data)[:200]}"
+                        last = f"a reply without a usable choice: {str(data)[:200]}"
             if attempt < self.max_retries:
                 delay = min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
                 await asyncio.sleep(min(retry_after, self.max_backoff) if retry_after is not None else delay)
@@ -238,6 +241,8 @@ class OpenAIAgent(Agent):
         body = self._body(prompt=self._prompt, **self._gen_options(env_info))
         if self.logprobs:
             body["logprobs"] = 1
+        if self.return_token_ids:
+            body["return_token_ids"] = True
         data, attempts = await self._post("/completions", body)
         choice = data["choices"][0]
         text = _with_stop(str(choice.get("text") or ""), choice, env_info.stop)
@@ -254,7 +259,7 @@ class OpenAIAgent(Agent):
         body = self._body(messages=self._transcript, **self._gen_options(env_info))
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = choice.get("message") or {}
+        msg = choice["message"]
         text = _with_stop(str(msg.get("content") or ""), choice, env_info.stop)
         self._transcript.append({"role": "assistant", "content": text})
         return self._action(text, data, choice, attempts, _chat_logprobs(choice))
@@ -265,7 +270,7 @@ class OpenAIAgent(Agent):
             body["tools"] = env_info.tool_schemas
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = choice.get("message") or {}
+        msg = choice["message"]
         content = str(msg.get("content") or "")
         calls = [_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])]
         text = render_tool_calls(content, calls, env_info.parser) if calls else content
@@ -306,7 +311,12 @@ class OpenAIAgent(Agent):
         return out
 
     def _gen_options(self, env_info: EnvInfo) -> dict[str, Any]:
-        return {"stop": list(env_info.stop)[:4]} if env_info.stop else {}
+        """Text-mode fields: the parser's stop strings, and special tokens kept in the text when
+        the format is written in them (vLLM and SGLang skip them by default)."""
+        options: dict[str, Any] = {"stop": list(env_info.stop)[:4]} if env_info.stop else {}
+        if env_info.parser is not None and env_info.parser.special_tokens:
+            options["skip_special_tokens"] = False
+        return options
 
     def _with_logprobs(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.logprobs:
@@ -338,6 +348,14 @@ class OpenAIAgent(Agent):
         sh.client, sh.semaphore, sh.loop = None, None, None
 
 
+def _has_choice(data: Any, field: str | None) -> bool:
+    """True when `data` has a first choice that is an object (holding `field` as an object)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    return field is None or isinstance(choices[0].get(field), dict)
+
+
 def _retry_after(resp: httpx.Response) -> float | None:
     value = resp.headers.get("retry-after")
     try:
@@ -347,10 +365,11 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 def _with_stop(text: str, choice: dict[str, Any], stops: tuple[str, ...]) -> str:
-    """Put back the stop string the server cut off (vLLM: `stop_reason`, SGLang: `matched_stop`)."""
+    """Put back the stop string the server cut off (vLLM: `stop_reason`, SGLang: `matched_stop`),
+    unless the text holds it already (vLLM's `include_stop_str_in_output`)."""
     matched = choice.get("stop_reason") or choice.get("matched_stop")
     if choice.get("finish_reason") == "stop" and isinstance(matched, str) and matched in stops:
-        return text + matched
+        return text if text.endswith(matched) else text + matched
     return text
 
 
@@ -362,9 +381,13 @@ def _chat_logprobs(choice: dict[str, Any]) -> list[Any] | None:
 
 
 def _decode_call(raw: Any, index: int) -> dict[str, Any]:
-    fn = raw.get("function", {}) if isinstance(raw, dict) else {}
-    args: Any = fn.get("arguments", {})
-    if isinstance(args, str):
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(fn, dict):  # no name: the env reports an unknown tool
+        fn = {}
+    args: Any = fn.get("arguments")
+    if args is None:  # some servers send null for a call without arguments
+        args = {}
+    elif isinstance(args, str):
         with contextlib.suppress(json.JSONDecodeError):  # left as a string: the env's parser reports it
             args = json.loads(args) if args.strip() else {}
     call_id = raw.get("id") if isinstance(raw, dict) else None
