@@ -3,6 +3,7 @@ drops a line it should not, and a resume is the same run (env, agent, model)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
@@ -11,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 from _examples import load_example
+from pydantic import BaseModel
 
 import toolenv
 from toolenv.agent import Agent, AgentAction, EnvInfo
 from toolenv.export import export_chat
 from toolenv.report import render_report
-from toolenv.runner import rollout
+from toolenv.runner import arollout, rollout
 from toolenv.trajectory import Trajectory, TurnRecord, read_trajectories
 from toolenv.types import Task
 
@@ -189,3 +191,70 @@ def test_the_report_survives_non_finite_numbers_in_memory() -> None:
 
     episode = json.loads(data.group(1), parse_constant=refuse)["episodes"][0]
     assert episode["reward"] == "NaN"
+
+
+class _Logged(toolenv.Tool):
+    """A tool that logs its calls and waits a little, as a network call would."""
+
+    name = "ping"
+    log: list[str] = []  # noqa: RUF012 - set per test
+
+    class Args(BaseModel):
+        x: int
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        self.log.append("call")
+        await asyncio.sleep(0.05)
+        return toolenv.ToolResult(text="pong")
+
+
+class _Pinging(Agent):
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        return AgentAction(text='<tool_call>{"name": "ping", "arguments": {"x": 1}}</tool_call>')
+
+
+def test_each_worker_builds_its_env_when_it_takes_its_first_task(tmp_path: Path) -> None:
+    """Episodes start at once, not after every env is built: the first tool call comes before
+    the second env's build, and each later worker builds its env just before its episode."""
+    log: list[str] = []
+    tool = _Logged()
+    tool.log = log
+    tasks = [{"id": f"t{i}", "question": "q", "answer": "a"} for i in range(6)]
+
+    def make() -> toolenv.ToolEnv:
+        log.append("build")
+        return toolenv.ToolEnv(tools=[tool], tasks=tasks, max_turns=1)
+
+    res = rollout(make, _Pinging(), concurrency=3, out=tmp_path)
+    assert res.summary.episodes == 6 and res.summary.tool_error_rate == 0
+    # The first env is built up front (it names the tasks); workers 2 and 3 build theirs on demand.
+    assert log[:6] == ["build", "call", "build", "call", "build", "call"]
+    assert log.count("build") == 3
+
+
+def test_a_worker_that_fails_stops_the_others_and_keeps_what_was_written(tmp_path: Path) -> None:
+    """An env that cannot be built ends the run with its error; the other workers are stopped,
+    not left to run and write after the run has failed, and what was written is kept."""
+    log: list[str] = []
+    tool = _Logged()
+    tool.log = log
+    tasks = [{"id": f"t{i}", "question": "q", "answer": "a"} for i in range(8)]
+
+    def make() -> toolenv.ToolEnv:
+        if log.count("build") == 2:
+            raise RuntimeError("no more envs today")
+        log.append("build")
+        return toolenv.ToolEnv(tools=[tool], tasks=tasks, max_turns=2)
+
+    async def run() -> int:
+        with pytest.raises(RuntimeError, match="no more envs today"):
+            await arollout(make, _Pinging(), concurrency=3, out=tmp_path)
+        calls = log.count("call")
+        await asyncio.sleep(0.3)  # a worker left running would make more calls in this time
+        assert log.count("call") == calls
+        return calls
+
+    assert asyncio.run(run()) >= 1
+    written = read_trajectories(tmp_path / "trajectories.jsonl", strict=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["episodes"] == len(written)  # the summary counts what the file holds

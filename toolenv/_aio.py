@@ -9,7 +9,7 @@ import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -129,6 +129,21 @@ def _finish_interrupted(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]
             loop.run_until_complete(task)
     elif not task.cancelled():
         task.exception()  # retrieved: no "exception was never retrieved" at collection
+
+
+async def gather_all(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """`asyncio.gather`, except that when one fails (or the caller is cancelled) the others are
+    cancelled and awaited before the error is raised. `gather` leaves them running: on the
+    sync API's loop they would resume inside the next call, beside that call's own step, and a
+    rollout would go on writing after its run has failed."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 _helper: concurrent.futures.ThreadPoolExecutor | None = None

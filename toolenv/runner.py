@@ -473,7 +473,10 @@ async def arollout(
                 "started_at": _now(),
             }
         )
-    envs = [first] + [_make_env(env, dict(env_kwargs or {}))[0] for _ in range(min(concurrency, len(todo)) - 1)]
+    # The first worker steps `first`; each other one builds its env when it takes its first task,
+    # so episodes start at once rather than after every env is built (1,024 envs: ~16 ms), and a
+    # build's cost lands in the first round of tool calls, which the later rounds outlast.
+    envs = [first]
     queue: asyncio.Queue[tuple[int, Task, int]] = asyncio.Queue()
     for w in todo:
         queue.put_nowait(w)
@@ -484,12 +487,15 @@ async def arollout(
     started = time.perf_counter()
     bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
 
-    async def worker(w_env: ToolEnv) -> None:
+    async def worker(w_env: ToolEnv | None) -> None:
         while True:
             try:
                 index, task, sample = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
+            if w_env is None:
+                w_env = _make_env(env, dict(env_kwargs or {}))[0]
+                envs.append(w_env)
             traj = await run_episode(
                 w_env,
                 the_agent.spawn(),
@@ -508,10 +514,13 @@ async def arollout(
             if on_trajectory is not None:
                 on_trajectory(traj)
 
+    workers = min(concurrency, len(todo))
     interrupted = False
     try:
-        with bar, tuned_gc(gen0_threshold_for(len(envs))) if tune_gc else contextlib.nullcontext():
-            await asyncio.gather(*(worker(e) for e in envs))
+        with bar, tuned_gc(gen0_threshold_for(workers)) if tune_gc else contextlib.nullcontext():
+            # A worker that fails (an env that cannot be built, a disk that is full) stops the
+            # others rather than leaving them to write on after the run has failed.
+            await _aio.gather_all([worker(first), *(worker(None) for _ in range(workers - 1))])
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
         raise

@@ -8,7 +8,7 @@ in the same loop and all tool calls of all episodes overlap.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -58,20 +58,6 @@ def _batch(entries: list[tuple[int, Mapping[str, Any]]], n: int) -> dict[str, An
         out[key] = array
         out[f"_{key}"] = mask
     return out
-
-
-async def _gather(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
-    """`asyncio.gather`, except that when one fails (or the caller is cancelled) the others are
-    cancelled and awaited before the error is raised. `gather` leaves them running: on the
-    sync API's loop they would resume inside the next call, beside that call's own step."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _reset_mask(options: dict[str, Any] | None, n: int) -> tuple[Any, dict[str, Any] | None]:
@@ -139,7 +125,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             seeds = list(seed)
         mask, options = _reset_mask(options, self.num_envs)
         which: Sequence[int] = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
-        results = await _gather(self.envs[i].areset(seed=seeds[i], options=options) for i in which)
+        results = await _aio.gather_all(self.envs[i].areset(seed=seeds[i], options=options) for i in which)
         infos: list[tuple[int, Mapping[str, Any]]] = []
         for i, (obs, info) in zip(which, results, strict=True):
             self._obs[i] = obs
@@ -162,7 +148,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             obs, reward, term, trunc, info = await env.astep(action)
             return obs, float(reward), term, trunc, info
 
-        results = await _gather(one(i, a) for i, a in enumerate(actions))
+        results = await _aio.gather_all(one(i, a) for i, a in enumerate(actions))
         rewards = np.array([r[1] for r in results], dtype=np.float64)
         terms = np.array([r[2] for r in results], dtype=bool)
         truncs = np.array([r[3] for r in results], dtype=bool)
