@@ -251,3 +251,159 @@ async def test_a_tool_that_waits_past_its_first_step_still_gets_its_deadline_and
     ]
     assert ok[0][0].text == "after 0.01" and not ok[0][0].is_error
     assert late[0][0].is_error and "timed out after 0.5 s" in late[0][0].text
+
+
+async def test_a_high_rate_limit_waits_for_its_slot_without_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rate above 100 calls/s was capped near 100/s: the throttler polled every 10 ms.
+    A call must instead sleep until its own slot (1/rate apart), and again only for the rest
+    of the spacing when the call before it was let through late."""
+    real_sleep = asyncio.sleep
+    waits: list[float] = []
+
+    async def recording_sleep(delay: float, result: object = None) -> object:
+        waits.append(delay)
+        return await real_sleep(delay, result)
+
+    stamps: list[float] = []
+
+    @tool(rate_limit=1000)
+    async def tick() -> str:
+        stamps.append(time.monotonic())
+        return "ok"
+
+    caller = ToolCaller([tick])
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    n = 20
+    out = await asyncio.gather(*(caller.invoke([ToolCall(name="tick")], ctx()) for _ in range(n)))
+    monkeypatch.undo()
+    assert all(r[0][0].text == "ok" for r in out)
+    assert len(waits) <= 3 * n  # a sleep to its slot, the rest of the spacing, no polling
+    assert max(waits) <= (n - 1) / 1000  # no call sleeps past its slot
+    assert min(b - a for a, b in zip(stamps, stamps[1:], strict=False)) >= 0.001 * 0.9
+
+
+class Busy(toolenv.Tool):
+    """Counts the calls in flight at once (slotted: a size few other objects share, so a new
+    instance soon lands at a dead one's address)."""
+
+    __slots__ = ("in_flight", "peak", "spare1", "spare2")
+    name = "busy"
+
+    class Args(BaseModel):
+        pass
+
+    def __init__(self, **limits: object) -> None:
+        super().__init__(**limits)
+        self.in_flight = self.peak = 0
+
+    async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return ToolResult(text="ok")
+
+
+async def test_a_tool_never_inherits_the_limiter_of_a_dead_tool() -> None:
+    """Limiters were kept by `id(tool)`: a new tool at a dead tool's address got its
+    concurrency cap (and the table grew with every tool ever made)."""
+    import gc
+
+    async def run_many(t: Busy) -> None:
+        caller = ToolCaller([t])
+        await asyncio.gather(*(caller.invoke([ToolCall(name="busy")], ctx()) for _ in range(6)))
+
+    first = Busy(max_concurrency=1)
+    await run_many(first)
+    dead = id(first)
+    del first
+    gc.collect()
+    kept = []
+    for _ in range(5000):
+        second = Busy(max_concurrency=3)
+        if id(second) == dead:
+            break
+        kept.append(second)
+    else:
+        pytest.skip("no new tool landed at the dead tool's address")
+    await run_many(second)
+    assert second.peak == 3
+
+
+@pytest.mark.parametrize("limit", [16, 20, 40, 41, 60, 100, 1000])
+@pytest.mark.parametrize("length", [17, 50, 99, 101, 5000, 123_456])
+def test_truncated_text_fits_its_limit_and_counts_what_went(limit: int, length: int) -> None:
+    """The marker was not counted: a cut text could come out longer than the limit (or than
+    the text itself), and the count it reported was short by the marker's length."""
+    import re
+
+    text = "".join(chr(0x4E00 + i % 500) for i in range(length))  # CJK: one character, one index
+    out, cut = truncate_middle(text, limit)
+    if length <= limit:
+        assert (out, cut) == (text, False)
+        return
+    assert cut and len(out) <= limit
+    counted = re.search(r"(\d+) characters truncated", out)
+    kept = [c for c in out if "\u4e00" <= c <= "\u9fff"]
+    if counted is not None:
+        assert int(counted.group(1)) == length - len(kept)
+    assert text.startswith("".join(kept[:1])) and text.endswith("".join(kept[-1:]))
+
+
+async def test_a_tools_own_timeout_is_not_reported_as_the_limit() -> None:
+    """A TimeoutError the tool raised itself (its HTTP client's, a socket's) was reported as
+    the caller's limit firing: "timed out after 30 s" for a call that took no time."""
+
+    @tool(timeout=30)
+    async def upstream() -> str:
+        await asyncio.sleep(0)
+        raise TimeoutError("read timed out")
+
+    (result,), (record,) = await ToolCaller([upstream]).invoke([ToolCall(name="upstream")], ctx())
+    assert result.is_error and result.retryable
+    assert result.text == "Tool 'upstream' timed out. Try a simpler or smaller request."
+    assert record.error == result.text
+
+
+async def test_changed_limits_take_effect_on_the_next_call() -> None:
+    busy = Busy(max_concurrency=1)
+    caller = ToolCaller([busy])
+    await asyncio.gather(*(caller.invoke([ToolCall(name="busy")], ctx()) for _ in range(6)))
+    assert busy.peak == 1
+    busy.limits = toolenv.ToolLimits(max_concurrency=3)
+    busy.peak = 0
+    await asyncio.gather(*(caller.invoke([ToolCall(name="busy")], ctx()) for _ in range(6)))
+    assert busy.peak == 3
+
+
+async def test_results_with_images_or_metadata_of_the_wrong_type_become_errors() -> None:
+    """Only the text's type was checked: bytes or a PIL image in `images` went into the
+    observation and crashed later, far from the tool (the agent's request, the trajectory)."""
+    from toolenv.types import ToolImage
+
+    png = ToolImage(data=b"\x89PNG", width=1, height=1)
+
+    class Pictures(toolenv.Tool):
+        name = "pictures"
+
+        class Args(BaseModel):
+            kind: str
+
+        async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+            kind = args.kind  # type: ignore[attr-defined]
+            if kind == "bytes":
+                return ToolResult(text="x", images=[png, b"\x89PNG"])  # type: ignore[list-item]
+            if kind == "not a list":
+                return ToolResult(text="x", images=png)  # type: ignore[arg-type]
+            if kind == "metadata":
+                return ToolResult(text="x", metadata=[1, 2])  # type: ignore[arg-type]
+            return ToolResult(text="x", images=[png], metadata={"k": 1})
+
+    calls = [ToolCall(name="pictures", arguments={"kind": k}, id=k) for k in ("bytes", "not a list", "metadata", "ok")]
+    results, _ = await ToolCaller([Pictures()]).invoke(calls, ctx())
+    assert results[0].is_error and "images" in results[0].text and "bytes" in results[0].text
+    assert results[1].is_error and "images" in results[1].text
+    assert results[2].is_error and "metadata is list" in results[2].text
+    assert not results[3].is_error and results[3].images == [png] and results[3].metadata == {"k": 1}
+    for r in results:
+        r.model_dump_json()  # every result serialises (a trajectory can be written)

@@ -247,6 +247,21 @@ async def test_unserialisable_arguments_run_uncached() -> None:
     assert len(runs) == 2
 
 
+async def test_a_task_that_cannot_be_serialised_runs_uncached_instead_of_raising() -> None:
+    """A task-scoped key digests the task's JSON: a context value JSON cannot hold (an object
+    from a dataframe row, a handle) raised out of the step instead of an answer."""
+
+    class Handle:
+        pass
+
+    tool = Lookup(cache=ResultCache(scope="task"))
+    caller, task = ToolCaller([tool]), Task(id="t9", question="q", context={"handle": Handle()})
+    for cid in ("c1", "c2"):
+        (result,), (record,) = await invoke(caller, [call("a", cid)], task)
+        assert result.text == "a@t9" and not result.is_error and not record.cached
+    assert tool.runs == ["a", "a"]
+
+
 def test_a_class_attribute_cache_is_shared_by_every_env() -> None:
     class Shared(Lookup):
         cache = ResultCache(scope="shared")

@@ -1,15 +1,22 @@
 from __future__ import annotations
 
 import asyncio
+import enum
+import functools
+import subprocess
+import sys
+import textwrap
 import threading
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
 
 import pytest
 from pydantic import BaseModel, Field
 
 import toolenv
 from toolenv import ToolContext, ToolLimits, tool
-from toolenv.types import Task, ToolResult
+from toolenv.caller import ToolCaller
+from toolenv.types import Task, ToolCall, ToolResult
 
 
 def ctx() -> ToolContext:
@@ -121,3 +128,162 @@ def test_schema_is_built_once_per_args_model_and_handed_out_as_a_fresh_copy(add_
     hits = _parameters.cache_info().hits
     type(add_tool)().schema()
     assert _parameters.cache_info().hits == hits + 1  # another instance, same Args: no rebuild
+
+
+def test_a_sync_tool_stuck_past_its_timeout_does_not_keep_the_process_from_exiting(tmp_path: Path) -> None:
+    """Sync tools ran on the loop's default executor, whose threads `asyncio.run` and the
+    interpreter join on the way out: one call stuck past its timeout hung the process."""
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import asyncio, threading
+            import toolenv
+            from toolenv.caller import ToolCaller
+
+            never = threading.Event()
+
+            @toolenv.tool(timeout=0.05)
+            def stuck() -> str:
+                never.wait()
+                return "never"
+
+            async def main() -> None:
+                results, _ = await ToolCaller([stuck]).invoke(
+                    [toolenv.ToolCall(name="stuck")], toolenv.ToolContext(task=toolenv.Task())
+                )
+                print(results[0].text, flush=True)
+
+            asyncio.run(main())
+            """
+        )
+    )
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit: {exc.stdout!r}")
+    assert done.returncode == 0, done.stderr
+    assert "timed out after 0.05 s" in done.stdout
+
+
+async def test_sync_calls_stuck_past_their_timeout_do_not_starve_later_calls() -> None:
+    """The default executor has min(32, cpus + 4) threads: that many stuck calls made every
+    later sync call wait in its queue until it timed out too."""
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    def stuck() -> str:
+        release.wait()
+        return "late"
+
+    @tool(timeout=10)
+    def quick() -> str:
+        return "quick"
+
+    caller = ToolCaller([stuck, quick])
+    try:
+        results, _ = await caller.invoke([ToolCall(name="stuck", id=str(i)) for i in range(40)], ctx())
+        assert all("timed out" in r.text for r in results)
+        (answer,), _ = await caller.invoke([ToolCall(name="quick")], ctx())
+        assert answer.text == "quick" and not answer.is_error
+    finally:
+        release.set()
+
+
+async def test_positional_only_parameters_are_passed_positionally() -> None:
+    @tool
+    def add(a: int, /, b: int = 1) -> int:
+        return a + b
+
+    (result,), _ = await ToolCaller([add]).invoke([ToolCall(name="add", arguments={"a": 2, "b": 3})], ctx())
+    assert result.text == "5" and not result.is_error
+
+
+@pytest.mark.parametrize("annotation", ["ToolContext | None", "Optional[ToolContext]", "Annotated[ToolContext, 'ctx']"])
+async def test_an_optional_or_annotated_context_parameter_is_injected_not_shown(annotation: str) -> None:
+    """`ctx: ToolContext | None = None` (callable without a context in tests) was a model
+    argument: shown in the schema, and None at run time."""
+    namespace: dict[str, object] = {}
+    exec(
+        "def where(key: str, ctx: " + annotation + " = None) -> str:\n"
+        "    return ctx.task.id + ':' + key if ctx is not None else 'no context'\n",
+        {"ToolContext": ToolContext, "Optional": Optional, "Annotated": Annotated},
+        namespace,
+    )
+    where = tool(namespace["where"])  # type: ignore[arg-type]
+    assert list(where.schema()["function"]["parameters"]["properties"]) == ["key"]
+    (result,), _ = await ToolCaller([where]).invoke([ToolCall(name="where", arguments={"key": "k"})], ctx())
+    assert result.text == "t:k"
+
+
+class Doc(BaseModel):
+    title: str
+    year: int = 2000
+
+
+def test_schema_keeps_title_keys_inside_default_and_enum_values() -> None:
+    """Only Pydantic's own `title`s are noise: a default value with a "title" key lost it,
+    so the schema showed the model a default the tool does not use."""
+
+    @tool
+    def find(
+        filters: dict[str, str] = {"title": "Dune", "lang": "en"},
+        doc: Doc = Doc(title="Emma"),
+        fields: Literal["title", "year"] = "title",
+    ) -> str:
+        return ""
+
+    params = find.schema()["function"]["parameters"]
+    assert params["properties"]["filters"]["default"] == {"title": "Dune", "lang": "en"}
+    assert params["properties"]["doc"]["default"] == {"title": "Emma", "year": 2000}
+    assert params["properties"]["fields"]["enum"] == ["title", "year"]
+    assert params["$defs"]["Doc"]["required"] == ["title"] and "title" not in params["$defs"]["Doc"]
+    assert "title" in params["$defs"]["Doc"]["properties"]
+    assert "title" not in params["properties"]["filters"]
+
+
+async def test_a_plain_wrapper_around_an_async_function_is_awaited() -> None:
+    """A sync decorator over an async function returns a coroutine: the env sent the model
+    "<coroutine object ...>" (and the call was never run), while calling the tool directly worked."""
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @tool
+    @logged
+    async def shout(word: str) -> str:
+        await asyncio.sleep(0)
+        return word.upper()
+
+    assert await shout(word="direct") == "DIRECT"
+    (result,), _ = await ToolCaller([shout]).invoke([ToolCall(name="shout", arguments={"word": "hi"})], ctx())
+    assert result.text == "HI" and not result.is_error
+
+
+class Color(enum.Enum):
+    red = "red"
+    blue = "blue"
+
+
+def test_flat_schema_of_an_optional_choice_allows_null() -> None:
+    """Flattening `Optional[Literal[...]]` / `Optional[Enum]` kept the enum (or const) of the
+    non-null branch: the schema then forbade null, its own default, which validation accepts."""
+    jsonschema = pytest.importorskip("jsonschema")
+
+    @tool
+    def pick(one: Literal["x"] | None = None, two: Literal["x", "y"] | None = None, color: Color | None = None) -> str:
+        return ""
+
+    flat = pick.flat_schema()["function"]["parameters"]
+    for name in ("one", "two", "color"):
+        prop = flat["properties"][name]
+        jsonschema.validate(None, prop)  # null, the default, is allowed
+        assert "anyOf" not in prop and prop["type"] == ["string", "null"]
+    jsonschema.validate({"one": "x", "two": "y", "color": "blue"}, flat)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"two": "z"}, flat)
+    assert pick.Args.model_validate({"one": None, "two": None, "color": None})

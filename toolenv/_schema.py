@@ -18,8 +18,13 @@ from pydantic_core import from_json, to_json
 __all__ = ["flatten_schema", "openai_schema"]
 
 
+#: Keys whose values are data, not schemas: a "title" inside them is the tool's own.
+_VALUE_KEYS = frozenset({"default", "const", "enum", "examples"})
+
+
 def _strip_titles(node: Any) -> Any:
-    """Drop Pydantic's auto-generated `title` keys (noise in a prompt), not fields named "title"."""
+    """Drop Pydantic's auto-generated `title` keys (noise in a prompt), not fields named
+    "title" nor "title" keys of default, const, enum or example values."""
     if isinstance(node, list):
         return [_strip_titles(n) for n in node]
     if not isinstance(node, dict):
@@ -28,7 +33,9 @@ def _strip_titles(node: Any) -> Any:
     for k, v in node.items():
         if k == "title" and isinstance(v, str):
             continue
-        if k in ("properties", "$defs") and isinstance(v, dict):
+        if k in _VALUE_KEYS:
+            out[k] = v
+        elif k in ("properties", "$defs") and isinstance(v, dict):
             out[k] = {name: _strip_titles(sub) for name, sub in v.items()}
         else:
             out[k] = _strip_titles(v)
@@ -93,6 +100,11 @@ def _flatten(node: Any, defs: dict[str, Any], depth: int) -> Any:
                 base.pop("type", None)
                 node.pop(key)
                 node = {**base, **node, "type": types if len(types) > 1 else types[0]}
+                if "null" in types:  # the choices of the non-null branch must admit null too
+                    if "const" in node:
+                        node["enum"] = [node.pop("const")]
+                    if "enum" in node and None not in node["enum"]:
+                        node["enum"] = [*node["enum"], None]
             elif simple and all(set(v) == {"type"} for v in variants):
                 node.pop(key)
                 node["type"] = [v["type"] for v in variants]

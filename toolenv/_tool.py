@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import functools
 import inspect
+import os
+import queue
+import threading
+import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints, overload
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -27,9 +33,15 @@ class ToolLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout: float | None = Field(default=30.0, gt=0, description="Seconds before a call is abandoned.")
-    max_concurrency: int | None = Field(default=None, ge=1, description="Calls in flight at once, across episodes.")
-    rate_limit: float | None = Field(default=None, gt=0, description="Calls per second, across episodes.")
-    retries: int = Field(default=0, ge=0, description="Extra attempts for results marked retryable.")
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="Calls in flight at once, across episodes (per event loop)."
+    )
+    rate_limit: float | None = Field(
+        default=None, gt=0, description="Calls per second (started 1/rate s apart), across episodes and event loops."
+    )
+    retries: int = Field(
+        default=0, ge=0, description="Extra attempts after a timeout or a result marked retryable (not an exception)."
+    )
     backoff: float = Field(default=0.1, ge=0, description="First retry delay in seconds; doubles each attempt.")
     max_backoff: float = Field(default=5.0, ge=0, description="Upper bound on one retry delay.")
     max_output_chars: int | None = Field(default=8192, ge=16, description="Text longer than this is cut in the middle.")
@@ -191,17 +203,20 @@ class FunctionTool(Tool):
         self._fn = fn
         self._is_async = inspect.iscoroutinefunction(fn)
         self.description = description or inspect.cleandoc(fn.__doc__ or "")  # type: ignore[misc]
-        self.Args, self._ctx_param = _args_model(fn)  # type: ignore[misc]
+        self.Args, self._ctx_param, self._positional = _args_model(fn)  # type: ignore[misc]
         functools.update_wrapper(self, fn)
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         kwargs = {k: getattr(args, k) for k in type(args).model_fields}
         if self._ctx_param:
             kwargs[self._ctx_param] = ctx
+        positional = [kwargs.pop(p) for p in self._positional]  # positional-only parameters
         if self._is_async:
-            out = await self._fn(**kwargs)
+            out = await self._fn(*positional, **kwargs)
         else:
-            out = await asyncio.to_thread(self._fn, **kwargs)
+            out = await _WORKERS.run(self._fn, positional, kwargs)
+            if inspect.isawaitable(out):  # a sync wrapper around an async function
+                out = await out
         return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else str(out))
 
     async def __call__(self, **kwargs: Any) -> Any:
@@ -210,22 +225,117 @@ class FunctionTool(Tool):
         return await result if inspect.isawaitable(result) else result
 
 
-def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
-    """Build the Args model from a function signature; a `ToolContext` parameter is injected, not exposed."""
+class _Workers:
+    """Daemon threads that run sync function tools, an idle one reused, else a new one started.
+
+    `asyncio.to_thread` runs them on the loop's default executor, whose threads `asyncio.run`
+    and the interpreter join on the way out, and which has min(32, cpus + 4) of them: one
+    call stuck past its timeout (a thread cannot be stopped) kept the process from exiting,
+    and that many stuck calls left every later sync call queued until it timed out too.
+    Here threads are daemons, and a thread left behind by a timed-out call takes no new work.
+    """
+
+    IDLE_S = 2.0  # an idle thread exits after this long (a closed env leaves no threads behind)
+
+    def __init__(self) -> None:
+        self.idle: list[_Worker] = []
+        self.lock = threading.Lock()
+
+    def run(self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """`fn(*args, **kwargs)` on a worker thread, in a copy of the current context."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self.lock:
+            worker = self.idle.pop() if self.idle else None
+        if worker is None:
+            worker = _Worker(self)
+            worker.start()
+        worker.jobs.put((contextvars.copy_context(), fn, args, kwargs, loop, future))
+        return future
+
+    def forget(self) -> None:
+        """After a fork: the parent's threads do not exist in the child."""
+        self.idle = []
+        self.lock = threading.Lock()
+
+
+class _Worker(threading.Thread):
+    def __init__(self, pool: _Workers) -> None:
+        super().__init__(name="toolenv-tool", daemon=True)
+        self.pool = pool
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            try:
+                context, fn, args, kwargs, loop, future = self.jobs.get(timeout=self.pool.IDLE_S)
+            except queue.Empty:
+                with self.pool.lock:
+                    if self in self.pool.idle:
+                        self.pool.idle.remove(self)
+                        return
+                continue  # taken off the idle list just now: its job is on the way
+            result: Any = None
+            error: BaseException | None = None
+            if not future.cancelled():  # a call cancelled before it started is not run
+                try:
+                    result = context.run(fn, *args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting call, as to_thread does
+                    error = exc
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
+                    loop.call_soon_threadsafe(_settle, future, result, error)
+            del context, fn, args, kwargs, loop, future, result, error
+            with self.pool.lock:
+                self.pool.idle.append(self)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the call timed out or was cancelled
+        return
+    if error is None:
+        future.set_result(result)
+    elif isinstance(error, StopIteration):  # a future refuses StopIteration
+        future.set_exception(RuntimeError(f"the tool raised StopIteration: {error}"))
+    else:
+        future.set_exception(error)
+
+
+_WORKERS = _Workers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKERS.forget)
+
+
+def _is_context(ann: Any) -> bool:
+    """Whether a parameter takes the `ToolContext`: `ToolContext`, `ToolContext | None`,
+    `Optional[ToolContext]` or any of them in `Annotated[...]`."""
+    if get_origin(ann) is Annotated:
+        return _is_context(get_args(ann)[0])
+    if get_origin(ann) in (Union, types.UnionType):
+        rest = [a for a in get_args(ann) if a is not type(None)]
+        return len(rest) == 1 and _is_context(rest[0])
+    return ann is ToolContext
+
+
+def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None, list[str]]:
+    """Build the Args model from a function signature; a `ToolContext` parameter is injected,
+    not exposed. Also returns the names of the positional-only parameters, in order."""
     hints = get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
     ctx_param: str | None = None
+    positional: list[str] = []
     for pname, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"@tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        if param.kind is param.POSITIONAL_ONLY:
+            positional.append(pname)
         ann = hints.get(pname, Any)
-        if ann is ToolContext:
+        if _is_context(ann):
             ctx_param = pname
             continue
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (ann, default)
     model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
-    return model, ctx_param
+    return model, ctx_param, positional
 
 
 @overload

@@ -12,19 +12,19 @@ import functools
 import logging
 import random
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncio_throttle.throttler import Throttler
 from pydantic import BaseModel, ValidationError
 
 from toolenv._tool import Tool, ToolContext, ToolLimits
 from toolenv.breaker import breaker_for
 from toolenv.deadlines import Deadline
-from toolenv.types import Task, ToolCall, ToolResult
+from toolenv.types import Task, ToolCall, ToolImage, ToolResult
 
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
@@ -50,39 +50,106 @@ class ToolCallRecord:
     cached: bool = False  # answered by the tool's ResultCache (a stored or shared in-flight result)
 
 
+class _RateLimit:
+    """Spaces a tool's calls at least `1/rate` seconds apart, across every event loop and thread.
+
+    Each call reserves the next free slot under a lock and sleeps until it; a call whose
+    predecessor was let through late (a busy loop wakes it late) then waits out the rest of
+    the spacing. asyncio-throttle polls every 10 ms instead, which held any rate near 100
+    calls/s. A call cancelled while it waits leaves its slot unused.
+    """
+
+    __slots__ = ("interval", "last", "lock", "next_at")
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate
+        self.next_at = 0.0  # the next free slot
+        self.last = -self.interval  # when the latest call was let through
+        self.lock = threading.Lock()
+
+    async def wait(self) -> None:
+        """Return when this call may start."""
+        with self.lock:
+            now = time.monotonic()
+            at = max(self.next_at, now)
+            self.next_at = at + self.interval
+        while True:
+            if at > now:
+                await asyncio.sleep(at - now)
+            with self.lock:
+                now = time.monotonic()
+                at = self.last + self.interval
+                if now >= at:
+                    self.last = now
+                    self.next_at = max(self.next_at, now + self.interval)
+                    return
+
+
 class _Limiter:
-    """Concurrency cap and rate limit of one tool within one event loop."""
+    """Concurrency cap and rate limit of one tool: the rate is shared by every event loop, the
+    cap is kept per loop (an asyncio semaphore belongs to one loop, and the same tool object
+    may serve a sync env's private loop and a vector env's loop)."""
 
-    __slots__ = ("semaphore", "throttler")
+    __slots__ = ("limits", "rate", "semaphores")
 
-    def __init__(self, tool: Tool) -> None:
-        lim = tool.limits
-        self.semaphore = asyncio.Semaphore(lim.max_concurrency) if lim.max_concurrency else None
-        self.throttler = Throttler(rate_limit=1, period=1.0 / lim.rate_limit) if lim.rate_limit else None
+    def __init__(self, limits: ToolLimits) -> None:
+        self.limits = limits
+        self.rate = _RateLimit(limits.rate_limit) if limits.rate_limit else None
+        self.semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def semaphore(self) -> asyncio.Semaphore | None:
+        """The running loop's semaphore for the cap, or None without one."""
+        cap = self.limits.max_concurrency
+        if cap is None:
+            return None
+        loop = asyncio.get_running_loop()
+        found = self.semaphores.get(loop)
+        if found is None:
+            found = self.semaphores[loop] = asyncio.Semaphore(cap)
+        return found
 
 
-# Limiters are per (tool, loop): asyncio primitives belong to one loop, and the same tool
-# object may serve a sync env (private loop) and a vector env (the user's loop).
-_LIMITERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Limiter]] = weakref.WeakKeyDictionary()
+# Limiters by tool object, each dropped when its tool dies (before its id can be reused by a
+# new tool, which must not inherit the old one's cap), and rebuilt if its limits change.
+_LIMITERS: dict[int, _Limiter] = {}
+_LIMITERS_LOCK = threading.Lock()
 
 
 def _limiter(tool: Tool) -> _Limiter | None:
     lim = tool.limits
     if not (lim.max_concurrency or lim.rate_limit):
         return None
-    per_loop = _LIMITERS.setdefault(asyncio.get_running_loop(), {})
-    found = per_loop.get(id(tool))
-    if found is None:
-        found = per_loop[id(tool)] = _Limiter(tool)
+    found = _LIMITERS.get(id(tool))
+    if found is None or (found.limits is not lim and found.limits != lim):
+        with _LIMITERS_LOCK:
+            found = _LIMITERS.get(id(tool))
+            if found is None or (found.limits is not lim and found.limits != lim):
+                if found is None:
+                    weakref.finalize(tool, _LIMITERS.pop, id(tool), None)
+                found = _LIMITERS[id(tool)] = _Limiter(lim)
     return found
 
 
 def truncate_middle(text: str, limit: int | None) -> tuple[str, bool]:
-    """Cut `text` to `limit` characters, keeping head and tail, and say how much went."""
+    """Cut `text` to at most `limit` characters, keeping head and tail, and say how much went.
+
+    The marker counts against the limit and names exactly how many characters it replaced;
+    a limit too small for that marker gets a bare `...` instead.
+    """
     if limit is None or len(text) <= limit:
         return text, False
-    marker = f"\n...[{len(text) - limit} characters truncated]...\n"
-    keep = max(limit - len(marker), 8)
+    gone = len(text) - limit
+    while True:  # the marker's length depends on the count it names: settles in a step or two
+        marker = f"\n...[{gone} characters truncated]...\n"
+        keep = limit - len(marker)
+        if keep < 2:
+            marker, keep = "\n...\n", max(limit - 5, 0)
+            break
+        if len(text) - keep == gone:
+            break
+        gone = len(text) - keep
     head = keep // 2
     return text[:head] + marker + text[len(text) - (keep - head) :], True
 
@@ -92,7 +159,7 @@ def _validation_message(tool: Tool, exc: ValidationError) -> str:
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "arguments"
         parts.append(f"{loc}: {err['msg']}")
-    expected = ", ".join(tool.Args.model_fields)
+    expected = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())  # the names to send
     return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". Expected arguments: {expected}."
 
 
@@ -153,7 +220,7 @@ def _unknown_arguments(tool: Tool, arguments: dict[str, Any]) -> list[str]:
 
 def _unknown_message(tool: Tool, unknown: list[str]) -> str:
     names = ", ".join(repr(u) for u in unknown)
-    expected = ", ".join(tool.Args.model_fields)
+    expected = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())  # the names to send
     return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. Expected arguments: {expected}."
 
 
@@ -192,6 +259,11 @@ class _Resumed(Generator[Any, Any, Any]):
 
 
 _SENT = object()
+
+
+class _DeadlineExpired(TimeoutError):
+    """The call's own deadline (its tool's `timeout`) fired, as opposed to a TimeoutError the
+    tool raised itself (its HTTP client's, a socket's)."""
 
 
 class _SelfCancelled(Exception):
@@ -237,7 +309,7 @@ async def _run_in_task(coro: Coroutine[Any, Any, Any], timeout: float | None) ->
             task.cancel()
             raise
         if expired:
-            raise asyncio.TimeoutError from None
+            raise _DeadlineExpired from None
         raise _SelfCancelled from None
     finally:
         if handle is not None:
@@ -283,7 +355,7 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
                 result = await _Resumed(coro, first)
             except BaseException as exc:
                 if deadline.close(exc):
-                    raise TimeoutError from exc
+                    raise _DeadlineExpired from exc
                 raise
             deadline.close(None)
     except (asyncio.CancelledError, _SelfCancelled, Exception, SystemExit) as exc:  # noqa: BLE001 - see _failure
@@ -311,10 +383,11 @@ def _failure(tool: Tool, exc: BaseException) -> ToolResult:
         return _cancelled(tool)
     if isinstance(exc, _SelfCancelled):  # pragma: no cover - Python 3.10
         return _cancelled(tool)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        timeout = tool.limits.timeout
-        after = f" after {timeout:g} s" if timeout is not None else ""  # or the tool's own timeout fired
+    if isinstance(exc, _DeadlineExpired):
+        after = f" after {tool.limits.timeout:g} s"
         return _Failure.error(f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # the tool's own timeout fired
+        return _Failure.error(f"Tool '{tool.name}' timed out. Try a simpler or smaller request.", retryable=True)
     return _Failure.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
 
 
@@ -328,6 +401,22 @@ def _checked(tool: Tool, result: Any) -> ToolResult:
         return ToolResult.error(
             f"Tool '{tool.name}' returned a ToolResult whose text is {type(result.text).__name__}, "
             "not str (a bug in the tool)."
+        )
+    images = result.images
+    if images and (not isinstance(images, list) or not all(isinstance(im, ToolImage) for im in images)):
+        found = (
+            type(images).__name__
+            if not isinstance(images, list)
+            else ", ".join(sorted({type(im).__name__ for im in images if not isinstance(im, ToolImage)}))
+        )
+        return ToolResult.error(
+            f"Tool '{tool.name}' returned a ToolResult whose images are not a list of ToolImage ({found}); "
+            "use ToolImage.from_pil or ToolImage(data=...) (a bug in the tool)."
+        )
+    if not isinstance(result.metadata, dict):
+        return ToolResult.error(
+            f"Tool '{tool.name}' returned a ToolResult whose metadata is {type(result.metadata).__name__}, "
+            "not dict (a bug in the tool)."
         )
     return result
 
@@ -463,15 +552,14 @@ class ToolCaller:
         limiter = _limiter(tool)
         if limiter is None:
             return await self._guarded(tool, args, ctx)
-        if limiter.semaphore is not None:
-            async with limiter.semaphore:
-                if limiter.throttler is not None:
-                    async with limiter.throttler:
-                        pass
+        semaphore = limiter.semaphore()
+        if semaphore is not None:
+            async with semaphore:
+                if limiter.rate is not None:
+                    await limiter.rate.wait()
                 return await self._guarded(tool, args, ctx)
-        if limiter.throttler is not None:
-            async with limiter.throttler:
-                pass
+        if limiter.rate is not None:
+            await limiter.rate.wait()
         return await self._guarded(tool, args, ctx)
 
     @staticmethod

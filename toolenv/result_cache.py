@@ -112,13 +112,15 @@ class ResultCache:
 
     # ------------------------------------------------------------------ keys and storage
     def key(self, tool: Tool, args: Any, ctx: ToolContext) -> Hashable | None:
-        """The key of a call, or None when its arguments cannot be serialised (it then runs uncached)."""
+        """The key of a call, or None when its arguments (or, scoped by task, its task) cannot be
+        serialised: it then runs uncached."""
         try:
             encoded = pydantic_core.to_json(args)
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
             return None
         if self.scope == "task":
-            return (tool.name, task_key(ctx.task), encoded)
+            digest = task_key(ctx.task)
+            return None if digest is None else (tool.name, digest, encoded)
         if self.scope == "episode":
             return (tool.name, ctx.episode_id, encoded)
         return (tool.name, encoded)
@@ -190,16 +192,23 @@ class ResultCache:
 _TASK_KEYS: dict[int, bytes] = {}
 
 
-def task_key(task: Task) -> bytes:
+def task_key(task: Task) -> bytes | None:
     """A digest of `task`'s whole content (id, question, answer, context, metadata): equal for
     equal tasks, so a GRPO group's copies of one task share results, and tasks that merely share
-    an id (ad-hoc tasks all default to id "0") do not. Computed once per task object."""
+    an id (ad-hoc tasks all default to id "0") do not. Computed once per task object.
+
+    None when the task cannot be serialised (a context value JSON cannot hold): its content
+    cannot be compared, so its calls run uncached.
+    """
     found = _TASK_KEYS.get(id(task))
     if found is None:
-        found = hashlib.blake2b(task.model_dump_json().encode(), digest_size=16).digest()
+        try:
+            found = hashlib.blake2b(task.model_dump_json().encode(), digest_size=16).digest()
+        except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
+            found = b""  # remembered as "cannot be keyed"
         _TASK_KEYS[id(task)] = found
         weakref.finalize(task, _TASK_KEYS.pop, id(task), None)
-    return found
+    return found or None
 
 
 def _empty_copy(maxsize: int, ttl: float | None, scope: Scope, timer: Callable[[], float]) -> ResultCache:
