@@ -96,10 +96,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def http_url() -> Iterator[str]:
-    """The test server over streamable HTTP on 127.0.0.1, as a subprocess; yields its endpoint URL."""
-    port = free_port()
+def start_http_server(port: int) -> subprocess.Popen[bytes]:
+    """The test server over streamable HTTP on 127.0.0.1:`port`, as a subprocess, once it accepts connections."""
     proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", str(port)], env=dict(os.environ))
     deadline = time.monotonic() + 30
     while True:
@@ -107,16 +105,47 @@ def http_url() -> Iterator[str]:
             raise RuntimeError(f"the HTTP test server exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
+                return proc
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError("the HTTP test server did not start") from None
             time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/mcp"
+
+
+def stop_http_server(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def http_url() -> Iterator[str]:
+    """The test server over streamable HTTP on 127.0.0.1, as a subprocess; yields its endpoint URL."""
+    port = free_port()
+    proc = start_http_server(port)
+    yield f"http://127.0.0.1:{port}/mcp"
+    stop_http_server(proc)
+
+
+class RestartableHTTPServer:
+    """The HTTP test server on a port of its own, which a test can restart (a new process, no sessions)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc = start_http_server(self.port)
+
+    def restart(self) -> None:
+        stop_http_server(self.proc)
+        self.proc = start_http_server(self.port)
+
+
+@pytest.fixture
+def restartable_http() -> Iterator[RestartableHTTPServer]:
+    server = RestartableHTTPServer()
+    yield server
+    stop_http_server(server.proc)

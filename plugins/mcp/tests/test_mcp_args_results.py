@@ -168,3 +168,112 @@ def test_structured_content_and_errors() -> None:
     silent = convert({"content": [], "isError": True})
     assert silent.is_error and silent.text == "Tool 't' failed (MCP server 'srv' gave no message)."
     assert convert({"content": []}).text == ""
+
+
+def flat_parameters(schema: dict[str, Any]) -> dict[str, Any]:
+    from toolenv_mcp import MCPServer, MCPTool
+
+    tool = MCPTool(MCPServer(name="s", command="python"), {"name": "t", "inputSchema": schema})
+    params: dict[str, Any] = tool.flat_schema()["function"]["parameters"]
+    return params
+
+
+def test_flat_schema_inlines_every_local_ref() -> None:
+    point = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}
+    draft7 = {  # as TypeScript servers (zod-to-json-schema) write them
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "definitions": {"Point": point},
+        "properties": {"a": {"$ref": "#/definitions/Point"}, "b": {"$ref": "#/properties/a", "description": "end"}},
+    }
+    params = flat_parameters(draft7)
+    assert params["properties"] == {"a": point, "b": {**point, "description": "end"}}
+    assert "definitions" not in params
+    escaped = {"type": "object", "$defs": {"a/b": {"type": "string"}}, "properties": {"p": {"$ref": "#/$defs/a~1b"}}}
+    assert flat_parameters(escaped)["properties"] == {"p": {"type": "string"}}
+
+
+def test_flat_schema_of_a_recursive_schema_stops_at_the_recursion() -> None:
+    node = {
+        "type": "object",
+        "description": "A tree node.",
+        "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+    }
+    schema = {"type": "object", "$defs": {"Node": node}, "properties": {"root": {"$ref": "#/$defs/Node"}}}
+    root = flat_parameters(schema)["properties"]["root"]  # raised "schema nests too deeply" before
+    assert root["properties"]["value"] == {"type": "integer"}
+    stub = {"type": "object", "description": "A tree node."}  # the recursion, cut
+    assert root["properties"]["children"] == {"type": "array", "items": stub}
+
+
+def test_an_env_renders_a_recursive_mcp_schema_in_its_prompt() -> None:
+    from toolenv import ToolEnv
+    from toolenv_mcp import MCPServer, MCPTool
+
+    schema = {
+        "type": "object",
+        "$defs": {"N": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/N"}}}}},
+        "properties": {"root": {"$ref": "#/$defs/N"}},
+    }
+    tool = MCPTool(MCPServer(name="s", command="python"), {"name": "tree", "inputSchema": schema})
+    env = ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], parser="qwen3_xml")
+    obs, _ = env.reset(seed=0)
+    assert "tree" in obs
+    env.close()
+
+
+async def test_the_expected_arguments_are_named_as_the_schema_names_them() -> None:
+    from toolenv import Tool
+
+    schema = {"type": "object", "properties": {n: {"type": "string"} for n in ("schema", "_id", "query")}}
+
+    class Fake(Tool):
+        name = "select"
+        Args = args_model("select", schema)
+
+        async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=repr(arguments_of(args)))
+
+    calls = [
+        ToolCall(name="select", arguments={"schema": 1}),
+        ToolCall(name="select", arguments={"table": "t"}),
+        ToolCall(name="select", arguments={"schema": "public", "_id": "7"}),
+    ]
+    out, _ = await ToolCaller([Fake()]).invoke(calls, ToolContext(Task()))
+    # not "schema_, arg_id, query": the model must hear the names it has to send
+    assert out[0].text == (
+        "Invalid arguments for tool 'select': schema: 1 is not of type 'string'. "
+        "Expected arguments: schema, _id, query."
+    )
+    assert out[1].text == (
+        "Invalid arguments for tool 'select': unknown argument(s) 'table'. Expected arguments: schema, _id, query."
+    )
+    assert out[2].text == "{'schema': 'public', '_id': '7'}" and not out[2].is_error
+
+
+def test_titles_are_dropped_from_schemas_not_from_values() -> None:
+    from toolenv_mcp import MCPServer, MCPTool
+
+    note = {"title": "Note", "type": "object", "default": {"title": "Untitled", "body": ""}}
+    schema = {"type": "object", "properties": {"note": note, "title": {"title": "Title", "enum": [{"title": "a"}]}}}
+    tool = MCPTool(MCPServer(name="s", command="python"), {"name": "t", "inputSchema": schema})
+    props = tool.schema()["function"]["parameters"]["properties"]
+    assert props["note"] == {"type": "object", "default": {"title": "Untitled", "body": ""}}
+    assert props["title"] == {"enum": [{"title": "a"}]}
+
+
+def test_properties_named_in_top_level_combinators_are_arguments() -> None:
+    schema = {
+        "type": "object",
+        "allOf": [
+            {"properties": {"path": {"type": "string"}}, "required": ["path"]},
+            {"properties": {"mode": {"enum": ["r", "w"]}}},
+        ],
+        "anyOf": [{"properties": {"text": {"type": "string"}}}, {"properties": {"data": {"type": "string"}}}],
+    }
+    model = args_model("write", schema)
+    assert list(model.model_fields) == ["path", "mode", "text", "data"]
+    sent = {"path": "/tmp/x", "mode": "w", "text": "hi"}
+    assert arguments_of(model.model_validate(sent)) == sent  # before: every one an "unknown argument"
+    assert errors(model, {"path": "p", "size": 1}) == [(("size",), "unknown argument")]
+    assert errors(model, {"mode": "w"}) == [(("path",), "Field required")]

@@ -155,3 +155,30 @@ def test_the_scope_is_read_from_an_entry_and_is_not_part_of_the_identity() -> No
     assert servers["notes"].key == MCPServer(command="python", args=["notes.py"]).key  # lists through one connection
     with pytest.raises(ValueError, match=r"MCP server 'notes': scope: Input should be 'process' or 'episode'"):
         load_servers({"notes": {"command": "python", "scope": "task"}})
+
+
+def test_cursor_and_vs_code_env_references_are_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLENV_MCP_TOKEN", "s3cret")
+    monkeypatch.delenv("TOOLENV_MCP_UNSET", raising=False)
+    servers = load_servers(
+        {
+            "gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "${env:TOOLENV_MCP_TOKEN}"}},
+            "web": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${env:TOOLENV_MCP_TOKEN}"}},
+        }
+    )
+    # before: the literal "${env:TOOLENV_MCP_TOKEN}" was sent as the token
+    assert servers["gh"].env == {"GITHUB_TOKEN": "s3cret"}
+    assert servers["web"].headers == {"Authorization": "Bearer s3cret"}
+    with pytest.raises(ValueError, match=r"environment variable TOOLENV_MCP_UNSET is not set"):
+        load_servers({"x": {"command": "run", "env": {"K": "${env:TOOLENV_MCP_UNSET}"}}})
+
+
+def test_servers_with_one_label_are_not_silently_merged() -> None:
+    from toolenv_mcp.tool import resolve_servers
+
+    a = MCPServer(command="python", args=["server.py"], env={"REGION": "eu"})
+    b = MCPServer(command="python", args=["server.py"], env={"REGION": "us"})
+    with pytest.raises(ValueError, match=r"two MCP servers are labelled 'python server.py'; give them distinct names"):
+        resolve_servers([a, b])  # before: `a` was dropped without a word
+    assert list(resolve_servers([a.model_copy(update={"name": "eu"}), b])) == ["eu", "python server.py"]
+    assert list(resolve_servers([a, a])) == ["python server.py"]  # the same server twice is one server

@@ -187,3 +187,20 @@ def test_the_registry_forgets_closed_servers(fresh_server: Factory) -> None:
     assert connection._connections[srv.key].refs == 1
     asyncio.run(tools[0].close())
     assert srv.key not in connection._connections
+
+
+def test_a_restarted_http_server_gets_a_new_session(restartable_http: Any) -> None:
+    srv = MCPServer(name="web", url=restartable_http.url)
+    env = ToolEnv(tools=mcp_tools(srv, include=["add"]), tasks=TASKS, max_turns=10)
+    try:
+        env.reset(seed=0)
+        assert env.step(tool_call("add", a=2, b=3))[0] == "<tool_response>\n5\n</tool_response>"
+        restartable_http.restart()  # a new server process: it knows no session
+        # The server answers 404 to the old session id; MCP says start a new session. Before,
+        # every later call was "refused ... Session not found", for good.
+        assert env.step(tool_call("add", a=1, b=2))[0] == "<tool_response>\n3\n</tool_response>"
+        assert env.step(tool_call("add", a=2, b=2))[0] == "<tool_response>\n4\n</tool_response>"
+        more = mcp_tools(srv, include=["add"])  # listing through the shared connection works too
+        asyncio.run(more[0].close())
+    finally:
+        env.close()

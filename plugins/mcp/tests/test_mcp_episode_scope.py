@@ -241,3 +241,23 @@ def test_the_demo_stays_process_scoped() -> None:
         assert all(isinstance(t, MCPTool) and t.server.scope == "process" for t in env.tools)
     finally:
         env.close()
+
+
+def test_an_episodes_http_session_the_server_forgot_is_reported_then_replaced(restartable_http: Any) -> None:
+    srv = MCPServer(name="web", url=restartable_http.url, scope="episode")
+    env = ToolEnv(tools=mcp_tools(srv, include=["remember", "recall"]), tasks=TASKS, max_turns=10)
+    try:
+        env.reset(seed=0)
+        assert ask(env, "remember", value="a") == "ok"
+        restartable_http.restart()  # the episode's session is gone with the old process
+        obs, _, _, _, info = env.step(tool_call("recall"))
+        result = info["tool_results"][0]
+        assert result.is_error and result.retryable
+        assert text(obs) == (
+            "MCP server 'web' no longer knows the session (HTTP 404: did it restart?), so the call to 'recall' "
+            "was not run; the next call of this episode starts a new session, without the episode's state so far"
+        )
+        assert json.loads(ask(env, "recall")) == []
+        assert ask(env, "remember", value="b") == "ok" and json.loads(ask(env, "recall")) == ["b"]
+    finally:
+        env.close()

@@ -281,3 +281,34 @@ async def test_sync_listing_works_inside_a_running_loop(server: MCPServer) -> No
     tools = mcp_tools(server, include=["add"])  # blocks this loop briefly; the listing runs on the MCP loop
     assert (await call(tools, "add", a=20, b=22)).text == "42"
     await close(tools)
+
+
+# A server that answers the MCP handshake and then nothing else (a server stuck in its listing).
+MUTE_AFTER_HANDSHAKE = """
+import json, os, sys
+open(sys.argv[1], "w").write(str(os.getpid()))
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "mute", "version": "1"}}
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+def test_a_server_that_never_lists_its_tools_fails_the_listing(tmp_path: Path, procs: Any) -> None:
+    pid_file = tmp_path / "pid"
+    mute = MCPServer(
+        name="mute", command=sys.executable, args=["-c", MUTE_AFTER_HANDSHAKE, str(pid_file)], startup_timeout=1
+    )
+    with pytest.raises(MCPServerError, match=r"^MCP server 'mute' did not list its tools within 1 s"):
+        mcp_tools(mute)  # blocked forever before
+    assert procs.wait_gone(int(pid_file.read_text()))  # released: its process is stopped
+
+
+async def test_the_async_listing_is_bounded_too(tmp_path: Path) -> None:
+    mute = MCPServer(
+        name="mute", command=sys.executable, args=["-c", MUTE_AFTER_HANDSHAKE, str(tmp_path / "pid")], startup_timeout=1
+    )
+    with pytest.raises(MCPServerError, match=r"did not list its tools within 1 s"):
+        await asyncio.wait_for(amcp_tools(mute), 60)

@@ -82,8 +82,7 @@ def args_model(tool_name: str, schema: Mapping[str, Any]) -> type[MCPArgs]:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ValueError(f"its input schema is not a valid JSON schema: {exc.message}") from None
-    props = schema.get("properties")
-    names = list(props) if isinstance(props, Mapping) else []
+    names = _property_names(schema)
     open_ = accepts_extra_arguments(schema)
     fields: dict[str, Any] = {}
     field_of: dict[str, str] = {}
@@ -106,6 +105,20 @@ def arguments_of(args: BaseModel) -> dict[str, Any]:
     if raw is not None:
         return raw
     return args.model_dump(by_alias=True, exclude_unset=True)
+
+
+def _property_names(schema: Mapping[str, Any]) -> list[str]:
+    """The argument names the schema defines: its `properties`, and those of its top-level
+    `allOf` / `anyOf` / `oneOf` branches (a schema composed of parts names them there)."""
+    names: dict[str, None] = {}
+    branches = [schema]
+    for key in ("allOf", "anyOf", "oneOf"):
+        found = schema.get(key)
+        branches += [b for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
+    for branch in branches:
+        props = branch.get("properties")
+        names.update(dict.fromkeys(props) if isinstance(props, Mapping) else {})
+    return list(names)
 
 
 def _field_name(prop: str, taken: Mapping[str, Any]) -> str:

@@ -28,7 +28,8 @@ Scope = Literal["process", "episode"]
 # own per-tool `timeout` limit applies instead of "timeout".
 _CLIENT_KEYS = frozenset({"autoApprove", "alwaysAllow", "disabled", "enabled", "icon", "description", "timeout"})
 _HTTP = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# `${VAR}` and `${VAR:-default}` (Claude Code), `${env:VAR}` (Cursor, VS Code).
+_VAR = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class MCPServer(BaseModel):
@@ -53,7 +54,9 @@ class MCPServer(BaseModel):
     headers: dict[str, str] = Field(
         default_factory=dict, description="Streamable HTTP: headers sent with every request."
     )
-    startup_timeout: float = Field(default=30.0, gt=0, description="Seconds to wait for the MCP handshake.")
+    startup_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds to wait for the MCP handshake, and again for the tool listing."
+    )
     scope: Scope = Field(
         default="process",
         description='"process": one connection shared by every episode; "episode": one per episode, '
@@ -197,7 +200,7 @@ def _is_entry(mapping: Mapping[str, Any]) -> bool:
 
 
 def _expand(value: Any, where: str) -> Any:
-    """`value` with `${VAR}` / `${VAR:-default}` replaced from the environment, in strings at any depth."""
+    """`value` with `${VAR}`, `${VAR:-default}`, `${env:VAR}` read from the environment, in strings at any depth."""
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:

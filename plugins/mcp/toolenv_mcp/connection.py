@@ -15,9 +15,12 @@ Faults: a server whose connection ends while idle is restarted by the next call;
 that dies during a call fails that call with `MCPConnectionLost` (its outcome is
 unknown) and is restarted by the next. An episode's own server that died between calls
 fails the next call too (its state is gone, which the model should hear), and the call
-after that starts a new one. A server that cannot start fails with `MCPServerError`, and
-is not tried again for a second (for episode connections: by any episode), so a vector
-env of a thousand episodes does not spawn a thousand doomed processes at once.
+after that starts a new one. An HTTP server that answers 404 to the session (it restarted)
+gets a new session, the request sent again (it was not run); for an episode's connection
+that is reported instead, as its state is gone. A server that cannot start fails with
+`MCPServerError`, and is not tried again for a second (for episode connections: by any
+episode), so a vector env of a thousand episodes does not spawn a thousand doomed
+processes at once.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -51,6 +55,7 @@ RESTART_COOLDOWN = 1.0
 #: Seconds to wait for sessions (and their processes) to end on close and at exit.
 CLOSE_TIMEOUT = 10.0
 _MAX_PAGES = 1000
+_SESSION_HEADER = "mcp-session-id"
 
 
 class _StartFailure:
@@ -88,6 +93,7 @@ class Connection:
         # Below: touched on the background loop only.
         self._session: Any = None
         self._lost = True
+        self._expired = 0  # the start whose HTTP session the server no longer knows (404), else 0
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[Any] | None = None
@@ -104,21 +110,31 @@ class Connection:
 
     # ------------------------------------------------------------------ requests
     async def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool the server lists (all pages), in the wire format (`inputSchema`, ...)."""
+        """Every tool the server lists (all pages), in the wire format (`inputSchema`, ...).
+
+        Bounded by the server's `startup_timeout`, as the handshake is: `mcp_tools` (and
+        `gym.make`) would otherwise block for ever on a server that never answers.
+
+        Raises:
+            MCPServerError: the server could not be started, or did not list its tools in time.
+        """
+        await self._live()
+        try:
+            return await asyncio.wait_for(self._list_pages(), self.server.startup_timeout)
+        except asyncio.TimeoutError:
+            raise MCPServerError(
+                f"MCP server {self.label!r} did not list its tools within {self.server.startup_timeout:g} s "
+                "(is it stuck? see its stderr)"
+            ) from None
+
+    async def _list_pages(self) -> list[dict[str, Any]]:
         from mcp import types
 
-        session = await self._live()
-        generation = self.starts
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
-            try:
-                if cursor is None:
-                    result = await session.list_tools()
-                else:
-                    result = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor))
-            except Exception as exc:  # classified and reworded below
-                raise self._failed(exc, generation, "listing its tools") from exc
+            params = None if cursor is None else types.PaginatedRequestParams(cursor=cursor)
+            result = await self._send(functools.partial(_list_page, params=params), "listing its tools")
             page = result.model_dump(mode="json", by_alias=True, exclude_none=True)
             tools.extend(page.get("tools") or [])
             cursor = page.get("nextCursor")
@@ -134,14 +150,28 @@ class Connection:
             MCPConnectionLost: the connection ended during the call.
             Exception: the server answered with a protocol error (e.g. an unknown tool).
         """
-        session = await self._live()
-        generation = self.starts
-        try:
-            result = await session.call_tool(name, arguments)
-        except Exception as exc:  # classified and reworded below
-            raise self._failed(exc, generation, f"the call to '{name}'") from exc
+        result = await self._send(lambda session: session.call_tool(name, arguments), f"the call to '{name}'")
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return dumped
+
+    async def _send(self, request: Callable[[Any], Awaitable[Any]], during: str) -> Any:
+        """`request(session)` on the live session; errors classified by `_failed`.
+
+        An HTTP server that no longer knows the session (it restarted, or expired it)
+        answers 404, and MCP says to start a new session. The request was not run, so
+        for a process-wide connection it is sent once more on a new session; an
+        episode's connection reports it instead, as the episode's state is gone.
+        """
+        for attempt in range(2):
+            session = await self._live()
+            generation = self.starts
+            try:
+                return await request(session)
+            except Exception as exc:  # classified and reworded below
+                if attempt == 0 and self.episode is None and self._expired == generation:
+                    continue
+                raise self._failed(exc, generation, during) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _failed(self, exc: Exception, generation: int, during: str) -> Exception:
         """The error to raise for `exc`: connection loss is marked for a restart, the rest passes."""
@@ -151,11 +181,20 @@ class Connection:
                 self._lost = True
                 if self.episode is not None:  # reported now: the next call starts a new one
                     self._retire()
+            if self._expired == generation:
+                return MCPConnectionLost(
+                    f"MCP server {self.label!r} no longer knows the session (HTTP 404: did it restart?), "
+                    f"so {during} was not run; {self._next(expired=True)}"
+                )
             return MCPConnectionLost(f"MCP server {self.label!r} closed the connection during {during} {self._next()}")
         return exc
 
-    def _next(self) -> str:
+    def _next(self, *, expired: bool = False) -> str:
         """What happens after a lost connection, as the end of the message saying so."""
+        if expired:
+            if self.episode is None:
+                return "a new session starts on the next call"
+            return "the next call of this episode starts a new session, without the episode's state so far"
         if self.episode is None:
             return "(did it crash?); it is restarted on the next call"
         return "(did it crash?); the next call of this episode starts a new one, without the episode's state so far"
@@ -232,9 +271,13 @@ class Connection:
             if generation == self.starts:
                 self._lost = True
 
+        def expired() -> None:
+            if generation == self.starts:
+                self._lost, self._expired = True, generation
+
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await _open_transport(stack, self.server)
+                read, write = await _open_transport(stack, self.server, expired)
                 session = await stack.enter_async_context(ClientSession(_Watched(read, lost), write))
                 await session.initialize()
                 if ready.done():  # the start timed out or was abandoned meanwhile
@@ -317,8 +360,15 @@ class _Watched:
         await self._inner.aclose()
 
 
-async def _open_transport(stack: contextlib.AsyncExitStack, server: MCPServer) -> tuple[Any, Any]:
-    """The (read, write) streams of the server's transport, entered on `stack`."""
+async def _open_transport(
+    stack: contextlib.AsyncExitStack, server: MCPServer, on_expired: Callable[[], None]
+) -> tuple[Any, Any]:
+    """The (read, write) streams of the server's transport, entered on `stack`.
+
+    Over HTTP, `on_expired` is called when the server answers 404 to a request carrying
+    the session id: it no longer knows the session (the MCP SDK reports that as an
+    ordinary JSON-RPC error, indistinguishable from a refusal).
+    """
     streams: Any
     if server.command is not None:
         from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -330,12 +380,16 @@ async def _open_transport(stack: contextlib.AsyncExitStack, server: MCPServer) -
     else:
         from mcp.client.streamable_http import streamable_http_client
 
-        client = None
-        if server.headers:
-            # The SDK's own client factory: mcp 1.x builds on httpx, 2.x on httpx2.
-            from mcp.shared._httpx_utils import create_mcp_http_client
+        # The SDK's own client factory (its timeouts): mcp 1.x builds on httpx, 2.x on httpx2.
+        from mcp.shared._httpx_utils import create_mcp_http_client
 
-            client = await stack.enter_async_context(create_mcp_http_client(headers=dict(server.headers)))
+        async def watch(response: Any) -> None:
+            if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
+                on_expired()
+
+        client = create_mcp_http_client(headers=dict(server.headers) or None)
+        client.event_hooks["response"].append(watch)
+        client = await stack.enter_async_context(client)
         streams = await stack.enter_async_context(streamable_http_client(str(server.url), http_client=client))
     return streams[0], streams[1]  # mcp 1.x adds a third item (a session-id getter)
 
@@ -372,6 +426,11 @@ def _start_problem(exc: BaseException) -> str:
     if is_connection_error(exc) and type(root_cause(exc)).__name__ != "ConnectError":
         return "it closed the connection before the MCP handshake finished (did the process exit? see its stderr)"
     return describe(exc)
+
+
+async def _list_page(session: Any, *, params: Any) -> Any:
+    """One page of the server's tool listing."""
+    return await session.list_tools(params=params)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
