@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import json
 import subprocess
 import sys
 import textwrap
@@ -287,3 +288,33 @@ def test_flat_schema_of_an_optional_choice_allows_null() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"two": "z"}, flat)
     assert pick.Args.model_validate({"one": None, "two": None, "color": None})
+
+
+def test_flat_schema_of_a_recursive_model_stops_at_the_recursion() -> None:
+    """A tree-shaped argument: Pydantic refers to the model from inside itself. The flat schema
+    (qwen3_xml, harmony, gemma4, verl, TRL read it) inlines it once and stops there; it raised
+    'schema nests too deeply' before, so an env with such a tool could not be built."""
+
+    class Node(BaseModel):
+        name: str
+        children: list[Node] = []
+
+    class Tree(toolenv.Tool):
+        """Count a tree's nodes."""
+
+        name = "count"
+
+        class Args(BaseModel):
+            root: Node
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+            return toolenv.ToolResult(text="1")
+
+    Tree.Args.model_rebuild(_types_namespace={"Node": Node})
+    params = Tree().flat_schema()["function"]["parameters"]
+    assert "$defs" not in json.dumps(params) and "$ref" not in json.dumps(params)
+    root = params["properties"]["root"]
+    assert root["type"] == "object" and root["properties"]["name"] == {"type": "string"}
+    assert root["properties"]["children"]["items"] == {"type": "object"}  # the recursion, cut
+    env = toolenv.ToolEnv(tools=[Tree()], tasks=[{"question": "q"}], parser="qwen3_xml")
+    assert "root" in env.reset(seed=0)[0]

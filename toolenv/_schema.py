@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import urllib.parse
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import from_json, to_json
 
-__all__ = ["flatten_schema", "openai_schema"]
+__all__ = ["flatten_schema", "inline_refs", "openai_schema"]
 
 
 #: Keys whose values are data, not schemas: a "title" inside them is the tool's own.
@@ -69,24 +70,63 @@ def flatten_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of a function schema with `$ref` inlined and `anyOf` collapsed where possible."""
     out = copy.deepcopy(schema)
     fn = out.get("function", out)
-    params = fn.get("parameters", {})
-    defs = params.pop("$defs", {})
-    fn["parameters"] = _flatten(params, defs, depth=0)
+    fn["parameters"] = _flatten(inline_refs(fn.get("parameters", {})), depth=0)
     return out
 
 
-def _flatten(node: Any, defs: dict[str, Any], depth: int) -> Any:
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with every local `$ref` (`#/...`, a JSON pointer into it) replaced by its target.
+
+    Pydantic writes refs into `$defs`; other writers (TypeScript MCP servers) into
+    `definitions` or `properties`. A ref inside the expansion of the same ref (a recursive
+    model: a tree, a linked list) becomes the target's `type` and `description` only; a ref
+    that does not resolve keeps just its siblings. The `$defs` / `definitions` sections go,
+    as nothing points into them any more.
+    """
+
+    def resolve(ref: str) -> Any:
+        node: Any = schema
+        for part in ref[1:].split("/")[1:]:
+            key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            else:
+                return None
+        return node
+
+    def walk(node: Any, expanding: frozenset[str]) -> Any:
+        if isinstance(node, list):
+            return [walk(n, expanding) for n in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return {k: walk(v, expanding) for k, v in node.items()}
+        siblings = {k: v for k, v in node.items() if k != "$ref"}
+        target = resolve(ref)
+        if not isinstance(target, dict):
+            return walk(siblings, expanding)
+        if ref in expanding:  # recursive: stop here
+            stub = {k: target[k] for k in ("type", "description") if k in target}
+            return {**stub, **walk(siblings, expanding)}
+        return walk({**target, **siblings}, expanding | {ref})
+
+    out: dict[str, Any] = walk(schema, frozenset())
+    out.pop("$defs", None)
+    out.pop("definitions", None)
+    return out
+
+
+def _flatten(node: Any, depth: int) -> Any:
     if depth > 32:
-        raise ValueError("schema nests too deeply (recursive model?)")
+        raise ValueError("schema nests too deeply")
     if isinstance(node, list):
-        return [_flatten(n, defs, depth + 1) for n in node]
+        return [_flatten(n, depth + 1) for n in node]
     if not isinstance(node, dict):
         return node
-    if "$ref" in node:
-        ref = node["$ref"].rsplit("/", 1)[-1]
-        merged = {**defs.get(ref, {}), **{k: v for k, v in node.items() if k != "$ref"}}
-        return _flatten(merged, defs, depth + 1)
-    node = {k: _flatten(v, defs, depth + 1) for k, v in node.items()}
+    node = {k: _flatten(v, depth + 1) for k, v in node.items()}
     for key in ("anyOf", "oneOf"):
         if key in node:
             variants = node[key]

@@ -15,14 +15,12 @@ import concurrent.futures
 import fnmatch
 import json
 import re
-import urllib.parse
 import weakref
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
 from toolenv import Tool, ToolContext, ToolLimits, ToolResult
-from toolenv._schema import flatten_schema
 from toolenv_mcp import loop
 from toolenv_mcp.args import args_model, arguments_of
 from toolenv_mcp.config import MCPServer, load_servers
@@ -138,19 +136,6 @@ class MCPTool(Tool):
                 "parameters": json.loads(self._parameters),
             },
         }
-
-    def flat_schema(self) -> dict[str, Any]:
-        """The schema with `$ref`s inlined and `anyOf` collapsed, for consumers that want no refs.
-
-        A server may write any JSON schema: refs into `definitions` or `properties` (as
-        TypeScript servers do), or recursive ones, where toolenv's own flattening (made for
-        Pydantic's `$defs`) would drop the referenced schema or raise. So every local ref
-        is inlined here first; a ref met again inside its own expansion becomes its target's
-        bare `type` (and description).
-        """
-        schema = self.schema()
-        schema["function"]["parameters"] = _inline_refs(schema["function"]["parameters"])
-        return flatten_schema(schema)
 
     # ------------------------------------------------------------------ the connection reference
     def _hold(self) -> Connection:
@@ -347,49 +332,6 @@ def _parameters(schema: Mapping[str, Any]) -> dict[str, Any]:
     params.setdefault("properties", {})
     params.setdefault("required", [])
     return params
-
-
-def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` with every local `$ref` (`#/...`, a JSON pointer into it) replaced by its target.
-
-    A ref inside the expansion of the same ref (a recursive schema) becomes the target's
-    `type` and `description` only; a ref that does not resolve keeps just its siblings.
-    The `$defs` / `definitions` sections go, as nothing points into them any more.
-    """
-
-    def resolve(ref: str) -> Any:
-        node: Any = schema
-        for part in ref[1:].split("/")[1:]:
-            key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and key in node:
-                node = node[key]
-            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            else:
-                return None
-        return node
-
-    def walk(node: Any, expanding: frozenset[str]) -> Any:
-        if isinstance(node, list):
-            return [walk(n, expanding) for n in node]
-        if not isinstance(node, dict):
-            return node
-        ref = node.get("$ref")
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            return {k: walk(v, expanding) for k, v in node.items()}
-        siblings = {k: v for k, v in node.items() if k != "$ref"}
-        target = resolve(ref)
-        if not isinstance(target, dict):
-            return walk(siblings, expanding)
-        if ref in expanding:  # recursive: stop here
-            stub = {k: target[k] for k in ("type", "description") if k in target}
-            return {**stub, **walk(siblings, expanding)}
-        return walk({**target, **siblings}, expanding | {ref})
-
-    out: dict[str, Any] = walk(schema, frozenset())
-    out.pop("$defs", None)
-    out.pop("definitions", None)
-    return out
 
 
 #: Schema keywords whose values are data, not schemas: a "title" in them is the data's own.
