@@ -182,3 +182,12 @@ def test_servers_with_one_label_are_not_silently_merged() -> None:
         resolve_servers([a, b])  # before: `a` was dropped without a word
     assert list(resolve_servers([a.model_copy(update={"name": "eu"}), b])) == ["eu", "python server.py"]
     assert list(resolve_servers([a, a])) == ["python server.py"]  # the same server twice is one server
+
+
+def test_a_url_servers_label_keeps_no_key_from_its_url() -> None:
+    """Labels go into error messages, logs and trajectories: a key in the URL's query or user
+    info must not."""
+    server = MCPServer(url="https://user:s3cret@mcp.example.com:8443/mcp?api_key=s3cret#frag")
+    assert server.label == "https://mcp.example.com:8443/mcp"
+    assert "s3cret" not in server.label
+    assert MCPServer(url="http://[::1]:9000/mcp").label == "http://[::1]:9000/mcp"

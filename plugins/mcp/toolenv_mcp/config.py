@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -86,10 +87,18 @@ class MCPServer(BaseModel):
 
     @property
     def label(self) -> str:
-        """The name, or the command line / URL when the server has none."""
+        """The name, or the command line / URL when the server has none (the URL without its
+        query, fragment and user info, which may hold a key: labels go into errors and logs)."""
         if self.name:
             return self.name
-        text = " ".join([Path(self.command).name, *self.args]) if self.command is not None else str(self.url)
+        if self.command is not None:
+            text = " ".join([Path(self.command).name, *self.args])
+        else:
+            url = urllib.parse.urlsplit(str(self.url))
+            host = url.hostname or ""
+            host = f"[{host}]" if ":" in host else host
+            netloc = host + (f":{url.port}" if url.port is not None else "")
+            text = urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
         return text if len(text) <= 60 else text[:57] + "..."
 
     @property
