@@ -48,7 +48,7 @@ async def main(n: int) -> None:
     tool = Lookup()  # one tool object serves every env
     envs = [toolenv.ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], max_turns=TURNS) for _ in range(n)]
     before = gc.get_threshold()
-    with toolenv.tuned_gc() as tuned:
+    with toolenv.tuned_gc(toolenv.gen0_threshold_for(n)) as tuned:  # a young generation sized for n episodes
         t0 = time.perf_counter()
         await asyncio.gather(*(episode(e) for e in envs))
         wall = time.perf_counter() - t0

@@ -32,6 +32,7 @@ EXPECTED = {
     "load_tool",
     "tool",
     "tuned_gc",
+    "gen0_threshold_for",
 }
 
 

@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "load_tool": "toolenv.registry",
     "rollout": "toolenv.runner",
     "export_chat": "toolenv.export",
+    "gen0_threshold_for": "toolenv.gc_tuning",
     "tool": "toolenv._tool",
     "tuned_gc": "toolenv.gc_tuning",
 }
@@ -85,6 +86,7 @@ __all__ = [
     "WeightedSum",
     "__version__",
     "export_chat",
+    "gen0_threshold_for",
     "get_parser",
     "get_reward",
     "load_tasks",
@@ -101,7 +103,7 @@ if TYPE_CHECKING:
     from toolenv.env import ToolEnv
     from toolenv.episode import Episode, Turn
     from toolenv.export import export_chat
-    from toolenv.gc_tuning import tuned_gc
+    from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
     from toolenv.remote import RemoteEnvError, RemoteToolEnv
