@@ -6,6 +6,7 @@ Importable by `toolenv serve` subprocesses too (with this folder on PYTHONPATH):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -25,6 +26,13 @@ COLORS = {"red": (220, 40, 40), "blue": (40, 80, 220)}
 def add(a: int, b: int) -> str:
     """Add two integers."""
     return str(a + b)
+
+
+@toolenv.tool(timeout=None)
+async def hang(seconds: float) -> str:
+    """Wait, as a tool stuck on a dead backend does (no timeout of its own)."""
+    await asyncio.sleep(seconds)
+    return "woke"
 
 
 @toolenv.tool

@@ -192,3 +192,34 @@ def test_serve_binds_an_ipv6_address() -> None:
     finally:
         stop(proc)
     assert proc.returncode == 0
+
+
+def test_a_stop_does_not_wait_for_ever_for_a_stuck_step() -> None:
+    """SIGTERM (Slurm, Kubernetes) while a step waits in a tool with no timeout: the server waits
+    --graceful-timeout for it, then cancels it, closes its sessions and exits."""
+    import threading
+
+    proc, url = start("--graceful-timeout", "1", "--env-arg", 'tools=["_remote:add", "_remote:hang"]')
+    env = RemoteToolEnv(url)
+    env.reset(seed=0)
+    outcome: list[object] = []
+
+    def stuck_step() -> None:
+        try:
+            outcome.append(env.step('<tool_call>{"name": "hang", "arguments": {"seconds": 3600}}</tool_call>'))
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=stuck_step, daemon=True)
+    caller.start()
+    caller.join(1.0)  # the step is in flight (it waits an hour)
+    assert caller.is_alive()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)  # without the limit uvicorn waits for the step: this times out
+    caller.join(30)
+    assert not caller.is_alive() and outcome  # the client heard of the stop, not an hour later
+
+
+def test_a_negative_graceful_timeout_is_one_line() -> None:
+    out = run_cli("serve", "toolenv/ToolEnv-v0", "--graceful-timeout", "-1", *ENV_ARGS)
+    assert out.returncode != 0 and "--graceful-timeout" in out.stderr and len(out.stderr.strip().splitlines()) == 1

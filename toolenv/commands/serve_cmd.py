@@ -8,6 +8,9 @@ import socket
 
 from toolenv.commands.rollout_cmd import _kv
 
+#: Seconds a stop waits for steps in flight before cancelling them.
+DEFAULT_GRACEFUL_TIMEOUT = 30.0
+
 HELP = "Serve an env over HTTP for RemoteToolEnv / toolenv/Remote-v0 clients (needs toolenv[serve])."
 
 
@@ -38,6 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SESSION_TTL,
         metavar="SECONDS",
         help=f"close a session unused this long (default {DEFAULT_SESSION_TTL:g})",
+    )
+    parser.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=DEFAULT_GRACEFUL_TIMEOUT,
+        metavar="SECONDS",
+        help="on Ctrl-C or SIGTERM, wait this long for steps in flight, then cancel them and close "
+        f"every session (default {DEFAULT_GRACEFUL_TIMEOUT:g})",
     )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
 
@@ -71,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_sessions < 1:
         raise ValueError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not args.graceful_timeout >= 0:
+        raise ValueError(f"--graceful-timeout must be a number of seconds >= 0, got {args.graceful_timeout}")
     if not args.session_ttl > 0:
         raise ValueError(f"--session-ttl must be a positive number of seconds, got {args.session_ttl}")
     factory = functools.partial(make_env, args.env_id, dict(args.env_arg))
@@ -80,7 +93,11 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {args.env_id} on http://{shown}:{port} (Ctrl-C to stop)", flush=True)
     # Keep-alive outlasts a model's turn, so a client steps on one connection.
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=75)
+    # A step stuck in a tool with no timeout would otherwise hold a stop (SIGTERM from Slurm or
+    # Kubernetes, Ctrl-C) for ever: uvicorn waits for requests in flight without a limit.
+    config = uvicorn.Config(
+        app, log_level=args.log_level, timeout_keep_alive=75, timeout_graceful_shutdown=args.graceful_timeout
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])  # on Ctrl-C: closes every session, then re-raises it
     except KeyboardInterrupt:
