@@ -159,8 +159,7 @@ def _validation_message(tool: Tool, exc: ValidationError) -> str:
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "arguments"
         parts.append(f"{loc}: {err['msg']}")
-    expected = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())  # the names to send
-    return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". Expected arguments: {expected}."
+    return f"Invalid arguments for tool '{tool.name}': " + "; ".join(parts) + f". {_expected(tool)}"
 
 
 def _being_cancelled() -> bool:
@@ -220,8 +219,13 @@ def _unknown_arguments(tool: Tool, arguments: dict[str, Any]) -> list[str]:
 
 def _unknown_message(tool: Tool, unknown: list[str]) -> str:
     names = ", ".join(repr(u) for u in unknown)
-    expected = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())  # the names to send
-    return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. Expected arguments: {expected}."
+    return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. {_expected(tool)}"
+
+
+def _expected(tool: Tool) -> str:
+    """The argument names to send (aliases where set), or that the tool takes none."""
+    names = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())
+    return f"Expected arguments: {names}." if names else "This tool takes no arguments."
 
 
 class _Resumed(Generator[Any, Any, Any]):
