@@ -83,6 +83,9 @@ def test_reset_picks_tasks_by_seed_id_index_and_sequence() -> None:
         env.reset(options={"task_id": "missing"})
     seq = make(task_order="sequential")
     assert [seq.reset()[1]["task_id"] for _ in range(4)] == ["t1", "t2", "t3", "t1"]
+    # A seeded reset starts the sequence again at task seed % n (Gymnasium: seeded resets repeat).
+    assert [seq.reset(seed=4)[1]["task_id"], seq.reset()[1]["task_id"]] == ["t2", "t3"]
+    assert seq.reset(seed=4)[1]["task_id"] == "t2"
 
 
 def test_seeded_generator_matches_gymnasium_though_made_lazily() -> None:
@@ -145,6 +148,7 @@ def test_bad_config_is_a_clear_error() -> None:
 def test_gymnasium_checker_passes() -> None:
     check_env(make())
     check_env(make(parser="tags"))
+    check_env(make(task_order="sequential"))
     check_env(gym.make("toolenv/ToolEnv-v0", tools=[Add()], tasks=TASKS).unwrapped)
 
 

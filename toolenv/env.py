@@ -55,7 +55,8 @@ class ToolEnv(gym.Env[str, str]):
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.
         prompt_template: `str.format` template with `{instructions}`, `{question}` and task context keys.
-        task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"`.
+        task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"` (a seeded reset
+            starts the sequence again at task `seed % len(tasks)`, so it is deterministic too).
         parser_kwargs: passed to the parser factory when `parser` is a name.
         tool_limits: `ToolLimits` fields to change, by tool name (`"*"`: every tool), e.g.
             `{"search": {"timeout": 10, "retries": 2}}`; the env steps copies of those tools.
@@ -172,6 +173,8 @@ class ToolEnv(gym.Env[str, str]):
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
+        if seed is not None and self.task_order == "sequential" and self.tasks:
+            self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
         await self.aend_episode()
         self._episode, self._closed = None, False  # a reset failing below leaves no released episode to step
         task = self._pick_task(options or {})
