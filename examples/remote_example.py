@@ -60,7 +60,7 @@ def main() -> None:
             obs, reward, terminated, truncated, info = env.step(action)
             print(f"> {action}\n{obs}")
         assert env.episode is not None  # mirrored from the server's replies, as a local env's would be
-        print(f"reward={reward} terminated={terminated} turns={len(env.episode.turns)} episode={info['episode']}")
+        print(f"reward={reward} terminated={terminated} turns={len(env.episode.turns)} episode={info['episode_stats']}")
         env.close()  # deletes the session: the server closes that env's tools
 
 

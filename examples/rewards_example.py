@@ -97,7 +97,7 @@ def main() -> None:
         parts = ", ".join(f"{k}={v:+.2f}" for k, v in info["reward_components"].items() if v)
         print(f"step {i}: reward={float(r):+.3f} [{parts}]")
         if terminated or truncated:
-            print(f"episode return={info['episode']['return']:.3f}")
+            print(f"episode return={info['episode_stats']['return']:.3f}")
     assert env.episode is not None
     print("judge:", reward_info(env.episode)["judge"])
     env.close()

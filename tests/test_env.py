@@ -41,7 +41,7 @@ def test_issue_example_through_gym_make() -> None:
     obs, reward, terminated, truncated, info = env.step("<answer>5</answer>")
     assert (reward, terminated, truncated) == (1.0, True, False)
     assert info["reward_components"] == {"exact_match": 1.0}
-    assert info["episode"] == {"return": 1.0, "turns": 2, "tool_calls": 1, "tool_errors": 0}
+    assert info["episode_stats"] == {"return": 1.0, "turns": 2, "tool_calls": 1, "tool_errors": 0}
     env.close()
 
 
@@ -316,3 +316,21 @@ def test_written_turn_uses_the_env_format_or_json_lines() -> None:
     tags = make(parser="tags").parser  # a prompted format has no writer for calls: JSON lines instead
     assert tags.format_call("add", {"a": 1, "b": 2}) is None
     assert json.loads(written_turn(tags, parsed).splitlines()[1]) == {"name": "add", "arguments": {"a": 1, "b": 2}}
+
+
+def test_gymnasiums_episode_statistics_wrappers_work_on_toolenv_envs() -> None:
+    """`RecordEpisodeStatistics` writes `info["episode"]` at an episode's end and asserts that
+    the key is free: toolenv's own figures go under `episode_stats`."""
+    from gymnasium.wrappers import RecordEpisodeStatistics
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics as RecordVectorStatistics
+
+    env = RecordEpisodeStatistics(gym.make("toolenv/ToolEnv-v0", tools=[Add()], tasks=TASKS))
+    env.reset(seed=0)
+    *_, info = env.step("<answer>no idea</answer>")
+    assert info["episode"]["l"] == 1 and info["episode_stats"]["turns"] == 1
+    venv = RecordVectorStatistics(toolenv.ToolVectorEnv([lambda: make(), lambda: make()]))
+    venv.reset(seed=0)
+    *_, infos = venv.step(["<answer>a</answer>", "<answer>b</answer>"])
+    assert list(infos["episode"]["l"]) == [1, 1] and list(infos["episode_stats"]["turns"]) == [1, 1]
+    venv.close()
+    env.close()

@@ -241,7 +241,8 @@ class ToolEnv(gym.Env[str, str]):
             await self.aend_episode()
             info["answer"] = ep.answer
             info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
-            info["episode"] = {
+            # Not "episode": Gymnasium's RecordEpisodeStatistics writes that key and refuses it taken.
+            info["episode_stats"] = {
                 "return": sum(t.reward for t in ep.turns),
                 "turns": len(ep.turns),
                 "tool_calls": ep.tool_calls,

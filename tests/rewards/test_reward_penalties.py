@@ -152,7 +152,7 @@ async def test_turn_reward_from_async_function_and_episode_return() -> None:
     assert seen == [1, 2]
     assert r1 == pytest.approx(0.01 * len(a1))
     assert info["reward_components"] == pytest.approx({"length": 0.01 * len(a2), "exact_match": 1.0})
-    assert info["episode"]["return"] == pytest.approx(float(r1) + float(r2))
+    assert info["episode_stats"]["return"] == pytest.approx(float(r1) + float(r2))
     assert term is True
 
 

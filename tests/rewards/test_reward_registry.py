@@ -91,7 +91,7 @@ def test_env_reports_every_component_every_step() -> None:
         "tool_success": 0.0,
     }
     assert r2 == pytest.approx(1.2)
-    assert info2["episode"]["return"] == pytest.approx(float(r1) + float(r2))
+    assert info2["episode_stats"]["return"] == pytest.approx(float(r1) + float(r2))
     assert env.episode is not None
     assert [t.reward_components for t in env.episode.turns] == [info1["reward_components"], info2["reward_components"]]
     env.close()

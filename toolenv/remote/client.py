@@ -235,7 +235,7 @@ class RemoteToolEnv(ToolEnv):
             ep.reward_info = info.reward_info or {}
             out["answer"] = ep.answer
             out["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
-            out["episode"] = dict(info.episode or {})
+            out["episode_stats"] = dict(info.episode or {})
         return reply.observation, reply.reward, ep.terminated, ep.truncated, out
 
     async def atruncate(self) -> float:

@@ -344,7 +344,7 @@ def _step_info(info: Mapping[str, Any]) -> StepInfo:
         reward_components=info["reward_components"],
         answer=info.get("answer"),
         reward_info=info.get("reward_info"),
-        episode=info.get("episode"),
+        episode=info.get("episode_stats"),
     )
 
 

@@ -84,7 +84,7 @@ def test_action_penalties() -> None:
     assert reward == pytest.approx(-0.15)
     _, reward, terminated, _, info = env.step(hotpotqa_oracle(task, 1, obs))
     assert terminated and reward == pytest.approx(1.0)
-    assert info["episode"]["return"] == pytest.approx(0.65)
+    assert info["episode_stats"]["return"] == pytest.approx(0.65)
     assert set(info["reward_components"]) == {"exact_match", "invalid_call_penalty", "tool_call_penalty"}
 
 

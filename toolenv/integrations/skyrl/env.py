@@ -310,7 +310,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         }
         if terminated or truncated:
             meta["answer"] = info.get("answer")
-            meta["episode"] = _json_safe(info.get("episode", {}))
+            meta["episode"] = _json_safe(info.get("episode_stats", {}))
             meta["reward_info"] = _json_safe(info.get("reward_info", {}))
         return meta
 
