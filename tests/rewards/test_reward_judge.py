@@ -129,6 +129,7 @@ async def test_yes_scores_one_and_request_is_well_formed(server: FakeServer, mon
         "error": None,
         "reply": "Yes. Both name the same city.",
         "attempts": 1,
+        "cached": False,
     }
 
 
@@ -341,12 +342,13 @@ async def test_waiting_for_a_pooled_connection_is_not_a_timeout(server: FakeServ
     import asyncio
 
     server.script = [Reply(body=completion("yes"), delay=1.0)]
-    j = judge(server, timeout=2.5, retries=0)  # 1.5 s to spare for each request on a loaded machine
+    j = judge(server, timeout=2.5, retries=0, cache_size=0)  # every call asks; 1.5 s to spare per request
     episodes = [make_episode("Paris") for _ in range(4 * 64)]  # four waves: the last waits ~3 s for the pool
     scores = await asyncio.gather(*(j.final(ep) for ep in episodes))
     errors = {reward_info(ep)["judge"]["error"] for ep in episodes}
     assert errors == {None}
     assert scores == [1.0] * len(episodes)
+    assert len(server.requests) == len(episodes)
 
 
 @pytest.mark.parametrize(
@@ -402,3 +404,31 @@ async def test_max_tokens_none_is_left_out_of_the_request(server: FakeServer) ->
     assert await j.final(make_episode("Paris")) == 1.0
     body = server.requests[0]["body"]
     assert "max_tokens" not in body and body["max_completion_tokens"] == 2048
+
+
+async def test_a_groups_identical_answers_are_judged_once_and_scored_alike(server: FakeServer) -> None:
+    """GRPO samples of one prompt often give the same answer: one request (shared while in
+    flight), one verdict for all of them; another answer is asked about on its own."""
+    import asyncio
+
+    server.script = [Reply(body=completion("yes"), delay=0.2), Reply(body=completion("no"))]
+    j = judge(server)
+    same = [make_episode("Paris") for _ in range(8)]
+    scores = await asyncio.gather(*(j.final(ep) for ep in same))
+    assert scores == [1.0] * 8 and len(server.requests) == 1
+    assert sorted(reward_info(ep)["judge"]["cached"] for ep in same) == [False] + [True] * 7
+    other = make_episode("Lyon")
+    assert await j.final(other) == 0.0 and len(server.requests) == 2
+    assert await j.final(make_episode("Paris")) == 1.0 and len(server.requests) == 2  # kept after the group
+
+
+async def test_failed_calls_are_not_kept(server: FakeServer) -> None:
+    server.script = [Reply(status=400, body={"error": "bad"}), Reply(body=completion("yes"))]
+    j = judge(server, retries=0)
+    assert await j.final(make_episode("Paris")) == 0.0
+    assert await j.final(make_episode("Paris")) == 1.0 and len(server.requests) == 2
+
+
+def test_a_negative_cache_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="cache_size"):
+        LLMJudge(cache_size=-1)

@@ -10,6 +10,7 @@ an environment variable at call time and never stored, logged or reported.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -17,6 +18,8 @@ import re
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+import cachetools
 
 from toolenv.episode import Episode
 from toolenv.parsers.reasoning import split_reasoning
@@ -128,6 +131,9 @@ class LLMJudge(Reward):
             models refuse `max_tokens`: pass `extra_body={"max_completion_tokens": n}` instead).
         extra_body: more fields for the request body (e.g. `{"temperature": 0}`).
         name: the component name.
+        cache_size: replies kept, by request: the samples of a GRPO group that give the same
+            answer are judged once (one request, even while it is in flight) and get the same
+            score, not a sampled judge's noise. Failed calls are not kept. 0: every episode asks.
     """
 
     def __init__(
@@ -145,11 +151,14 @@ class LLMJudge(Reward):
         max_tokens: int | None = 256,
         extra_body: Mapping[str, Any] | None = None,
         name: str = "judge",
+        cache_size: int = 4096,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         base = base_url or os.environ.get("TOOLENV_JUDGE_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.url = base.rstrip("/") + "/chat/completions"
         self.model = model or os.environ.get("TOOLENV_JUDGE_MODEL") or "judge"
@@ -163,6 +172,8 @@ class LLMJudge(Reward):
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
         self.name = name
+        self._replies: cachetools.LRUCache[str, str] | None = cachetools.LRUCache(cache_size) if cache_size else None
+        self._pending: dict[str, asyncio.Task[tuple[str, int]]] = {}
 
     def __repr__(self) -> str:
         return f"<LLMJudge {self.name!r} model={self.model!r} url={self.url!r}>"
@@ -184,7 +195,7 @@ class LLMJudge(Reward):
             record_reward_info(episode, self.name, score=0.0, error=None, reply=None, attempts=0, skipped="no answer")
             return 0.0
         try:
-            reply, attempts = await self.complete(self.build_messages(episode))
+            reply, attempts, cached = await self._ask(self.build_messages(episode))
         except JudgeError as exc:
             record_reward_info(episode, self.name, score=0.0, error=str(exc), reply=None, attempts=exc.attempts)
             return 0.0
@@ -201,8 +212,34 @@ class LLMJudge(Reward):
             )
             record_reward_info(episode, self.name, score=0.0, error=error, reply=reply[:500], attempts=attempts)
             return 0.0
-        record_reward_info(episode, self.name, score=score, error=None, reply=reply[:500], attempts=attempts)
+        record_reward_info(
+            episode, self.name, score=score, error=None, reply=reply[:500], attempts=attempts, cached=cached
+        )
         return score
+
+    async def _ask(self, messages: list[dict[str, str]]) -> tuple[str, int, bool]:
+        """`complete`, through the reply cache: (reply, attempts, whether another call's reply)."""
+        if self._replies is None:
+            return (*(await self.complete(messages)), False)
+        key = json.dumps([self.url, self.model, self.max_tokens, self.extra_body, messages], sort_keys=True)
+        found = self._replies.get(key)
+        if found is not None:
+            return found, 0, True
+        loop = asyncio.get_running_loop()
+        task = self._pending.get(key)
+        if task is not None and task.get_loop() is loop:  # the same request in flight: wait for its reply
+            return (await asyncio.shield(task))[0], 0, True
+        task = loop.create_task(self.complete(messages))
+        self._pending[key] = task
+        task.add_done_callback(functools.partial(self._settle, key))
+        # Shielded: a waiter cancelled (its episode stopped) leaves the request to the others.
+        return (*(await asyncio.shield(task)), False)
+
+    def _settle(self, key: str, task: asyncio.Task[tuple[str, int]]) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
+        if self._replies is not None and not task.cancelled() and task.exception() is None:
+            self._replies[key] = task.result()[0]
 
     async def complete(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The reply text for `messages` and the attempts it took.
