@@ -94,12 +94,19 @@ class Scripted(toolenv.Agent):
 @contextlib.contextmanager
 def serving(factory: Callable[[], Any] = make_env, **options: Any) -> Iterator[str]:
     """A real uvicorn server of `create_app(factory, **options)` in a thread; yields its URL."""
+    from toolenv.remote.server import create_app
+
+    with asgi_server(create_app(factory, **options)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def asgi_server(app: Any) -> Iterator[str]:
+    """Any ASGI app served by uvicorn on 127.0.0.1 in a thread; yields its URL."""
     import uvicorn
 
     from toolenv.commands.serve_cmd import bind_socket
-    from toolenv.remote.server import create_app
 
-    app = create_app(factory, **options)
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))

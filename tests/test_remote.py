@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 
-from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, make_env, serving
+from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, asgi_server, make_env, serving
 
 import toolenv
 from toolenv.remote import RemoteEnvError, RemoteToolEnv
@@ -550,35 +549,10 @@ def test_a_url_that_is_not_a_toolenv_server_is_a_clear_error() -> None:
         return JSONResponse({"data": []})
 
     # e.g. the model server's URL given by mistake: it answers 404 to every toolenv path
-    with _plain_server(Starlette(routes=[Route("/v1/models", models)])) as other, pytest.raises(RemoteEnvError) as exc:
+    with asgi_server(Starlette(routes=[Route("/v1/models", models)])) as other, pytest.raises(RemoteEnvError) as exc:
         RemoteToolEnv(other)
     assert exc.value.status == 404
     assert f"the toolenv server at {other} answered 404" in str(exc.value), str(exc.value)
-
-
-@contextlib.contextmanager
-def _plain_server(app: Any) -> Any:
-    """Any ASGI app on 127.0.0.1, in a thread; yields its URL."""
-    import threading
-
-    import uvicorn
-
-    from toolenv.commands.serve_cmd import bind_socket
-
-    sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        sock.close()
 
 
 async def test_tasks_are_listed_after_steps_through_a_given_transport(url: str) -> None:
