@@ -1,4 +1,5 @@
-"""The documentation site builds with every page linked (mkdocs --strict)."""
+"""The documentation site builds with every page linked (mkdocs --strict), its API page says
+where each name imports from, and the README's example runs as written."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
+
+import toolenv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +61,47 @@ def test_api_reference_covers_the_public_api() -> None:
 
     agents = {e.load().__name__ for e in entries("agents")}
     assert agents <= covered, f"agent plugins missing from docs/api.md: {sorted(agents - covered)}"
+
+
+def test_api_reference_headings_say_where_to_import_from() -> None:
+    """docs/api.md says its names import from `toolenv` unless the heading or the section names a
+    module: an object that `toolenv` does not export must show its full path in its heading."""
+    page = (ROOT / "docs" / "api.md").read_text()
+    section, wrong = "", []
+    for block in re.split(r"\n(?=## |::: )", page):
+        if block.startswith("## "):
+            section = block.splitlines()[0]
+        if not block.startswith("::: toolenv.") or section in ("## verl", "## TRL", "## SkyRL", "## Plugins"):
+            continue  # those sections name the package to import from
+        path = block.split()[1]
+        if _is_module(path):
+            continue  # a module: its heading names it
+        if path.rpartition(".")[2] not in toolenv.__all__ and "show_root_full_path: true" not in block:
+            wrong.append(path)
+    assert not wrong, f"shown as if importable from toolenv, but it is not: {wrong}"
+
+
+def _is_module(path: str) -> bool:
+    """Whether the dotted `path` names a module (else an object inside one)."""
+    try:
+        importlib.import_module(path)
+    except ImportError:
+        return False
+    return True
+
+
+def test_readme_snippet_runs_as_written() -> None:
+    """The README's "In twenty lines" example runs against the current API and does what its
+    comments say."""
+    readme = (ROOT / "README.md").read_text()
+    (code,) = re.findall(r"^```python\n(.*?)^```", readme, re.M | re.S)
+    scope: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    env = scope["env"]
+    assert isinstance(env, gym.Env) and isinstance(env.unwrapped, toolenv.ToolEnv)
+    try:
+        assert scope["reward"] == 1.0 and scope["terminated"] is True and scope["truncated"] is False
+        episode = env.unwrapped.episode
+        assert episode is not None and episode.turns[0].observation == "<tool_response>\n5\n</tool_response>"
+    finally:
+        env.close()
