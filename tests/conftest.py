@@ -36,6 +36,35 @@ class Sleep(toolenv.Tool):
         return toolenv.ToolResult(text=f"slept {args.seconds}")
 
 
+class Meet(toolenv.Tool):
+    """Answer `met` once `n` calls are in flight together, `alone` if they never all arrive.
+
+    Shows calls overlap without timing them: run one after another, no call ever meets
+    the others (the first gives up after 10 s, and lets the rest answer at once).
+    """
+
+    name = "meet"
+
+    class Args(BaseModel):
+        pass
+
+    def __init__(self, n: int) -> None:
+        super().__init__(timeout=60)
+        self.n, self.started = n, 0
+        self.all_in = asyncio.Event()
+
+    async def run(self, args: BaseModel, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        self.started += 1
+        if self.started >= self.n:
+            self.all_in.set()
+        try:
+            await asyncio.wait_for(self.all_in.wait(), 10)
+        except asyncio.TimeoutError:  # not TimeoutError on Python 3.10
+            self.all_in.set()
+            return toolenv.ToolResult(text="alone")
+        return toolenv.ToolResult(text="met" if self.started >= self.n else "alone")
+
+
 @pytest.fixture
 def add_tool() -> Add:
     return Add()

@@ -62,7 +62,7 @@ async def test_timeout_fires_and_is_reported() -> None:
     @tool(timeout=0.05)
     async def hang() -> str:
         try:
-            await asyncio.Event().wait()  # never set: only the timeout can end this call
+            await asyncio.sleep(30)  # only a cancel ends this early
         except asyncio.CancelledError:
             ends.append("cancelled")
             raise

@@ -80,14 +80,15 @@ def test_view_serves_on_loopback(run_dir: Path) -> None:
     )
     try:
         body = b""
-        for _ in range(100):
+        deadline = time.monotonic() + 60  # a loaded machine may take a while to start the server
+        while time.monotonic() < deadline and proc.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
                     body = resp.read()
                 break
             except OSError:
                 time.sleep(0.1)
-        assert b"report-data" in body
+        assert b"report-data" in body, proc.stderr.read() if proc.poll() is not None and proc.stderr else body
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/trajectories.jsonl", timeout=5)
         assert info.value.code == 404

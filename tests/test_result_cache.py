@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from toolenv.result_cache import task_key
 
 
 class Lookup(toolenv.Tool):
-    """Look a key up (counts its runs; waits `delay` seconds when given)."""
+    """Look a key up (counts its runs; waits `delay` seconds, or until `gate` opens, when given)."""
 
     name = "lookup"
 
@@ -25,13 +26,15 @@ class Lookup(toolenv.Tool):
         key: str
         upper: bool = False
 
-    def __init__(self, delay: float = 0.0, **kw: Any) -> None:
+    def __init__(self, delay: float = 0.0, gate: asyncio.Event | None = None, **kw: Any) -> None:
         super().__init__(**kw)
-        self.delay = delay
+        self.delay, self.gate = delay, gate
         self.runs: list[str] = []
 
     async def run(self, args: Any, ctx: toolenv.ToolContext) -> ToolResult:
         self.runs.append(args.key)
+        if self.gate is not None:
+            await self.gate.wait()
         if self.delay:
             await asyncio.sleep(self.delay)
         if args.key == "bad":
@@ -188,14 +191,31 @@ async def test_a_shared_error_is_not_stored() -> None:
     assert tool.runs == ["bad", "bad"]
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the loop's other tasks step until `condition` holds (no wall-clock wait)."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    pytest.fail("the condition never held")
+
+
+async def turns(n: int) -> None:
+    """Let the loop's other tasks take `n` steps (no wall-clock wait)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 async def test_a_cancelled_first_caller_leaves_the_waiters_to_run_it() -> None:
-    tool = Lookup(delay=0.05, cache=ResultCache())
+    gate = asyncio.Event()
+    tool = Lookup(gate=gate, delay=0.01, cache=ResultCache())  # the rerun waits: the other waiter joins it
     caller, task = ToolCaller([tool]), Task(id="t1", question="q")
     first = asyncio.ensure_future(invoke(caller, [call("a", "c0")], task))
-    await asyncio.sleep(0.01)
+    await until(lambda: tool.runs == ["a"])
     waiters = [asyncio.ensure_future(invoke(caller, [call("a", f"c{i}")], task)) for i in (1, 2)]
-    await asyncio.sleep(0.01)
+    await turns(20)  # each waiter reaches its wait on the run in flight in its first step
     first.cancel()
+    gate.set()
     outs = await asyncio.gather(*waiters)
     assert first.cancelled()
     assert [o[0][0].text for o in outs] == ["a@t1", "a@t1"]
@@ -204,13 +224,16 @@ async def test_a_cancelled_first_caller_leaves_the_waiters_to_run_it() -> None:
 
 
 async def test_a_cancelled_waiter_does_not_cancel_the_run() -> None:
-    tool = Lookup(delay=0.05, cache=ResultCache())
+    gate = asyncio.Event()
+    tool = Lookup(gate=gate, cache=ResultCache())
     caller, task = ToolCaller([tool]), Task(id="t1", question="q")
     first = asyncio.ensure_future(invoke(caller, [call("a", "c0")], task))
-    await asyncio.sleep(0.01)
+    await until(lambda: tool.runs == ["a"])
     waiter = asyncio.ensure_future(invoke(caller, [call("a", "c1")], task))
-    await asyncio.sleep(0.01)
+    await turns(20)  # the waiter reaches its wait on the run in flight in its first step
     waiter.cancel()
+    await until(waiter.done)
+    gate.set()
     (res,), (rec,) = await first
     assert waiter.cancelled()
     assert res.text == "a@t1" and not rec.cached

@@ -31,14 +31,10 @@ class Flaky(Agent):
 
     name = "scripted"  # the scripted agent with a flaky server: resuming with ScriptedAgent is the same run
 
-    def __init__(self, fail: str = "price", delay: float = 0.0) -> None:
+    def __init__(self, fail: str = "price") -> None:
         self.fail = fail
-        self.delay = delay
 
     async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
-        import asyncio
-
-        await asyncio.sleep(self.delay)
         if env_info.task.id == self.fail:
             raise AgentError("server down (simulated)")
         return await example.ScriptedAgent().act(observation, messages, env_info)
@@ -131,12 +127,39 @@ def test_rollout_and_tool_stay_functions_after_every_submodule_import() -> None:
     assert toolenv.tool(lambda: "x").name == "<lambda>"
 
 
+class Meeting(Agent):
+    """The scripted agent, whose first action in each episode waits until `n` episodes are at
+    theirs: episodes run one after another never all meet (each gives up after 10 s)."""
+
+    name = "scripted"
+
+    def __init__(self, n: int) -> None:
+        import asyncio
+
+        self.n = n
+        self.counts = {"arrived": 0, "met": 0}  # shared by the per-episode copies (`spawn`)
+        self.all_in = asyncio.Event()
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        import asyncio
+
+        if env_info.turn == 0:  # the episode's first action
+            self.counts["arrived"] += 1
+            if self.counts["arrived"] == self.n:
+                self.all_in.set()
+            try:
+                await asyncio.wait_for(self.all_in.wait(), 10)
+                self.counts["met"] += 1
+            except asyncio.TimeoutError:  # not TimeoutError on Python 3.10
+                self.all_in.set()  # one at a time: let the rest go on without waiting
+        return await example.ScriptedAgent().act(observation, messages, env_info)
+
+
 async def test_arollout_runs_concurrently() -> None:
-    start = time.perf_counter()
-    res = await arollout(example.ENV_ID, Flaky(fail="", delay=0.3), concurrency=4)
-    # 4 episodes × 2 actions × 0.3 s: about 0.6 s when concurrent, 2.4 s when not.
-    assert res.summary.success_rate == 1.0
-    assert time.perf_counter() - start < 2.0
+    agent = Meeting(4)
+    res = await arollout(example.ENV_ID, agent, concurrency=4)
+    assert res.summary.episodes == 4 and res.summary.success_rate == 1.0
+    assert agent.counts == {"arrived": 4, "met": 4}  # all four episodes were at their first action at once
 
 
 def test_cli_rollout_then_resume(tmp_path: Path) -> None:

@@ -250,7 +250,9 @@ def test_a_worker_that_fails_stops_the_others_and_keeps_what_was_written(tmp_pat
         with pytest.raises(RuntimeError, match="no more envs today"):
             await arollout(make, _Pinging(), concurrency=3, out=tmp_path)
         calls = log.count("call")
-        await asyncio.sleep(0.3)  # a worker left running would make more calls in this time
+        assert asyncio.all_tasks() == {asyncio.current_task()}  # no worker was left running
+        for _ in range(50):  # nor anything it started: let the loop step, no more calls come
+            await asyncio.sleep(0)
         assert log.count("call") == calls
         return calls
 

@@ -222,7 +222,9 @@ async def test_adataset_rows_inside_an_event_loop() -> None:
 
 def test_rows_round_trip_through_skyrl_gym_make() -> None:
     need_sql()
-    for row in dataset_rows(SPIDER, n=4):
+    rows = list(dataset_rows(SPIDER, n=4))
+    assert len(rows) == 4  # an empty dataset would pass the loop below without a check
+    for row in rows:
         env, messages = make(row)
         assert isinstance(env, ToolEnvTextEnv) and env.env_id == SPIDER
         assert messages == row["prompt"]

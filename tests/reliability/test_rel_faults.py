@@ -8,7 +8,6 @@ episode makes a normal call, which must still work.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
@@ -24,8 +23,6 @@ import toolenv
 from toolenv import tool
 
 TIMEOUT = 0.4
-# A timeout may fire late by scheduling, never early: allow 10 % plus this much.
-SCHEDULING_ALLOWANCE = 0.05
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -91,48 +88,78 @@ def test_rel_raising_sync_tool_in_worker_thread() -> None:
 
 
 # ---------------------------------------------------------------------- hanging
+#: Async hangs now in flight, and the most there were at once.
+HANGING = {"now": 0, "peak": 0}
+#: One event per blocked thread: the test lets each go once it has seen the step return without it.
+HELD: list[threading.Event] = []
+
+
 @tool(timeout=TIMEOUT)
 async def hang() -> str:
     """Never answer (an async wait)."""
-    await asyncio.sleep(3600)
+    HANGING["now"] += 1
+    HANGING["peak"] = max(HANGING["peak"], HANGING["now"])
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        HANGING["now"] -= 1
     return "unreachable"
 
 
 @tool(timeout=TIMEOUT)
 def hang_sync() -> str:
-    """Block a worker thread well past the timeout."""
-    time.sleep(TIMEOUT * 3)
+    """Block a worker thread until the test lets it go (or a minute passes)."""
+    held = threading.Event()
+    HELD.append(held)
+    held.wait(60)
     return "late"
 
 
-def assert_fired_on_time(seconds: float) -> None:
-    assert TIMEOUT <= seconds <= TIMEOUT * 1.1 + SCHEDULING_ALLOWANCE, f"timeout fired after {seconds:.3f} s"
+def assert_timed_out(result: toolenv.ToolResult, record: toolenv.ToolCallRecord, wall: float) -> None:
+    """The call was cut off by its timeout, which fired no earlier than it should.
+
+    How late it fires is a matter of load (a benchmark's business, not a unit test's);
+    that it did not wait for the tool is checked by the tool never having answered.
+    """
+    assert result.is_error and "timed out" in result.text, result.text
+    assert record.latency_s >= TIMEOUT and wall >= TIMEOUT, (record.latency_s, wall)
 
 
 @pytest.mark.parametrize("hanger", [hang, hang_sync], ids=["async", "thread"])
 def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
     env = faulty_env(hanger)
-    for _ in range(3):
-        t0 = time.perf_counter()
-        _, _, _, _, info = env.step(call(hanger.name))
-        wall = time.perf_counter() - t0
-        (result,) = info["tool_results"]
-        assert result.is_error and "timed out" in result.text
-        assert_fired_on_time(info["tool_calls"][0].latency_s)
-        assert_fired_on_time(wall)
-        still_works(env)
-    env.close()
+    HELD.clear()
+    try:
+        for i in range(3):
+            t0 = time.perf_counter()
+            _, _, _, _, info = env.step(call(hanger.name))
+            wall = time.perf_counter() - t0
+            (result,) = info["tool_results"]
+            assert_timed_out(result, info["tool_calls"][0], wall)
+            assert HANGING["now"] == 0  # the async hang was cancelled, not left running
+            if hanger is hang_sync:  # the step answered while the thread was still held
+                assert len(HELD) == i + 1 and not HELD[i].is_set()
+                HELD[i].set()
+            still_works(env)
+    finally:
+        for held in HELD:
+            held.set()
+        env.close()
 
 
 def test_rel_concurrent_hangs_in_one_turn_time_out_together() -> None:
-    """Eight hanging calls and one good call in one turn: one timeout's worth of wall time."""
+    """Eight hanging calls and one good call in one turn: all eight hang at once, not in turn."""
     env = faulty_env(hang)
+    HANGING["peak"] = 0
     action = "".join(call("hang") for _ in range(8)) + call("add", a=1, b=1)
     t0 = time.perf_counter()
     _, _, _, _, info = env.step(action)
-    assert_fired_on_time(time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
     results = info["tool_results"]
     assert [r.is_error for r in results] == [True] * 8 + [False]
+    for result, record in zip(results[:8], info["tool_calls"][:8], strict=True):
+        assert_timed_out(result, record, wall)
+    assert HANGING == {"now": 0, "peak": 8}
     assert results[-1].text == "2"
     env.close()
 
@@ -254,12 +281,14 @@ def test_rel_fault_escapes_are_closed(fault: toolenv.Tool) -> None:
 
 @pytest.mark.parametrize("fault", ESCAPES, ids=lambda t: t.name)
 def test_rel_env_survives_escaped_fault(fault: toolenv.Tool) -> None:
-    """Even when such a fault escapes one step, the env and its episode keep working."""
+    """After such a fault the env and its episode keep working (the fault is an error result,
+    not an exception out of `step`: one that escaped fails here rather than being swallowed)."""
     env = faulty_env(fault)
-    with contextlib.suppress(BaseException):  # nothing escapes now; kept so this test stands alone
-        env.step(call(fault.name))
-    still_works(env)
-    env.close()
+    try:
+        assert one_result(env, call(fault.name)).is_error
+        still_works(env)
+    finally:
+        env.close()
 
 
 # ---------------------------------------------------------------------- a plugin sandbox whose process dies
@@ -280,10 +309,10 @@ def test_rel_code_sandbox_process_dies(code: str) -> None:
     except toolenv.PluginError as exc:
         pytest.skip(f"toolenv-code is not installed: {exc}")
     env.reset(seed=0)
-    t0 = time.perf_counter()
     obs, _, term, trunc, info = env.step(f"```python\n{code}\n```")
-    assert time.perf_counter() - t0 < 10
     assert not term and not trunc and info["tool_results"]
+    (died,) = info["tool_results"]
+    assert "did not finish within" not in died.text, died.text  # the death ended the call, not the 5 s limit
     obs, _, _, _, info = env.step("```python\nprint(6 * 7)\n```")
     (result,) = info["tool_results"]
     assert not result.is_error and result.text.strip() == "42", result.text
@@ -297,8 +326,9 @@ def test_rel_every_fault_in_one_turn() -> None:
     action += call("flood", megabytes=2) + call("add", a=20, b=22)
     t0 = time.perf_counter()
     _, _, _, _, info = env.step(action)
-    assert_fired_on_time(time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
     results = info["tool_results"]
+    assert_timed_out(results[1], info["tool_calls"][1], wall)
     assert [r.name for r in results] == ["explode", "hang", "wrong_type", "flood", "add"]
     assert [r.is_error for r in results] == [True, True, True, False, False]
     assert results[-1].text == "42" and len(results[3].text) <= 4096

@@ -108,7 +108,9 @@ def test_rel_sql_runaway_query_is_stopped() -> None:
     env = sql_env("Spider-v0")
     _, _, _, _, info = env.step(f"<sql>{RUNAWAY}</sql>")
     (result,) = info["tool_results"]
-    assert result.is_error and info["tool_calls"][0].latency_s < (env.tools[0].limits.timeout or 60.0)
+    # Stopped by the executor's own query limit (its message), not by the caller's tool timeout.
+    assert result.is_error and "The query ran longer than" in result.text, result.text
+    assert "timed out after" not in result.text
     obs, *_ = env.step("<sql>SELECT 1</sql>")
     assert "1" in obs
     env.close()
@@ -162,7 +164,10 @@ def code_env() -> Iterator[toolenv.ToolEnv]:
 @needs_proc
 def test_rel_code_sandbox_attempts_are_contained(code_env: toolenv.ToolEnv, tmp_path: Path) -> None:
     outside = tmp_path / "pwned.txt"
-    _run(code_env, "print('warm')")  # the shared sandbox server starts on first use
+    from toolenv_code.sandbox import get_pool
+
+    _run(code_env, "print('warm')")
+    get_pool().stats()  # starts every fork server now (each starts on first use), so none counts as stray
     kids = child_pids()
     blocked = 0
     with loopback_listener() as (port, accepted):
