@@ -223,6 +223,23 @@ async def test_a_cancelled_first_caller_leaves_the_waiters_to_run_it() -> None:
     assert sorted(o[1][0].cached for o in outs) == [False, True]
 
 
+async def test_after_a_cancelled_run_an_instant_rerun_is_shared_not_repeated() -> None:
+    """The first caller is cancelled; both waiters wake. The first to go runs the call again and,
+    never suspending, is done at once: the other takes its stored result instead of a third run."""
+    gate = asyncio.Event()
+    tool = Lookup(gate=gate, cache=ResultCache())
+    caller, task = ToolCaller([tool]), Task(id="t1", question="q")
+    first = asyncio.ensure_future(invoke(caller, [call("a", "c0")], task))
+    await until(lambda: tool.runs == ["a"])
+    waiters = [asyncio.ensure_future(invoke(caller, [call("a", f"c{i}")], task)) for i in (1, 2)]
+    await turns(20)
+    first.cancel()
+    gate.set()
+    outs = await asyncio.gather(*waiters)
+    assert [o[0][0].text for o in outs] == ["a@t1", "a@t1"]
+    assert tool.runs == ["a", "a"]  # the cancelled run and one rerun, not a rerun per waiter
+
+
 async def test_a_cancelled_waiter_does_not_cancel_the_run() -> None:
     gate = asyncio.Event()
     tool = Lookup(gate=gate, cache=ResultCache())

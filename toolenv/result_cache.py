@@ -159,19 +159,21 @@ class ResultCache:
         if key is None:
             result, attempts = await run(tool, args, ctx)
             return result, attempts, False
-        found = self.get(key)
-        if found is not None:
-            self._hits += 1
-            return found, 0, True
         loop = asyncio.get_running_loop()
-        flight = self._inflight.get(key)
-        while flight is not None and flight.get_loop() is loop:
+        while True:
+            found = self.get(key)
+            if found is not None:
+                self._hits += 1
+                return found, 0, True
+            flight = self._inflight.get(key)
+            if flight is None or flight.get_loop() is not loop:
+                break
             shared = await asyncio.shield(flight)  # our own cancellation must not cancel the run we share
             if shared is not None:
                 self._joined += 1
                 return shared, 0, True
-            # The run we waited for was cancelled with its episode: join the next one, or run it.
-            flight = self._inflight.get(key)
+            # The run we waited for was cancelled with its episode: take what another waiter's run
+            # stored meanwhile (one that never waited is over already), join its run, or run it.
         self._misses += 1
         mine: asyncio.Future[ToolResult | None] = loop.create_future()
         self._inflight[key] = mine
