@@ -162,3 +162,61 @@ def test_background_processes_are_killed() -> None:
 def test_protocol_pipes_are_not_reachable() -> None:
     r = run_code("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))")
     assert r.ok and r.stdout.strip() in ("[0, 1, 2]", "[0, 1, 2, 3]")  # 3 = the listdir handle itself
+
+
+def _host_ipc_ids(key: int) -> dict[str, int]:
+    """The host's System V IPC objects with `key` ("shm"/"msg"/"sem" → id)."""
+    found = {}
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}", encoding="ascii") as fh:
+            for line in fh.read().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[0]) == key:
+                    found[kind] = int(fields[1])
+    return found
+
+
+def test_system_v_ipc_objects_die_with_the_run() -> None:
+    """Shared memory, message queues and semaphores are the run's own: not the host's, not the next run's."""
+    import ctypes
+
+    key = 0x7E570000 + os.getpid() % 0xFFFF
+    make = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print(libc.shmget({key}, 1 << 20, 0o1666) >= 0, libc.msgget({key}, 0o1666) >= 0,"
+        f" libc.semget({key}, 1, 0o1666) >= 0)\n"
+    )
+    look = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print(libc.shmget({key}, 0, 0), libc.msgget({key}, 0), libc.semget({key}, 0, 0))\n"
+    )
+    made = run_code(make)
+    leaked = _host_ipc_ids(key)
+    later = run_code(look)
+    libc = ctypes.CDLL(None, use_errno=True)
+    remove = {"shm": libc.shmctl, "msg": libc.msgctl, "sem": libc.semctl}
+    for kind, ident in leaked.items():  # IPC_RMID what the old code left on this host
+        remove[kind](ident, 0, None)
+    assert made.stdout == "True True True\n", made.stderr
+    assert leaked == {}, "the run's IPC objects outlived it in the host's IPC namespace"
+    assert later.stdout == "-1 -1 -1\n", "the next run saw the previous run's IPC objects"
+
+
+def test_dev_shm_keeps_nothing_from_an_earlier_run_or_session() -> None:
+    """/dev/shm is writable (POSIX shared memory needs it) but holds nothing a run or session left."""
+    pool = get_pool()
+    leave = (
+        "import os\n"
+        "open(f'/dev/shm/toolenv-leak-{tag}', 'w').write('answer')\n"
+        "os.mkdir(f'/dev/shm/toolenv-leakdir-{tag}')\n"
+        "open(f'/dev/shm/toolenv-leakdir-{tag}/f', 'w').write('answer')\n"
+    )
+    look = "import os\nprint(sorted(n for n in os.listdir('/dev/shm') if n.startswith('toolenv-leak')))"
+    assert run_code(leave.replace("{tag}", "run")).ok
+    assert pool.run(leave.replace("{tag}", "session"), session="shm-leak").ok
+    pool.close_session("shm-leak")
+    for _ in range(pool.size):  # every server (the session's carries its close out on its next request)
+        seen = run_code(look)
+        assert seen.ok and seen.stdout == "[]\n", seen.stdout

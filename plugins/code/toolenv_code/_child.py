@@ -26,12 +26,14 @@ import traceback
 import types
 from typing import Any, NoReturn
 
+from toolenv_code import _linux
 from toolenv_code._protocol import GO_LIMITS, ProtocolError, decode_go, encode_go, read_frame, write_frame
 
 __all__ = [
     "CHILD_ENV",
     "CPU_EXIT",
     "SPARE_DONE",
+    "confine_children",
     "enter_child",
     "exec_user",
     "main_namespace",
@@ -53,6 +55,9 @@ _SOURCE_NAME = "<python>"
 #: server adopts it at start, so a child only sets the two per-run variables.
 CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 _MAX_FD = 1 << 20
+#: Set once by the fork server (`confine_children`): namespaces each child enters first.
+_NEW_IPC_NS = False
+_USER_NS_FD: int | None = None
 _WARM_GO = encode_go(dict.fromkeys(GO_LIMITS, 1), "pass")
 
 
@@ -182,11 +187,33 @@ def _set_env(workdir: str) -> None:
         vars(tempfile)["tempdir"] = workdir
 
 
+def confine_children(new_ipc_ns: bool, user_ns_fd: int | None) -> None:
+    """What every child forked from now on enters before anything else (see `_enter_namespaces`)."""
+    global _NEW_IPC_NS, _USER_NS_FD
+    _NEW_IPC_NS, _USER_NS_FD = new_ipc_ns, user_ns_fd
+
+
+def _enter_namespaces() -> None:
+    """A System V IPC namespace of the child's own, then the server's nested user namespace.
+
+    IPC objects (shared memory, message queues, semaphores) would otherwise live in the
+    host's namespace, outliving the run and visible to later runs. The nested user
+    namespace (where the server runs in one) leaves the code no capability over the
+    server's mount and network namespaces. A failure here stops the child: it must not
+    run code less confined than the server says.
+    """
+    if _NEW_IPC_NS:
+        _linux.unshare(_linux.CLONE_NEWIPC)
+    if _USER_NS_FD is not None:
+        _linux.setns(_USER_NS_FD, _linux.CLONE_NEWUSER)
+
+
 def _prepare(workdir: str, fds: list[int]) -> None:
-    """Everything that does not depend on the request: session, stdio, cwd, env, signals.
+    """Everything that does not depend on the request: namespaces, session, stdio, cwd, env, signals.
 
     `fds` become descriptors 1, 2, 3... in order; everything else above 2 is closed.
     """
+    _enter_namespaces()
     os.setsid()
     high = [os.dup(fd) for fd in fds]  # move out of the way before dup2 into place
     null = os.open(os.devnull, os.O_RDONLY)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from toolenv_code import _linux
 
-__all__ = ["Isolation", "setup_isolation"]
+__all__ = ["PRIVATE_SHM", "Isolation", "setup_isolation"]
 
 #: Mount points replaced inside the server's own mount namespace (never the host's).
 PRIVATE_TMP = "/tmp"  # noqa: S108
@@ -37,6 +37,13 @@ class Isolation:
     uid_drop: bool = False
     workroot: str = ""
     private_tmp: bool = False
+    #: A private tmpfs lies over /dev/shm (the server empties what each child leaves there).
+    private_shm: bool = False
+    #: Each child gets an IPC namespace of its own (System V IPC objects die with it).
+    child_ipc_ns: bool = False
+    #: In a user namespace: a nested one (an open fd) every child joins, so that being root
+    #: there gives no power over our mounts and namespaces; -1 if it could not be made.
+    child_user_ns: int | None = None
 
 
 def _remount_readonly(iso: Isolation, skip: set[str]) -> None:
@@ -112,6 +119,42 @@ def _enter_user_ns() -> None:
             fh.write(text)
 
 
+def _nested_user_ns() -> int:
+    """A user namespace inside ours, mapping its root to ours; an fd to join it with `setns`.
+
+    The code runs as root of our user namespace otherwise, with every capability over the
+    mount and network namespaces we confine it with: it could remount the host tree
+    read-write or unmount the private /tmp. Root of a *nested* namespace owns none of them,
+    and a mount namespace it makes itself gets our mounts locked as they are. Made while
+    /proc is still writable (the maps are written through it).
+    """
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            _linux.unshare(_linux.CLONE_NEWUSER)
+            os.write(ready_w, b"1")
+            os.read(hold_r, 1)  # stay until the parent has the namespace
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(hold_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError("could not create a nested user namespace")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}", "w", encoding="ascii") as fh:
+                fh.write("0 0 1")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        os.waitpid(pid, 0)
+
+
 def _mkdtemp() -> str:
     import tempfile  # only on this fallback path (see `_server._rmtree`)
 
@@ -130,7 +173,12 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         except OSError:
             iso.workroot = _mkdtemp()
             return iso
-    iso.mount_ns = iso.net_ns = True
+    iso.mount_ns = iso.net_ns = iso.child_ipc_ns = True
+    if iso.user_ns:
+        try:
+            iso.child_user_ns = _nested_user_ns()
+        except OSError:
+            iso.child_user_ns = -1  # children refuse to run rather than run as our root
     try:
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={tmpfs_mb}m,mode=0711")
@@ -141,6 +189,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
             with contextlib.suppress(OSError):
                 _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=16m,mode=1777")
                 skip.add(PRIVATE_SHM)
+                iso.private_shm = True
         _remount_readonly(iso, skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True

@@ -12,6 +12,7 @@ import ctypes
 import os
 
 __all__ = [
+    "CLONE_NEWIPC",
     "CLONE_NEWNET",
     "CLONE_NEWNS",
     "CLONE_NEWPID",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000

@@ -38,13 +38,14 @@ from toolenv_code._child import (
     CHILD_ENV,
     CPU_EXIT,
     SPARE_DONE,
+    confine_children,
     enter_child,
     premake_stdio,
     session_loop,
     spare_main,
     warm_interpreter,
 )
-from toolenv_code._confine import Isolation, setup_isolation
+from toolenv_code._confine import PRIVATE_SHM, Isolation, setup_isolation
 from toolenv_code._protocol import ProtocolError, encode_go, read_frame, write_all, write_frame
 
 
@@ -192,6 +193,7 @@ class Server:
         self.zygote_pid = 0
         self.counter = 0
         self.own_pidns = -1
+        confine_children(iso.child_ipc_ns, iso.child_user_ns)
         iso.pid_ns = _pid_ns_round_trip_works()
         if iso.pid_ns:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -350,7 +352,7 @@ class Server:
         if pid == 0:
             try:
                 ours.close()
-                _zygote_loop(theirs)
+                _zygote_loop(theirs, self.iso.child_user_ns)
             finally:
                 os._exit(0)
         theirs.close()
@@ -389,6 +391,30 @@ class Server:
             os.rmdir(child.workdir)  # most runs leave it empty
         except OSError:
             _rmtree(child.workdir)
+        self._clear_shm(child)
+
+    def _clear_shm(self, child: Child) -> None:
+        """Remove what `child` left in /dev/shm, which all children of this server share.
+
+        Files there outlive the process that made them: without this a run or session
+        could hand data to a later one (another episode's) or fill it up for all of them.
+        What a child made is owned by its uid (one-shot runs: index 0, sessions: their own).
+        """
+        if not (self.uid_base and self.iso.private_shm):
+            return
+        uid = self.uid_base + child.uid_index
+        try:
+            entries = list(os.scandir(PRIVATE_SHM))
+        except OSError:
+            return
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    _rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
 
     # -- watching
     def _collect(
@@ -705,7 +731,7 @@ def _pid_ns_round_trip_works() -> bool:
     return os.waitpid(pid, 0)[1] == 0
 
 
-def _zygote_loop(sock: socket.socket) -> None:
+def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
     """The zygote: for each (kind, work dir, uid, extra, descriptors) message, clone a spare or
     (where the server cannot give one a PID namespace) a session child; reply with its pid.
 
@@ -714,9 +740,11 @@ def _zygote_loop(sock: socket.socket) -> None:
     refused; where it is not allowed, children are cloned without one from then on.
     """
     pid_ns = True
-    keep = sock.fileno()
-    os.closerange(3, keep)  # none of the server's descriptors (the client's pipes above all)
-    os.closerange(keep + 1, 1 << 20)
+    # None of the server's descriptors (the client's pipes above all), but the socket and
+    # the user namespace the children join.
+    keep = sorted({sock.fileno(), *([user_ns_fd] if user_ns_fd is not None and user_ns_fd >= 0 else [])})
+    for low, high in zip([2, *keep], [*keep, 1 << 20], strict=True):
+        os.closerange(low + 1, high)
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 4096, 4)

@@ -69,6 +69,43 @@ def test_memory_bomb_values_are_refused(numbers_db: Path) -> None:
             run_query(numbers_db, "sqlite", bomb)
 
 
+def test_rows_kept_stay_within_a_byte_budget(numbers_db: Path) -> None:
+    """Many large values (each under the value cap) do not pile up in the kept rows: they stop at a budget."""
+    from toolenv_sql import executor
+
+    wide = "SELECT zeroblob(1000000) AS a, printf('%.*c', 1000000, 'x') AS b FROM n WHERE i < 40"
+    res = run_query(numbers_db, "sqlite", wide, max_rows=50)
+    kept = sum(len(v) for row in res.rows for v in row)
+    assert res.row_count == 40 and res.truncated
+    assert 0 < kept <= executor._MAX_KEPT_BYTES
+    small = run_query(numbers_db, "sqlite", "SELECT i, printf('%.*c', 1000, 'x') FROM n", max_rows=50)
+    assert len(small.rows) == 50 and small.row_count == 1000  # ordinary results are unaffected
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Connection.setlimit came in Python 3.11")
+def test_one_wide_row_of_big_values_is_refused(numbers_db: Path) -> None:
+    """Repeating one 9 MB value in many columns would take 9 MB a column: the value cap shrinks with the width."""
+    from toolenv_sql import executor
+
+    wide = "WITH t(b) AS (SELECT zeroblob(9000000)) SELECT " + ", ".join(["b"] * 40) + " FROM t"
+    with pytest.raises(SQLError, match=r"too big.*select fewer or shorter values"):
+        run_query(numbers_db, "sqlite", wide)
+    narrow = "WITH t(b) AS (SELECT zeroblob(9000000)) SELECT b, length(b) FROM t"
+    assert run_query(numbers_db, "sqlite", narrow).rows[0][1] == 9_000_000  # the value cap itself is unchanged
+    per_column = executor._MAX_ROW_BYTES // 40
+    fits = f"WITH t(b) AS (SELECT zeroblob({per_column})) SELECT " + ", ".join(["b"] * 40) + " FROM t"
+    assert run_query(numbers_db, "sqlite", fits + ";").row_count == 1  # a trailing `;` is fine too
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Connection.setlimit came in Python 3.11")
+@pytest.mark.parametrize("tail", [";", "; -- done", " /* why */ ;", ";\n-- a note\n"])
+def test_a_query_that_ends_in_a_comment_keeps_its_full_value_cap(numbers_db: Path, tail: str) -> None:
+    """The width probe wraps the query in parentheses; a trailing `;` or comment must not make
+    it fail, or the query would get the smallest cap and its long values would come back NULL."""
+    row = run_query(numbers_db, "sqlite", "SELECT printf('%.*c', 100000, 'x') AS s, '--' AS d" + tail).rows[0]
+    assert len(row[0]) == 100_000 and row[1] == "--"
+
+
 def test_unencodable_sql_is_an_sql_error(numbers_db: Path) -> None:
     # A lone surrogate cannot be sent to SQLite: 3.10 raises sqlite3.Warning, 3.11+ UnicodeEncodeError.
     with pytest.raises(SQLError, match="SQLite"):

@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +39,17 @@ _MAX_CONNECTIONS_PER_THREAD = 32
 _PROGRESS_STEPS = 1000
 # Largest string/blob a query may build (bytes); stops `zeroblob(1e12)`-style memory bombs.
 _MAX_VALUE_BYTES = 10_000_000
+# Text and blob bytes one result row may hold: a query of many columns gets a smaller value
+# cap (this / its columns), or `SELECT b, b, b, ...` over one 10 MB value takes 10 MB a column.
+_MAX_ROW_BYTES = 64_000_000
+# SQLite's most columns in a result (SQLITE_LIMIT_COLUMN's default): assumed when unknown.
+_MAX_COLUMNS = 2000
+_WIDTHS_PER_CONNECTION = 1024
 _FETCH_BATCH = 256
+# Bytes of text and blob values kept in a result's rows at most; rows past it are only counted.
+# Each value is capped (above), but a few wide columns over many rows would otherwise pile up
+# gigabytes (kept rows also go into `ToolResult.metadata`).
+_MAX_KEPT_BYTES = 16_000_000
 # sqlite3_limit() categories (C API constants; the sqlite3 module names them from Python 3.11 on).
 _SQLITE_LIMIT_LENGTH = 0
 _SQLITE_LIMIT_ATTACHED = 7
@@ -97,16 +107,40 @@ class _SQLiteConnection:
             setlimit(_SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
         self.conn.set_authorizer(_authorizer)
         self.conn.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
+        self._setlimit = setlimit
+        self._widths: OrderedDict[str, int] = OrderedDict()  # SQL text → result columns
 
     def _past_deadline(self) -> int:
         return 1 if time.monotonic() > self.deadline else 0
 
+    def _columns(self, sql: str) -> int:
+        """How many columns `sql` returns, learnt without computing a row (`_MAX_COLUMNS` if unknown)."""
+        width = self._widths.get(sql)
+        if width is None:
+            try:
+                probe = self.conn.execute(f"SELECT * FROM (\n{_statement_body(sql)}\n) LIMIT 0")
+                width = len(probe.description or ()) or _MAX_COLUMNS
+                probe.close()
+            except (sqlite3.Error, sqlite3.Warning, OverflowError, ValueError):
+                width = _MAX_COLUMNS  # the real query then fails the same way, or runs with a small cap
+            self._widths[sql] = width
+            while len(self._widths) > _WIDTHS_PER_CONNECTION:
+                self._widths.popitem(last=False)
+        return width
+
+    def _cap_values(self, sql: str) -> None:
+        """Cap each value so that a whole result row stays within `_MAX_ROW_BYTES` (3.11+)."""
+        if self._setlimit is not None:
+            cap = min(_MAX_VALUE_BYTES, _MAX_ROW_BYTES // self._columns(sql))
+            self._setlimit(_SQLITE_LIMIT_LENGTH, cap)
+
     def run(self, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
         self.deadline = time.monotonic() + timeout
         try:
+            self._cap_values(sql)
             cur = self.conn.execute(sql)
             columns = [d[0] for d in cur.description or ()]
-            rows, count = _drain(cur.fetchmany, max_rows, count_all)
+            rows, count = _drain(cur, max_rows, count_all)  # one row at a time: no batch of big rows
             cur.close()
         except sqlite3.OperationalError as exc:
             if time.monotonic() > self.deadline or str(exc) == "interrupted":
@@ -159,7 +193,7 @@ class _DuckDBConnection:
         try:
             cur = self.conn.execute(sql)
             columns = [d[0] for d in cur.description or ()]
-            rows, count = _drain(cur.fetchmany, max_rows, count_all)
+            rows, count = _drain(_batches(cur.fetchmany), max_rows, count_all)
         except self._duckdb.InterruptException:
             raise _timeout_error(timeout) from None
         except self._duckdb.Error as exc:
@@ -177,16 +211,44 @@ class _DuckDBConnection:
 # ---------------------------------------------------------------------------- shared
 
 
-def _drain(
-    fetchmany: Callable[[int], list[Any]], max_rows: int | None, count_all: bool
-) -> tuple[list[tuple[Any, ...]], int]:
-    """Keep the first `max_rows` rows and count the rest (or stop one row past the cap)."""
-    kept: list[tuple[Any, ...]] = []
-    count = 0
+def _statement_body(sql: str) -> str:
+    """`sql` without what follows its last token (a `;`, comments), so that it can sit inside
+    parentheses: `SELECT 1; -- done` made the width probe fail, and a query of unknown width
+    gets the smallest value cap (values past it came back NULL). sqlglot's tokenizer knows
+    SQLite's quoting and comments."""
+    import sqlglot
+    from sqlglot import TokenType
+
+    try:
+        tokens = [t for t in sqlglot.tokenize(sql, read="sqlite") if t.token_type != TokenType.SEMICOLON]
+    except Exception:  # noqa: BLE001 - a text the tokenizer cannot read: probed as it is
+        return sql
+    return sql[: tokens[-1].end + 1] if tokens else sql
+
+
+def _batches(fetchmany: Any) -> Iterator[Any]:
+    """The rows `fetchmany` gives, batch after batch."""
     while batch := fetchmany(_FETCH_BATCH):
-        count += len(batch)
-        room = len(batch) if max_rows is None else max(0, max_rows - len(kept))
-        kept.extend(tuple(r) for r in batch[:room])
+        yield from batch
+
+
+def _row_bytes(row: Any) -> int:
+    return sum(len(v) for v in row if isinstance(v, (str, bytes, bytearray, memoryview)))
+
+
+def _drain(rows: Iterable[Any], max_rows: int | None, count_all: bool) -> tuple[list[tuple[Any, ...]], int]:
+    """Keep the first `max_rows` rows (within `_MAX_KEPT_BYTES`) and count the rest (or stop one row past the cap)."""
+    kept: list[tuple[Any, ...]] = []
+    count = size = 0
+    full = max_rows == 0
+    for row in rows:
+        count += 1
+        if not full:
+            size += _row_bytes(row)
+            full = size > _MAX_KEPT_BYTES
+            if not full:
+                kept.append(tuple(row))
+                full = max_rows is not None and len(kept) >= max_rows
         if not count_all and max_rows is not None and count > max_rows:
             break
     return kept, count
@@ -202,6 +264,11 @@ def _engine_error(engine: str, exc: BaseException) -> SQLError:
     message = str(exc).strip() or type(exc).__name__
     if "authoriz" in message:
         message += " (the database is read-only: only reading queries are allowed)"
+    elif "too big" in message:
+        message += (
+            f" (a value may hold {_MAX_VALUE_BYTES:,} bytes, and a whole row {_MAX_ROW_BYTES:,}:"
+            " select fewer or shorter values)"
+        )
     return SQLError(f"{engine} error: {message}")
 
 
