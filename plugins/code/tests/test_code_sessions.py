@@ -179,3 +179,16 @@ def test_session_waits_for_threads_and_labels_later_output() -> None:
         assert r.stdout == "(printed after the previous call had returned:)\nlate\n(this call's output:)\nnow\n"
     finally:
         pool.close()
+
+
+def test_the_model_is_told_whether_variables_persist() -> None:
+    """The description the model reads says which kind of tool this is; 'unless the tool is
+    stateful' told it nothing it could know."""
+    fresh = PythonTool().schema()["function"]["description"]
+    stateful = PythonTool(stateful=True).schema()["function"]["description"]
+    assert "clean interpreter" in fresh and "persist" not in fresh
+    assert "persist" in stateful and "clean interpreter" not in stateful
+    assert "unless" not in fresh + stateful
+    env = gym.make("toolenv/MBPP-v0", parser="hermes", stateful=True, limit=1)
+    assert "persist from one call to the next" in env.reset(seed=0)[0]
+    env.close()

@@ -50,11 +50,17 @@ def format_result(result: ExecResult, limits: SandboxLimits) -> str:
     return "\n".join(p.rstrip("\n") for p in parts) if parts else "(no output)"
 
 
+_SUMMARY = "Run Python code in a sandbox and return what it prints (stdout, then stderr)."
+_FRESH = _SUMMARY + "\n\nEach call starts from a clean interpreter: define what you need in the same call."
+_STATEFUL = _SUMMARY + "\n\nVariables, functions and imports persist from one call to the next in this episode."
+
+
 class PythonTool(Tool):
     """Run Python code in a sandbox and return what it prints (stdout, then stderr).
 
     Each call starts from a clean interpreter unless the tool is stateful, in which
-    case variables persist across the calls of one episode.
+    case variables persist across the calls of one episode. The model is told which
+    of the two this tool is.
     """
 
     name = "python"
@@ -78,6 +84,7 @@ class PythonTool(Tool):
             limit_overrides["timeout"] = max(type(self).limits.timeout or 0.0, self.sandbox.timeout + 30.0)
         super().__init__(limits=limits, **limit_overrides)
         self.stateful = stateful
+        self.description = _STATEFUL if stateful else _FRESH  # type: ignore[misc]  # what the model reads
         self._pool = pool
         self._handles: weakref.WeakSet[_SessionHandle] = weakref.WeakSet()
 
