@@ -73,7 +73,7 @@ def test_rows_kept_stay_within_a_byte_budget(numbers_db: Path) -> None:
     """Many large values (each under the value cap) do not pile up in the kept rows: they stop at a budget."""
     from toolenv_sql import executor
 
-    wide = "SELECT zeroblob(1000000) AS a, printf('%.*c', 1000000, 'x') AS b FROM n WHERE i < 40"
+    wide = "SELECT printf('%.*c', 1000000, 'y') AS a, printf('%.*c', 1000000, 'x') AS b FROM n WHERE i < 40"
     res = run_query(numbers_db, "sqlite", wide, max_rows=50)
     kept = sum(len(v) for row in res.rows for v in row)
     assert res.row_count == 40 and res.truncated
