@@ -302,6 +302,32 @@ async def test_a_high_rate_limit_waits_for_its_slot_without_polling(monkeypatch:
     assert min(b - a for a, b in zip(stamps, stamps[1:], strict=False)) >= 0.001 * 0.9
 
 
+async def test_calls_cancelled_while_waiting_for_the_rate_limit_do_not_delay_later_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fifty calls queue at 10 calls/s and are cancelled with their episodes; the next call
+    must wait at most one spacing, not behind the fifty abandoned slots (5 s)."""
+    from toolenv.caller import _RateLimit
+
+    limit = _RateLimit(10.0)
+    queued = [asyncio.ensure_future(limit.wait()) for _ in range(50)]
+    await asyncio.sleep(0)  # each has booked its slot
+    for t in queued:
+        t.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    real_sleep = asyncio.sleep
+    waits: list[float] = []
+
+    async def recording_sleep(delay: float, result: object = None) -> object:
+        waits.append(delay)
+        return await real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    await limit.wait()
+    monkeypatch.undo()
+    assert sum(waits) <= 0.1 + 1e-6
+
+
 class Busy(toolenv.Tool):
     """Counts the calls in flight at once (slotted: a size few other objects share, so a new
     instance soon lands at a dead one's address)."""

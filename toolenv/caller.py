@@ -53,36 +53,40 @@ class ToolCallRecord:
 class _RateLimit:
     """Spaces a tool's calls at least `1/rate` seconds apart, across every event loop and thread.
 
-    Each call reserves the next free slot under a lock and sleeps until it; a call whose
-    predecessor was let through late (a busy loop wakes it late) then waits out the rest of
-    the spacing. asyncio-throttle polls every 10 ms instead, which held any rate near 100
-    calls/s. A call cancelled while it waits leaves its slot unused.
+    A waiting call sleeps until its estimated slot (one interval after the latest call, per
+    call waiting ahead of it), then takes the slot only if a full interval has passed since
+    the latest call went through; else it sleeps again. asyncio-throttle polls every 10 ms
+    instead, which held any rate near 100 calls/s. A call cancelled while it waits leaves the
+    queue, so later calls are not spaced behind it.
     """
 
-    __slots__ = ("interval", "last", "lock", "next_at")
+    __slots__ = ("interval", "last", "lock", "waiting")
 
     def __init__(self, rate: float) -> None:
         self.interval = 1.0 / rate
-        self.next_at = 0.0  # the next free slot
         self.last = -self.interval  # when the latest call was let through
+        self.waiting = 0  # calls between booking and going through (or being cancelled)
         self.lock = threading.Lock()
 
     async def wait(self) -> None:
         """Return when this call may start."""
         with self.lock:
             now = time.monotonic()
-            at = max(self.next_at, now)
-            self.next_at = at + self.interval
-        while True:
-            if at > now:
-                await asyncio.sleep(at - now)
+            at = max(now, self.last + self.interval * (self.waiting + 1))
+            self.waiting += 1
+        try:
+            while True:
+                if at > now:
+                    await asyncio.sleep(at - now)
+                with self.lock:
+                    now = time.monotonic()
+                    at = self.last + self.interval
+                    if now >= at:
+                        self.last = now
+                        return
+        finally:
             with self.lock:
-                now = time.monotonic()
-                at = self.last + self.interval
-                if now >= at:
-                    self.last = now
-                    self.next_at = max(self.next_at, now + self.interval)
-                    return
+                self.waiting -= 1
 
 
 class _Limiter:
