@@ -16,30 +16,32 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import from_json, to_json
 
-__all__ = ["flatten_schema", "inline_refs", "openai_schema"]
+__all__ = ["flatten_schema", "inline_refs", "openai_schema", "strip_titles"]
 
 
-#: Keys whose values are data, not schemas: a "title" inside them is the tool's own.
-_VALUE_KEYS = frozenset({"default", "const", "enum", "examples"})
+#: Keywords whose values are data, not schemas: a "title" inside them is the data's own.
+_VALUE_KEYS = frozenset({"default", "const", "enum", "examples", "example"})
+#: Keywords whose values map names to schemas: a property may be named "title".
+_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 
 
-def _strip_titles(node: Any) -> Any:
-    """Drop Pydantic's auto-generated `title` keys (noise in a prompt), not fields named
-    "title" nor "title" keys of default, const, enum or example values."""
+def strip_titles(node: Any) -> Any:
+    """`node` without its `title` keywords (Pydantic's auto-generated ones are noise in a
+    prompt), keeping properties named "title" and the keys of values (`default`, `enum`...)."""
     if isinstance(node, list):
-        return [_strip_titles(n) for n in node]
+        return [strip_titles(n) for n in node]
     if not isinstance(node, dict):
         return node
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in node.items():
         if k == "title" and isinstance(v, str):
             continue
         if k in _VALUE_KEYS:
             out[k] = v
-        elif k in ("properties", "$defs") and isinstance(v, dict):
-            out[k] = {name: _strip_titles(sub) for name, sub in v.items()}
+        elif k in _NAMED_SCHEMAS and isinstance(v, dict):
+            out[k] = {name: strip_titles(sub) for name, sub in v.items()}
         else:
-            out[k] = _strip_titles(v)
+            out[k] = strip_titles(v)
     return out
 
 
@@ -59,7 +61,7 @@ def openai_schema(name: str, description: str, args: type[BaseModel]) -> dict[st
 @functools.lru_cache(maxsize=4096)
 def _parameters(args: type[BaseModel]) -> bytes:
     """The parameters schema of `args` as JSON (cached; decoded into a new dict per use)."""
-    params = _strip_titles(args.model_json_schema())
+    params = strip_titles(args.model_json_schema())
     params.setdefault("properties", {})
     params.setdefault("required", [])
     params.pop("additionalProperties", None)
@@ -113,10 +115,9 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
             return {**stub, **walk(siblings, expanding)}
         return walk({**target, **siblings}, expanding | {ref})
 
-    out: dict[str, Any] = walk(schema, frozenset())
-    out.pop("$defs", None)
-    out.pop("definitions", None)
-    return out
+    # The definitions are only read through `resolve`: walking them too would expand each one
+    # just to throw it away.
+    return walk({k: v for k, v in schema.items() if k not in ("$defs", "definitions")}, frozenset())  # type: ignore[no-any-return]
 
 
 def _flatten(node: Any, depth: int) -> Any:

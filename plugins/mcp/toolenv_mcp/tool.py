@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from toolenv import Tool, ToolContext, ToolLimits, ToolResult
+from toolenv._schema import strip_titles
 from toolenv_mcp import loop
 from toolenv_mcp.args import args_model, arguments_of
 from toolenv_mcp.config import MCPServer, load_servers
@@ -327,31 +328,8 @@ def _safe(name: str) -> str:
 
 def _parameters(schema: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters part of the function schema: the input schema without auto-generated titles."""
-    params: dict[str, Any] = _strip_titles(dict(schema))
+    params: dict[str, Any] = strip_titles(dict(schema))
     params.setdefault("type", "object")
     params.setdefault("properties", {})
     params.setdefault("required", [])
     return params
-
-
-#: Schema keywords whose values are data, not schemas: a "title" in them is the data's own.
-_VALUES = frozenset({"default", "const", "enum", "examples", "example"})
-
-
-def _strip_titles(node: Any) -> Any:
-    """Drop `title` keys (noise in a prompt), but not properties named "title", nor keys of values (`default`...)."""
-    if isinstance(node, list):
-        return [_strip_titles(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
-            out[key] = {k: _strip_titles(v) for k, v in value.items()}
-        elif key in _VALUES:
-            out[key] = value
-        else:
-            out[key] = _strip_titles(value)
-    return out
