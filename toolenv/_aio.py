@@ -172,10 +172,8 @@ def close_from_sync(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any,
     target = own or loop
     assert target is not None
     try:
-        if asyncio._get_running_loop() is None:
-            return complete(target, coro)
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="toolenv-close") as pool:
-            return pool.submit(complete, target, coro).result()
+        result: T = call_off_loop(complete, target, coro)
+        return result
     finally:
         if own is not None:
             own.close()
