@@ -121,14 +121,33 @@ async def test_concurrency_cap_limits_calls_in_flight() -> None:
     assert peak == 2
 
 
-async def test_rate_limit_spaces_calls() -> None:
+def ticking(rate: float) -> tuple[toolenv.Tool, list[float]]:
+    """A tool limited to `rate` calls/s, and the times its calls started."""
     stamps: list[float] = []
 
-    @tool(rate_limit=20)
+    @tool(rate_limit=rate)
     async def tick() -> str:
         stamps.append(time.monotonic())
         return "ok"
 
+    return tick, stamps
+
+
+def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every `asyncio.sleep` delay from now until `monkeypatch.undo()` (the sleeps still happen)."""
+    real_sleep = asyncio.sleep
+    waits: list[float] = []
+
+    async def recording_sleep(delay: float, result: object = None) -> object:
+        waits.append(delay)
+        return await real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    return waits
+
+
+async def test_rate_limit_spaces_calls() -> None:
+    tick, stamps = ticking(20)
     caller = ToolCaller([tick])
     await asyncio.gather(*(caller.invoke([ToolCall(name="tick")], ctx()) for _ in range(6)))
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -277,22 +296,9 @@ async def test_a_high_rate_limit_waits_for_its_slot_without_polling(monkeypatch:
     """A rate above 100 calls/s was capped near 100/s: the throttler polled every 10 ms.
     A call must instead sleep until its own slot (1/rate apart), and again only for the rest
     of the spacing when the call before it was let through late."""
-    real_sleep = asyncio.sleep
-    waits: list[float] = []
-
-    async def recording_sleep(delay: float, result: object = None) -> object:
-        waits.append(delay)
-        return await real_sleep(delay, result)
-
-    stamps: list[float] = []
-
-    @tool(rate_limit=1000)
-    async def tick() -> str:
-        stamps.append(time.monotonic())
-        return "ok"
-
+    tick, stamps = ticking(1000)
     caller = ToolCaller([tick])
-    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    waits = record_sleeps(monkeypatch)
     n = 20
     out = await asyncio.gather(*(caller.invoke([ToolCall(name="tick")], ctx()) for _ in range(n)))
     monkeypatch.undo()
@@ -315,14 +321,7 @@ async def test_calls_cancelled_while_waiting_for_the_rate_limit_do_not_delay_lat
     for t in queued:
         t.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
-    real_sleep = asyncio.sleep
-    waits: list[float] = []
-
-    async def recording_sleep(delay: float, result: object = None) -> object:
-        waits.append(delay)
-        return await real_sleep(delay, result)
-
-    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    waits = record_sleeps(monkeypatch)
     await limit.wait()
     monkeypatch.undo()
     assert sum(waits) <= 0.1 + 1e-6
