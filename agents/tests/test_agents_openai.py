@@ -364,3 +364,36 @@ async def test_stop_string_already_in_the_text_is_not_added_twice(server: Server
     res = await arollout(make_env, agent(server, **kw), n=1)
     assert res.trajectories[0].turns[0].action == text
     assert server.requests[1]["body"]["messages"][-2] == {"role": "assistant", "content": text}
+
+
+async def test_server_refusing_max_tokens_gets_max_completion_tokens(server: Server) -> None:
+    """OpenAI's reasoning models refuse `max_tokens`: the agent asks again under the name the
+    error gives, once, and keeps that name for later requests (also of its spawned copies)."""
+    refusal = {
+        "error": {
+            "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+            "Use 'max_completion_tokens' instead.",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": "unsupported_parameter",
+        }
+    }
+    server.script = [
+        ("json", 400, refusal, {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server, max_tokens=77, max_retries=0), n=1, samples=2, concurrency=1)
+    assert [t.error for t in res.trajectories] == [None, None]
+    assert [t.reward for t in res.trajectories] == [1.0, 1.0]
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) == 3
+    assert bodies[0]["max_tokens"] == 77 and "max_completion_tokens" not in bodies[0]
+    for later in bodies[1:]:
+        assert later["max_completion_tokens"] == 77 and "max_tokens" not in later
+
+
+async def test_other_client_errors_about_tokens_are_not_resent(server: Server) -> None:
+    server.script = [("json", 400, {"error": "max_tokens must be at most 4096"}, {})]
+    res = await arollout(make_env, agent(server, max_tokens=10**6), n=1)
+    assert "HTTP 400" in (res.trajectories[0].error or "") and len(server.requests) == 1

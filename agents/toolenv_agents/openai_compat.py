@@ -63,6 +63,12 @@ def render_tool_calls(content: str, calls: list[dict[str, Any]], parser: ActionP
     return "\n".join(parts)
 
 
+def _wants_completion_tokens(resp: httpx.Response, body: dict[str, Any]) -> bool:
+    """Whether a 400 refuses `max_tokens` for `max_completion_tokens` (OpenAI: "Unsupported
+    parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.")."""
+    return "max_tokens" in body and "max_completion_tokens" in resp.text and "max_tokens" in resp.text
+
+
 class _Shared:
     """The pool and the cap, shared by every spawned copy; rebuilt if the event loop changes."""
 
@@ -70,6 +76,8 @@ class _Shared:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.client: httpx.AsyncClient | None = None
         self.semaphore: asyncio.Semaphore | None = None
+        # The name the token cap goes under: `max_tokens` until a chat server refuses it.
+        self.token_field = "max_tokens"  # noqa: S105 - a request field name, not a secret
 
 
 class OpenAIAgent(Agent):
@@ -84,7 +92,10 @@ class OpenAIAgent(Agent):
         api_key_env: the environment variable holding the key (no key: no Authorization header).
         temperature: sampling temperature (None: the server's default).
         top_p: nucleus sampling (None: the server's default).
-        max_tokens: tokens to generate at most (None: the server's default).
+        max_tokens: tokens to generate at most (None: the server's default). Sent as
+            `max_tokens`, which vLLM, SGLang and the completions API read; when a chat server
+            refuses that name for `max_completion_tokens` (OpenAI's reasoning models), the
+            request goes again under the new name, as do all later ones of this agent and its copies.
         timeout: seconds for one request to answer.
         connect_timeout: seconds to connect.
         max_retries: extra attempts after a 429/5xx/timeout/malformed reply.
@@ -194,11 +205,17 @@ class OpenAIAgent(Agent):
         if key:
             headers["Authorization"] = f"Bearer {key}"
         last = ""
+        renamed = False
         for attempt in range(self.max_retries + 1):
             retry_after: float | None = None
             try:
                 async with sem:
-                    resp = await client.post(path, json=body, headers=headers)
+                    resp = await client.post(path, json=self._token_field(body), headers=headers)
+                if not renamed and resp.status_code == 400 and _wants_completion_tokens(resp, body):
+                    # Not an attempt: the same request under the name the server asked for.
+                    self._shared.token_field, renamed = "max_completion_tokens", True
+                    async with sem:
+                        resp = await client.post(path, json=self._token_field(body), headers=headers)
             except httpx.TimeoutException as exc:
                 last = f"timed out ({type(exc).__name__})"
             except httpx.TransportError as exc:
@@ -235,6 +252,15 @@ class OpenAIAgent(Agent):
 
     def _body(self, **fields: Any) -> dict[str, Any]:
         return {"model": self.model, **self.sampling, **fields, **self.extra_body}
+
+    def _token_field(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` with its token cap under the name this agent's server takes."""
+        field = self._shared.token_field
+        if field == "max_tokens" or "max_tokens" not in body or field in body:
+            return body
+        renamed = {k: v for k, v in body.items() if k != "max_tokens"}
+        renamed[field] = body["max_tokens"]
+        return renamed
 
     async def _act_completions(self, observation: str, env_info: EnvInfo) -> AgentAction:
         self._prompt = observation if env_info.turn == 0 else f"{self._prompt}\n{observation}\n"
