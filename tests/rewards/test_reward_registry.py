@@ -123,8 +123,8 @@ def test_a_list_of_names_weighs_each_one() -> None:
     ("spec", "message"),
     [
         ([("f1",)], r"reward spec item \('f1',\) must be"),
-        ([("f1", 1.0, 2.0)], r"must be a name, a Reward or a \(reward, weight\) pair"),
-        ([(1.0, "f1")], r"must be a name, a Reward or a \(reward, weight\) pair"),
+        ([("f1", 1.0, 2.0)], r"must be a name, a Reward, a \(reward, weight\) pair"),
+        ([(1.0, "f1")], r"must be a name, a Reward, a \(reward, weight\) pair"),
         ({"f1": None}, r"the weight of 'f1' must be a finite number, got None"),
         ({"f1": "heavy"}, r"the weight of 'f1' must be a finite number, got 'heavy'"),
         ({"f1": float("nan")}, r"the weight of 'f1' must be a finite number, got nan"),
@@ -149,3 +149,52 @@ def test_a_factorys_own_key_error_is_not_an_unknown_name() -> None:
             get_reward("broken_factory")
     finally:
         del base._FACTORIES["broken_factory"]
+
+
+def test_a_config_passes_settings_to_a_named_reward() -> None:
+    """A YAML config can set a named reward's arguments, not only its weight: as a mapping
+    `{name: {weight, **settings}}` or as a list item `{name: ..., weight: ..., **settings}`."""
+    mapped = get_reward({"exact_match": 1.0, "tool_call_penalty": {"weight": 0.1, "per_call": -0.5, "free_calls": 2}})
+    assert mapped.weights == {"exact_match": 1.0, "tool_call_penalty": 0.1}
+    penalty = mapped.parts["tool_call_penalty"][0]
+    assert isinstance(penalty, ToolCallPenalty) and (penalty.per_call, penalty.free_calls) == (-0.5, 2)
+
+    listed = get_reward(["f1", {"name": "tool_call_penalty", "free_calls": 3}, {"name": "format", "weight": 0.2}])
+    assert listed.weights == {"f1": 1.0, "tool_call_penalty": 1.0, "format": 0.2}
+    assert listed.parts["tool_call_penalty"][0].free_calls == 3  # type: ignore[attr-defined]
+
+    renamed = get_reward({"tool_call_penalty": {"name": "cost", "weight": 0.05}})
+    assert renamed.weights == {"cost": 0.05}
+
+
+def test_a_configured_reward_scores_in_the_env() -> None:
+    @tool
+    def ping() -> str:
+        """Answer pong."""
+        return "pong"
+
+    env = toolenv.ToolEnv(
+        tools=[ping],
+        tasks=[{"question": "q", "answer": "a"}],
+        reward=[{"name": "tool_call_penalty", "weight": 1.0, "per_call": -0.25, "free_calls": 1}],
+    )
+    env.reset(seed=0)
+    call = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+    assert env.step(call)[1] == 0.0  # the free call
+    assert env.step(call)[1] == -0.25
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"tool_call_penalty": {"per_cal": -1}}, r"reward 'tool_call_penalty' takes no setting\(s\) \['per_cal'\]"),
+        ([{"name": "format", "strict": True}], r"reward 'format' takes no setting\(s\) \['strict'\]; its settings: "),
+        ([{"weight": 1.0}], r"or a mapping with a 'name'"),
+        ({"f1": {"weight": "heavy"}}, r"the weight of 'f1' must be a finite number, got 'heavy'"),
+        ({"nope": {"weight": 1.0}}, r"unknown reward 'nope'"),
+    ],
+)
+def test_bad_reward_settings_say_what_is_wrong(spec: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        get_reward(spec)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ component of every step in `info["reward_components"]`.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -147,7 +148,14 @@ def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
     reward_info(episode)[name] = data
 
 
-RewardSpec = str | Reward | Mapping[str, float] | Sequence[Reward | str | tuple[Reward | str, float]]
+#: A name, a Reward, `{name: weight or settings}`, or a list of names, Rewards, `(reward, weight)`
+#: pairs and `{"name": ..., "weight": ..., **settings}` mappings (see `get_reward`).
+RewardSpec = (
+    str
+    | Reward
+    | Mapping[str, float | Mapping[str, Any]]
+    | Sequence[Reward | str | tuple[Reward | str, float] | Mapping[str, Any]]
+)
 
 _FACTORIES: dict[str, Callable[..., Reward]] = {}
 
@@ -162,11 +170,40 @@ def reward_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def _by_name(name: str, **kwargs: Any) -> Reward:
+def _by_name(name: str, /, **settings: Any) -> Reward:
+    """The reward registered as `name`, made with `settings` (a config's keyword arguments).
+
+    Raises:
+        ValueError: an unknown name, or settings the factory does not take.
+    """
     factory = _FACTORIES.get(name)  # looked up apart from the call: a factory's own KeyError is its own
     if factory is None:
         raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}")
-    return factory(**kwargs)
+    if settings:
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):  # a builtin or C callable: let the call itself say
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(**settings)
+            except TypeError:
+                takes = [p.name for p in signature.parameters.values() if p.kind in _KEYWORDS]
+                raise ValueError(
+                    f"reward {name!r} takes no setting(s) {sorted(set(settings) - set(takes))}; "
+                    f"its settings: {', '.join(takes) or 'none'}"
+                ) from None
+    return factory(**settings)
+
+
+_KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _configured(name: str, entry: Mapping[str, Any]) -> tuple[Reward, Any]:
+    """`(reward, weight)` from a config mapping: `weight` (default 1) and the factory's settings."""
+    settings = {str(k): v for k, v in entry.items()}
+    weight = settings.pop("weight", 1.0)
+    return _by_name(name, **settings), weight
 
 
 def _spec_item(item: object) -> tuple[Reward, Any]:
@@ -176,7 +213,12 @@ def _spec_item(item: object) -> tuple[Reward, Any]:
     if isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str | Reward):
         r, w = item
         return (_by_name(r) if isinstance(r, str) else r), w
-    raise ValueError(f"reward spec item {item!r} must be a name, a Reward or a (reward, weight) pair")
+    if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+        return _configured(item["name"], {k: v for k, v in item.items() if k != "name"})
+    raise ValueError(
+        f"reward spec item {item!r} must be a name, a Reward, a (reward, weight) pair "
+        "or a mapping with a 'name' (and 'weight' and the reward's settings)"
+    )
 
 
 def get_reward(spec: RewardSpec) -> WeightedSum:
@@ -184,10 +226,13 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
 
     Accepts a name (`"f1"`), a Reward, a `{name: weight}` mapping, or a list whose items are
     `(reward or name, weight)` pairs or bare names/Rewards (weight 1), as a YAML config writes
-    `[f1, [format, 0.2]]`.
+    `[f1, [format, 0.2]]`. A config passes settings to a named reward's factory with a mapping:
+    `{tool_call_penalty: {weight: 0.1, free_calls: 2}}`, or in a list
+    `{name: tool_call_penalty, weight: 0.1, free_calls: 2}` (weight defaults to 1).
 
     Raises:
-        ValueError: an unknown name, a malformed item, or a weight that is not a finite number.
+        ValueError: an unknown name, a malformed item, a setting the reward does not take, or a
+            weight that is not a finite number.
     """
     if isinstance(spec, WeightedSum):
         return spec
@@ -196,7 +241,7 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
     if isinstance(spec, str):
         return WeightedSum([(_by_name(spec), 1.0)])
     if isinstance(spec, Mapping):
-        return WeightedSum([(_by_name(k), w) for k, w in spec.items()])
+        return WeightedSum([_configured(k, w) if isinstance(w, Mapping) else (_by_name(k), w) for k, w in spec.items()])
     if not isinstance(spec, Sequence):
         raise TypeError(f"a reward spec is a name, a Reward, a mapping or a list, got {type(spec).__name__}")
     return WeightedSum([_spec_item(item) for item in spec])
