@@ -171,6 +171,10 @@ def test_syntax_errors_name_the_problem_in_plain_words(sql: str, message: str) -
         "SELECT name FROM pragma_table_info('singer')",
         "SELECT count(*) FROM singer, PRAGMA_INDEX_LIST('singer') AS p",
         "SELECT (SELECT count(*) FROM pragma_table_xinfo('singer')) AS n",
+        # Without parentheses SQLite still calls the function; it used to pass the guard and get
+        # the authorizer's bare "not authorized".
+        "SELECT * FROM pragma_database_list",
+        "SELECT name FROM main.PRAGMA_collation_list AS c",
     ],
 )
 def test_pragma_table_functions_are_refused_as_pragma(sql: str) -> None:

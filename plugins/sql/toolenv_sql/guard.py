@@ -88,6 +88,13 @@ def _kind(node: exp.Expr) -> str:
     return type(node).__name__.upper()
 
 
+def _refuse_pragma(fname: str) -> None:
+    raise SQLError(
+        f"PRAGMA functions are not allowed: {fname}() is refused like a PRAGMA statement. "
+        "Query the tables themselves (the schema is in sqlite_master)."
+    )
+
+
 def parse_read_query(sql: str, dialect: str) -> exp.Expr:
     """The one read query in `sql`, parsed in `dialect`.
 
@@ -123,6 +130,10 @@ def _parse_read_query(sql: str, dialect: str) -> tuple[exp.Expr, str]:
     if not isinstance(tree, (exp.Query, exp.Values)):
         raise SQLError(f"{_ALLOWED}; this is {_kind(tree)}. The database is read-only.")
     for node in tree.walk():
+        if isinstance(node, exp.Table) and node.name.lower().startswith("pragma_"):
+            # SQLite reads `FROM pragma_x` (no parentheses) as the table-valued function; the
+            # authorizer would refuse it with a bare "not authorized".
+            _refuse_pragma(node.name.lower())
         if isinstance(node, tuple(cls for cls, _ in _WRITES)):
             raise SQLError(f"{_ALLOWED}; the query contains {_kind(node)}. The database is read-only.")
         if isinstance(node, exp.Func):
@@ -130,10 +141,7 @@ def _parse_read_query(sql: str, dialect: str) -> tuple[exp.Expr, str]:
             if fname in DENIED_FUNCTIONS:
                 raise SQLError(f"The function {fname}() is not allowed: queries may only read this database.")
             if fname.startswith("pragma_"):
-                raise SQLError(
-                    f"PRAGMA functions are not allowed: {fname}() is refused like a PRAGMA statement. "
-                    "Query the tables themselves (the schema is in sqlite_master)."
-                )
+                _refuse_pragma(fname)
     # Everything up to the last real token: trailing semicolons, whitespace and comments go.
     last = max((t.end for t in tokens if t.token_type.name != "SEMICOLON"), default=len(sql) - 1)
     return tree, sql[: last + 1].strip()
