@@ -561,3 +561,183 @@ async def test_tasks_are_listed_after_steps_through_a_given_transport(url: str) 
     await env.astep(CALL_ADD)  # the transport now keeps a connection of this event loop
     assert [t.id for t in env.tasks] == [t["id"] for t in TASKS]
     await env.aclose()
+
+
+# ---------------------------------------------------------------------- answers lost on the way back
+class LosesAnswers(httpx.AsyncBaseTransport):
+    """The real transport, but the answer to the first `lose` requests matching `method path`
+    is dropped after the server handled them, as when a connection breaks on the way back."""
+
+    def __init__(self, method: str, path_end: str, lose: int = 1, *, retry: bool = False) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+        self.method, self.path_end, self.lose, self.retry = method, path_end, lose, retry
+        self.sent: list[httpx.Request] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        while True:
+            self.sent.append(request)
+            response = await self.real.handle_async_request(request)
+            if not (request.method == self.method and request.url.path.endswith(self.path_end) and self.lose):
+                return response
+            self.lose -= 1
+            await response.aread()  # the server made it: only its answer is lost
+            await response.aclose()
+            if not self.retry:  # a retrying transport sends the same request again
+                raise httpx.ReadError("connection closed before the answer", request=request)
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+
+def _sessions(url: str) -> int:
+    return int(httpx.get(f"{url}/health").json()["sessions"])
+
+
+async def test_a_create_whose_answer_was_lost_does_not_leak_a_session() -> None:
+    with serving(make_env, max_sessions=1) as u:
+        transport = LosesAnswers("POST", "/sessions")
+        env = RemoteToolEnv(u, transport=transport)
+        with pytest.raises(RemoteEnvError, match="open a session: cannot reach"):
+            await env.areset(options={"task_id": "t1"})
+        assert await asyncio.to_thread(_sessions, u) == 1  # the server made it
+        # the next reset (the runner's next episode) gets that session, not a second one (a 429 here)
+        obs, _ = await env.areset(options={"task_id": "t1"})
+        assert "2+3?" in obs and (await env.astep("<answer>5</answer>"))[1] == 1.0
+        creates = [r for r in transport.sent if r.url.path == "/sessions"]
+        assert len(creates) == 2 and creates[0].headers["idempotency-key"] == creates[1].headers["idempotency-key"]
+        await env.aclose()
+        assert await asyncio.to_thread(_sessions, u) == 0  # nothing left behind
+
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/sessions", retry=True))
+        await env.areset(options={"task_id": "t2"})  # a transport that retries the create itself
+        assert await asyncio.to_thread(_sessions, u) == 1
+        await env.aclose()
+        assert await asyncio.to_thread(_sessions, u) == 0
+
+
+async def test_a_create_sent_again_while_the_first_still_builds_waits_for_it() -> None:
+    import threading
+
+    from toolenv.remote.sessions import SessionStore
+
+    gate, builds = threading.Event(), []
+
+    def slow_factory() -> Any:  # an env that takes a while to build (data, a sandbox)
+        builds.append(1)
+        if len(builds) == 1:
+            gate.wait(30)
+            raise OSError("the first build failed")
+        return make_env()
+
+    store = SessionStore(slow_factory, max_sessions=2, ttl=60)
+    first = asyncio.create_task(store.create("k"))
+    while not builds:  # the first build has started
+        await asyncio.sleep(0.01)
+    again = asyncio.create_task(store.create("k"))  # the client timed out and sent it again
+    for _ in range(3):
+        await asyncio.sleep(0)  # it has run up to where it waits
+    assert not again.done() and store._pending == 1  # it waits rather than building a second env
+    gate.set()
+    with pytest.raises(OSError, match="first build failed"):
+        await first
+    session = await again  # the first failed: the retry built one of its own
+    assert len(builds) == 2 and len(store) == 1
+    assert await store.create("k") is session  # sent a third time: the same session
+    await store.delete(session.id)
+    assert (await store.create("k")) is not session  # a deleted session's key makes a new one
+    await store.aclose()
+
+
+def test_an_idempotency_key_over_raw_http(url: str) -> None:
+    with httpx.Client(base_url=url) as http:
+        before = http.get("/health").json()["sessions"]
+        one = http.post("/sessions", headers={"Idempotency-Key": "abc"})
+        two = http.post("/sessions", headers={"Idempotency-Key": "abc"})
+        other = http.post("/sessions", headers={"Idempotency-Key": "xyz"})
+        assert one.status_code == two.status_code == 201
+        assert one.json() == two.json() and other.json()["session_id"] != one.json()["session_id"]
+        assert http.get("/health").json()["sessions"] == before + 2
+        too_long = http.post("/sessions", headers={"Idempotency-Key": "k" * 256})
+        assert too_long.status_code == 422 and "Idempotency-Key" in too_long.json()["error"]
+        for sid in {one.json()["session_id"], other.json()["session_id"]}:
+            assert http.delete(f"/sessions/{sid}").status_code == 204
+        assert http.get("/health").json()["sessions"] == before
+
+
+async def test_a_truncate_whose_answer_was_lost_is_not_scored_zero_on_retry() -> None:
+    def factory() -> Any:
+        return make_env(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)])
+
+    with serving(factory) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/truncate"))
+        await env.areset(options={"task_id": "t1"})
+        await env.astep(CALL_ADD)
+        with pytest.raises(RemoteEnvError, match="truncate: cannot reach"):
+            await env.atruncate()  # the server scored it (-0.5); the answer never came back
+        # sent again, the server has nothing left to score: a 0.0 here would be a wrong final reward
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.atruncate()
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.astep("<answer>5</answer>")
+        await env.areset(options={"task_id": "t1"})  # a new episode is fine
+        assert (await env.astep("<answer>5</answer>"))[1] == 1.0
+        await env.aclose()
+
+
+async def test_a_reset_after_a_cancelled_step_does_not_wait_for_that_step() -> None:
+    """The runner cancels a step at its episode timeout and resets for the next episode: the
+    server still runs the cancelled step, and the next episode must not queue behind it."""
+    import threading
+
+    started, finish = threading.Event(), threading.Event()
+
+    @toolenv.tool(timeout=None)
+    async def stuck(n: int) -> str:
+        """A call on a backend that stopped answering."""
+        started.set()
+        await asyncio.to_thread(finish.wait, 60)
+        return "done"
+
+    call = '<tool_call>{"name": "stuck", "arguments": {"n": 1}}</tool_call>'
+    with serving(lambda: make_env(tools=[stuck])) as u:
+        env = RemoteToolEnv(u, timeout=10)  # the old code waits here for the step, then times out
+        try:
+            await env.areset(options={"task_id": "t1"})
+            stepping = asyncio.create_task(env.astep(call))
+            assert await asyncio.to_thread(started.wait, 30)
+            stepping.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stepping
+            obs, _ = await env.areset(options={"task_id": "t2"})  # at once, in a session of its own
+            assert "10+4?" in obs and (await env.astep("<answer>14</answer>"))[1] == 1.0
+            await env.aclose()  # nor does close wait for the stuck step
+            assert await asyncio.to_thread(_sessions, u) == 1  # the stuck one holds its slot till its step ends
+        finally:
+            finish.set()
+        await asyncio.to_thread(_wait_for_sessions, u, 0)  # then its env is closed
+
+
+async def test_end_episode_whose_answer_was_lost_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """As a local env's: a failing release is logged (verl's pool calls it in a `finally`)."""
+    with serving(make_env) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/end"))
+        await env.areset(options={"task_id": "t1"})
+        await env.astep(CALL_ADD)
+        with caplog.at_level(logging.WARNING, logger="toolenv.remote"):
+            await env.aend_episode()
+        assert env.episode is not None and env.episode.released
+        assert any("end_episode" in r.getMessage() for r in caplog.records)
+        await env.areset(options={"task_id": "t2"})  # the env goes on
+        assert (await env.astep("<answer>14</answer>"))[1] == 1.0
+        await env.aclose()
+        assert await asyncio.to_thread(_sessions, u) == 0
+
+
+async def test_close_after_a_create_whose_answer_was_lost_deletes_that_session() -> None:
+    with serving(make_env) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/sessions"))
+        with pytest.raises(RemoteEnvError, match="open a session"):
+            await env.areset()
+        assert await asyncio.to_thread(_sessions, u) == 1
+        await env.aclose()  # e.g. the runner's last episode: no reset comes to pick that session up
+        assert await asyncio.to_thread(_sessions, u) == 0

@@ -223,3 +223,28 @@ def test_a_stop_does_not_wait_for_ever_for_a_stuck_step() -> None:
 def test_a_negative_graceful_timeout_is_one_line() -> None:
     out = run_cli("serve", "toolenv/ToolEnv-v0", "--graceful-timeout", "-1", *ENV_ARGS)
     assert out.returncode != 0 and "--graceful-timeout" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+async def test_a_stop_with_a_deleted_session_still_in_a_stuck_step_closes_and_exits() -> None:
+    """A client gave up on a step (its episode timed out) and moved on; the server, still in
+    that step, is stopped: it cancels the step after --graceful-timeout, closes the envs, exits."""
+    import asyncio
+
+    proc, url = start("--graceful-timeout", "1", "--env-arg", 'tools=["_remote:add", "_remote:hang"]')
+    try:
+        env = RemoteToolEnv(url)
+        await env.areset(seed=0)
+        stepping = asyncio.create_task(
+            env.astep('<tool_call>{"name": "hang", "arguments": {"seconds": 3600}}</tool_call>')
+        )
+        await asyncio.sleep(0.5)  # the step is in flight (it waits an hour)
+        stepping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stepping
+        obs, _ = await env.areset(seed=1)  # a new session; the old one closes when its step ends
+        assert "10+4?" in obs
+        await env.aclose()
+    finally:
+        err = await asyncio.to_thread(stop, proc)  # SIGINT; communicate(timeout=30) raises if it hangs
+    assert proc.returncode == 0, err
+    assert "closing the env of session" not in err, err

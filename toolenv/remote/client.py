@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
+import secrets
 import weakref
 from collections.abc import Coroutine, Mapping
 from typing import Any, SupportsFloat, TypeVar
@@ -25,6 +26,7 @@ from toolenv.env import ToolEnv
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
+    IDEMPOTENCY_KEY,
     PROTOCOL_VERSION,
     EnvMetadata,
     ErrorResponse,
@@ -123,7 +125,13 @@ class RemoteToolEnv(ToolEnv):
             weakref.WeakKeyDictionary()
         )
         self._session: str | None = None
+        # The idempotency key of the session being opened: kept until a create succeeds, so a
+        # create sent again after its answer was lost gets the session the server made then.
+        self._create_key: str | None = None
         self._lost: str | None = None  # why the current episode cannot take another step
+        # The server may still be running a call of the session whose answer never came (it
+        # was cancelled, or timed out): the next reset moves to a new session, not behind it.
+        self._busy = False
         meta, tasks = _blocking(self._describe())
         if meta.protocol != PROTOCOL_VERSION:
             raise RemoteEnvError(
@@ -171,6 +179,8 @@ class RemoteToolEnv(ToolEnv):
         if self._episode is not None:
             self._episode.released = True  # the server's reset releases it
         self._episode, self._lost = None, None
+        if self._busy:
+            await self._abandon_session()
         if self._session is None:
             await self._open_session()
         assert self._session is not None
@@ -209,9 +219,11 @@ class RemoteToolEnv(ToolEnv):
             self._lost = f"this episode was lost ({exc}); call reset() to start another"
             if isinstance(exc, _SessionGone):
                 self._session = None
+            self._busy = self._busy or exc.status is None  # no answer: it may still run there
             raise
         except BaseException:  # cancelled (a timeout) or interrupted: the server may still take it
             self._lost = "this episode was lost (its last step was cancelled); call reset() to start another"
+            self._busy = True
             raise
         info = reply.info
         turn = Turn(action, info.action, info.tool_results, info.tool_calls, reply.observation)
@@ -245,7 +257,16 @@ class RemoteToolEnv(ToolEnv):
             return 0.0
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
-        reply = await self._call("POST", f"/sessions/{self._session}/truncate", None, TruncateResponse, "truncate")
+        try:
+            reply = await self._call("POST", f"/sessions/{self._session}/truncate", None, TruncateResponse, "truncate")
+        except BaseException as exc:
+            # The server may have scored and ended it: sent again, it would score nothing (0.0).
+            why = str(exc) if isinstance(exc, RemoteEnvError) else "its truncate was cancelled"
+            self._lost = f"this episode was lost ({why}); call reset() to start another"
+            if isinstance(exc, _SessionGone):
+                self._session = None
+            self._busy = self._busy or not isinstance(exc, RemoteEnvError) or exc.status is None
+            raise
         ep.truncated = ep.released = True  # the server released it
         if ep.turns:
             ep.turns[-1].reward += reply.reward
@@ -253,7 +274,10 @@ class RemoteToolEnv(ToolEnv):
         return reply.reward
 
     async def aend_episode(self) -> None:
-        """Let the server's tools free what they hold for the current episode (idempotent)."""
+        """Let the server's tools free what they hold for the current episode (idempotent).
+
+        Best effort, as a local env's: a failure is logged, not raised.
+        """
         ep = self._episode
         if ep is None or ep.released:
             return
@@ -263,6 +287,14 @@ class RemoteToolEnv(ToolEnv):
                 await self._do("POST", f"/sessions/{self._session}/end", "end_episode")
             except _SessionGone:
                 self._session = None  # its env was closed, and the episode with it
+            except RemoteEnvError as exc:
+                # Logged, not raised, as a local env's failing release: the next reset or close
+                # releases the episode on the server anyway.
+                log.warning("%s", exc)
+                self._busy = self._busy or exc.status is None
+            except BaseException:
+                self._busy = True
+                raise
 
     async def aclose(self) -> None:
         """Delete the session (closing its env on the server), then the HTTP client.
@@ -271,7 +303,13 @@ class RemoteToolEnv(ToolEnv):
         """
         if self._episode is not None:
             self._episode.released = True
-        session, self._session = self._session, None
+        try:
+            if self._session is None and self._create_key is not None:
+                # A create whose answer was lost may have made a session: get it by its key, to delete it.
+                await self._open_session()
+        except RemoteEnvError as exc:
+            log.warning("could not delete the session of a create whose answer was lost: %s", exc)
+        session, self._session, self._create_key, self._busy = self._session, None, None, False
         try:
             if session is not None:
                 await self._do("DELETE", f"/sessions/{session}", "close")
@@ -288,7 +326,7 @@ class RemoteToolEnv(ToolEnv):
         """Delete the session and close the HTTP client (from sync code)."""
         if self._loop is not None and not self._loop.is_closed():
             super().close()  # aclose on the private loop of reset/step, then that loop
-        elif self._session is not None:
+        elif self._session is not None or self._create_key is not None:
             _blocking(self.aclose())
 
     # ------------------------------------------------------------------ HTTP
@@ -309,8 +347,30 @@ class RemoteToolEnv(ToolEnv):
         return client
 
     async def _open_session(self) -> None:
-        created = await self._call("POST", "/sessions", None, SessionCreated, "open a session")
-        self._session = created.session_id
+        if self._create_key is None:
+            self._create_key = secrets.token_urlsafe(16)
+        headers = {IDEMPOTENCY_KEY: self._create_key}
+        try:
+            created = await self._call("POST", "/sessions", None, SessionCreated, "open a session", headers=headers)
+        except RemoteEnvError as exc:
+            if exc.status is not None:  # the server answered: it made no session with this key
+                self._create_key = None
+            raise
+        self._session, self._create_key = created.session_id, None
+
+    async def _abandon_session(self) -> None:
+        """Delete the session, which may still run a call whose answer was lost, without
+        waiting for that call (the server closes its env once the call ends); the next reset
+        opens a new one."""
+        session, self._session, self._busy = self._session, None, False
+        if session is None:
+            return
+        try:
+            await self._do("DELETE", f"/sessions/{session}", "close the previous session")
+        except _SessionGone:
+            pass
+        except RemoteEnvError as exc:
+            log.warning("could not delete session %s: %s", session, exc)
 
     async def _describe(self) -> tuple[EnvMetadata, list[Task] | None]:
         """The server's metadata, and with a given transport its tasks too.
@@ -333,20 +393,37 @@ class RemoteToolEnv(ToolEnv):
             if self._transport is None:  # a given transport lives on with the env
                 await client.aclose()
 
-    async def _call(self, method: str, path: str, body: BaseModel | None, model: type[M], what: str) -> M:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        model: type[M],
+        what: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> M:
         """A request on the loop's keep-alive client, its answer validated as `model`."""
-        return self._parse(await self._send(self._http(), method, path, body, what), model, what)
+        return self._parse(await self._send(self._http(), method, path, body, what, headers=headers), model, what)
 
     async def _do(self, method: str, path: str, what: str) -> None:
         """A request whose answer has no body (204)."""
         await self._send(self._http(), method, path, None, what)
 
     async def _send(
-        self, client: httpx.AsyncClient, method: str, path: str, body: BaseModel | None, what: str
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        what: str,
+        *,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         content = None if body is None else dump_json(body)
+        sent = {**(headers or {}), **({} if body is None else _JSON)}
         try:
-            resp = await client.request(method, path, content=content, headers=None if body is None else _JSON)
+            resp = await client.request(method, path, content=content, headers=sent or None)
         except httpx.TimeoutException as exc:
             raise RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url} in time ({exc!r})") from exc
         except httpx.HTTPError as exc:

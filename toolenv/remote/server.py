@@ -4,7 +4,10 @@ Rollout workers on GPU nodes then step envs whose tools (sandboxes, databases, s
 indexes) run on CPU machines, scaled on their own. Each client holds a session, i.e. one
 env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 
-- `POST /sessions` → `SessionCreated`; `DELETE /sessions/{id}` closes the env
+- `POST /sessions` → `SessionCreated`; with an `Idempotency-Key` header, a create sent
+  again with the same key (its answer was lost) gets the same session while it lives
+- `DELETE /sessions/{id}` ends the session; its env is closed then, or once its call in
+  flight ends (the DELETE does not wait for a step its client gave up on)
 - `POST /sessions/{id}/reset` (`ResetRequest`) → `ResetResponse`
 - `POST /sessions/{id}/step` (`StepRequest`) → `StepResponse`
 - `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
@@ -38,12 +41,14 @@ from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.remote.sessions import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TTL,
+    MAX_KEY_LENGTH,
     SessionLimitError,
     SessionStore,
     UnknownSessionError,
     as_tool_env,
 )
 from toolenv.remote.wire import (
+    IDEMPOTENCY_KEY,
     EnvMetadata,
     ErrorResponse,
     Health,
@@ -186,8 +191,11 @@ def create_app(
     store = SessionStore(env_factory, max_sessions=max_sessions, ttl=session_ttl, spare=first)
 
     async def create_session(request: Request) -> Response:
+        key = request.headers.get(IDEMPOTENCY_KEY)
+        if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
+            raise _Failure(422, f"invalid {IDEMPOTENCY_KEY} header: 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
         try:
-            session = await store.create()
+            session = await store.create(key)
         except SessionLimitError as exc:
             raise _Failure(429, str(exc)) from None
         except Exception as exc:

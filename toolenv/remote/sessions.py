@@ -4,6 +4,11 @@ Each session owns an env from the factory and an `asyncio.Lock`: every call into
 runs under it, so one session takes one step at a time however its client behaves, while
 different sessions step concurrently in the server's event loop. A session unused for
 `ttl` seconds is closed (its tools released) by a background task.
+
+A create may carry a key (the client's `Idempotency-Key`, one per session it wants): a
+create sent again with the same key, because its answer was lost, gets the same session
+instead of a second one that would hold a slot until reaped. A key is kept as long as its
+session lives, so the keys held are bounded by `max_sessions`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from toolenv.env import ToolEnv
 __all__ = [
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TTL",
+    "MAX_KEY_LENGTH",
     "Session",
     "SessionLimitError",
     "SessionStore",
@@ -34,6 +40,8 @@ log = logging.getLogger("toolenv.remote")
 DEFAULT_MAX_SESSIONS = 128
 #: Seconds a session may sit unused: longer than a model's slowest turn, short enough to end a leak.
 DEFAULT_SESSION_TTL = 600.0
+#: Characters an idempotency key may have (a client sends 22: 128 random bits).
+MAX_KEY_LENGTH = 255
 
 
 class SessionLimitError(Exception):
@@ -58,6 +66,7 @@ class Session:
 
     id: str
     env: ToolEnv
+    key: str | None = None  # the idempotency key it was created with
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -85,34 +94,62 @@ class SessionStore:
         self.ttl = ttl
         self._spare = spare
         self._sessions: dict[str, Session] = {}
+        self._keyed: dict[str, Session] = {}  # live sessions by idempotency key
+        self._building: dict[str, asyncio.Future[None]] = {}  # keys whose env is being built: done when built or failed
         self._pending = 0  # sessions whose env is being built: they hold a slot already
+        self._closing = 0  # deleted sessions whose env is not closed yet: they still hold a slot
+        self._closers: set[asyncio.Task[None]] = set()  # closing once their call in flight ends
         self._reaper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """Sessions holding a slot: alive, or deleted with their env not closed yet."""
+        return len(self._sessions) + self._closing
 
-    async def create(self) -> Session:
-        """A new session with its own env.
+    async def create(self, key: str | None = None) -> Session:
+        """A new session with its own env; with `key`, the session already created with it, if alive.
+
+        A create with the key of one still being built waits for it (a client that timed out
+        and sent its create again) rather than building a second env.
 
         Raises:
             SessionLimitError: `max_sessions` are alive (or being built).
+            ValueError: `key` is empty or longer than `MAX_KEY_LENGTH`.
         """
-        if len(self._sessions) + self._pending >= self.max_sessions:
+        if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
+            raise ValueError(f"an idempotency key has 1 to {MAX_KEY_LENGTH} characters, got {len(key)}")
+        while key is not None:
+            known = self._keyed.get(key)
+            if known is not None:
+                known.last_used = time.monotonic()
+                return known
+            building = self._building.get(key)
+            if building is None:
+                break
+            await asyncio.shield(building)  # then its session, or a build of our own if that one failed
+        if len(self) + self._pending >= self.max_sessions:
             raise SessionLimitError(
                 f"the server is at its limit of {self.max_sessions} sessions; close unused envs "
                 "(env.close()), or start the server with a larger --max-sessions"
             )
         self._ensure_reaper()
+        built: asyncio.Future[None] | None = None
+        if key is not None:
+            built = self._building[key] = asyncio.get_running_loop().create_future()
         self._pending += 1
         try:
             env, self._spare = self._spare, None
             if env is None:
                 env = as_tool_env(await asyncio.to_thread(self.factory))
+            session = Session(secrets.token_urlsafe(16), env, key)
+            self._sessions[session.id] = session
+            if key is not None:
+                self._keyed[key] = session
+            return session
         finally:
             self._pending -= 1
-        session = Session(secrets.token_urlsafe(16), env)
-        self._sessions[session.id] = session
-        return session
+            if key is not None and built is not None:
+                del self._building[key]
+                built.set_result(None)
 
     @contextlib.asynccontextmanager
     async def use(self, session_id: str) -> AsyncIterator[Session]:
@@ -132,11 +169,29 @@ class SessionStore:
                 session.last_used = time.monotonic()
 
     async def delete(self, session_id: str) -> None:
-        """Close a session's env once its call in flight, if any, is done."""
+        """End a session now; close its env now, or once its call in flight is done.
+
+        Not waiting for that call is what lets a client whose step was cancelled (an episode
+        timeout) drop the session and go on with a new one while the server finishes the
+        step. Until its env is closed, the session still takes its slot.
+        """
         session = self._get(session_id)
-        async with session.lock:
-            if self._sessions.pop(session_id, None) is session:
+        self._forget(session)  # calls waiting for its lock find it gone
+        self._closing += 1
+        if not session.lock.locked():
+            await self._close_when_free(session)
+            return
+        closer = asyncio.get_running_loop().create_task(self._close_when_free(session))
+        self._closers.add(closer)
+        closer.add_done_callback(self._closers.discard)
+
+    async def _close_when_free(self, session: Session) -> None:
+        """Close a deleted session's env once no call holds its lock, then free its slot."""
+        try:
+            async with session.lock:
                 await _close(session)
+        finally:
+            self._closing -= 1
 
     async def aclose(self) -> None:
         """Close every session (server shutdown)."""
@@ -145,12 +200,20 @@ class SessionStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions, self._sessions, self._keyed = list(self._sessions.values()), {}, {}
         for s in sessions:
             await _close(s)
+        if self._closers:  # deleted, waiting for a call the server stopped (or still runs)
+            await asyncio.wait(self._closers)
         if self._spare is not None:
             spare, self._spare = self._spare, None
             await _close(Session("spare", spare))
+
+    def _forget(self, session: Session) -> None:
+        """Drop a session (and its key) from the store; closing its env is the caller's part."""
+        del self._sessions[session.id]
+        if session.key is not None and self._keyed.get(session.key) is session:
+            del self._keyed[session.key]
 
     def _get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
@@ -176,7 +239,7 @@ class SessionStore:
         for s in list(self._sessions.values()):
             # Checked again for each: while an earlier one closed, this one's client may be back.
             if self._sessions.get(s.id) is s and s.last_used < cutoff and not s.lock.locked():
-                del self._sessions[s.id]
+                self._forget(s)
                 log.info("closing session %s: idle for more than %g s", s.id, self.ttl)
                 await _close(s)
                 closed += 1

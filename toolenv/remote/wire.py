@@ -18,6 +18,7 @@ from toolenv.trajectory import dump_json as json_line
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
 __all__ = [
+    "IDEMPOTENCY_KEY",
     "PROTOCOL_VERSION",
     "EnvMetadata",
     "ErrorResponse",
@@ -39,6 +40,9 @@ log = logging.getLogger("toolenv.remote")
 
 #: Bumped when a change breaks clients of the previous version (2: `POST /sessions/{id}/truncate`).
 PROTOCOL_VERSION = 2
+#: The header of `POST /sessions` naming one logical create: sent again with the same value
+#: (its answer was lost), the create gets the session the first one made. Optional.
+IDEMPOTENCY_KEY = "Idempotency-Key"
 
 
 class _Wire(BaseModel):
