@@ -10,8 +10,10 @@ model's): the tool calls go through TRL's tool loop into a real env.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -25,6 +27,7 @@ from toolenv.integrations.trl import TRLEnvironment, dataset_rows, environment_f
 from ..conftest import TASKS, Add
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+ANSWERED = "Your answer is recorded; the episode is over."
 
 
 class Search(toolenv.Tool):
@@ -172,6 +175,27 @@ def test_reset_reads_the_task_from_json_dict_id_or_columns() -> None:
         env.reset(prompt=[{"role": "user", "content": "hi"}])
     with pytest.raises(KeyError, match="nope"):
         env.reset(task_id="nope")
+
+
+def test_reset_reads_rows_as_a_datasets_table_fills_them(tmp_path: Path) -> None:
+    """A `datasets.Dataset` gives every row every column, None where the row had none, and every
+    key of a dict column: a `task` dict without `context`, or a `question` row beside `task_id`
+    rows, still names its own task."""
+    datasets = pytest.importorskip("datasets", reason="the rows are read back through datasets (TRL needs it)")
+    env = environment_factory(make_env)()
+    tasks = datasets.Dataset.from_list(
+        [
+            {"task": {"id": "a", "question": "2+2?", "answer": "4"}},
+            {"task": {"id": "b", "question": "3+3?", "answer": "6", "context": {"k": 1}}},
+        ]
+    )
+    assert [env.reset(**row) for row in tasks] == ["2+2?", "3+3?"]
+    assert env.env.episode is not None and env.env.episode.task.context == {"k": 1}
+    lines = tmp_path / "rows.jsonl"  # one row by id, one by its own columns
+    lines.write_text('{"task_id": "t2"}\n{"question": "9+1?", "answer": "10"}\n')
+    mixed = datasets.Dataset.from_json(str(lines), cache_dir=str(tmp_path / "cache"))
+    assert [env.reset(**row) for row in mixed] == ["10+4?", "9+1?"]
+    assert env.answer(answer="10") and env.get_reward() == 1.0
 
 
 def test_an_open_episode_is_ended_and_scored_with_no_answer_once() -> None:
@@ -407,5 +431,96 @@ def test_grpo_mixes_two_envs_picked_by_the_rows_environment_column(trl_parts: An
     trainer, logged = train_one_step(trl_parts, tmp_path, factories, script, rows, batch=4)  # both rows
     assert logged["reward"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     kinds = sorted(type(e).__name__ for e in trainer.environments)
-    assert kinds == ["TRLToolEnvEnvironment"] * 2 + ["TRLToolenvSpiderV0Environment"] * 2
+    assert kinds == sorted([factories["calc"].name] * 2 + [factories["spider"].name] * 2)
+    assert factories["calc"].name.startswith("TRLCalcEnvEnvironment")
     assert all(e.env.episode.terminated for e in trainer.environments)
+
+
+# ---------------------------------------------------------------------- pickling and reward names
+def test_the_factory_pickles_and_its_copy_runs_the_same_episodes() -> None:
+    """TRL's AsyncGRPOTrainer (and multiprocessing spawn, Ray) pickle the factory to another process."""
+    from _trl_spawn import CALC_TASKS, run_episode
+
+    from toolenv.integrations.verl.demo import Calculator
+
+    factory = environment_factory("toolenv/ToolEnv-v0", env_kwargs={"tools": [Calculator()], "tasks": CALC_TASKS})
+    sent = pickle.loads(pickle.dumps(factory))
+    assert run_episode(sent) == run_episode(factory) == (factory.environment_class.__name__, "42", ANSWERED, 1.0)
+    assert isinstance(sent(), sent.environment_class) and sorted(tool_methods(sent())) == ["answer", "calculator"]
+
+
+def test_a_pickled_spider_factory_scores_as_the_original() -> None:
+    pytest.importorskip("toolenv_sql", reason="the Spider env needs toolenv-sql")
+    row = dataset_rows("toolenv/Spider-v0", n=1)[0]
+    gold = json.loads(row["task"])["answer"]
+    factory = environment_factory("toolenv/Spider-v0", env_kwargs={"max_turns": 3})
+    outcomes = []
+    for made in (factory, pickle.loads(pickle.dumps(factory))):
+        env = made()
+        env.reset(**row)
+        outcomes.append((env.sql(query=gold), env.answer(answer=gold), env.get_reward(), env.env.max_turns))
+    assert outcomes[0] == outcomes[1] and outcomes[0][2] == 1.0 and outcomes[0][3] == 3
+
+
+def test_a_factory_of_a_lambda_says_why_it_cannot_be_pickled() -> None:
+    factory = environment_factory(lambda: make_env())
+    with pytest.raises(pickle.PicklingError, match=r"lambda or a local function.*env id or a module-level function"):
+        pickle.dumps(factory)
+    assert copy.deepcopy(factory) is factory  # a copy in the same process needs no pickling
+
+
+def test_trls_async_rollout_worker_sends_the_factory_to_its_spawned_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's real `AsyncRolloutWorker.start()` pickles the factory and spawns its child; the child's
+    loop (a stand-in for TRL's vLLM loop, which needs a GPU server) runs an episode with it."""
+    pytest.importorskip("trl", reason="the TRL tests need trl (pip install toolenv[trl]); CI installs it")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    worker_module = pytest.importorskip("trl.experimental.async_grpo.async_rollout_worker")
+    from _trl_spawn import EpisodeLoop, calc_env
+
+    monkeypatch.setattr(worker_module, "is_vllm_available", lambda: True)  # only the child's real loop needs vLLM
+    factory = environment_factory(calc_env)
+    worker = worker_module.AsyncRolloutWorker(environment_factory=factory, reward_funcs=[], child_ready_timeout=300)
+    worker._loop_cls = EpisodeLoop
+    try:
+        worker.start()
+        outcome = worker.rollout_buffer.get(timeout=300)  # a guard against a hang, not a timing check
+    finally:
+        worker.stop()
+    assert outcome == (factory.name, "42", ANSWERED, 1.0)
+
+
+def test_each_factory_has_its_own_reward_name() -> None:
+    """TRL logs an env's reward under its class name: two envs must not share a column."""
+    from _trl_spawn import calc_env
+
+    def other_env() -> toolenv.ToolEnv:
+        return make_env()
+
+    names = [environment_factory(spec).environment_class.__name__ for spec in (calc_env, other_env, other_env)]
+    assert names[0].startswith("TRLCalcEnvEnvironment") and names[1].startswith("TRLOtherEnvEnvironment")
+    assert len(set(names)) == 3  # the same env twice too: a second factory gets a `_2`-like suffix
+    short, long = (environment_factory("toolenv/ToolEnv-v0", env_kwargs={"max_turns": n}) for n in (2, 8))
+    assert short.name != long.name and long.name.startswith("TRLToolenvToolEnvV0Environment")
+    assert environment_factory(make_env, name="arith").name == "arith"
+
+
+def test_grpo_logs_each_envs_reward_in_its_own_column(trl_parts: Any, tmp_path: Path) -> None:
+    from toolenv.integrations.verl.demo import Calculator
+
+    def mult_env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "m", "question": "What is 6 * 7?", "answer": "42"}])
+
+    def sum_env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "s", "question": "What is 2 + 2?", "answer": "4"}])
+
+    factories = {"mult": environment_factory(mult_env), "sum": environment_factory(sum_env)}
+    rows = dataset_rows(mult_env, environment="mult") + dataset_rows(sum_env, environment="sum")
+
+    def script(text: str, i: int) -> list[str]:  # right on the product, wrong on the sum
+        answer = "42" if "6 * 7" in text else "5"
+        return [CALL.format(name="answer", args=json.dumps({"answer": answer})), "Done."]
+
+    _, logged = train_one_step(trl_parts, tmp_path, factories, script, rows, batch=4)
+    columns = {k: v for k, v in logged.items() if k.startswith("rewards/") and k.endswith("/mean")}
+    assert columns == {"rewards/TRLMultEnvEnvironment/mean": 1.0, "rewards/TRLSumEnvEnvironment/mean": 0.0}
+    assert logged["reward"] == 0.5

@@ -15,7 +15,20 @@ The env owns the reward (TRL calls each environment's `get_reward`), so `reward_
 may be left out. Importing this package does not import TRL.
 """
 
-from toolenv.integrations.trl.environment import ANSWER_DOC, TRLEnvironment, dataset_rows, environment_factory
+from toolenv.integrations.trl.environment import (
+    ANSWER_DOC,
+    EnvironmentFactory,
+    TRLEnvironment,
+    dataset_rows,
+    environment_factory,
+)
 from toolenv.integrations.trl.schema import tool_signature
 
-__all__ = ["ANSWER_DOC", "TRLEnvironment", "dataset_rows", "environment_factory", "tool_signature"]
+__all__ = [
+    "ANSWER_DOC",
+    "EnvironmentFactory",
+    "TRLEnvironment",
+    "dataset_rows",
+    "environment_factory",
+    "tool_signature",
+]

@@ -16,11 +16,17 @@ each such object holds a `ToolEnv` episode:
 - `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
   step rewards); an episode still open (the model stopped calling tools without
   answering) is ended first and scored with no answer.
+
+The factory (`EnvironmentFactory`) pickles, for TRL's async trainer, and names each env's
+class, which TRL logs the env's reward under, uniquely.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +37,7 @@ from toolenv.integrations.trl.schema import tool_signature
 from toolenv.runner import EnvSpec, _make_env
 from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
 
-__all__ = ["ANSWER_DOC", "TRLEnvironment", "dataset_rows", "environment_factory"]
+__all__ = ["ANSWER_DOC", "EnvironmentFactory", "TRLEnvironment", "dataset_rows", "environment_factory"]
 
 #: Docstring of the answer method (transformers reads the tool's description and argument from it).
 ANSWER_DOC = """Give your final answer. This ends the episode; call it once, after gathering what you need.
@@ -66,9 +72,7 @@ class TRLEnvironment:
     def reset(self, **row: Any) -> str | None:
         """Start an episode on the row's task; returns the question when the row has no prompt."""
         task = _row_task(row)
-        options: dict[str, Any] = {"task": task} if task is not None else {}
-        if task is None and "task_id" in row:
-            options = {"task_id": row["task_id"]}
+        options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
         _, info = call_off_loop(self.env.reset, options=options)
         self._return = 0.0
         self._calls = 0
@@ -121,15 +125,17 @@ class TRLEnvironment:
 
 
 def _row_task(row: Mapping[str, Any]) -> Task | None:
-    """The task a dataset row names: its `task` column (JSON or dict), else its Task-shaped columns."""
+    """The task a dataset row names: its `task` column (JSON or dict), else its Task-shaped columns;
+    None when it names a `task_id`. A None value counts as absent: `datasets` gives every row every
+    column, and a dict column every key, None where the row had none."""
     value = row.get("task")
     if isinstance(value, Task):
         return value
     if isinstance(value, str) and value:
         return Task.model_validate_json(value)
     if isinstance(value, Mapping):
-        return Task.model_validate(dict(value))
-    if "task_id" in row:
+        return Task.model_validate({k: v for k, v in value.items() if v is not None})
+    if row.get("task_id") is not None:
         return None
     fields = {k: row[k] for k in _TASK_FIELDS if k in row and k != "prompt" and row[k] is not None}
     if "question" not in fields:
@@ -163,26 +169,112 @@ def _answer_method(name: str) -> Callable[..., Any]:
     return method
 
 
-def environment_factory(
-    env: EnvSpec,
-    *,
-    answer_tool: str | None = "answer",
-    env_kwargs: Mapping[str, Any] | None = None,
-) -> Callable[[], TRLEnvironment]:
-    """A zero-argument factory for `GRPOTrainer(environment_factory=...)`.
+class EnvironmentFactory:
+    """A zero-argument factory of TRL environments for one toolenv env; `environment_factory` makes it.
 
-    Args:
-        env: an env id (`"toolenv/Spider-v0"`) or a callable returning a ToolEnv.
-        answer_tool: name of the method that gives the final answer; None leaves it out
-            (episodes then end at `max_turns` or when TRL stops, scored with no answer).
-        env_kwargs: passed to `gym.make` with an env id.
-
-    Raises:
-        ValueError: a tool's name or argument cannot be a Python method or parameter, or
-            clashes with `reset`, `get_reward`, the answer method or another tool.
+    It pickles (TRL's `AsyncGRPOTrainer` sends it to a spawned rollout process, as do
+    `torch.multiprocessing` and Ray): its state is the env spec, `answer_tool`, `env_kwargs` and
+    its name, and a copy rebuilds its environment class the first time it is used. An env given
+    as a lambda or a local function cannot be pickled; give an env id or a module-level function.
     """
-    kwargs = dict(env_kwargs or {})
-    probe, env_id = _make_env(env, kwargs)
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        *,
+        answer_tool: str | None = "answer",
+        env_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if name is not None and not name:
+            raise ValueError("name must be a non-empty string")
+        self.env = env
+        self.answer_tool = answer_tool
+        self.env_kwargs = dict(env_kwargs or {})
+        self._name = name
+        self._lock = threading.Lock()
+        self._cls: type[TRLEnvironment] | None = None
+        self._spare: list[ToolEnv] = []
+        self._build()  # a bad tool name or env is reported here, not at TRL's first rollout
+
+    @property
+    def environment_class(self) -> type[TRLEnvironment]:
+        """The class of the environments made (one per factory; TRL names the reward column after it)."""
+        return self._build()
+
+    @property
+    def name(self) -> str:
+        """The environment class's name, which TRL uses as this env's reward name (`rewards/<name>/mean`)."""
+        return self._build().__name__
+
+    def __call__(self) -> TRLEnvironment:
+        cls = self._build()
+        with self._lock:  # the env made to read the tools serves the first instance rather than being thrown away
+            made = self._spare.pop() if self._spare else None
+        return cls(made if made is not None else _make_env(self.env, self.env_kwargs)[0])
+
+    def __repr__(self) -> str:
+        return f"EnvironmentFactory({self.env!r}, name={self._name!r})"
+
+    def _build(self) -> type[TRLEnvironment]:
+        with self._lock:
+            if self._cls is None:
+                probe, env_id = _make_env(self.env, self.env_kwargs)
+                try:
+                    name, unique = (self._name, False) if self._name else (_default_name(self.env, env_id), True)
+                    self._cls = _environment_class(probe, self.answer_tool, name, unique=unique)
+                except BaseException:
+                    probe.close()
+                    raise
+                self._name = self._cls.__name__
+                self._spare.append(probe)
+            return self._cls
+
+    def __getstate__(self) -> dict[str, Any]:
+        qualname = getattr(self.env, "__qualname__", "")
+        if not isinstance(self.env, str) and ("<lambda>" in qualname or "<locals>" in qualname):
+            raise pickle.PicklingError(
+                f"this TRL environment factory cannot be pickled: its env {qualname!r} is a lambda or a local "
+                "function, which pickle cannot send to another process (TRL's AsyncGRPOTrainer, multiprocessing "
+                "spawn, Ray); give an env id or a module-level function (functools.partial for arguments)"
+            )
+        # The name goes along (fixed when the class was built), so every process logs the same reward name.
+        name = self._name or self.name
+        return {"env": self.env, "answer_tool": self.answer_tool, "env_kwargs": self.env_kwargs, "name": name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.env = state["env"]
+        self.answer_tool = state["answer_tool"]
+        self.env_kwargs = state["env_kwargs"]
+        self._name = state["name"]
+        self._lock = threading.Lock()
+        self._cls = None  # rebuilt on first use, in the process that uses it
+        self._spare = []
+
+    def __copy__(self) -> EnvironmentFactory:
+        """The same factory (its envs and reward name); copying, unlike pickling, takes a lambda env too."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EnvironmentFactory:
+        return self
+
+
+# Live environment classes by name: a default name is made unique, since TRL logs each env's reward by it.
+_CLASSES: weakref.WeakValueDictionary[str, type[TRLEnvironment]] = weakref.WeakValueDictionary()
+_CLASSES_LOCK = threading.Lock()
+
+
+def _default_name(env: EnvSpec, env_id: str) -> str:
+    """`TRL<Label>Environment`, the label from the env id, else from the factory function's name."""
+    func_name = getattr(env, "__name__", "")
+    label = env_id or (func_name if func_name.isidentifier() else "") or "ToolEnv"
+    words = label.replace("/", "-").replace("_", "-").split("-")
+    return "TRL" + "".join(w[:1].upper() + w[1:] for w in words) + "Environment"
+
+
+def _environment_class(probe: ToolEnv, answer_tool: str | None, name: str, *, unique: bool) -> type[TRLEnvironment]:
+    """A `TRLEnvironment` subclass named `name` (with a `_2`, `_3`... suffix when `unique` and another
+    live class has it), with a method per tool of `probe` and the answer method."""
     reserved = {"reset", "get_reward", "env", "last_info"}
     methods: dict[str, Any] = {}
     for tool in probe.tools:
@@ -196,17 +288,41 @@ def environment_factory(
         if not answer_tool.isidentifier() or answer_tool.startswith("_") or answer_tool in reserved:
             raise ValueError(f"answer_tool {answer_tool!r} must be a public Python name other than {sorted(reserved)}")
         methods[answer_tool] = _answer_method(answer_tool)
-    words = (env_id or "ToolEnv").replace("/", "-").replace("_", "-").split("-")
-    label = "".join(w[:1].upper() + w[1:] for w in words)
-    cls = type(f"TRL{label}Environment", (TRLEnvironment,), {"_answer_tool": answer_tool, **methods})
-    first: list[ToolEnv] = [probe]  # the probe env serves the first instance rather than being thrown away
+    with _CLASSES_LOCK:
+        chosen, n = name, 1
+        while unique and chosen in _CLASSES:
+            n += 1
+            chosen = f"{name}_{n}"
+        cls = type(chosen, (TRLEnvironment,), {"_answer_tool": answer_tool, **methods})
+        _CLASSES.setdefault(chosen, cls)
+    return cls
 
-    def make() -> TRLEnvironment:
-        made = first.pop() if first else _make_env(env, kwargs)[0]
-        return cls(made)  # type: ignore[no-any-return]
 
-    make.environment_class = cls  # type: ignore[attr-defined]
-    return make
+def environment_factory(
+    env: EnvSpec,
+    *,
+    answer_tool: str | None = "answer",
+    env_kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> EnvironmentFactory:
+    """A zero-argument, picklable factory for `GRPOTrainer(environment_factory=...)`.
+
+    Args:
+        env: an env id (`"toolenv/Spider-v0"`) or a callable returning a ToolEnv (a
+            module-level one if the factory is to be pickled).
+        answer_tool: name of the method that gives the final answer; None leaves it out
+            (episodes then end at `max_turns` or when TRL stops, scored with no answer).
+        env_kwargs: passed to `gym.make` with an env id.
+        name: the environment class's name, which TRL logs this env's reward under
+            (`rewards/<name>/mean`). By default `TRL<Label>Environment`, the label from the
+            env id or the callable's name, with a `_2`, `_3`... suffix when another factory
+            already has it, so several envs in one run get their own reward columns.
+
+    Raises:
+        ValueError: a tool's name or argument cannot be a Python method or parameter, or
+            clashes with `reset`, `get_reward`, the answer method or another tool.
+    """
+    return EnvironmentFactory(env, answer_tool=answer_tool, env_kwargs=env_kwargs, name=name)
 
 
 def dataset_rows(
