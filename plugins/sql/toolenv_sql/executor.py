@@ -7,6 +7,11 @@ also gets an authorizer that denies anything but reading, a length limit and a
 progress-handler deadline; DuckDB gets external access disabled and a watchdog
 that interrupts it at the deadline.
 
+DuckDB's memory_limit does not cover values built by scalar functions, and its
+interrupt does not stop one long scalar call, so on POSIX a DuckDB query runs in a
+worker process with a capped address space that is killed past its deadline
+(`duckdb_worker`); a pool thread waits for it, so `execute` never blocks the loop.
+
 A hop to a worker thread costs ~0.1-0.2 ms, ten times a typical Spider query, so
 SQLite queries first run on the calling thread with a tiny budget (2 ms by
 default); only one that outlives it is interrupted and re-run on the pool.
@@ -166,9 +171,27 @@ _DUCKDB_CONFIG: dict[str, str | int | float | list[str]] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "threads": 1,
-    "memory_limit": "512MB",
     "lock_configuration": True,  # SET cannot undo the above
 }
+# DuckDB's buffer-manager limit (bytes), and how the "Out of Memory" error states what a
+# query may use. A DuckDB worker process (duckdb_worker.py) sets both from its memory cap.
+_DUCKDB_MEMORY_LIMIT = 512 * 2**20
+_DUCKDB_MEMORY_NOTE = "512 MiB for DuckDB's data"
+
+
+@functools.cache
+def _duckdb_config() -> dict[str, str | int | float | list[str]]:
+    """`_DUCKDB_CONFIG`, plus `async_threads=1` where DuckDB has that setting (2.0.1 does): its
+    default, 8 I/O threads per open database, maps ~70 MiB more per database (stacks, malloc
+    arenas), which counts against a worker's address-space cap."""
+    import duckdb
+
+    config = dict(_DUCKDB_CONFIG)
+    with duckdb.connect(":memory:", config={"threads": 1}) as probe:
+        names = {row[0] for row in probe.execute("SELECT name FROM duckdb_settings()").fetchall()}
+    if "async_threads" in names:
+        config["async_threads"] = 1
+    return config
 
 
 class _DuckDBConnection:
@@ -180,8 +203,9 @@ class _DuckDBConnection:
         except ImportError:
             raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.") from None
         self._duckdb = duckdb
+        config = {**_duckdb_config(), "memory_limit": f"{_DUCKDB_MEMORY_LIMIT // 2**20}MiB"}
         try:
-            self.conn = duckdb.connect(str(path), read_only=True, config=dict(_DUCKDB_CONFIG))
+            self.conn = duckdb.connect(str(path), read_only=True, config=config)
         except duckdb.Error as exc:
             raise _engine_error("DuckDB", exc) from None
 
@@ -199,6 +223,12 @@ class _DuckDBConnection:
         except self._duckdb.Error as exc:
             if time.monotonic() - start >= timeout:
                 raise _timeout_error(timeout) from None
+            message = str(exc)
+            if message.startswith("Out of Memory Error"):  # its advice (SET memory_limit …) cannot be followed
+                message = message.splitlines()[0].rstrip()
+                raise SQLError(
+                    f"DuckDB error: {message} (a query may use {_DUCKDB_MEMORY_NOTE}: select fewer or shorter values)"
+                ) from None
             raise _engine_error("DuckDB", exc) from None
         finally:
             timer.cancel()
@@ -307,7 +337,8 @@ def run_query(
     count_all: bool = True,
     immutable: bool = True,
 ) -> QueryResult:
-    """Run `sql` on this thread's read-only connection to `path` (blocking).
+    """Run `sql` on this thread's read-only connection to `path` (blocking); a DuckDB
+    query runs in a worker process instead (see `duckdb_worker`).
 
     Args:
         timeout: seconds before the query is interrupted.
@@ -318,6 +349,11 @@ def run_query(
     Raises:
         SQLError: the engine refused or failed the query, or it timed out.
     """
+    if engine == "duckdb":
+        from toolenv_sql import duckdb_worker
+
+        if duckdb_worker.AVAILABLE:
+            return duckdb_worker.run(path, sql, timeout, max_rows, count_all)
     return _connection(path, engine, immutable).run(sql, timeout, max_rows, count_all)
 
 

@@ -1,0 +1,363 @@
+"""DuckDB queries run in worker processes: memory bombs stay there, stuck workers are killed and replaced.
+
+DuckDB's own memory_limit does not cover strings built by scalar functions, and
+`interrupt()` is not honoured inside one long scalar call: in-process, `repeat('x', 2e9)`
+took 3.9 GB of the caller and `lpad('', 1.5e9, 'x')` overshot its timeout. These tests
+read the caller's peak RSS (`VmHWM`) and the worker's `/proc/<pid>/limits`, never timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import decimal
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+duckdb = pytest.importorskip("duckdb", reason="duckdb is not installed (pip install 'toolenv-sql[duckdb]')")
+
+from toolenv_sql import duckdb_worker, executor  # noqa: E402
+from toolenv_sql.errors import QueryTimeout, SQLError  # noqa: E402
+from toolenv_sql.executor import QueryResult, execute, run_query  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/status").exists() or not duckdb_worker.AVAILABLE,
+    reason="DuckDB worker processes need resource.RLIMIT_AS; the checks read Linux's /proc",
+)
+
+COUNT = "SELECT count(*) FROM items"
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("duck") / "shop.duckdb"
+    conn = duckdb.connect(str(path))
+    conn.execute(
+        """
+        CREATE TABLE items AS SELECT
+            range AS id,
+            'item' || range::VARCHAR AS name,
+            (range * 1.25)::DECIMAL(8, 2) AS price,
+            DATE '2024-01-01' + range::INTEGER AS sold,
+            TIMESTAMP '2024-01-01 10:00:00' + to_minutes(range) AS seen,
+            [range, range + 1] AS pair,
+            {'n': range, 's': 'x'} AS props,
+            MAP {'k': range} AS m,
+            '00000000-0000-0000-0000-00000000000' || (range % 10)::VARCHAR AS uid_text,
+            to_days(range::INTEGER) AS span,
+            'ab'::BLOB AS raw,
+            CASE WHEN range % 7 = 0 THEN NULL ELSE range END AS maybe
+        FROM range(500)
+        """
+    )
+    conn.close()
+    return path
+
+
+def _kib(pid: int | str, key: str) -> int:
+    """A `kB` field of /proc/<pid>/status (VmHWM: peak resident memory; VmSize: address space)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"{key} not in /proc/{pid}/status")
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak RSS since the last `_reset_peak_rss()`."""
+    return _kib("self", "VmHWM")
+
+
+def _reset_peak_rss() -> None:
+    """Start the peak over at the current RSS (Linux 4.0+; elsewhere the lifetime peak is kept,
+    which still catches a first bomb)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _address_space_limit(pid: int) -> tuple[str, str]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max address space"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError("no address-space line")
+
+
+def _one_worker(shop: Path) -> int:
+    """Start afresh with a single worker (after a query) and return its pid."""
+    duckdb_worker.shutdown()
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+    pids = duckdb_worker.worker_pids()
+    assert len(pids) == 1
+    return pids[0]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no one reaped yet
+
+
+BOMBS = [
+    "SELECT repeat('x', 2000000000) AS s",
+    "SELECT repeat('x', 100000000) FROM range(40)",
+    "SELECT length(lpad('', 1500000000, 'x'))",
+    "SELECT length(printf('%1500000000d', 1))",
+    "SELECT length(string_agg(repeat('x', 1000000), '')) FROM range(3000)",  # DuckDB's own limit
+]
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_a_memory_bomb_stays_in_the_worker_and_the_next_query_works(shop: Path, bomb: str) -> None:
+    """In-process these took 3-8 GB of the caller (or finished after 2 s of allocating): now the
+    caller's peak RSS does not move, the error is one readable line, and the database still answers."""
+    _reset_peak_rss()
+    before = _peak_rss_kib()
+    with pytest.raises(SQLError) as info:
+        run_query(shop, "duckdb", bomb, timeout=1.0, max_rows=5)
+    message = str(info.value)
+    assert "\n" not in message
+    if isinstance(info.value, QueryTimeout):
+        assert message.startswith("The query ran longer than 1 s and was stopped.")
+    else:
+        assert message.startswith("DuckDB error:") and "memory" in message.lower()
+        assert "2 GiB in all" in message or "more memory than a query may use (2 GiB)" in message
+        assert "SET memory_limit" not in message  # DuckDB's advice cannot be followed here
+    assert _peak_rss_kib() < before + 100 * 1024
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+
+
+def test_the_worker_runs_under_an_address_space_cap_with_room_to_spare(shop: Path) -> None:
+    run_query(shop, "duckdb", COUNT)
+    pids = duckdb_worker.worker_pids()
+    assert pids and os.getpid() not in pids
+    for pid in pids:
+        assert _address_space_limit(pid) == (str(duckdb_worker.MEMORY_CAP),) * 2
+        # At rest (Python, duckdb, an open database) a worker uses well under half of its cap.
+        assert _kib(pid, "VmSize") * 1024 < duckdb_worker.MEMORY_CAP // 2
+
+
+def test_a_stuck_worker_is_killed_and_replaced(shop: Path) -> None:
+    """A worker that does not answer (stopped here; a long scalar call in life) is SIGKILLed
+    at timeout + grace, the caller gets the usual timeout error, and a new worker takes over."""
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)
+    with pytest.raises(QueryTimeout, match=r"^The query ran longer than 0.5 s and was stopped"):
+        run_query(shop, "duckdb", COUNT, timeout=0.5)
+    assert _gone(old)
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+    (new,) = duckdb_worker.worker_pids()
+    assert new != old
+
+
+def test_a_worker_that_dies_mid_query_is_a_clear_error_and_is_replaced(
+    shop: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed while it runs a query (as the kernel's OOM killer would): an SQLError about memory, not a hang."""
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)
+    sent = threading.Event()
+    real_send = duckdb_worker._Worker.send
+
+    def send(self: Any, request: tuple[Any, ...]) -> None:
+        real_send(self, request)
+        sent.set()
+
+    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    outcome: list[BaseException | QueryResult] = []
+
+    def query() -> None:
+        try:
+            outcome.append(run_query(shop, "duckdb", COUNT, timeout=60))
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=query)
+    thread.start()
+    assert sent.wait(30)
+    os.kill(old, signal.SIGKILL)
+    thread.join(30)
+    (error,) = outcome
+    assert isinstance(error, SQLError) and not isinstance(error, QueryTimeout)
+    assert str(error).startswith("DuckDB error: the query needed more memory than a query may use (2 GiB)")
+    assert _gone(old)
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+    assert duckdb_worker.worker_pids() != [old]
+
+
+def test_a_worker_killed_while_idle_is_replaced_without_an_error(shop: Path) -> None:
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGKILL)
+    os.waitid(os.P_PID, old, os.WEXITED | os.WNOWAIT)  # dead (not yet reaped)
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+    assert duckdb_worker.worker_pids() != [old] and _gone(old)
+
+
+def _in_process(shop: Path, sql: str, max_rows: int | None) -> QueryResult | str:
+    try:
+        return executor._connection(shop, "duckdb", True).run(sql, 5.0, max_rows, True)
+    except SQLError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize(
+    ("sql", "max_rows"),
+    [
+        ("SELECT * FROM items ORDER BY id", 10),
+        ("SELECT * FROM items ORDER BY id DESC", None),
+        ("SELECT sum(price), min(sold), max(seen), list(pair[1] ORDER BY id)[:3] FROM items", 5),
+        ("SELECT uid_text::UUID AS u, span, raw FROM items WHERE id < 3 ORDER BY id", 5),
+        ("SELECT nope FROM items", 5),
+        ("SELECT 1 / 0, 'a' + 1", 5),
+        ("SELECT * FROM items", 0),
+    ],
+)
+def test_ordinary_results_and_errors_are_those_of_an_in_process_query(
+    shop: Path, sql: str, max_rows: int | None
+) -> None:
+    try:
+        got: QueryResult | str = run_query(shop, "duckdb", sql, max_rows=max_rows)
+    except SQLError as exc:
+        got = f"{type(exc).__name__}: {exc}"
+    assert got == _in_process(shop, sql, max_rows)
+    assert duckdb_worker.worker_pids()  # and it did go through a worker
+
+
+def test_values_keep_their_python_types(shop: Path) -> None:
+    sql = "SELECT price, sold, seen, pair, props, m, uid_text::UUID, span, raw, maybe FROM items WHERE id = 7"
+    (row,) = run_query(shop, "duckdb", sql).rows
+    assert row == (
+        decimal.Decimal("8.75"),
+        datetime.date(2024, 1, 8),
+        datetime.datetime(2024, 1, 1, 10, 7),
+        [7, 8],
+        {"n": 7, "s": "x"},
+        {"k": 7},
+        uuid.UUID("00000000-0000-0000-0000-000000000007"),
+        datetime.timedelta(days=7),
+        b"ab",
+        None,
+    )
+    assert duckdb_worker.worker_pids()
+
+
+def test_queries_from_many_threads_share_a_few_workers(shop: Path) -> None:
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(5):
+                res = run_query(shop, "duckdb", f"SELECT count(*) FROM items WHERE id < {i}")
+                assert res.rows == [(i,)]
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert 0 < len(duckdb_worker.worker_pids()) <= duckdb_worker._pool_now().size
+
+
+async def test_execute_waits_for_a_worker_without_blocking_the_event_loop(shop: Path) -> None:
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)  # the query cannot finish before the worker is killed
+    task = asyncio.ensure_future(execute(shop, "duckdb", COUNT, timeout=0.5))
+    await asyncio.sleep(0)  # the task's first step runs: had it blocked the loop, it would be done
+    assert not task.done()
+    with pytest.raises(QueryTimeout):
+        await task
+    res = await execute(shop, "duckdb", COUNT)
+    assert res.rows == [(500,)] and duckdb_worker.worker_pids() != [old]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_worker(shop: Path) -> None:
+    parent_workers = duckdb_worker.worker_pids() or [_one_worker(shop)]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            ok = run_query(shop, "duckdb", COUNT).rows == [(500,)]
+            mine = duckdb_worker.worker_pids()
+            code = 0 if ok and mine and not set(mine) & set(parent_workers) else 2
+            duckdb_worker.shutdown()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert duckdb_worker.worker_pids() == parent_workers
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+from toolenv_sql import duckdb_worker
+from toolenv_sql.executor import run_query
+print("script body ran", flush=True)
+print(run_query(Path(sys.argv[1]), "duckdb", "SELECT count(*) FROM items").rows[0][0], flush=True)
+print(*duckdb_worker.worker_pids(), flush=True)
+if sys.argv[2] == "hang":
+    sys.stdin.read()
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once_and_its_workers_end_with_it(shop: Path, tmp_path: Path) -> None:
+    """Workers are not spawned with multiprocessing, which would run the script again in each."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(shop), "exit"], capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["script body ran", "500"] and len(lines) == 3
+    workers = [int(pid) for pid in lines[2].split()]
+    assert workers and all(_gone(pid) for pid in workers)  # killed at exit
+
+
+def test_workers_leave_when_their_parent_is_killed(shop: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(shop), "hang"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().strip() for _ in range(2)] == ["script body ran", "500"]
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    assert workers
+    proc.kill()  # no atexit: the workers see their pipe close
+    proc.wait()
+    proc.stdout.close()
+    assert proc.stdin is not None
+    proc.stdin.close()
+    for pid in workers:
+        for _ in range(600):  # up to 30 s
+            if _gone(pid):
+                break
+            threading.Event().wait(0.05)
+        assert _gone(pid)
+
+
+def test_without_the_worker_queries_run_in_process(shop: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where RLIMIT_AS does not exist (Windows): the old in-process path, with the same results."""
+    duckdb_worker.shutdown()
+    monkeypatch.setattr(duckdb_worker, "AVAILABLE", False)
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+    assert duckdb_worker.worker_pids() == []
+    bomb = "SELECT length(string_agg(repeat('x', 1000000), '')) FROM range(3000)"  # DuckDB's own limit
+    one_line = r"^DuckDB error: Out of Memory Error: [^\n]*\(a query may use 512 MiB for DuckDB's data: select "
+    with pytest.raises(SQLError, match=one_line + r"fewer or shorter values\)$"):
+        run_query(shop, "duckdb", bomb)

@@ -1,0 +1,430 @@
+"""DuckDB queries in worker processes whose memory the OS caps and which are killed past their deadline.
+
+DuckDB's `memory_limit` covers only its buffer manager: a string built by a scalar
+function (`repeat('x', 2e9)`, `lpad`, `printf('%1500000000d', 1)`) is allocated
+outside it, and `interrupt()` is not honoured inside one long scalar call. Run
+in-process, such a query took 3-8 GB of the caller's memory and overshot its timeout
+by 60-200 %. So every DuckDB query runs in one of a few long-lived worker processes:
+
+* each worker caps its address space with `RLIMIT_AS` (`MEMORY_CAP`, 2 GiB by
+  default, `TOOLENV_SQL_DUCKDB_MEMORY_MB` overrides it) and gives DuckDB a
+  `memory_limit` of a quarter of it (at most 512 MiB); an allocation past the cap
+  fails inside the worker, which DuckDB reports as an "Out of Memory Error";
+* the caller waits at most `timeout` + `_GRACE` for the answer, then SIGKILLs the
+  worker and raises `QueryTimeout`; a worker that dies gives an `SQLError` saying
+  the query needed more memory than a query may use. The next query starts a fresh
+  worker. A worker also ends itself `_GRACE` after that, should its caller be gone;
+* `TOOLENV_SQL_DUCKDB_WORKERS` workers at most (default: min(4, CPUs)) are started
+  lazily; a caller waits for a free one. They ignore SIGINT, are SIGKILLed at exit,
+  leave when their pipe closes, and a forked child starts its own.
+
+Workers are started with `subprocess` (fork+exec) and talk over a socket pair
+wrapped in `multiprocessing.connection.Connection` (pickled messages). Not with a
+`multiprocessing` spawn or forkserver context: those import the parent's `__main__`
+script again in the child, so a training script without an `if __name__ ==
+"__main__"` guard would run again (load its model, build its envs) in every worker.
+Not `ProcessPoolExecutor` either: it cannot kill one stuck task, and a worker that
+dies breaks the whole pool (every pending future fails with `BrokenProcessPool`).
+
+Where `resource.RLIMIT_AS` does not exist (Windows), or with
+`TOOLENV_SQL_DUCKDB_MEMORY_MB=0`, queries run in the caller's process as before
+(`AVAILABLE` is False): memory is then bounded by nothing but the query's timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.util
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from toolenv_sql.errors import QueryTimeout, SQLError
+from toolenv_sql.executor import QueryResult
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["AVAILABLE", "MEMORY_CAP", "run", "shutdown", "worker_pids"]
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+# Address space a worker may use. At rest a worker maps about 270 MiB (Python, duckdb,
+# sqlglot, one open database) and 350 MiB with the 8 databases it keeps open (measured with
+# duckdb 2.0.1, CPython 3.11, x86-64 Linux); DuckDB's memory_limit is a quarter of the cap,
+# so a query has over 1 GiB to spare. A worker past half its cap after a query is replaced.
+MEMORY_CAP = _env_int("TOOLENV_SQL_DUCKDB_MEMORY_MB", 2048) * 2**20
+AVAILABLE = resource is not None and hasattr(resource, "RLIMIT_AS") and MEMORY_CAP > 0
+# Seconds the caller waits past a query's timeout (the worker interrupts the query at the
+# timeout itself) before it kills the worker.
+_GRACE = 1.0
+# Seconds a new worker may take to start (import duckdb) before it is given up.
+_START_TIMEOUT = 60.0
+# Open databases a worker keeps (each is a DuckDB instance with its own buffer pool).
+_WORKER_CONNECTIONS = 8
+# The child's entry point: read the parent's sys.path and the cap, then serve.
+_BOOTSTRAP = (
+    "import sys\n"
+    "from multiprocessing.connection import Connection\n"
+    "conn = Connection(int(sys.argv[1]))\n"
+    "sys.path[:], cap = conn.recv()\n"
+    "from toolenv_sql.duckdb_worker import serve\n"
+    "serve(conn, cap)\n"
+)
+
+
+def _size_text(size: int) -> str:
+    return f"{size / 2**30:g} GiB" if size >= 2**30 else f"{size // 2**20} MiB"
+
+
+def _memory_error() -> SQLError:
+    return SQLError(
+        f"DuckDB error: the query needed more memory than a query may use ({_size_text(MEMORY_CAP)})"
+        " and was stopped. Select fewer or shorter values."
+    )
+
+
+def _timeout_error(timeout: float) -> QueryTimeout:
+    from toolenv_sql.executor import _timeout_error as error
+
+    return error(timeout)
+
+
+# ---------------------------------------------------------------------------- the worker side
+
+
+def serve(conn: Connection, cap: int) -> None:
+    """Answer `(path, sql, timeout, max_rows, count_all)` requests on `conn` until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if resource is not None and cap > 0:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+        with contextlib.suppress(ValueError, OSError):  # refused (macOS?): the deadline kill still holds
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    from toolenv_sql import executor
+
+    executor._MAX_CONNECTIONS_PER_THREAD = _WORKER_CONNECTIONS
+    executor._DUCKDB_MEMORY_LIMIT = limit = min(512 * 2**20, cap // 4)
+    executor._DUCKDB_MEMORY_NOTE = f"{_size_text(limit)} for DuckDB's data, {_size_text(cap)} in all"
+    watchdog = _Watchdog()
+    watchdog.start()
+    conn.send(("ready", None))
+    while True:
+        try:
+            path, sql, timeout, max_rows, count_all = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind, value = _answer(executor, watchdog, Path(path), sql, timeout, max_rows, count_all)
+        # After an allocation failed, or once freed memory stays mapped (glibc and DuckDB keep
+        # it: ~1.9 GiB after one Out of Memory Error), leave: a fresh worker has all its room.
+        retire = kind == "memory" or (kind == "error" and "Out of Memory" in str(value)) or _address_space() > cap // 2
+        try:
+            try:
+                conn.send((kind, value, retire))
+            except MemoryError:
+                retire = True
+                conn.send(("memory", None, retire))
+            except (OSError, EOFError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a value pickle cannot carry
+                message = f"DuckDB error: the result cannot be sent back ({type(exc).__name__}: {exc})"
+                conn.send(("error", SQLError(message), retire))
+        except (OSError, EOFError, MemoryError):
+            return  # the caller is gone, or no memory is left even for the reply
+        if retire:
+            return
+
+
+def _address_space() -> int:
+    """Bytes of address space this process has mapped (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+class _Watchdog(threading.Thread):
+    """Ends the worker when a query outlives its deadline, should the caller (who kills it
+    at timeout + `_GRACE`) be gone. One thread for all queries: a Timer each cost ~0.2 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(name="toolenv-sql-watchdog", daemon=True)
+        self.cond = threading.Condition()
+        self.deadline = math.inf
+
+    def run(self) -> None:
+        with self.cond:
+            while True:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    os._exit(70)
+                self.cond.wait(None if left == math.inf else left)
+
+    def arm(self, seconds: float) -> None:
+        with self.cond:
+            self.deadline = time.monotonic() + seconds
+            self.cond.notify()
+
+    def disarm(self) -> None:
+        with self.cond:
+            self.deadline = math.inf
+
+
+def _answer(
+    executor: Any, watchdog: _Watchdog, path: Path, sql: str, timeout: float, max_rows: int | None, count_all: bool
+) -> Any:
+    watchdog.arm(timeout + 2 * _GRACE)
+    try:
+        return ("ok", executor._connection(path, "duckdb", True).run(sql, timeout, max_rows, count_all))
+    except SQLError as exc:
+        return ("error", exc)
+    except MemoryError:
+        return ("memory", None)
+    except Exception as exc:  # noqa: BLE001 - anything else is the query's error, not the worker's end
+        return ("error", SQLError(f"DuckDB error: {type(exc).__name__}: {exc}"))
+    finally:
+        watchdog.disarm()
+
+
+# ---------------------------------------------------------------------------- the caller side
+
+
+class _WorkerDied(Exception):
+    """The worker's pipe closed before it answered."""
+
+
+class _Worker:
+    """One worker process and the parent's end of its socket pair."""
+
+    def __init__(self) -> None:
+        parent_end, child_end = socket.socketpair()
+        with parent_end, child_end:
+            env = dict(os.environ)
+            # glibc gives each thread a 64 MiB malloc arena, all counted by RLIMIT_AS.
+            env.setdefault("MALLOC_ARENA_MAX", "2")
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", _BOOTSTRAP, str(child_end.fileno())],
+                    pass_fds=(child_end.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,  # (stderr stays: a worker's traceback is worth seeing)
+                    env=env,
+                )
+            except OSError as exc:
+                raise SQLError(f"DuckDB error: the query process could not start ({exc}).") from None
+            self.conn = Connection(parent_end.detach())
+        try:
+            self.conn.send((sys.path, MEMORY_CAP))
+            if not self.conn.poll(_START_TIMEOUT):
+                raise _WorkerDied(f"it did not start within {_START_TIMEOUT:g} s")
+            self.conn.recv()
+        except (_WorkerDied, EOFError, OSError) as exc:
+            self.kill()
+            reason = str(exc) or f"{type(exc).__name__}; see its error output"
+            raise SQLError(f"DuckDB error: the query process could not start ({reason}).") from None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, request: tuple[Any, ...]) -> None:
+        self.conn.send(request)
+
+    def answer(self, wait: float) -> tuple[str, Any, bool] | None:
+        """The worker's reply `(kind, value, retiring)`, or None if it gave none within `wait` seconds."""
+        if not self.conn.poll(wait):
+            return None
+        try:
+            reply: tuple[str, Any, bool] = self.conn.recv()
+        except (EOFError, OSError):
+            raise _WorkerDied from None
+        return reply
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.conn.close()
+
+
+class _Pool:
+    """Up to `size` workers, started on demand; a caller takes an idle one or waits for one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.pid = os.getpid()
+        self.cond = threading.Condition()
+        self.idle: list[_Worker] = []
+        self.workers: set[_Worker] = set()
+        self.starting = 0
+        self.closed = False
+
+    def _acquire(self) -> _Worker:
+        with self.cond:
+            while True:
+                while self.idle:
+                    worker = self.idle.pop()
+                    if worker.alive():
+                        return worker
+                    self.workers.discard(worker)  # died while idle (killed from outside)
+                    worker.kill()
+                if len(self.workers) + self.starting < self.size:
+                    self.starting += 1
+                    break
+                self.cond.wait()
+        try:
+            worker = _Worker()
+        finally:
+            with self.cond:
+                self.starting -= 1
+                self.cond.notify()
+        with self.cond:
+            self.workers.add(worker)
+        return worker
+
+    def _release(self, worker: _Worker, keep: bool) -> None:
+        with self.cond:
+            keep = keep and not self.closed
+            if keep:
+                self.idle.append(worker)
+            else:
+                self.workers.discard(worker)
+            self.cond.notify()
+        if not keep:
+            worker.kill()
+
+    def _sent(self, request: tuple[Any, ...]) -> _Worker:
+        """A worker that `request` was sent to (another one if the first had died while idle)."""
+        for _attempt in range(2):
+            worker = self._acquire()
+            try:
+                worker.send(request)
+                return worker
+            except OSError:  # it died since its last query (killed from outside): this one never reached it
+                self._release(worker, keep=False)
+        raise SQLError("DuckDB error: the query process ended before it got the query.")
+
+    def run(self, request: tuple[Any, ...], timeout: float) -> QueryResult:
+        worker = self._sent(request)
+        keep = False
+        try:
+            try:
+                reply = worker.answer(timeout + _GRACE)
+            except _WorkerDied:
+                raise _death_error(worker) from None
+            if reply is None:
+                raise _timeout_error(timeout)
+            kind, value, retiring = reply
+            keep = not retiring
+            if kind == "ok":
+                assert isinstance(value, QueryResult)
+                return value
+            if kind == "error":
+                raise value
+            raise _memory_error()
+        finally:
+            self._release(worker, keep)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            workers = list(self.workers)
+            self.workers.clear()
+            self.idle.clear()
+        for worker in workers:
+            worker.kill()
+
+
+def _death_error(worker: _Worker) -> SQLError:
+    try:
+        code = worker.proc.wait(5)
+    except subprocess.TimeoutExpired:  # its pipe closed, yet it lives on: it goes now
+        worker.kill()
+        code = worker.proc.wait()
+    if code < 0 and code != -signal.SIGKILL:
+        # Killed by a signal (an abort from a failed allocation, a crash).
+        error = _memory_error()
+        return SQLError(f"{error} (The query process ended with signal {signal.Signals(-code).name}.)")
+    return _memory_error()
+
+
+_pool: _Pool | None = None
+_pool_lock = threading.Lock()
+_inherited: list[_Worker] = []  # a forked child's copies of the parent's workers, never used
+
+
+def _pool_now() -> _Pool:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool.pid != os.getpid():
+            size = _env_int("TOOLENV_SQL_DUCKDB_WORKERS", 0) or min(4, os.cpu_count() or 1)
+            _pool = _Pool(size)
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # The child must not talk over the parent's sockets: close its copies (so a worker still
+    # sees its pipe close when the parent ends) and keep the objects, which are not its children.
+    global _pool, _pool_lock
+    if _pool is not None:
+        for worker in list(_pool.workers):
+            worker.conn.close()
+            _inherited.append(worker)
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def shutdown() -> None:
+    """Kill this process's workers (at exit, too); the next query starts new ones."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None and pool.pid == os.getpid():
+        pool.close()
+
+
+atexit.register(shutdown)
+
+
+def worker_pids() -> list[int]:
+    """Process ids of this process's live workers."""
+    pool = _pool
+    if pool is None or pool.pid != os.getpid():
+        return []
+    with pool.cond:
+        return sorted(w.pid for w in pool.workers)
+
+
+@functools.cache
+def _duckdb_installed() -> bool:
+    return importlib.util.find_spec("duckdb") is not None
+
+
+def run(path: Path, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
+    """Run a DuckDB query in a worker process (blocking); raises `SQLError` or `QueryTimeout`."""
+    if not _duckdb_installed():
+        raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.")
+    return _pool_now().run((os.path.abspath(path), sql, timeout, max_rows, count_all), timeout)
