@@ -596,7 +596,7 @@ def _sessions(url: str) -> int:
 async def test_a_create_whose_answer_was_lost_does_not_leak_a_session() -> None:
     with serving(make_env, max_sessions=1) as u:
         transport = LosesAnswers("POST", "/sessions")
-        env = RemoteToolEnv(u, transport=transport)
+        env = RemoteToolEnv(u, transport=transport, retries=0)  # the next reset sends it again
         with pytest.raises(RemoteEnvError, match="open a session: cannot reach"):
             await env.areset(options={"task_id": "t1"})
         assert await asyncio.to_thread(_sessions, u) == 1  # the server made it
@@ -669,7 +669,7 @@ async def test_a_truncate_whose_answer_was_lost_is_not_scored_zero_on_retry() ->
         return make_env(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)])
 
     with serving(factory) as u:
-        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/truncate"))
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/truncate"), retries=0)
         await env.areset(options={"task_id": "t1"})
         await env.astep(CALL_ADD)
         with pytest.raises(RemoteEnvError, match="truncate: cannot reach"):
@@ -720,7 +720,7 @@ async def test_a_reset_after_a_cancelled_step_does_not_wait_for_that_step() -> N
 async def test_end_episode_whose_answer_was_lost_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     """As a local env's: a failing release is logged (verl's pool calls it in a `finally`)."""
     with serving(make_env) as u:
-        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/end"))
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/end"), retries=0)
         await env.areset(options={"task_id": "t1"})
         await env.astep(CALL_ADD)
         with caplog.at_level(logging.WARNING, logger="toolenv.remote"):
@@ -735,9 +735,230 @@ async def test_end_episode_whose_answer_was_lost_is_logged_not_raised(caplog: py
 
 async def test_close_after_a_create_whose_answer_was_lost_deletes_that_session() -> None:
     with serving(make_env) as u:
-        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/sessions"))
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/sessions"), retries=0)
         with pytest.raises(RemoteEnvError, match="open a session"):
             await env.areset()
         assert await asyncio.to_thread(_sessions, u) == 1
         await env.aclose()  # e.g. the runner's last episode: no reset comes to pick that session up
         assert await asyncio.to_thread(_sessions, u) == 0
+
+
+# ---------------------------------------------------------------------- steps sent again: answered, not run again
+def _counted() -> tuple[Any, list[int]]:
+    """`add`, counting its runs: a tool with side effects (a write, a payment) must run once per call."""
+    runs: list[int] = []
+
+    @toolenv.tool(name="add")
+    def counted_add(a: int, b: int) -> str:
+        """Add two integers."""
+        runs.append(a)
+        return str(a + b)
+
+    return counted_add, runs
+
+
+async def test_a_step_whose_answer_was_lost_is_sent_again_and_runs_once() -> None:
+    """A blip between trainer and env server no longer loses the episode, nor runs a tool twice."""
+    tool, runs = _counted()
+    with serving(lambda: make_env(tools=[tool])) as u:
+        transport = LosesAnswers("POST", "/step", lose=2)  # the first step's answer, and its first retry's
+        env = RemoteToolEnv(u, transport=transport)
+        await env.areset(options={"task_id": "t1"})
+        obs, reward, terminated, _, info = await env.astep(CALL_ADD)
+        assert obs == "<tool_response>\n5\n</tool_response>" and (reward, terminated, info["turn"]) == (0.0, False, 1)
+        assert runs == [2]  # three requests, one run
+        steps = [r for r in transport.sent if r.url.path.endswith("/step")]
+        assert len(steps) == 3 and len({r.content for r in steps}) == 1  # the same step, named the same
+        transport.lose = 1  # the final step's answer is lost too: it is scored once, as the first time
+        obs, reward, terminated, _, info = await env.astep("<answer>5</answer>")
+        assert (reward, terminated, info["turn"], info["episode_stats"]["turns"]) == (1.0, True, 2, 2)
+        ep = env.episode
+        assert ep is not None and len(ep.turns) == 2 and ep.answer == "5" and runs == [2]
+        await env.aclose()
+
+        # more lost answers than retries: the episode is lost, as before, and the tool still ran once
+        runs.clear()
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/step", lose=3), retries=2)
+        await env.areset(options={"task_id": "t1"})
+        with pytest.raises(RemoteEnvError, match="step: cannot reach"):
+            await env.astep(CALL_ADD)
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.astep(CALL_ADD)
+        assert runs == [2]
+        await env.aclose()
+
+
+async def test_a_retrying_transport_does_not_run_a_step_twice() -> None:
+    tool, runs = _counted()
+    with serving(lambda: make_env(tools=[tool])) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/step", retry=True))  # resends the POST itself
+        await env.areset(options={"task_id": "t1"})
+        _, _, _, _, info = await env.astep(CALL_ADD)
+        assert runs == [2] and info["turn"] == 1  # not a second run, not turn 2
+        obs, reward, terminated, _, info = await env.astep("<answer>5</answer>")
+        assert (reward, terminated, info["episode_stats"]) == (
+            1.0,
+            True,
+            {"return": 1.0, "turns": 2, "tool_calls": 1, "tool_errors": 0},
+        )
+        await env.aclose()
+
+
+async def test_a_step_whose_answer_timed_out_gets_that_steps_answer() -> None:
+    """No answer in time (a stalled connection): the step sent again waits for the first run and
+    gets its answer, rather than running the tools a second time behind it."""
+    import threading
+
+    go_on, runs = threading.Event(), []
+
+    @toolenv.tool(timeout=None)
+    async def slow(n: int) -> str:
+        """A tool call that takes longer than the client waits for one answer."""
+        runs.append(n)
+        await asyncio.to_thread(go_on.wait, 60)
+        return "done"
+
+    class OpensTheGateOnTheRetry(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.real, self.steps = httpx.AsyncHTTPTransport(), 0
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/step"):
+                self.steps += 1
+                if self.steps == 2:  # the first request timed out: let its step finish now
+                    go_on.set()
+            return await self.real.handle_async_request(request)
+
+        async def aclose(self) -> None:
+            await self.real.aclose()
+
+    call = '<tool_call>{"name": "slow", "arguments": {"n": 1}}</tool_call>'
+    with serving(lambda: make_env(tools=[slow])) as u:
+        transport = OpensTheGateOnTheRetry()
+        env = RemoteToolEnv(u, transport=transport, timeout=2)  # a reset takes milliseconds
+        try:
+            await env.areset(options={"task_id": "t1"})
+            obs, _, _, _, info = await env.astep(call)
+        finally:
+            go_on.set()
+        assert obs == "<tool_response>\ndone\n</tool_response>" and info["turn"] == 1
+        assert runs == [1] and transport.steps == 2
+        await env.aclose()
+
+
+async def test_a_truncate_whose_answer_was_lost_is_sent_again_and_keeps_its_reward() -> None:
+    def factory() -> Any:
+        return make_env(reward=[("exact_match", 1.0), (_Unanswered(), 1.0)])
+
+    with serving(factory) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/truncate"))
+        await env.areset(options={"task_id": "t1"})
+        await env.astep(CALL_ADD)
+        assert await env.atruncate() == -0.5  # the first run's score, not the 0.0 of a second truncate
+        ep = env.episode
+        assert ep is not None and ep.truncated and ep.turns[-1].reward == -0.5
+        assert ep.turns[-1].reward_components == {"exact_match": 0.0, "unanswered": -0.5}
+        async with httpx.AsyncClient(base_url=u) as http:  # a bare truncate (nothing open) keeps the answer kept
+            truncate = f"/sessions/{env._session}/truncate"
+            assert (await http.post(truncate)).json()["reward"] == 0.0
+            assert (await http.post(truncate, json={"episode_id": ep.episode_id})).json()["reward"] == -0.5
+        await env.aclose()
+
+
+def test_step_identity_over_raw_http(url: str) -> None:
+    """Old clients send bare steps and still work; a named step is run once, answered again when
+    sent again, and refused (409) when it is older than the last, ahead, or of another episode."""
+    with httpx.Client(base_url=url) as http:
+        sid = http.post("/sessions").json()["session_id"]
+        try:
+            ep = http.post(f"/sessions/{sid}/reset", json={"options": {"task_id": "t1"}}).json()["episode_id"]
+            bare = http.post(f"/sessions/{sid}/step", json={"action": CALL_ADD})  # an old client's step
+            assert bare.status_code == 200 and bare.json()["info"]["turn"] == 1
+            named = {"action": CALL_ADD, "episode_id": ep, "turn": 2}
+            first = http.post(f"/sessions/{sid}/step", json=named)
+            again = http.post(f"/sessions/{sid}/step", json=named)
+            assert first.status_code == again.status_code == 200 and first.json()["info"]["turn"] == 2
+            assert again.content == first.content  # answered again, not run again (that would be turn 3)
+            stale = http.post(f"/sessions/{sid}/step", json={**named, "turn": 1})
+            assert stale.status_code == 409 and "turn 1 of episode" in stale.json()["error"]
+            assert "taken already" in stale.json()["error"]
+            ahead = http.post(f"/sessions/{sid}/step", json={**named, "turn": 9})
+            assert ahead.status_code == 409 and "ahead" in ahead.json()["error"]
+            other = http.post(f"/sessions/{sid}/step", json={**named, "episode_id": "another", "turn": 3})
+            assert other.status_code == 409 and "not this session's episode" in other.json()["error"]
+            half = http.post(f"/sessions/{sid}/step", json={"action": "x", "turn": 3})
+            assert half.status_code == 422 and "episode_id and turn go together" in half.json()["error"]
+            truncated = http.post(f"/sessions/{sid}/truncate", json={"episode_id": ep})
+            assert truncated.status_code == 200
+            assert http.post(f"/sessions/{sid}/truncate", json={"episode_id": ep}).content == truncated.content
+            assert http.post(f"/sessions/{sid}/truncate").json()["reward"] == 0.0  # bare, as before: nothing open
+            assert http.post(f"/sessions/{sid}/truncate", json={"episode_id": ep}).content == truncated.content
+            http.post(f"/sessions/{sid}/reset", json={"options": {"task_id": "t2"}})
+            late = http.post(f"/sessions/{sid}/step", json=named)  # the last episode's step, after a reset
+            assert late.status_code == 409 and repr(ep) in late.json()["error"]
+            late = http.post(f"/sessions/{sid}/truncate", json={"episode_id": ep})
+            assert late.status_code == 409 and "not this session's episode" in late.json()["error"]
+            steps = http.post(f"/sessions/{sid}/step", json={"action": "<answer>14</answer>"}).json()
+            assert steps["reward"] == 1.0 and steps["info"]["turn"] == 1
+        finally:
+            http.delete(f"/sessions/{sid}")
+
+
+async def test_against_a_server_that_does_not_replay_nothing_is_sent_twice() -> None:
+    """A server before step identity (no `Toolenv-Features: replay`, unknown fields refused): the
+    client sends bare steps and truncates, and a step whose answer was lost loses the episode."""
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from toolenv.remote.server import create_app
+    from toolenv.remote.wire import FEATURES_HEADER
+
+    tool, runs = _counted()
+    bodies: list[bytes] = []
+
+    def old_server(app: ASGIApp) -> ASGIApp:
+        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                return await app(scope, receive, send)
+
+            async def hear() -> Message:
+                message = await receive()
+                if message["type"] == "http.request" and message.get("body"):
+                    bodies.append(message["body"])
+                return message
+
+            async def say(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    drop = FEATURES_HEADER.lower().encode()
+                    message = {**message, "headers": [h for h in message["headers"] if h[0].lower() != drop]}
+                await send(message)
+
+            await app(scope, hear, say)
+
+        return asgi
+
+    with asgi_server(old_server(create_app(lambda: make_env(tools=[tool])))) as u:
+        env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/step"))
+        await env.areset(options={"task_id": "t1"})
+        with pytest.raises(RemoteEnvError, match="step: cannot reach"):
+            await env.astep(CALL_ADD)
+        assert runs == [2]  # sent once: that server would have run it again
+        await env.areset(options={"task_id": "t1"})
+        assert (await env.astep("<answer>5</answer>"))[1] == 1.0
+        await env.areset(options={"task_id": "t1"})
+        await env.atruncate()
+        await env.aclose()
+    assert bodies and not any(b"episode_id" in b for b in bodies)
+
+
+async def test_a_reset_whose_answer_was_lost_is_sent_again_when_it_names_its_task() -> None:
+    with serving(make_env) as u:
+        transport = LosesAnswers("POST", "/reset")
+        env = RemoteToolEnv(u, transport=transport)
+        obs, info = await env.areset(options={"task_id": "t2"})  # the runner and verl name the task
+        assert "10+4?" in obs and info["task_id"] == "t2"
+        assert (await env.astep("<answer>14</answer>"))[1] == 1.0
+        transport.lose = 1
+        with pytest.raises(RemoteEnvError, match="reset: cannot reach"):
+            await env.areset()  # the env's own order: sent again, it would skip a task
+        assert len([r for r in transport.sent if r.url.path.endswith("/reset")]) == 3
+        await env.aclose()

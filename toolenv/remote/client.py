@@ -26,8 +26,10 @@ from toolenv.env import ToolEnv
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
+    FEATURES_HEADER,
     IDEMPOTENCY_KEY,
     PROTOCOL_VERSION,
+    REPLAY,
     EnvMetadata,
     ErrorResponse,
     ResetOptions,
@@ -37,18 +39,23 @@ from toolenv.remote.wire import (
     StepRequest,
     StepResponse,
     TaskList,
+    TruncateRequest,
     TruncateResponse,
     dump_json,
 )
 from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.types import ParsedAction, Task, load_tasks
 
-__all__ = ["DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv"]
+__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv"]
 
 log = logging.getLogger("toolenv.remote")
 
 #: Seconds one request may take; a step runs all of its tool calls.
 DEFAULT_TIMEOUT = 300.0
+#: Times a request whose answer was lost is sent again (to a server that replays answers).
+DEFAULT_RETRIES = 2
+#: Seconds before the first of those retries; doubled for each next one.
+RETRY_BACKOFF = 0.2
 _JSON = {"content-type": "application/json"}
 #: Exceptions the server reports for reset options the env rejected; raised here as locally.
 _REBUILT: dict[str, type[Exception]] = {e.__name__: e for e in (ValueError, KeyError, IndexError, TypeError)}
@@ -101,6 +108,12 @@ class RemoteToolEnv(ToolEnv):
         transport: an `httpx.AsyncBaseTransport` to send requests through (retries, a Unix
             socket, a proxy); used as is and closed with the env. It belongs to one event
             loop, as an httpx client: use the env's sync API or its async API, not both.
+        retries: times a step, truncate, end, session create or reset whose answer was lost
+            (a dropped connection, a timeout) is sent again, after a short backoff. Each step
+            names its episode and turn, so the server answers a repeat with the answer of the
+            run it repeats rather than running the tools again; a reset is sent again only when
+            it names its task or seeds the env. A server too old to replay answers gets no
+            retries. A cancelled call is never sent again.
         render_mode: None or `"ansi"` (the mirrored episode's messages).
 
     Raises:
@@ -114,9 +127,13 @@ class RemoteToolEnv(ToolEnv):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
+        retries: int = DEFAULT_RETRIES,
         render_mode: str | None = None,
     ) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more, got {retries}")
         self.url = url.rstrip("/")
+        self._retries = retries
         self._headers = dict(headers or {})
         self._timeout = httpx.Timeout(timeout)
         self._transport = transport
@@ -132,7 +149,7 @@ class RemoteToolEnv(ToolEnv):
         # The server may still be running a call of the session whose answer never came (it
         # was cancelled, or timed out): the next reset moves to a new session, not behind it.
         self._busy = False
-        meta, tasks = _blocking(self._describe())
+        meta, tasks, self._replays = _blocking(self._describe())
         if meta.protocol != PROTOCOL_VERSION:
             raise RemoteEnvError(
                 f"the server at {self.url} speaks toolenv protocol {meta.protocol} (toolenv {meta.toolenv_version}), "
@@ -153,7 +170,7 @@ class RemoteToolEnv(ToolEnv):
     def tasks(self) -> list[Task]:
         """The server's tasks, fetched on first use (with a `transport`: at construction); assign to use others."""
         if self._tasks is None:
-            found = _blocking(self._get_once("/tasks", TaskList, "list the server's tasks")).tasks
+            found = _blocking(self._get_once("/tasks", TaskList, "list the server's tasks"))[0].tasks
             self._tasks = found
         return self._tasks
 
@@ -184,11 +201,16 @@ class RemoteToolEnv(ToolEnv):
         if self._session is None:
             await self._open_session()
         assert self._session is not None
+        # Sent again, a reset starts another episode, of the same task only when the request
+        # names it or seeds the env; a reset in the env's own order would move that order on.
+        again = seed is not None or any(opts.get(k) is not None for k in ("task", "task_id", "task_index"))
+        path = f"/sessions/{self._session}/reset"
         try:
-            reply = await self._call("POST", f"/sessions/{self._session}/reset", request, ResetResponse, "reset")
+            reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
         except _SessionGone:  # reaped while idle, or the server restarted: a new session will do
             await self._open_session()
-            reply = await self._call("POST", f"/sessions/{self._session}/reset", request, ResetResponse, "reset")
+            path = f"/sessions/{self._session}/reset"
+            reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
         task = given if isinstance(given, Task) else reply.task
         if task is None:
             raise RemoteEnvError(f"reset: the server at {self.url} did not say which task it chose")
@@ -210,9 +232,12 @@ class RemoteToolEnv(ToolEnv):
             raise RemoteEnvError(self._lost)
         if not isinstance(action, str):
             action = str(action)
+        request = StepRequest(action=action)
+        if self._replays:  # which turn of which episode: sent again, it is answered, not run again
+            request = StepRequest(action=action, episode_id=ep.episode_id, turn=len(ep.turns) + 1)
         try:
             reply = await self._call(
-                "POST", f"/sessions/{self._session}/step", StepRequest(action=action), StepResponse, "step"
+                "POST", f"/sessions/{self._session}/step", request, StepResponse, "step", retry=True
             )
         except RemoteEnvError as exc:
             # The server may or may not have taken the step: this episode cannot go on.
@@ -257,8 +282,11 @@ class RemoteToolEnv(ToolEnv):
             return 0.0
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
+        request = TruncateRequest(episode_id=ep.episode_id) if self._replays else None
         try:
-            reply = await self._call("POST", f"/sessions/{self._session}/truncate", None, TruncateResponse, "truncate")
+            reply = await self._call(
+                "POST", f"/sessions/{self._session}/truncate", request, TruncateResponse, "truncate", retry=True
+            )
         except BaseException as exc:
             # The server may have scored and ended it: sent again, it would score nothing (0.0).
             why = str(exc) if isinstance(exc, RemoteEnvError) else "its truncate was cancelled"
@@ -284,7 +312,7 @@ class RemoteToolEnv(ToolEnv):
         ep.released = True
         if self._session is not None and self._lost is None:
             try:
-                await self._do("POST", f"/sessions/{self._session}/end", "end_episode")
+                await self._do("POST", f"/sessions/{self._session}/end", "end_episode", retry=True)
             except _SessionGone:
                 self._session = None  # its env was closed, and the episode with it
             except RemoteEnvError as exc:
@@ -312,7 +340,7 @@ class RemoteToolEnv(ToolEnv):
         session, self._session, self._create_key, self._busy = self._session, None, None, False
         try:
             if session is not None:
-                await self._do("DELETE", f"/sessions/{session}", "close")
+                await self._do("DELETE", f"/sessions/{session}", "close", retry=True)
         except _SessionGone:
             pass
         except RemoteEnvError as exc:
@@ -351,7 +379,9 @@ class RemoteToolEnv(ToolEnv):
             self._create_key = secrets.token_urlsafe(16)
         headers = {IDEMPOTENCY_KEY: self._create_key}
         try:
-            created = await self._call("POST", "/sessions", None, SessionCreated, "open a session", headers=headers)
+            created = await self._call(
+                "POST", "/sessions", None, SessionCreated, "open a session", headers=headers, retry=True
+            )
         except RemoteEnvError as exc:
             if exc.status is not None:  # the server answered: it made no session with this key
                 self._create_key = None
@@ -366,29 +396,32 @@ class RemoteToolEnv(ToolEnv):
         if session is None:
             return
         try:
-            await self._do("DELETE", f"/sessions/{session}", "close the previous session")
+            await self._do("DELETE", f"/sessions/{session}", "close the previous session", retry=True)
         except _SessionGone:
             pass
         except RemoteEnvError as exc:
             log.warning("could not delete session %s: %s", session, exc)
 
-    async def _describe(self) -> tuple[EnvMetadata, list[Task] | None]:
-        """The server's metadata, and with a given transport its tasks too.
+    async def _describe(self) -> tuple[EnvMetadata, list[Task] | None, bool]:
+        """The server's metadata, with a given transport its tasks too, and whether it replays answers.
 
         A transport, as an httpx client, belongs to the event loop whose connections it
         keeps; read later, from a short-lived loop (`tasks` is a property), the tasks would
         reach for a connection of another loop. Without one, they are fetched on first use.
         """
-        meta = await self._get_once("/metadata", EnvMetadata, "read the server's metadata")
+        meta, resp = await self._get_once("/metadata", EnvMetadata, "read the server's metadata")
+        features = {f.strip() for f in resp.headers.get(FEATURES_HEADER, "").split(",")}
+        replays = REPLAY in features
         if self._transport is None or meta.protocol != PROTOCOL_VERSION:
-            return meta, None
-        return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks")).tasks
+            return meta, None, replays
+        return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks"))[0].tasks, replays
 
-    async def _get_once(self, path: str, model: type[M], what: str) -> M:
+    async def _get_once(self, path: str, model: type[M], what: str) -> tuple[M, httpx.Response]:
         """One GET on a client of its own, for the blocking calls (their loop is short-lived)."""
         client = self._new_client(connection="close")
         try:
-            return self._parse(await self._send(client, "GET", path, None, what), model, what)
+            resp = await self._send(client, "GET", path, None, what)
+            return self._parse(resp, model, what), resp
         finally:
             if self._transport is None:  # a given transport lives on with the env
                 await client.aclose()
@@ -402,13 +435,15 @@ class RemoteToolEnv(ToolEnv):
         what: str,
         *,
         headers: Mapping[str, str] | None = None,
+        retry: bool = False,
     ) -> M:
         """A request on the loop's keep-alive client, its answer validated as `model`."""
-        return self._parse(await self._send(self._http(), method, path, body, what, headers=headers), model, what)
+        resp = await self._send(self._http(), method, path, body, what, headers=headers, retry=retry)
+        return self._parse(resp, model, what)
 
-    async def _do(self, method: str, path: str, what: str) -> None:
+    async def _do(self, method: str, path: str, what: str, *, retry: bool = False) -> None:
         """A request whose answer has no body (204)."""
-        await self._send(self._http(), method, path, None, what)
+        await self._send(self._http(), method, path, None, what, retry=retry)
 
     async def _send(
         self,
@@ -419,20 +454,33 @@ class RemoteToolEnv(ToolEnv):
         what: str,
         *,
         headers: Mapping[str, str] | None = None,
+        retry: bool = False,
     ) -> httpx.Response:
+        """Send one request; with `retry`, to a server that replays answers, send it again while
+        no answer comes (up to `retries` more times): the request itself says what it repeats."""
         content = None if body is None else dump_json(body)
         sent = {**(headers or {}), **({} if body is None else _JSON)}
-        try:
-            resp = await client.request(method, path, content=content, headers=sent or None)
-        except httpx.TimeoutException as exc:
-            raise RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url} in time ({exc!r})") from exc
-        except httpx.HTTPError as exc:
-            raise RemoteEnvError(
-                f"{what}: cannot reach the toolenv server at {self.url} ({type(exc).__name__}: {exc})"
-            ) from exc
+        attempts = 1 + (self._retries if retry and self._replays else 0)
+        for attempt in range(attempts):
+            try:
+                resp = await client.request(method, path, content=content, headers=sent or None)
+                break
+            except httpx.TransportError as exc:
+                if attempt + 1 == attempts:
+                    raise self._no_answer(exc, what) from exc
+                log.warning("%s: no answer from %s (%s); sending it again", what, self.url, type(exc).__name__)
+                await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
+            except httpx.HTTPError as exc:  # an answer httpx could not read (its encoding)
+                raise RemoteEnvError(f"{what}: bad answer from the toolenv server at {self.url} ({exc!r})") from exc
         if resp.status_code >= 400:
             raise self._failure(resp, what)
         return resp
+
+    def _no_answer(self, exc: httpx.TransportError, what: str) -> RemoteEnvError:
+        """No answer came (a dropped connection, a timeout): the server may or may not have run the request."""
+        if isinstance(exc, httpx.TimeoutException):
+            return RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url} in time ({exc!r})")
+        return RemoteEnvError(f"{what}: cannot reach the toolenv server at {self.url} ({type(exc).__name__}: {exc})")
 
     def _parse(self, resp: httpx.Response, model: type[M], what: str) -> M:
         try:

@@ -11,8 +11,13 @@ env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 - `POST /sessions/{id}/reset` (`ResetRequest`) → `ResetResponse`
 - `POST /sessions/{id}/step` (`StepRequest`) → `StepResponse`
 - `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
-- `POST /sessions/{id}/truncate` → `TruncateResponse`: end the open episode unanswered and score it
-- `GET /health`, `GET /metadata`, `GET /tasks`, `GET /schema`
+- `POST /sessions/{id}/truncate` (optional `TruncateRequest`) → `TruncateResponse`: end the
+  open episode unanswered and score it
+- `GET /health`, `GET /metadata` (its `Toolenv-Features` header lists `replay`), `GET /tasks`, `GET /schema`
+
+A step may name its episode and turn (`StepRequest.episode_id`, `turn`), a truncate its
+episode: the same request sent again (its answer was lost) gets the answer of the run it
+repeats, which the session keeps (one per session), instead of a second run.
 
 Every error is JSON, `{"error": "..."}`: 404 unknown session, 409 step out of order, 422
 invalid body, 429 session limit, 400 the env rejected the reset options, 500 the env
@@ -36,18 +41,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from toolenv.env import ToolEnv
+from toolenv.episode import Episode
 from toolenv.parsers.base import ActionParser
 from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.remote.sessions import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TTL,
     MAX_KEY_LENGTH,
+    Answer,
     SessionLimitError,
     SessionStore,
     UnknownSessionError,
     as_tool_env,
 )
 from toolenv.remote.wire import (
+    FEATURES,
+    FEATURES_HEADER,
     IDEMPOTENCY_KEY,
     EnvMetadata,
     ErrorResponse,
@@ -59,6 +68,7 @@ from toolenv.remote.wire import (
     StepRequest,
     StepResponse,
     TaskList,
+    TruncateRequest,
     TruncateResponse,
     dump_json,
     schemas,
@@ -212,6 +222,7 @@ def create_app(
         options = req.options.to_env()
         async with store.use(request.path_params["session_id"]) as session:
             env = session.env
+            session.last = None  # the answers kept are of the episode this reset ends
             try:
                 obs, info = await env.areset(seed=req.seed, options=options)
             except _BAD_OPTIONS as exc:
@@ -237,25 +248,32 @@ def create_app(
         async with store.use(request.path_params["session_id"]) as session:
             env = session.env
             ep = env.episode
+            if req.episode_id is not None and req.turn is not None:
+                last = session.last
+                if last is not None and last.call == ("step", req.episode_id, req.turn):
+                    return _replay(last)  # its answer was lost: the same answer, not a second run
+                _check_turn(ep, req.episode_id, req.turn)
             if ep is None:
                 raise _Failure(409, "call reset() before step()")
             if ep.terminated or ep.truncated:
                 raise _Failure(409, "this episode has ended; call reset() to start another")
+            call = ("step", ep.episode_id, len(ep.turns) + 1)
             try:
                 obs, reward, terminated, truncated, info = await env.astep(req.action)
             except Exception as exc:
                 log.exception("step of session %s failed", session.id)
-                raise _Failure(
-                    500, f"env step failed: {type(exc).__name__}: {_message(exc)}", type(exc).__name__
-                ) from None
-            out = StepResponse.model_construct(
-                observation=obs,
-                reward=float(reward),
-                terminated=bool(terminated),
-                truncated=bool(truncated),
-                info=_step_info(info),
-            )
-        return _json(out)
+                resp = _error(500, f"env step failed: {type(exc).__name__}: {_message(exc)}", type(exc).__name__)
+            else:
+                out = StepResponse.model_construct(
+                    observation=obs,
+                    reward=float(reward),
+                    terminated=bool(terminated),
+                    truncated=bool(truncated),
+                    info=_step_info(info),
+                )
+                resp = _json(out)
+            session.last = Answer(call, resp.status_code, bytes(resp.body))
+        return resp
 
     async def end_episode(request: Request) -> Response:
         async with store.use(request.path_params["session_id"]) as session:
@@ -267,22 +285,36 @@ def create_app(
         return Response(status_code=204)
 
     async def truncate(request: Request) -> Response:
+        req = await _body(request, TruncateRequest, empty_ok=True)
         async with store.use(request.path_params["session_id"]) as session:
             env = session.env
+            ep = env.episode
+            if req.episode_id is not None:
+                last = session.last
+                if last is not None and last.call == ("truncate", req.episode_id, 0):
+                    return _replay(last)  # sent again, it would score nothing (0.0): the first answer
+                if ep is None or ep.episode_id != req.episode_id:
+                    raise _Failure(409, _other_episode("truncate", req.episode_id, ep))
+            was_open = ep is not None and not (ep.terminated or ep.truncated)
             try:
                 reward = await env.atruncate()
             except Exception as exc:
                 log.exception("truncating the episode of session %s failed", session.id)
                 raise _Failure(500, f"env truncate failed: {type(exc).__name__}: {_message(exc)}") from None
             ep = env.episode
-            last = dict(ep.turns[-1].reward_components) if ep is not None and ep.turns else {}
-        return _json(TruncateResponse(reward=reward, last_turn_components=last))
+            last_turn = dict(ep.turns[-1].reward_components) if ep is not None and ep.turns else {}
+            resp = _json(TruncateResponse(reward=reward, last_turn_components=last_turn))
+            if ep is not None and was_open:  # what a repeat must get (a repeat run would score 0.0)
+                session.last = Answer(("truncate", ep.episode_id, 0), resp.status_code, bytes(resp.body))
+        return resp
 
     async def health(request: Request) -> Response:
         return _json(Health(sessions=len(store), max_sessions=store.max_sessions))
 
     async def get_metadata(request: Request) -> Response:
-        return _json(metadata)
+        resp = _json(metadata)
+        resp.headers[FEATURES_HEADER] = ", ".join(FEATURES)  # a header: old clients refuse unknown fields
+        return resp
 
     async def tasks(request: Request) -> Response:
         return _json(task_list)
@@ -338,6 +370,31 @@ def _guarded(endpoint: Endpoint) -> Endpoint:
             return _error(500, f"internal server error: {type(exc).__name__}: {_message(exc)}", type(exc).__name__)
 
     return guarded
+
+
+def _replay(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type="application/json")
+
+
+def _other_episode(what: str, episode_id: str, ep: Episode | None) -> str:
+    now = "none is open (call reset() first)" if ep is None else f"it is at {ep.episode_id!r} now"
+    return f"a {what} of episode {episode_id!r}, which is not this session's episode: {now}"
+
+
+def _check_turn(ep: Episode | None, episode_id: str, turn: int) -> None:
+    """Refuse (409) a step that is not the next turn of the session's episode; it is not its
+    last step either (that one was answered again): running it would take a turn twice."""
+    if ep is None or ep.episode_id != episode_id:
+        raise _Failure(409, _other_episode("step", episode_id, ep))
+    taken = len(ep.turns)
+    if turn <= taken:
+        raise _Failure(
+            409,
+            f"turn {turn} of episode {episode_id!r} was taken already and is not its last step "
+            f"(it has taken {taken}): a step is never run twice",
+        )
+    if turn > taken + 1:
+        raise _Failure(409, f"turn {turn} of episode {episode_id!r} is ahead of it: it has taken {taken} turns")
 
 
 def _step_info(info: Mapping[str, Any]) -> StepInfo:

@@ -9,6 +9,10 @@ A create may carry a key (the client's `Idempotency-Key`, one per session it wan
 create sent again with the same key, because its answer was lost, gets the same session
 instead of a second one that would hold a slot until reaped. A key is kept as long as its
 session lives, so the keys held are bounded by `max_sessions`.
+
+A session also keeps the answer of the last step (or truncate) its env ran, under which
+turn of which episode it was: the same request sent again, because its answer was lost,
+gets that answer rather than a second run. One answer per session, dropped at the next reset.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TTL",
     "MAX_KEY_LENGTH",
+    "Answer",
     "Session",
     "SessionLimitError",
     "SessionStore",
@@ -60,6 +65,15 @@ def as_tool_env(made: Any) -> ToolEnv:
     return bare
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The answer to one call into a session's env, kept to be sent again instead of a second run."""
+
+    call: tuple[str, str, int]  # ("step", episode id, turn) or ("truncate", episode id, 0)
+    status: int
+    body: bytes
+
+
 @dataclass(eq=False)
 class Session:
     """One client's env and the lock its calls run under."""
@@ -67,6 +81,7 @@ class Session:
     id: str
     env: ToolEnv
     key: str | None = None  # the idempotency key it was created with
+    last: Answer | None = None  # the answer of the last step or truncate its env ran
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 

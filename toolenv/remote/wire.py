@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from toolenv.caller import ToolCallRecord
 from toolenv.trajectory import dump_json as json_line
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
 __all__ = [
+    "FEATURES",
+    "FEATURES_HEADER",
     "IDEMPOTENCY_KEY",
     "PROTOCOL_VERSION",
+    "REPLAY",
     "EnvMetadata",
     "ErrorResponse",
     "Health",
@@ -31,6 +34,7 @@ __all__ = [
     "StepRequest",
     "StepResponse",
     "TaskList",
+    "TruncateRequest",
     "TruncateResponse",
     "dump_json",
     "schemas",
@@ -43,6 +47,14 @@ PROTOCOL_VERSION = 2
 #: The header of `POST /sessions` naming one logical create: sent again with the same value
 #: (its answer was lost), the create gets the session the first one made. Optional.
 IDEMPOTENCY_KEY = "Idempotency-Key"
+#: The header of `GET /metadata` listing what a server does beyond its protocol version, comma
+#: separated. A header, not a metadata field: clients of the same version refuse unknown fields.
+FEATURES_HEADER = "Toolenv-Features"
+#: Feature: steps and truncates may carry their episode id (and turn); one sent again gets the
+#: answer of the run it repeats instead of a second run, so the client retries lost answers.
+REPLAY = "replay"
+#: What this version's server does (the value of `FEATURES_HEADER`).
+FEATURES = (REPLAY,)
 
 
 class _Wire(BaseModel):
@@ -108,9 +120,33 @@ class ResetResponse(_Wire):
 
 
 class StepRequest(_Wire):
-    """`POST /sessions/{id}/step`: one model turn."""
+    """`POST /sessions/{id}/step`: one model turn, optionally naming which turn of which episode it is.
+
+    With `episode_id` and `turn`, a step the server has just run, sent again because its
+    answer was lost, gets that run's answer again rather than running a second time; a step
+    older than the last, or of another episode, is refused (409). Without them (older
+    clients) the step runs as it comes.
+    """
 
     action: str
+    episode_id: str | None = Field(
+        default=None, min_length=1, max_length=255, description="The `episode_id` the reset answered."
+    )
+    turn: int | None = Field(
+        default=None, ge=1, description="Which turn this step is: 1 for the first, as `info.turn` of its answer."
+    )
+
+    @model_validator(mode="after")
+    def _identity_whole(self) -> StepRequest:
+        if (self.episode_id is None) != (self.turn is None):
+            raise ValueError("episode_id and turn go together: give both or neither")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _identity_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out rather than null: a server before the identity refuses fields it does not know.
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if k == "action" or v is not None}
 
 
 class StepInfo(_Wire):
@@ -136,6 +172,18 @@ class StepResponse(_Wire):
     terminated: bool
     truncated: bool
     info: StepInfo
+
+
+class TruncateRequest(_Wire):
+    """`POST /sessions/{id}/truncate` (the body is optional): which episode to end.
+
+    With `episode_id`, a truncate sent again because its answer was lost gets that answer
+    again (the reward it scored) instead of 0.0, and one for another episode is refused (409).
+    """
+
+    episode_id: str | None = Field(
+        default=None, min_length=1, max_length=255, description="The `episode_id` the reset answered."
+    )
 
 
 class TruncateResponse(_Wire):
@@ -191,6 +239,7 @@ def schemas() -> dict[str, Any]:
         ResetResponse,
         StepRequest,
         StepResponse,
+        TruncateRequest,
         TruncateResponse,
         TaskList,
         Health,
