@@ -30,6 +30,7 @@ python -m verl.trainer.main_ppo \
     data.val_files="$DATA_DIR/spider_val.parquet" \
     data.train_batch_size=64 \
     data.max_prompt_length=2048 \
+    data.filter_overlong_prompts=True \
     data.max_response_length=2048 \
     data.return_raw_chat=True \
     actor_rollout_ref.model.path="$MODEL" \

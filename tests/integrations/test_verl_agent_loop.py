@@ -490,3 +490,34 @@ async def test_mm_processor_kwargs_reach_the_server_and_the_output(tiny_tokenize
     out = await loop.run({}, **await _row())
     assert [kw["mm_processor_kwargs"] for kw in seen] == [{"max_pixels": 200704}] * 2
     assert out.mm_processor_kwargs == {"max_pixels": 200704}
+
+
+async def test_a_stop_string_turn_whose_observation_overflows_ends_on_the_models_token(
+    tiny_tokenizer, scripted_server, make_loop
+):
+    """verl puts the episode's reward on the last response token, and PPO's GAE drops a reward
+    on a mask-0 token. A turn cut by a stop string is closed with a mask-0 turn-end token only
+    together with its observation: when the observation does not fit, the response ends on the
+    model's last token, as generated, and the reward reaches the advantages."""
+    import torch
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    tags = {"parser": "tags", "parser_kwargs": {"tags": {"calc": ["calculator", "expression"]}}}
+    reply = "<calc>(12 + 30) / 2</calc>"
+    n = len(tiny_tokenizer.encode(reply, add_special_tokens=False))
+    server = scripted_server([(reply, False)])
+    loop = make_loop(server, stop=["</calc>"], response_length=n + 3, max_turns=10)
+    out = await loop.run({"logprobs": True}, **await _row({**PENALIZED, **tags}, index=1))
+    assert out.extra_fields["toolenv_stop_reason"] == "response_length"
+    assert out.response_ids == server.emitted[0] and out.response_mask == [1] * n
+    assert len(out.response_logprobs) == n
+    assert out.reward_score == -1.0
+
+    rm_scores = out.as_dict()["rm_scores"]
+    mask = torch.tensor([out.response_mask])
+    # verl's GAE with zero values: the return of the first token is the reward (whitened
+    # advantages of one sample say nothing, so read the returns).
+    _, returns = compute_gae_advantage_return(
+        rm_scores.unsqueeze(0), torch.zeros_like(rm_scores).unsqueeze(0), mask, gamma=1.0, lam=1.0
+    )
+    assert returns[0, 0].item() == -1.0

@@ -152,3 +152,19 @@ def test_split_is_deterministic_and_disjoint():
     assert [t.id for t in split_tasks(list(reversed(tasks)), "test")] == [t.id for t in reversed(test)]
     with pytest.raises(ValueError, match="unknown split"):
         split_tasks(tasks, "dev")
+
+
+def test_rows_of_several_envs_keep_their_images_whatever_comes_first(tmp_path):
+    """pyarrow's `from_pylist` takes its columns from the first row only: text rows written before
+    image rows (rows of two envs in one file) silently lost the `images` column."""
+    import pyarrow.parquet as pq
+
+    pytest.importorskip("toolenv_vision", reason="the image rows come from toolenv-vision's VisualSearch-v0")
+    text = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": DEMO_TASKS}, limit=1)
+    vision = build_rows("toolenv/VisualSearch-v0", env_kwargs={"num_tasks": 1}, limit=1)
+    assert len(vision[0]["images"]) == 1 and "images" not in text[0]
+    for rows in (text + vision, vision + text):
+        back = pq.read_table(write_parquet(rows, tmp_path / "mixed.parquet")).to_pylist()
+        by_env = {r["extra_info"]["env_id"]: r for r in back}
+        assert by_env["toolenv/VisualSearch-v0"]["images"] == vision[0]["images"]
+        assert by_env["toolenv/ToolEnv-v0"]["images"] is None  # RLHFDataset reads None as no images

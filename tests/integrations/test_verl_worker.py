@@ -206,7 +206,36 @@ def test_launch_script_overrides_compose(script, tmp_path):
     names = [loop["name"] for loop in OmegaConf.load(agent.agent_loop_config_path)]
     assert agent.default_agent_loop in names and "toolenv_agent" in names
     assert cfg.trainer.nnodes == 2
+    assert cfg.data.filter_overlong_prompts is True  # see test_overlong_prompts_are_filtered_not_cut
     if "ppo" in script.split("_")[-1]:
         assert cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path == "Qwen/Qwen2.5-3B-Instruct"
     else:
         assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 8
+
+
+async def test_overlong_prompts_are_filtered_not_cut(tiny_model_dir, tiny_tokenizer, parquet, make_loop):
+    """verl 0.9.1 leaves `data.filter_overlong_prompts` off (its `truncation: error` is not read), and
+    the agent loop then cuts a prompt longer than `max_prompt_length` from the left: the system
+    prompt, with the tool and answer instructions, goes first. The launch scripts turn the filter
+    on, which drops such rows when the dataset loads; it reads toolenv rows as they are."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    config = _config(tiny_model_dir, parquet)
+    row = _batch(config, tiny_tokenizer, parquet)[0].non_tensor_batch
+    system_header = tiny_tokenizer.encode("<|im_start|>system", add_special_tokens=False)
+    loop = make_loop(CalculatorPolicy(tiny_tokenizer))
+    full = await loop.ct_build_initial_tokens(list(row["raw_prompt"]))
+    assert full[: len(system_header)] == system_header
+    loop.rollout_config.prompt_length = len(full) - 1
+    cut = await loop.ct_build_initial_tokens(list(row["raw_prompt"]))
+    assert cut == full[1:] and cut[: len(system_header)] != system_header
+
+    def rows(limit: int, keep_long: bool) -> int:
+        data = config.data.copy()
+        data.max_prompt_length, data.filter_overlong_prompts = limit, not keep_long
+        data.tool_config_path = None  # as in the scripts: else the filter counts a tools block the loop never sends
+        return len(RLHFDataset(data_files=[str(parquet)], tokenizer=tiny_tokenizer, config=data, processor=None))
+
+    assert rows(len(full) - 1, keep_long=True) == 3  # verl's default: every row kept, then cut
+    assert rows(len(full) + 64, keep_long=False) == 3
+    assert rows(8, keep_long=False) == 0

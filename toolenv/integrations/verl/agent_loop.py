@@ -97,7 +97,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
     Args:
         max_turns: model turns per episode; default `multi_turn.max_assistant_turns` (the env's
             own `max_turns` truncates too).
-        env_kwargs: overrides merged over each row's `extra_info.env_kwargs`.
+        env_kwargs: overrides merged over each row's `extra_info.env_kwargs` key by key (a key
+            replaces the row's whole value, nested mappings included).
         observation_role: `"tool"` (one tool message per tool result; the chat template
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
             formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
@@ -305,6 +306,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 stop_reason = "max_turns"
                 break
 
+            # As the model left it: restored when the observation does not fit (below).
+            unclosed = (runtime, mask, logprobs)
             if (
                 self.turn_end_id is not None
                 and new_ids[-1:] != [self.turn_end_id]
@@ -325,7 +328,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 previous, messages, runtime, mask, logprobs if logprobs else None
             )
             if len(new_mask) >= self.response_length:
+                # The closing token goes only with its observation: the response must end on a
+                # model token, where verl puts the reward (PPO's GAE drops one on a mask-0 token).
                 del messages[len(previous) :]
+                runtime, mask, logprobs = unclosed
                 break
             runtime, mask = merged.token_ids, new_mask
             if logprobs:

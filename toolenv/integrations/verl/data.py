@@ -134,13 +134,20 @@ def build_rows(env_id: str, **kwargs: Any) -> list[dict[str, Any]]:
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Write rows as one parquet file (pyarrow); parent folders are created."""
+    """Write rows as one parquet file (pyarrow); parent folders are created.
+
+    Columns are those of every row (rows of several envs: only image rows have `images`);
+    a row without one holds null there, which verl's dataset reads as absent.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not rows:
         raise ValueError("no rows to write")
+    # Not `Table.from_pylist(rows)`: it takes the columns of the first row only.
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in names})
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), out)
+    pq.write_table(table, out)
     return out
