@@ -18,7 +18,7 @@ pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip
 from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, asgi_server, make_env, serving
 
 import toolenv
-from toolenv.remote import RemoteEnvError, RemoteToolEnv
+from toolenv.remote import RemoteEnvError, RemoteToolEnv, SessionGoneError
 from toolenv.rewards.base import record_reward_info
 from toolenv.trajectory import Trajectory
 from toolenv.vector import ToolVectorEnv
@@ -359,6 +359,8 @@ def test_idle_sessions_are_reaped_and_reset_opens_a_new_one() -> None:
         with pytest.raises(RemoteEnvError, match="no session") as exc:
             env.step(CALL_ADD)
         assert exc.value.status == 404
+        # A public name: the runner records `type(exc).__name__` in the trajectory's error.
+        assert isinstance(exc.value, SessionGoneError) and type(exc.value).__name__ == "SessionGoneError"
         obs, _ = env.reset(options={"task_id": "t1"})  # a fresh session, transparently
         assert "2+3?" in obs and env.step("<answer>5</answer>")[1] == 1.0
         env.close()

@@ -6,6 +6,6 @@ Only the client is imported here (it needs httpx, a core dependency); the server
 
 from __future__ import annotations
 
-from toolenv.remote.client import RemoteEnvError, RemoteToolEnv
+from toolenv.remote.client import RemoteEnvError, RemoteToolEnv, SessionGoneError
 
-__all__ = ["RemoteEnvError", "RemoteToolEnv"]
+__all__ = ["RemoteEnvError", "RemoteToolEnv", "SessionGoneError"]

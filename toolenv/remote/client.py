@@ -46,7 +46,7 @@ from toolenv.remote.wire import (
 from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.types import ParsedAction, Task, load_tasks
 
-__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv"]
+__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv", "SessionGoneError"]
 
 log = logging.getLogger("toolenv.remote")
 
@@ -76,8 +76,9 @@ class RemoteEnvError(RuntimeError):
         self.status = status
 
 
-class _SessionGone(RemoteEnvError):
-    """404: the server no longer has the session (deleted, idle too long, restarted)."""
+class SessionGoneError(RemoteEnvError):
+    """404: the server no longer has the session (deleted, idle too long, restarted); the
+    episode cannot go on, and the next `reset` opens a new session by itself."""
 
 
 class _ServerReward(Reward):
@@ -207,7 +208,7 @@ class RemoteToolEnv(ToolEnv):
         path = f"/sessions/{self._session}/reset"
         try:
             reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
-        except _SessionGone:  # reaped while idle, or the server restarted: a new session will do
+        except SessionGoneError:  # reaped while idle, or the server restarted: a new session will do
             await self._open_session()
             path = f"/sessions/{self._session}/reset"
             reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
@@ -242,7 +243,7 @@ class RemoteToolEnv(ToolEnv):
         except RemoteEnvError as exc:
             # The server may or may not have taken the step: this episode cannot go on.
             self._lost = f"this episode was lost ({exc}); call reset() to start another"
-            if isinstance(exc, _SessionGone):
+            if isinstance(exc, SessionGoneError):
                 self._session = None
             self._busy = self._busy or exc.status is None  # no answer: it may still run there
             raise
@@ -291,7 +292,7 @@ class RemoteToolEnv(ToolEnv):
             # The server may have scored and ended it: sent again, it would score nothing (0.0).
             why = str(exc) if isinstance(exc, RemoteEnvError) else "its truncate was cancelled"
             self._lost = f"this episode was lost ({why}); call reset() to start another"
-            if isinstance(exc, _SessionGone):
+            if isinstance(exc, SessionGoneError):
                 self._session = None
             self._busy = self._busy or not isinstance(exc, RemoteEnvError) or exc.status is None
             raise
@@ -313,7 +314,7 @@ class RemoteToolEnv(ToolEnv):
         if self._session is not None and self._lost is None:
             try:
                 await self._do("POST", f"/sessions/{self._session}/end", "end_episode", retry=True)
-            except _SessionGone:
+            except SessionGoneError:
                 self._session = None  # its env was closed, and the episode with it
             except RemoteEnvError as exc:
                 # Logged, not raised, as a local env's failing release: the next reset or close
@@ -341,7 +342,7 @@ class RemoteToolEnv(ToolEnv):
         try:
             if session is not None:
                 await self._do("DELETE", f"/sessions/{session}", "close", retry=True)
-        except _SessionGone:
+        except SessionGoneError:
             pass
         except RemoteEnvError as exc:
             log.warning("could not delete session %s: %s", session, exc)
@@ -397,7 +398,7 @@ class RemoteToolEnv(ToolEnv):
             return
         try:
             await self._do("DELETE", f"/sessions/{session}", "close the previous session", retry=True)
-        except _SessionGone:
+        except SessionGoneError:
             pass
         except RemoteEnvError as exc:
             log.warning("could not delete session %s: %s", session, exc)
@@ -503,5 +504,5 @@ class RemoteToolEnv(ToolEnv):
         if status == 400 and kind in _REBUILT:
             return _REBUILT[kind](message)
         if status == 404 and "/sessions/" in resp.request.url.path:
-            return _SessionGone(f"{what}: {message}", status=status)
+            return SessionGoneError(f"{what}: {message}", status=status)
         return RemoteEnvError(f"{what}: the toolenv server at {self.url} answered {status}: {message}", status=status)
