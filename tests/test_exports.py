@@ -46,6 +46,7 @@ def test_all_is_pinned() -> None:
         "CacheStats",
         "RemoteEnvError",
         "RemoteToolEnv",
+        "SessionGoneError",
         "ResultCache",
         "Trajectory",
         "export_chat",

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteToolEnv": "toolenv.remote",
     "ResultCache": "toolenv.result_cache",
     "Reward": "toolenv.rewards",
+    "SessionGoneError": "toolenv.remote",
     "Task": "toolenv.types",
     "TokenF1": "toolenv.rewards",
     "Tool": "toolenv._tool",
@@ -68,6 +69,7 @@ __all__ = [
     "RemoteToolEnv",
     "ResultCache",
     "Reward",
+    "SessionGoneError",
     "Task",
     "TokenF1",
     "Tool",
@@ -106,7 +108,7 @@ if TYPE_CHECKING:
     from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
     from toolenv.parsers import ActionParser, get_parser
     from toolenv.registry import PluginError, load_tool
-    from toolenv.remote import RemoteEnvError, RemoteToolEnv
+    from toolenv.remote import RemoteEnvError, RemoteToolEnv, SessionGoneError
     from toolenv.result_cache import CacheStats, ResultCache
     from toolenv.rewards import ExactMatch, Reward, TokenF1, WeightedSum, get_reward
     from toolenv.runner import rollout
