@@ -116,7 +116,9 @@ def test_a_string_parameter_keeps_exactly_what_was_written(value: str) -> None:
         ("exact", "FALSE", False),
         ("exact", "yes", "yes"),
         ("tags", "a, b", "a, b"),
-        ("tags", "['a', 'b']", "['a', 'b']"),  # not JSON: stays text (never eval'd)
+        ("tags", "['a', 'b']", ["a", "b"]),  # Python's list: ast.literal_eval, as vLLM reads it
+        ("tags", "[os.sep]", "[os.sep]"),  # not a literal: stays text (never eval'd)
+        ("tags", "[" * 10_000, "[" * 10_000),  # too deep for either reader
         ("window", "{start: 1}", "{start: 1}"),
         ("limit", "[" * 10_000, "[" * 10_000),  # too deep for the decoder
         ("limit", "1" * 5000, "1" * 5000),  # past Python's 4300-digit limit
@@ -619,3 +621,14 @@ def test_instructions_are_the_real_templates_system_prompt(glm_tok: Any) -> None
     assert Glm45Parser(answer_tag=False).instructions(tools) == system + (
         "\nWrite a string value as it is, without quotes; numbers, booleans, arrays and objects as JSON."
     )
+
+
+def test_python_literal_arrays_and_objects_are_read_as_vllm_reads_them() -> None:
+    """vLLM's glm45 parser reads a value that is not JSON with `ast.literal_eval`: a model that
+    writes `['a', 'b']` for a list gets a list there, so it must here too (never `eval`)."""
+    text = call("search", ("query", "x"), ("tags", "['a', \"b\"]"), ("options", "{'k': [1, 2.5, None, True]}"))
+    (got,) = summary(BOUND.parse(text))
+    assert got[1] == {"query": "x", "tags": ["a", "b"], "options": {"k": [1, 2.5, None, True]}}
+    for not_literal in ("[__import__('os')]", "{'a': {1, 2}}", "[b'x']", "(1, 2"):
+        (kept,) = summary(BOUND.parse(call("search", ("query", "x"), ("tags", not_literal))))
+        assert kept[1]["tags"] == not_literal

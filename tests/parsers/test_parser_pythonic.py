@@ -497,5 +497,24 @@ def test_lfm2_wraps_the_list_in_tool_call_markers() -> None:
     parsed = p.parse("Let me look.<|tool_call_start|>[lookup(query='paris'), f(a=1)]<|tool_call_end|><|im_end|>")
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("lookup", {"query": "paris"}), ("f", {"a": 1})]
     assert parsed.text == "Let me look." and parsed.errors == []
-    late = p.parse("<|tool_call_start|>[lookup(query='paris')]<|tool_call_end|> and more")
-    assert late.tool_calls == [] and "Text follows the call list" in late.errors[0]
+    bare = p.parse("[lookup(query='paris')] and more")  # without the markers, the list must end the reply
+    assert bare.tool_calls == [] and "Text follows the call list" in bare.errors[0]
+
+
+def test_lfm2_may_write_text_after_its_closed_call_list() -> None:
+    """LFM2/LFM2.5's model cards show the model writing its reply's text after
+    `<|tool_call_end|>`; vLLM's `lfm2` parser reads the wrapped list and keeps that text."""
+    p = get_parser("pythonic")
+    card = (
+        '<|tool_call_start|>[get_candidate_status(candidate_id="12345")]<|tool_call_end|>'
+        "Checking the current status of candidate ID 12345.<|im_end|>"
+    )
+    parsed = p.parse(card)
+    assert [(c.name, c.arguments, c.id) for c in parsed.tool_calls] == [
+        ("get_candidate_status", {"candidate_id": "12345"}, "call_0")
+    ]
+    assert parsed.errors == [] and parsed.text == "Checking the current status of candidate ID 12345."
+    bad = p.parse("Sure.<|tool_call_start|>[lookup(query=x)]<|tool_call_end|> Looking it up.")
+    assert bad.tool_calls == [] and "not a literal" in bad.errors[0] and bad.text == "Sure. Looking it up."
+    answered = p.parse("<|tool_call_start|>[f(a=1)]<|tool_call_end|>Done. <answer>4</answer>")
+    assert answered.answer == "4" and [c.name for c in answered.tool_calls] == ["f"]

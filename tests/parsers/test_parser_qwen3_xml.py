@@ -209,3 +209,58 @@ def test_union_and_any_parameters_read_back_as_written() -> None:
         text = parser.format_call("lookup", args)
         assert text is not None
         assert parser.parse(text).tool_calls[0].arguments == args, text
+
+
+def test_a_call_without_its_opening_tool_call_tag_is_read_as_vllm_reads_it() -> None:
+    """Qwen3-Coder often drops the opening `<tool_call>` and writes the function block (and
+    often the closing tag) alone; vLLM's `qwen3_coder` parser reads the `<function=…>` blocks
+    of a reply that has no `<tool_call>`, so the env must too."""
+    text = (
+        "I'll fetch the page.\n\n<function=run_sql>\n<parameter=query>\nSELECT 1\n</parameter>\n"
+        "<parameter=limit>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
+    action = BOUND.parse(text)
+    assert action.errors == []
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [
+        ("run_sql", {"query": "SELECT 1", "limit": 3}, "call_0")
+    ]
+    assert action.text == "I'll fetch the page."
+    two = BOUND.parse(
+        "<function=now>\n</function>\n<function=run_sql>\n<parameter=query>\nx\n</parameter>\n</function>"
+    )
+    assert [(c.name, c.id) for c in two.tool_calls] == [("now", "call_0"), ("run_sql", "call_1")]
+    assert two.text == "" and two.errors == []
+    unclosed = BOUND.parse("Let me run it: <function=run_sql>\n<parameter=query>\nx")
+    assert unclosed.tool_calls == [] and "is not closed with </function>" in unclosed.errors[0]
+
+
+def test_null_is_none_for_a_parameter_that_may_be_null() -> None:
+    """vLLM reads `null` as None; for an optional string that is the only way to write None
+    (the text `null` of a plain string parameter stays text)."""
+
+    class Note(toolenv.Tool):
+        """Take a note."""
+
+        name = "note"
+
+        class Args(BaseModel):
+            title: str
+            body: str | None = "-"
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+            return toolenv.ToolResult(text="ok")
+
+    parser = Qwen3XMLParser().bind([Note()])
+    (call,) = parser.parse(block("note", title="null", body="null")).tool_calls
+    assert call.arguments == {"title": "null", "body": None}
+    text = parser.format_call("note", {"title": "t", "body": None})
+    assert text is not None and parser.parse(text).tool_calls[0].arguments == {"title": "t", "body": None}
+
+
+def test_python_literal_arrays_and_objects_are_read_as_vllm_reads_them() -> None:
+    """vLLM's `qwen3_coder` parser falls back to `ast.literal_eval` for an array or object
+    that is not JSON (Qwen3-Coder's template writes other values with Python's `str`)."""
+    (call,) = BOUND.parse(block("run_sql", query="['a']", columns="['a', 'b']", options="{'x': 1}")).tool_calls
+    assert call.arguments == {"query": "['a']", "columns": ["a", "b"], "options": {"x": 1}}
+    (kept,) = BOUND.parse(block("run_sql", query="q", columns="[open('f')]")).tool_calls
+    assert kept.arguments["columns"] == "[open('f')]"

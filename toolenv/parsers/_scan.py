@@ -3,15 +3,17 @@ positional call ids, and values written as bare text, read (and written) by thei
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
-from toolenv.parsers._json import decode_json, same_json
+from toolenv.parsers._json import decode_json, encode_json, same_json
 
 if TYPE_CHECKING:
     from toolenv._tool import Tool
@@ -21,6 +23,7 @@ __all__ = [
     "SchemaBound",
     "param_kind",
     "positional_id",
+    "python_literal",
     "schema_kinds",
     "typed_value",
     "write_typed",
@@ -77,12 +80,13 @@ def param_kind(schema: Any) -> str | None:
     return "null" if kinds == {"null"} else None
 
 
-def typed_value(raw: str, kind: str | None) -> Any:
+def typed_value(raw: str, kind: str | None, literals: bool = False) -> Any:
     """A value written as bare text (GLM's `<arg_value>`, Muse Glimmer's `<atem:parameter>`),
     read by its parameter's type (`kind`, from `param_kind`; None when unknown): a string stays
     exactly as written (None for `null` when it may be null), any other type is decoded as JSON
-    (`True`/`False` are accepted for booleans); what does not decode, and an unknown type's text
-    that is not JSON, stays text."""
+    (`True`/`False` are accepted for booleans; with `literals`, Python's list and dict literals
+    for arrays and objects, see `python_literal`); what does not decode, and an unknown type's
+    text that is not JSON, stays text."""
     if kind == "string":
         return raw
     if kind == "string?":  # the templates write None as null, and a string as it is
@@ -97,21 +101,48 @@ def typed_value(raw: str, kind: str | None) -> Any:
     except (ValueError, RecursionError):  # ValueError: also ints past Python's 4300-digit limit
         if kind == "boolean" and text.lower() in ("true", "false"):
             return text.lower() == "true"
+        if literals and kind in ("array", "object"):
+            return python_literal(text, raw)
         return raw
 
 
-def write_typed(value: Any, kind: str | None, breaks: Sequence[str], escape: Callable[[str], str]) -> str | None:
+def python_literal(text: str, default: Any) -> Any:
+    """A Python list or dict literal (`['a', 'b']`, `{'k': None}`) as the JSON value it stands
+    for, or `default`: for an array or object parameter whose text is not JSON, vLLM's
+    `glm45` and `qwen3_coder` parsers fall back to `ast.literal_eval` (never `eval`), so a
+    model writing Python's spelling makes the same call here as there (vLLM's `muse_glimmer`
+    parser has no such fallback, nor has that one here). Tuples read as lists;
+    what JSON cannot hold (sets, bytes, complex numbers) is not a literal."""
+    if not text.startswith(("[", "{")):
+        return default
+    try:
+        with warnings.catch_warnings():  # `'\d'` is valid Python that warns: not to the trainer's stderr
+            warnings.simplefilter("ignore")
+            value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError):
+        return default
+    encoded = encode_json(value) if isinstance(value, (list, dict)) else None
+    return default if encoded is None else decode_json(encoded)
+
+
+def write_typed(
+    value: Any, kind: str | None, breaks: Sequence[str], escape: Callable[[str], str], literals: bool = False
+) -> str | None:
     """`value` as bare text that `typed_value(…, kind)` reads back as `value`: a string as it is
     (the templates write it so) unless it holds one of `breaks` or would read back as something
     else, then JSON (`escape` writing the `<` of the format's markers as `\\u003c`); None when
     nothing does (a string parameter is read as written, so a JSON text would stay text)."""
-    if isinstance(value, str) and not any(b in value for b in breaks) and same_json(typed_value(value, kind), value):
+    if (
+        isinstance(value, str)
+        and not any(b in value for b in breaks)
+        and same_json(typed_value(value, kind, literals), value)
+    ):
         return value
     if kind == "string":
         return None
     try:
         text = escape(json.dumps(value, ensure_ascii=False, allow_nan=False))
-        return text if same_json(typed_value(text, kind), value) else None
+        return text if same_json(typed_value(text, kind, literals), value) else None
     except (TypeError, ValueError, RecursionError):  # not JSON, NaN, ints past 4300 digits, too deep
         return None
 

@@ -238,7 +238,7 @@ class Glm45Parser(SchemaBound, ActionParser):
                 return None, f"{where}: the <arg_value> of {key[:80]!r} is not closed with </arg_value>. {_HOW}"
             if key in args:
                 return None, f"{where}: argument {key[:80]!r} is given twice."
-            args[key] = typed_value(body[at + len(_VALUE) : value_end], self._kind(name, key))
+            args[key] = typed_value(body[at + len(_VALUE) : value_end], self._kind(name, key), literals=True)
             pos = value_end + len(_VALUE_END)
 
     # ------------------------------------------------------------------ prompt, results, calls
@@ -270,7 +270,7 @@ class Glm45Parser(SchemaBound, ActionParser):
         for key, value in arguments.items():
             if not isinstance(key, str) or not key.strip() or key != key.strip() or _has(key, _KEY_BREAKS):
                 return None
-            text = write_typed(value, self._kind(name, key), _BREAKS, _escape)
+            text = write_typed(value, self._kind(name, key), _BREAKS, _escape, literals=True)
             if text is None:
                 return None
             lines.append(f"{_KEY}{key}{_KEY_END}\n{_VALUE}{text}{_VALUE_END}")

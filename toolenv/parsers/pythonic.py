@@ -16,7 +16,9 @@ How the text is read, and why:
   `<|eom_id|>`. Several lists separated by white space are all read, in order (an agent that
   writes one native call per line gives that). The list starts at a `[` followed by a name
   and `(`; a `[` in prose (`[1]`, `[see above]`, a Markdown link) is therefore never a call,
-  and a `[name(...)]` inside a sentence, followed by more text, is prose too. A reply that
+  and a `[name(...)]` inside a sentence, followed by more text, is prose too. LFM2's
+  `<|tool_call_start|>…<|tool_call_end|>` closes its list, so text may follow that block
+  (as its model cards show and vLLM's `lfm2` parser reads). A reply that
   starts with `[name(` but does not end with its list (text after it, not closed, too long)
   is an error that says so, unless it gives an `<answer>`; when a later list does end the
   reply, that list runs and the error for the first is reported beside it.
@@ -134,28 +136,56 @@ class PythonicParser(ActionParser):
     def parse(self, text: str) -> ParsedAction:
         calls: list[ToolCall] = []
         errors: list[str] = []
+        problems: list[str] = []
+        if _LFM_START in text and _LFM_END in text:
+            rest = self._read_wrapped(text, calls, errors, problems)
+        else:
+            rest, _ = self._read_reply(text, 0, calls, errors, problems)
+        answer: str | None = None
+        if self.answer_tag and "<answer>" in rest:
+            answer, rest = self.find_answer(rest)
+        if answer is None:
+            errors += problems
+        if "<|" in rest:
+            rest = _unmark(rest)
+        return new_parsed(calls, answer, rest.strip(), errors)
+
+    def _read_wrapped(self, text: str, calls: list[ToolCall], errors: list[str], problems: list[str]) -> str:
+        """LFM2's turn: each `<|tool_call_start|>…<|tool_call_end|>` holds a call list, and the
+        model may go on writing after it (its model cards show a sentence there), as vLLM's
+        `lfm2` parser reads it. The text outside the blocks is returned."""
+        pieces: list[str] = []
+        pos = index = 0
+        while (start := text.find(_LFM_START, pos)) >= 0 and (stop := text.find(_LFM_END, start)) >= 0:
+            pieces.append(text[pos:start])
+            inner, index = self._read_reply(text[start + len(_LFM_START) : stop], index, calls, errors, problems)
+            pieces.append(inner)
+            pos = stop + len(_LFM_END)
+        pieces.append(text[pos:])
+        return "".join(pieces)
+
+    def _read_reply(
+        self, text: str, index: int, calls: list[ToolCall], errors: list[str], problems: list[str]
+    ) -> tuple[str, int]:
+        """Read the call lists that end `text` into `calls`/`errors` (their first number is
+        `index`); the text around them and the next call's number. The error for a list that
+        does not end `text` goes to `problems` (dropped when the turn gives an answer)."""
         end = _content_end(text)
         spans: list[tuple[int, int]] = []
         failed: tuple[int, int] | None = None
         if "(" in text:  # skip the scan for plain text and bare answers
             spans, failed = self._find(text, end)
         pieces: list[str] = []
-        pos = index = 0
+        pos = 0
         for start, stop in spans:
             pieces.append(text[pos:start])
             pos = stop
             index = self._read(text[start:stop], index, calls, errors)
         pieces.append(text[pos:])
-        rest = "".join(pieces)
-        answer: str | None = None
-        if self.answer_tag and "<answer>" in rest:
-            answer, rest = self.find_answer(rest)
-        if failed is not None and answer is None:
+        if failed is not None:
             lost = "The call list at the start of the reply did not run. " if spans else ""
-            errors.append(lost + self._diagnose(text, end, *failed))
-        if "<|" in rest:
-            rest = _unmark(rest)
-        return new_parsed(calls, answer, rest.strip(), errors)
+            problems.append(lost + self._diagnose(text, end, *failed))
+        return "".join(pieces), index
 
     def _find(self, text: str, end: int) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
         """The spans of the call lists that end the reply, or none and the `(start, status)` of

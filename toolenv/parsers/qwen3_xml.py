@@ -15,17 +15,20 @@ of the format). Bound to an env's tools (`bind`), the parser reads each argument
 JSON-schema type: strings stay as written, numbers, booleans, arrays and objects are
 decoded. Unbound, every argument stays text and the tool's Pydantic model coerces what it
 can. Results come back in `<tool_response>` blocks, as with Hermes. One `<tool_call>` block
-may hold several `<function=…>` blocks; each is a call, as vLLM's `qwen3_coder` parser has it.
+may hold several `<function=…>` blocks; each is a call, as vLLM's `qwen3_coder` parser has it,
+and so is each `<function=…>` block of a reply with no `<tool_call>` at all (Qwen3-Coder often
+drops the opening tag; vLLM reads those too).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
 from toolenv.parsers._json import decode_json, encode_json, same_json
-from toolenv.parsers._scan import SchemaBound, schema_kinds, typed_value
+from toolenv.parsers._scan import SchemaBound, python_literal, schema_kinds, typed_value
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import scan_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -35,6 +38,8 @@ __all__ = ["Qwen3XMLParser"]
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION, _FUNCTION_END = "<function=", "</function>"
 _PARAMETER, _PARAMETER_END = "<parameter=", "</parameter>"
+#: The `</tool_call>` of a function written without its opening `<tool_call>`.
+_ORPHAN_CLOSE = re.compile(r"\s*</tool_call>")
 
 
 def _strip_newline(value: str) -> str:
@@ -60,6 +65,8 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
         calls: list[ToolCall] = []
         errors: list[str] = []
         if _OPEN not in text:  # skip the scan for plain text and bare answers
+            if _FUNCTION in text:
+                return self._parse_bare(text)
             return tool_call_action(calls, errors, text, self.answer_tag)
         pieces: list[str] = []
         pos = index = 0  # index: the next call's position in the turn (its id and error number)
@@ -71,6 +78,33 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
                 index += 1
                 continue
             index = self._read_block(body, index, calls, errors)
+        pieces.append(text[pos:])
+        return tool_call_action(calls, errors, "".join(pieces), self.answer_tag)
+
+    def _parse_bare(self, text: str) -> ParsedAction:
+        """A turn with `<function=…>` blocks and no `<tool_call>`: Qwen3-Coder often drops the
+        opening tag (and keeps the closing one), and vLLM's `qwen3_coder` parser then reads
+        every function block of the reply, so the env does too. A `</tool_call>` right after a
+        function is its block's close and leaves the text with it."""
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        pieces: list[str] = []
+        pos = index = 0
+        head = text.find(_FUNCTION)
+        while head >= 0:
+            pieces.append(text[pos:head])
+            call, err, end = self._decode(text, head, index)
+            if err is not None:
+                errors.append(err)
+            elif call is not None:
+                calls.append(call)
+            index += 1
+            if end < 0:  # not closed: the rest of the reply is this function's
+                pos = len(text)
+                break
+            orphan = _ORPHAN_CLOSE.match(text, end)
+            pos = orphan.end() if orphan else end
+            head = text.find(_FUNCTION, pos)
         pieces.append(text[pos:])
         return tool_call_action(calls, errors, "".join(pieces), self.answer_tag)
 
@@ -169,9 +203,7 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
         props = self._types.get(name)
         for key, value in arguments.items():
             schema = props.get(key) if props is not None else None
-            as_written = isinstance(value, str) and (
-                not isinstance(schema, Mapping) or _kind(schema) == "string" or same_json(_typed(value, schema), value)
-            )
+            as_written = isinstance(value, str) and same_json(_typed(value, schema), value)
             text = value if as_written else encode_json(value)
             if text is None:
                 return None
@@ -179,8 +211,8 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
                 return None
             if any(tag in text for tag in (_PARAMETER_END, _FUNCTION_END, _CLOSE, _OPEN)):
                 return None  # raw text cannot hold the format's own closing tags
-            if not isinstance(value, str) and self._types and _kind(self._types.get(name, {}).get(key)) == "string":
-                return None  # a non-string for a string parameter would read back as text
+            if isinstance(schema, Mapping) and not same_json(_typed(text, schema), value):
+                return None  # e.g. a number for a string parameter, or the text "null" for one that may be null
             params.append(f"{_PARAMETER}{key}>\n{text}\n{_PARAMETER_END}")
         if not name.strip() or name != name.strip() or ">" in name or _FUNCTION_END in name:
             return None
@@ -199,15 +231,17 @@ def _kind(schema: Any) -> str | None:
 
 
 def _typed(value: str, schema: Any) -> Any:
-    """`value` read by its parameter's type: text for strings (and for a parameter the tool
-    does not have, or text that does not decode, so the tool's validation reports it); for a
+    """`value` read by its parameter's type: text for strings (None for `null` when the string
+    may be null; and text for a parameter the tool does not have, or text that does not
+    decode, so the tool's validation reports it); for a
     parameter of several types (a union) or of any type, JSON when the text reads as JSON;
     JSON otherwise."""
     if not isinstance(schema, Mapping):
         return value
     kind = _kind(schema)
     if kind == "string":
-        return value
+        # vLLM reads `null` as None: for a string that may be null, the only way to write None.
+        return None if value == "null" and "null" in schema_kinds(schema) else value
     if kind is None:
         return typed_value(value, None)
     if kind == "null" and value.strip() in ("", "null", "None"):
@@ -217,6 +251,8 @@ def _typed(value: str, schema: Any) -> Any:
     except (ValueError, RecursionError):
         if kind == "boolean" and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
+        if kind in ("array", "object"):  # `['a', 'b']`: vLLM falls back to ast.literal_eval
+            return python_literal(value.strip(), value)
         return value
 
 
