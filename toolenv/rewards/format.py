@@ -41,12 +41,19 @@ def _opened_by_prompt(text: str, tag: str) -> bool:
     return end >= 0 and f"<{tag}>" not in text[:end] and bool(text[:end].strip())
 
 
+def _answered(answer: str | None) -> bool:
+    """A real answer: an empty `<answer></answer>` ends the episode but says nothing."""
+    return answer is not None and bool(answer.strip())
+
+
 def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
-    """True when the turn parsed without errors, did something (a call or an answer)
+    """True when the turn parsed without errors, did something (a call or a non-empty answer)
     and, when `think_tag` is given, holds a non-empty `<think_tag>` block (or starts inside
     one the generation prompt opened, ending at its `</think_tag>`)."""
     parsed = turn.parsed
     if parsed.errors:
+        return False
+    if parsed.answer is not None and not _answered(parsed.answer):
         return False
     if not parsed.tool_calls and parsed.answer is None:
         return False
@@ -55,10 +62,10 @@ def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
 
 class FormatReward(Reward):
     """1.0 when every turn was well formed (see `turn_is_well_formed`) and the episode
-    ended with an answer, else 0.0.
+    ended with a non-empty answer, else 0.0.
 
     Args:
-        require_answer: the episode must end with an answer (not by truncation).
+        require_answer: the episode must end with a non-empty answer (not by truncation).
         require_think: every turn must hold a non-empty `<think>…</think>` block (R1-style), or
             start inside one that the generation prompt opened and close it with `</think>`.
         think_tag: the tag name of the reasoning block.
@@ -84,7 +91,7 @@ class FormatReward(Reward):
         self._think = think_tag if require_think else None
 
     async def final(self, episode: Episode) -> float:
-        if not episode.turns or (self.require_answer and episode.answer is None):
+        if not episode.turns or (self.require_answer and not _answered(episode.answer)):
             return 0.0
         good = sum(turn_is_well_formed(t, self._think) for t in episode.turns)
         if self.partial:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -71,7 +72,7 @@ def _humaneval() -> tuple[Task, ...]:
     for line in _data("humaneval", "HumanEval.jsonl").splitlines():
         row = json.loads(line)
         setup, tests = split_check(row["test"], row["entry_point"])
-        spec = TestSpec(tests=tests, setup=setup, solution_prefix=row["prompt"])
+        spec = TestSpec(tests=tests, setup=setup, solution_prefix=row["prompt"], entry_points=[row["entry_point"]])
         tasks.append(
             Task(
                 id=row["task_id"],
@@ -86,6 +87,17 @@ def _humaneval() -> tuple[Task, ...]:
 def humaneval_tasks() -> list[Task]:
     """The 164 HumanEval problems; `context` holds the split hidden tests."""
     return list(_humaneval())
+
+
+def _tested_functions(code: str, tests: list[str]) -> list[str]:
+    """The reference solution's top-level functions that the tests call (MBPP names no entry point)."""
+    with warnings.catch_warnings():  # some tests hold invalid escapes ("\\d") that warn
+        warnings.simplefilter("ignore")
+        body = ast.parse(code).body
+        names = [n for t in tests for n in ast.walk(ast.parse(t))]
+    defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    called = {n.id for n in names if isinstance(n, ast.Name)}
+    return sorted(defined & called)
 
 
 def _mbpp_question(text: str, tests: list[str]) -> str:
@@ -106,7 +118,8 @@ def _mbpp(subset: str) -> tuple[Task, ...]:
     for row in rows:
         text = row.get("text", row.get("prompt", ""))
         setup = row.get("test_setup_code") or "\n".join(row.get("test_imports", []))
-        spec = TestSpec(tests=list(row["test_list"]), setup=setup)
+        entry_points = _tested_functions(row["code"], row["test_list"])
+        spec = TestSpec(tests=list(row["test_list"]), setup=setup, entry_points=entry_points)
         if row["task_id"] in SLOW_MBPP:
             spec.test_timeout = SLOW_MBPP[row["task_id"]]
         tasks.append(

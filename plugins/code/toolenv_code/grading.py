@@ -5,15 +5,22 @@ each under its own `SIGALRM` budget, so a test that hangs costs only itself and
 the count stays meaningful. The solution's own prints go to /dev/null; results
 come back on a duplicate of stdout as lines tagged with a random nonce, so a
 solution cannot pass by printing or by exiting early (unreported tests fail).
-This guards against accidents and naive cheating, not against code that inspects
-the grader's frames; the sandbox, not the grader, protects the host.
+
+Reward hacks an RL policy can find are closed: the tests' comparisons run on plain
+data (an object whose `__eq__` returns True equals nothing), the tests see pristine
+builtins and the prompt's own helpers (a solution that redefines `set`, `abs` or the
+prompt's `encode_cyclic` does not change what the tests check), and the grader keeps
+its own references to what it uses and drops its source from `linecache`. It does not
+guard against code that walks the grader's frames or objects (`sys._getframe`, `gc`)
+or patches the modules the tests import; the sandbox, not the grader, protects the host.
 """
 
 from __future__ import annotations
 
 import ast
-import json
+import functools
 import secrets
+import warnings
 
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,41 +38,162 @@ _MARKDOWN = MarkdownIt("zero").enable(["fence", "list"])
 _PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 
 _HARNESS = """\
-import json as _json, os as _os, signal as _signal
+import builtins as _builtins, linecache as _linecache, operator as _operator, os as _os, signal as _signal
+import sys as _sys, types as _types
+from collections import abc as _abc
+import numbers as _numbers
+
+# Nothing below may be looked up again after the solution ran: it could have patched
+# builtins or modules. Functions defined from here on read builtins from this copy.
+__builtins__ = _B = dict(vars(_builtins))
+_linecache.clearcache()  # this program's source (nonce, tests) must not be readable by the solution
 _NONCE = {nonce!r}
+_ENTRY = frozenset({entry_points!r})
 _OUT = _os.dup(1)
 _null = _os.open(_os.devnull, _os.O_WRONLY)
 _os.dup2(_null, 1)
 _os.close(_null)
+_write, _setitimer, _ITIMER_REAL = _os.write, _signal.setitimer, _signal.ITIMER_REAL
+_modules = _sys.modules
+_OPS = {{
+    "==": _operator.eq, "!=": _operator.ne, "<": _operator.lt, "<=": _operator.le,
+    ">": _operator.gt, ">=": _operator.ge, "in": _operator.contains, "not in": _operator.contains,
+}}
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time rather than a built-in C type
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+_COPY = ((int, int.__pos__), (float, float.__pos__), (complex, complex.__pos__),
+         (str, lambda x: str.__getitem__(x, slice(None))), (bytes, lambda x: bytes.__getitem__(x, slice(None))))
+
 
 class _TestTimeout(BaseException):
     pass
 
+
+class _Opaque(Exception):
+    pass
+
+
 def _alarm(signum, frame):
     raise _TestTimeout("test exceeded its time limit")
 
-_signal.signal(_signal.SIGALRM, _alarm)
-import sys as _sys, types as _types
-_M = _types.ModuleType("__main__")  # the solution runs as `__main__`, as a script would (pickle, doctest...)
-_sys.modules["__main__"] = _M
-_G = vars(_M)
 
-def _run(kind, index, src, limit):
-    _signal.setitimer(_signal.ITIMER_REAL, limit)
+def _plain(x):
+    # x as plain data (exact builtin types only), so that comparing it runs no code of the
+    # solution's: an object that claims to equal anything cannot pass. Conversions may call
+    # the object's own methods, but what they return is checked again.
+    t = type(x)
+    if t in _ATOMS:
+        return x
+    if issubclass(t, (tuple, list)):
+        items = [_plain(v) for v in (tuple.__iter__(x) if issubclass(t, tuple) else list.__iter__(x))]
+        return tuple(items) if issubclass(t, tuple) else items
+    if issubclass(t, dict):
+        return {{_plain(k): _plain(v) for k, v in dict.items(x)}}
+    if issubclass(t, (set, frozenset)):
+        return frozenset(_plain(v) for v in (set.__iter__(x) if issubclass(t, set) else frozenset.__iter__(x)))
+    for base, copy in _COPY:
+        if issubclass(t, base):
+            return copy(x)
+    if issubclass(t, bytearray):
+        return bytes(bytearray.__iter__(x))
+    np = _modules.get("numpy")
+    if np is not None and isinstance(x, (np.generic, np.ndarray)):
+        return _plain(x.tolist())  # whatever it returns is checked again
+    if isinstance(x, _numbers.Integral):
+        return _plain(_operator.index(x))
+    if isinstance(x, _numbers.Number):  # Fraction, Decimal: as a float when that is exact, as Python compares
+        try:
+            v = float(x) if isinstance(x, _numbers.Real) else complex(x)
+            exact = type(v) in (float, complex) and v == x
+        except Exception:
+            exact = False
+        if exact:
+            return v
+    if isinstance(x, _abc.Set):  # dict views
+        return frozenset(_plain(v) for v in x)
+    raise _Opaque
+
+
+def _numpy_array(x):
+    # A real NumPy array (its type is NumPy's own C type, not a class the solution made):
+    # its comparisons are elementwise, and tests written for NumPy expect that.
+    t = type(x)
+    return t.__name__ == "ndarray" and t.__module__ == "numpy" and not t.__flags__ & _HEAPTYPE
+
+
+def _compare(left, op, right):
+    # A test's comparison, done on plain data; two values that are not plain data compare
+    # as they like, but one that is not never equals, contains or orders with one that is.
+    fn = _OPS[op]
+    a, b = (right, left) if op in ("in", "not in") else (left, right)
+    if _numpy_array(a) or _numpy_array(b):
+        return fn(a, b) if op != "not in" else not fn(a, b)
     try:
-        exec(compile(src, "<" + kind + ">", "exec"), _G)
+        pa = _plain(a)
+    except _Opaque:
+        pa = _Opaque
+    try:
+        pb = _plain(b)
+    except _Opaque:
+        pb = _Opaque
+    if pa is _Opaque and pb is _Opaque:
+        result = fn(a, b)
+    elif pa is _Opaque or pb is _Opaque:
+        result = op == "!="
+    else:
+        result = fn(pa, pb)
+    return (not result) if op == "not in" else result
+
+
+_signal.signal(_signal.SIGALRM, _alarm)
+_M = _types.ModuleType("__main__")  # the solution runs as `__main__`, as a script would (pickle, doctest...)
+_modules["__main__"] = _M
+_G = vars(_M)
+_G["__builtins__"] = _builtins  # the real module (exec would hand it this program's copy)
+
+
+def _run(kind, index, src, limit, namespace):
+    _setitimer(_ITIMER_REAL, limit)
+    try:
+        exec(compile(src, "<" + kind + ">", "exec"), namespace)
         ok, msg = True, ""
     except BaseException as exc:
-        ok, msg = False, (type(exc).__name__ + ": " + str(exc))[:300]
+        ok, msg = False, exc
     finally:
-        _signal.setitimer(_signal.ITIMER_REAL, 0)
-    line = _NONCE + _json.dumps([kind, index, ok, msg]) + "\\n"
-    _os.write(_OUT, line.encode("utf-8", "backslashreplace"))
+        _setitimer(_ITIMER_REAL, 0)
+    if not ok:
+        try:
+            msg = type(msg).__name__ + ": " + str(msg)
+        except BaseException:
+            msg = "an exception that cannot be shown"
+    msg = str.__getitem__(msg, slice(0, 300)) if isinstance(msg, str) else ""
+    _write(_OUT, (_NONCE + repr((kind, index, ok is True, msg)) + "\\n").encode("utf-8", "backslashreplace"))
 
-_run("solution", -1, {solution!r}, {limit!r})
-_run("setup", -1, {setup!r}, {limit!r})
-for _i, _t in enumerate({tests!r}):
-    _run("test", _i, _t, {limit!r})
+
+def _test_namespace(prefix):
+    # What the tests see: the solution's names, but not ones that shadow a builtin (unless
+    # the tests are about that name), then the prompt's own definitions again (helpers the
+    # tests call must be the prompt's), with pristine builtins.
+    ns = {{k: v for k, v in _G.items() if k in _ENTRY or k not in _B}}
+    own = {{"__builtins__": _B, "__name__": "__main__"}}
+    try:
+        exec(compile(prefix, "<prompt>", "exec"), own)
+    except BaseException:
+        own = {{}}
+    ns.update((k, v) for k, v in own.items() if k not in _ENTRY)
+    ns.update(__builtins__=_B, __name__="__main__", __toolenv_compare__=_compare)
+    return ns
+
+
+def _main(solution, setup, prefix, tests, limit):
+    _run("solution", -1, solution, limit, _G)
+    _run("setup", -1, setup, limit, _G)
+    namespace = _test_namespace(prefix)
+    for i, test in enumerate(tests):
+        _run("test", i, test, limit, namespace)
+
+
+_main({solution!r}, {setup!r}, {prefix!r}, {tests!r}, {limit!r})
 """
 
 
@@ -81,6 +209,10 @@ class TestSpec(BaseModel):
         default="", description="Code run before the solution (HumanEval's prompt: imports, helpers, signature)."
     )
     test_timeout: float = Field(default=5.0, gt=0, description="Wall-clock seconds allowed per test.")
+    entry_points: list[str] = Field(
+        default_factory=list,
+        description="The solution's names under test that the tests may see although they shadow a builtin.",
+    )
 
 
 class TestReport(BaseModel):
@@ -138,14 +270,70 @@ def _limits(spec: TestSpec) -> SandboxLimits:
     return SandboxLimits(timeout=total, cpu_seconds=int(total) + 1, max_output_bytes=1 << 20)
 
 
+class _PlainComparisons(ast.NodeTransformer):
+    """Turn `a OP b` (one operator other than `is`) into `__toolenv_compare__(a, "OP", b)`."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1 or isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            return node
+        call = ast.Call(
+            func=ast.Name("__toolenv_compare__", ast.Load()),
+            args=[node.left, ast.Constant(_OPERATORS[type(node.ops[0])]), node.comparators[0]],
+            keywords=[],
+        )
+        return ast.copy_location(call, node)
+
+
+_OPERATORS: dict[type[ast.cmpop], str] = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
+
+
+@functools.lru_cache(maxsize=8192)
+def _plain_test(source: str) -> str:
+    """A test whose comparisons run on plain data, so that a returned object claiming to
+    equal anything (`__eq__` returning True) cannot pass it; unparsable tests stay as they are."""
+    try:
+        with warnings.catch_warnings():  # dataset tests hold invalid escapes ("\\d") that warn
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    return ast.unparse(ast.fix_missing_locations(_PlainComparisons().visit(tree)))
+
+
 def _program(answer: str, spec: TestSpec, nonce: str) -> str:
     return _HARNESS.format(
         nonce=nonce,
+        entry_points=sorted(spec.entry_points),
         solution=solution_source(answer, spec.solution_prefix),
         setup=spec.setup,
-        tests=list(spec.tests),
+        prefix=spec.solution_prefix,
+        tests=[_plain_test(t) for t in spec.tests],
         limit=spec.test_timeout,
     )
+
+
+def _result_line(text: str) -> tuple[str, int, bool, str] | None:
+    """A result line's `(kind, index, ok, message)`, or None when it is not one."""
+    try:
+        value = ast.literal_eval(text)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+    if not (isinstance(value, tuple) and len(value) == 4):
+        return None
+    kind, index, ok, msg = value
+    if isinstance(kind, str) and type(index) is int and isinstance(ok, bool) and isinstance(msg, str):
+        return kind, index, ok, msg
+    return None
 
 
 def _report(stdout: str, spec: TestSpec, nonce: str, timed_out: bool) -> TestReport:
@@ -155,7 +343,10 @@ def _report(stdout: str, spec: TestSpec, nonce: str, timed_out: bool) -> TestRep
     for line in stdout.splitlines():
         if not line.startswith(nonce):
             continue
-        kind, index, ok, msg = json.loads(line[len(nonce) :])
+        parsed = _result_line(line[len(nonce) :])
+        if parsed is None:
+            continue
+        kind, index, ok, msg = parsed
         if kind == "test" and 0 <= index < len(passed):
             passed[index], messages[index] = bool(ok), msg
         elif kind in ("solution", "setup") and not ok:
