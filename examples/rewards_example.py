@@ -43,7 +43,7 @@ class JudgeHandler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         prompt = body["messages"][-1]["content"]
         gold = prompt.split("Gold answer(s): ")[1].split("\n")[0].split(" | ")
-        prediction = prompt.split("Predicted answer: ")[1].split("\n")[0]
+        prediction = prompt.split("<prediction>\n")[1].split("\n</prediction>")[0]
         verdict = "yes" if any(g in prediction for g in gold) else "no"
         data = json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
         self.send_response(200)
