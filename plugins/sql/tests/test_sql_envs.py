@@ -223,3 +223,23 @@ def test_cache_option_shares_results_by_task_across_envs() -> None:
 def test_cache_option_refuses_unknown_settings() -> None:
     with pytest.raises(ValueError, match="unknown cache setting"):
         make_spider_env(cache={"size": 5})
+
+
+def test_tasks_whose_gold_result_is_empty_can_be_left_out_for_training() -> None:
+    """Any empty query matches an empty gold result: a reward a policy learns to take.
+    `exclude_empty_gold=True` leaves those tasks out; the default keeps the standard set."""
+    from toolenv_sql.envs import make_chinook_env, make_spider_env
+
+    empty = "<answer>SELECT 1 WHERE 1 = 0</answer>"
+    for make, total, hackable in ((make_spider_env, 697, 13), (make_chinook_env, 84, 2)):
+        full, kept = make(), make(exclude_empty_gold=True)
+        assert len(full.tasks) == total and len(kept.tasks) == total - hackable
+        gone = [t for t in full.tasks if t.id not in {k.id for k in kept.tasks}]
+        for task in gone:  # what was left out is exactly what the empty query games
+            full.reset(options={"task": task})
+            assert full.step(empty)[1] == 1.0, task.id
+        for task in kept.tasks:
+            kept.reset(options={"task": task})
+            assert kept.step(empty)[1] == 0.0, task.id
+        full.close()
+        kept.close()

@@ -15,6 +15,8 @@ from typing import Any
 from toolenv import Task, ToolEnv
 from toolenv.result_cache import shared_cache
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
+from toolenv_sql.executor import run_query
+from toolenv_sql.paths import DATA_DIR, resolve_database
 from toolenv_sql.reward import ExecutionMatch
 from toolenv_sql.tool import SQLTool
 
@@ -44,6 +46,8 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
         from toolenv import load_tasks
 
         tasks = load_tasks(tasks)
+    if opts.pop("exclude_empty_gold", False):
+        tasks = [t for t in tasks if not _gold_is_empty(t, tool_opts.get("root"))]
     if limit is not None:
         tasks = list(tasks)[: int(limit)]
     opts.setdefault("tools", [SQLTool(**tool_opts)])
@@ -58,10 +62,19 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     return ToolEnv(tasks=tasks, **opts)
 
 
+def _gold_is_empty(task: Task, root: Any) -> bool:
+    """Whether the task's gold query returns no rows (any query that returns none then scores 1)."""
+    path, engine = resolve_database(task.context, Path(root) if root is not None else DATA_DIR)
+    sql = _gold(task).strip().rstrip(";")
+    return run_query(path, engine, sql, timeout=60.0, max_rows=1, count_all=False).row_count == 0
+
+
 def make_spider_env(**overrides: Any) -> ToolEnv:
     """Spider dev (697 questions, 10 SQLite databases).
 
-    Overrides: `tasks`, `limit` (first N tasks), SQL options (`dialect`, `query_timeout`,
+    Overrides: `tasks`, `limit` (first N tasks), `exclude_empty_gold` (leave out tasks whose
+    gold query returns no rows: execution match gives any empty query full marks there, a
+    reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), SQL options (`dialect`, `query_timeout`,
     `max_rows`, `max_chars`, `max_cell_chars`, `root`), `cache` (a `ResultCache`, or `True`
     or its settings for the process's cache of this env and options, keyed by task), and any
     `ToolEnv` keyword (`parser`, `reward`, `max_turns`, ...).
