@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -164,6 +166,21 @@ def test_protocol_pipes_are_not_reachable() -> None:
     assert r.ok and r.stdout.strip() in ("[0, 1, 2]", "[0, 1, 2, 3]")  # 3 = the listdir handle itself
 
 
+def test_a_live_session_s_dev_shm_is_not_shared_with_a_concurrent_run() -> None:
+    """A session (one episode) and a run on the same server (another) cannot pass files through /dev/shm."""
+    from toolenv_code.sandbox import SandboxPool
+
+    leave = "import os\nopen('/dev/shm/toolenv-live', 'w').write('answer')\nos.chmod('/dev/shm/toolenv-live', 0o666)\n"
+    look = "import os\nprint(os.listdir('/dev/shm'))"
+    pool = SandboxPool(size=1)  # one server: the session and the run are its children together
+    try:
+        assert pool.run(leave, session="live").ok
+        assert pool.run(look, session="live").stdout == "['toolenv-live']\n"
+        assert pool.run(look).stdout == "[]\n"
+    finally:
+        pool.close()
+
+
 def _host_ipc_ids(key: int) -> dict[str, int]:
     """The host's System V IPC objects with `key` ("shm"/"msg"/"sem" → id)."""
     found = {}
@@ -220,3 +237,105 @@ def test_dev_shm_keeps_nothing_from_an_earlier_run_or_session() -> None:
     for _ in range(pool.size):  # every server (the session's carries its close out on its next request)
         seen = run_code(look)
         assert seen.ok and seen.stdout == "[]\n", seen.stdout
+
+
+def _set_uid_root_program() -> str | None:
+    """A set-uid-root program of the host that prompts for a password (so it stays alive), if any."""
+    for path in ("/usr/bin/su", "/bin/su"):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if st.st_mode & stat.S_ISUID and st.st_uid == 0:
+                return path
+    return None
+
+
+def test_set_uid_programs_give_no_privileges() -> None:
+    """The code can exec the host's set-uid programs, but they run with the code's own uid, not root's."""
+    r = run_code("print([l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')])")
+    assert r.stdout == "['1']\n", r.stdout + r.stderr
+    program = _set_uid_root_program()
+    if program is None or os.geteuid() != 0:  # run as root, the code has a uid of its own to lose
+        return
+    code = (
+        "import os, subprocess\n"
+        f"p = subprocess.Popen([{program!r}, '-c', 'true'], stdin=subprocess.PIPE,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
+        "p.stderr.read(9)\n"  # its password prompt: it runs, with whatever identity exec gave it
+        "me = os.readlink('/proc/self')\n"
+        "kid = open(f'/proc/{me}/task/{me}/children').read().split()[0]\n"
+        "print(*[l.split()[1:3] for l in open(f'/proc/{kid}/status') if l.startswith('Uid')][0])\n"
+        "p.kill()\n"
+    )
+    r = run_code(code, FAST)
+    assert r.ok, r.stderr  # the program was still waiting for a password when its identity was read
+    real, effective = r.stdout.split()
+    assert real != "0" and effective == real, f"{program} ran with euid {effective} in the sandbox"
+
+
+def _landlock_scopes_sockets() -> bool:
+    """Whether the kernel's Landlock can scope abstract unix sockets (ABI 6, Linux 6.12)."""
+    import ctypes
+
+    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION): the ABI version (444 on every arch)
+    abi = ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return bool(abi >= 6)
+
+
+@pytest.mark.skipif(not _landlock_scopes_sockets(), reason="needs Landlock ABI 6 (Linux 6.12) for socket scopes")
+def test_a_session_and_a_concurrent_run_cannot_talk_over_an_abstract_socket() -> None:
+    """Children of one fork server share its network namespace, where abstract unix sockets live:
+    a session (one episode) must not serve data to a run of another episode on the same server."""
+    from toolenv_code.sandbox import SandboxPool
+
+    name = f"\0toolenv-leak-{os.getpid()}"
+    listen = (
+        "import socket, threading\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.bind({name!r})\n"
+        "s.listen()\n"
+        "def serve():\n"
+        "    while True:\n"
+        "        c, _ = s.accept()\n"
+        "        c.sendall(b'from episode A')\n"
+        "        c.close()\n"
+        "threading.Thread(target=serve, daemon=True).start()\n"
+    )
+    connect = f"import socket\nc = socket.socket(socket.AF_UNIX)\nc.connect({name!r})\nprint(c.recv(100))\n"
+    pool = SandboxPool(size=1)  # one server: the session and the run are its children together
+    try:
+        assert pool.run(listen, session="A").ok
+        assert pool.run(connect, session="A").stdout == "b'from episode A'\n"  # the session itself may
+        r = pool.run(connect)
+        assert "from episode A" not in r.stdout and "PermissionError" in r.stderr, r.stdout + r.stderr
+        # A run keeps abstract sockets between its own processes.
+        own = (
+            "import socket, os\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "s.bind('\\0own')\n"
+            "s.listen()\n"
+            "if os.fork() == 0:\n"
+            "    c = socket.socket(socket.AF_UNIX)\n"
+            "    c.connect('\\0own')\n"
+            "    c.sendall(b'mine')\n"
+            "    os._exit(0)\n"
+            "print(s.accept()[0].recv(10))\n"
+        )
+        assert pool.run(own).stdout == "b'mine'\n"
+    finally:
+        pool.close()
+
+
+def test_proc_shows_the_run_s_own_processes_not_the_host_s() -> None:
+    """/proc belongs to the run's PID namespace: no host command lines (which can carry secrets),
+    no other run's, and `/proc/<os.getpid()>` is the code's own process."""
+    code = (
+        "import os\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(pids, os.readlink('/proc/self') == str(os.getpid()))\n"
+    )
+    pool = get_pool()
+    assert run_code(code).stdout == "[1] True\n"  # a one-shot run's code is PID 1
+    try:
+        assert pool.run(code, session="proc").stdout == "[1, 2] True\n"  # a session's init and code
+    finally:
+        pool.close_session("proc")

@@ -68,6 +68,88 @@ def test_cpu_limit() -> None:
     assert "CPU time limit" in format_result(r, SandboxLimits())
 
 
+_SELF_SIGNALS = {
+    "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)": signal.SIGTERM,
+    "import signal, time\nsignal.alarm(1)\ntime.sleep(30)": signal.SIGALRM,
+    "import signal\nsignal.raise_signal(signal.SIGUSR1)": signal.SIGUSR1,
+    "import os, signal\nos.kill(os.getpid(), signal.SIGHUP)": signal.SIGHUP,
+    "import os\nos.abort()": signal.SIGABRT,
+}
+
+
+def test_signals_a_one_shot_run_sends_itself_end_it_as_they_would_a_script() -> None:
+    """A one-shot run's code is PID 1 of its PID namespace, for which the kernel drops a
+    signal whose action is the default: `os.kill(os.getpid(), SIGTERM)` and a bare
+    `signal.alarm` must still end it, reported as killed by that signal."""
+    pool = SandboxPool(size=1)
+    try:
+        for code, sig in _SELF_SIGNALS.items():
+            r = pool.run(code + "\nprint('still running')", SandboxLimits(timeout=10))
+            assert (r.signal, r.exit_code, r.stdout, r.timed_out) == (sig, None, "", False), code
+            assert f"killed by {sig.name}" in format_result(r, SandboxLimits())
+    finally:
+        pool.close()
+
+
+def test_a_self_killed_run_is_reported_alike_in_one_shot_runs_and_sessions() -> None:
+    """A session's code runs under an init (PID 2), a one-shot run's as PID 1: same report."""
+    code = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)\nprint('after')"
+    pool = SandboxPool(size=1)
+    try:
+        one_shot = pool.run(code)
+        pool.run("x = 1", session="s")
+        session = pool.run(code, session="s")
+        for r in (one_shot, session):
+            assert (r.signal, r.exit_code, r.stdout, r.stderr) == (signal.SIGTERM, None, "before\n", ""), r
+        assert session.session_ended
+        r = pool.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\nprint('after')", session="k")
+        assert (r.signal, r.stdout) == (signal.SIGKILL, "")  # in a session, even SIGKILL (not so in one-shot runs)
+    finally:
+        pool.close()
+
+
+def test_code_s_own_signal_handlers_and_forked_processes_behave_as_in_a_script() -> None:
+    """A handler the code installs replaces the stand-in; a process it forks is no init and
+    dies of SIGUSR1 at once (the stand-in handlers are not inherited across `fork`)."""
+    code = (
+        "import os, signal\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('handled'))\n"
+        "signal.raise_signal(signal.SIGTERM)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.pause()\n"
+        "    os._exit(3)\n"
+        "os.kill(pid, signal.SIGUSR1)\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    pool = SandboxPool(size=1)
+    try:
+        for session in (None, "s"):
+            r = pool.run(code, SandboxLimits(timeout=10), session=session)
+            assert r.ok and r.stdout == f"handled\n{-signal.SIGUSR1}\n", r.stdout + r.stderr
+    finally:
+        pool.close()
+
+
+def test_orphans_are_reaped_so_they_do_not_use_up_a_session_s_process_limit() -> None:
+    """Processes orphaned in a session (a shell's `cmd &`) are reaped as they end.
+
+    Unreaped, each stays a zombie counted in RLIMIT_NPROC until the session ends, and a
+    session soon cannot start a process at all. (A one-shot run's zombies go with its
+    PID namespace when it ends.)
+    """
+    code = "import subprocess\nfor _ in range(30):\n    subprocess.run(['sh', '-c', 'true &'], check=True)\n"
+    code += "print('done')"
+    limits = SandboxLimits(max_processes=16, timeout=30)
+    pool = SandboxPool(size=1)
+    try:
+        for _ in range(2):
+            r = pool.run(code, limits, session="s")
+            assert r.ok and r.stdout == "done\n", r.stderr[-500:]
+    finally:
+        pool.close()
+
+
 def test_stdlib_outside_preload_imports() -> None:
     r = run_code("import sqlite3, csv, socket, subprocess; print(sqlite3.sqlite_version_info >= (3,))")
     assert r.ok, r.stderr

@@ -70,7 +70,7 @@ def test_limits_are_applied_per_run_not_per_spare(pool: SandboxPool) -> None:
     for seen in (tight, default):
         assert seen["fds"] in ([0, 1, 2], [0, 1, 2, 3])  # 3 = the listdir handle itself: no protocol pipes
         if os.geteuid() == 0:
-            assert seen["uid"] != 0 and seen["pid"] == 1
+            assert seen["uid"] != 0 and seen["pid"] == 1  # PID 1 of its own PID namespace
 
 
 def test_output_is_complete_when_the_answer_comes_before_the_exit(pool: SandboxPool) -> None:

@@ -49,9 +49,29 @@ remount = (
     "import ctypes, os\\n"
     "libc = ctypes.CDLL(None, use_errno=True)\\n"
     "os.chdir('/')\\n"
-    "print(libc.mount(None, b'/', None, 4096 | 32, None), libc.umount2(b'/tmp', 2))\\n"
+    "print(libc.mount(None, b'/', None, 4096 | 32, None), libc.umount2(b'/tmp', 2), libc.umount2(b'/dev/shm', 2))\\n"
 )
 out["remount"] = [pool.run(remount).stdout, pool.run(remount, session="t").stdout]
+# /dev/shm: writable, but what a run or a session leaves there is gone for the next run.
+leave = "open('/dev/shm/toolenv-leak-{{tag}}', 'w').write('answer'); print(os.listdir('/dev/shm'))"
+out["shm_left"] = [
+    pool.run("import os; " + leave.replace("{{tag}}", "run")).stdout,
+    pool.run("import os; " + leave.replace("{{tag}}", "session"), session="shm").stdout,
+]
+out["shm_seen"] = [pool.run("import os; print(os.listdir('/dev/shm'))").stdout for _ in range(2)]
+# /tmp: a run sees its own work dir there and nothing else (not a live session's), and cannot add to it.
+tmp = (
+    "import os\\n"
+    "try:\\n"
+    "    open('/tmp/toolenv-leak', 'w')\\n"
+    "except OSError:\\n"
+    "    pass\\n"
+    "print(os.listdir('/tmp') == [os.path.basename(os.getcwd())])\\n"
+)
+out["tmp"] = [pool.run(tmp, session="shm").stdout, pool.run(tmp).stdout]
+pool.close_session("shm")
+out["proc"] = pool.run("import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))").stdout
+out["no_new_privs"] = pool.run("print([l.split()[1] for l in open('/proc/self/status') if 'NoNewPrivs' in l])").stdout
 out["isolation"] = pool.stats()[0]["isolation"]
 pool.close()
 print(json.dumps(out))
@@ -78,6 +98,12 @@ def _marked_sleeps(mark: str = MARK) -> list[int]:
     return found
 
 
+def _proc_is_masked() -> bool:
+    """Whether parts of /proc are mounted over (as in a container), which bars new /proc mounts in a user namespace."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(line.split()[4].startswith("/proc/") for line in mounts)
+
+
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0,
     reason="starting the pool as another user needs root (CI runs as root)",
@@ -101,9 +127,15 @@ def test_the_sandbox_works_and_confines_for_an_unprivileged_user(tmp_path: Path)
     assert out["session"][0] == "" and out["after_close"] == "next\n"
     if out["isolation"]["user_ns"]:  # the kernel let an ordinary user have namespaces
         assert out["pid"] == 1, "each run should be PID 1 of its own PID namespace"
-        assert out["session"][1] == "1 1\n", "a session should be PID 1 of its own PID namespace"
+        assert out["session"][1] == "2 2\n", "a session should be PID 2 of its own PID namespace"
+        assert out["shm_left"] == ["['toolenv-leak-run']\n", "['toolenv-leak-session']\n"]
+        assert out["shm_seen"] == ["[]\n", "[]\n"], "a run saw what an earlier run or a live session left in /dev/shm"
+        assert out["tmp"] == ["True\n", "True\n"], "a run saw another's work dir in /tmp, or left a file there"
+        if not _proc_is_masked():  # else the kernel refuses a user namespace a /proc of its own
+            assert out["proc"] == "[1]\n", "a run saw processes outside its PID namespace in /proc"
+    assert out["no_new_privs"] == "['1']\n", "set-uid programs could give the code privileges"
     # Root of its user namespace must not mean root over the mounts the fork server confined it with.
-    assert out["remount"] == ["-1 -1\n", "-1 -1\n"], "sandboxed code could remount the host tree or unmount /tmp"
+    assert out["remount"] == ["-1 -1 -1\n"] * 2, "sandboxed code could remount the host tree or unmount /tmp"
     for mark, what in ((MARK, "call"), (SESSION_MARK, "session")):
         deadline = time.monotonic() + 5
         while _marked_sleeps(mark) and time.monotonic() < deadline:

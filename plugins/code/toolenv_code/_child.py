@@ -1,7 +1,11 @@
 """The sandboxed child's side: stdio onto pipes, rlimits, a lower uid, then the code.
 
-Runs in a process just forked from the fork server (PID 1 of its own PID
-namespace when the kernel allows it) and never returns to the server's code.
+Runs in a process just forked from the fork server and never returns to the
+server's code. Where the kernel allows it, that process is PID 1 of its own PID
+namespace. A session's forks once more and stays behind as the namespace's init,
+while the code runs in its child (see `_fork_init`); a one-shot run's code runs as
+PID 1 itself, with stand-ins for the signal actions the kernel denies an init (see
+`_stand_in_for_default_actions`).
 One-shot runs use a *warm spare* (`spare_main`): a child forked ahead of time that
 has done every request-independent step (stdio, cwd, environment, signals, the
 page faults of a first `exec`) and blocks on its "go" pipe; the request then only
@@ -27,10 +31,12 @@ import types
 from typing import Any, NoReturn
 
 from toolenv_code import _linux
+from toolenv_code._confine import PRIVATE_SHM, PRIVATE_TMP, SHM_OPTIONS
 from toolenv_code._protocol import GO_LIMITS, ProtocolError, decode_go, encode_go, read_frame, write_frame
 
 __all__ = [
     "CHILD_ENV",
+    "CODE_KILLED",
     "CPU_EXIT",
     "SPARE_DONE",
     "confine_children",
@@ -49,6 +55,9 @@ SPARE_GO_FD = 3
 CPU_EXIT = 128 + signal.SIGXCPU
 #: First byte of a spare's shared status page once its code has finished (the second is the status).
 SPARE_DONE = 1
+#: First byte of a child's status page once its code was killed by a signal (the second is the signal):
+#: as a session's init saw it (`_fork_init`), or as a one-shot run's stand-in handler reports it (`_die_of`).
+CODE_KILLED = 2
 #: The file name of one-shot code in tracebacks; a session's calls are `<cell 1>`, `<cell 2>`...
 _SOURCE_NAME = "<python>"
 #: The whole environment of sandboxed code (plus HOME and TMPDIR = its work dir). The fork
@@ -58,6 +67,33 @@ _MAX_FD = 1 << 20
 #: Set once by the fork server (`confine_children`): namespaces each child enters first.
 _NEW_IPC_NS = False
 _USER_NS_FD: int | None = None
+_OWN_MOUNTS = False
+#: True in a session's process under `_fork_init`'s init: PID 2 of a PID namespace of its own.
+_UNDER_INIT = False
+#: A one-shot run's status page, once `_stand_in_for_default_actions` has taken over the signals.
+_KILLED_PAGE: mmap.mmap | None = None
+#: Signals that end a process by default and that code may send itself (`os.kill`, `alarm`,
+#: timers, `raise_signal`). The kernel drops them for PID 1 (of a PID namespace) while their
+#: action is the default, so a one-shot run's code gets `_die_of` as their handler instead.
+#: Not SIGINT (KeyboardInterrupt, as in Python), SIGXCPU (`_cpu_exceeded`), SIGXFSZ (ignored,
+#: as in Python), SIGKILL and SIGSTOP (no handler possible), nor the faults (SIGSEGV, SIGBUS,
+#: SIGFPE, SIGILL, SIGTRAP, SIGSYS): the kernel forces a real fault on PID 1 anyway, and a
+#: Python handler would return into the faulting instruction forever.
+_SELF_SIGNALS = (
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGABRT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGPIPE,
+    signal.SIGALRM,
+    signal.SIGTERM,
+    signal.SIGIO,
+    signal.SIGPWR,
+    signal.SIGVTALRM,
+    signal.SIGPROF,
+)
+_SOCKET_SCOPE = False
 _WARM_GO = encode_go(dict.fromkeys(GO_LIMITS, 1), "pass")
 
 
@@ -187,25 +223,66 @@ def _set_env(workdir: str) -> None:
         vars(tempfile)["tempdir"] = workdir
 
 
-def confine_children(new_ipc_ns: bool, user_ns_fd: int | None) -> None:
+def confine_children(new_ipc_ns: bool, user_ns_fd: int | None, own_mounts: bool, socket_scope: bool) -> None:
     """What every child forked from now on enters before anything else (see `_enter_namespaces`)."""
-    global _NEW_IPC_NS, _USER_NS_FD
-    _NEW_IPC_NS, _USER_NS_FD = new_ipc_ns, user_ns_fd
+    global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE
+    _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE = new_ipc_ns, user_ns_fd, own_mounts, socket_scope
 
 
-def _enter_namespaces() -> None:
-    """A System V IPC namespace of the child's own, then the server's nested user namespace.
+def _own_mounts(workdir: str) -> None:
+    """A mount namespace of the child's own: /tmp holds only `workdir`, /dev/shm is a tmpfs of
+    its own, and /proc shows its own PID namespace.
+
+    In the server's mounts, /dev/shm is shared by all its children and /proc is the host's.
+    So a live session and a concurrent run (other episodes) could pass files through
+    /dev/shm; /proc would list every host process with its command line (which can carry
+    secrets), and `/proc/<os.getpid()>` would be some host process, not the code's. In a
+    user namespace, where all children run as one uid, the shared /tmp would also let a
+    run read or change a live session's work dir or leave files for later runs. Here /tmp
+    is a read-only tmpfs with the work dir bound back in, and /dev/shm and /proc die with
+    the child. Made before the code joins the nested user namespace, so it cannot change
+    them. (~0.25 ms per child, in the spare's preparation.)
+    """
+    flags = _linux.MS_NOSUID | _linux.MS_NODEV
+    _linux.unshare(_linux.CLONE_NEWNS)
+    _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", flags, SHM_OPTIONS)
+    stash = os.path.join(PRIVATE_SHM, ".workdir")  # holds the work dir while /tmp is covered
+    os.mkdir(stash, 0o700)
+    _linux.mount(workdir, stash, None, _linux.MS_BIND)
+    _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", flags, "size=64k,mode=0711")
+    os.mkdir(workdir, 0o700)
+    _linux.mount(stash, workdir, None, _linux.MS_MOVE)
+    os.rmdir(stash)
+    _linux.mount(None, PRIVATE_TMP, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | flags)
+    if _UNDER_INIT or os.getpid() == 1:  # in a PID namespace of its own
+        # The kernel may refuse (a user namespace where parts of the host's /proc are masked):
+        # the host's /proc then stays, as it was before this mount.
+        with contextlib.suppress(OSError):
+            _linux.mount("proc", "/proc", "proc", flags | _linux.MS_NOEXEC)
+
+
+def _enter_namespaces(workdir: str) -> None:
+    """A System V IPC namespace of the child's own, its own mounts, the server's nested user
+    namespace, then a Landlock domain of its own.
 
     IPC objects (shared memory, message queues, semaphores) would otherwise live in the
     host's namespace, outliving the run and visible to later runs. The nested user
     namespace (where the server runs in one) leaves the code no capability over the
-    server's mount and network namespaces. A failure here stops the child: it must not
-    run code less confined than the server says.
+    server's mount and network namespaces, nor over the child's own mount namespace
+    (`_own_mounts`), made before it joins. The children share the server's network
+    namespace (one of their own costs ~0.45 ms each), so abstract unix sockets, which
+    live there, would let a session and a concurrent run (other episodes) talk: the
+    Landlock scope keeps each child to its own. A failure here stops the child: it must
+    not run code less confined than the server says.
     """
     if _NEW_IPC_NS:
         _linux.unshare(_linux.CLONE_NEWIPC)
+    if _OWN_MOUNTS:
+        _own_mounts(workdir)
     if _USER_NS_FD is not None:
         _linux.setns(_USER_NS_FD, _linux.CLONE_NEWUSER)
+    if _SOCKET_SCOPE:
+        _linux.landlock_scope_abstract_sockets()
 
 
 def _prepare(workdir: str, fds: list[int]) -> None:
@@ -213,7 +290,7 @@ def _prepare(workdir: str, fds: list[int]) -> None:
 
     `fds` become descriptors 1, 2, 3... in order; everything else above 2 is closed.
     """
-    _enter_namespaces()
+    _enter_namespaces(workdir)
     os.setsid()
     high = [os.dup(fd) for fd in fds]  # move out of the way before dup2 into place
     null = os.open(os.devnull, os.O_RDONLY)
@@ -230,7 +307,7 @@ def _prepare(workdir: str, fds: list[int]) -> None:
     # `_signal` rather than `signal`: the latter's enum conversions touch (so copy) many more pages.
     _signal.signal(signal.SIGINT, _signal.default_int_handler)
     _signal.signal(signal.SIGPIPE, _signal.SIG_DFL)
-    # PID 1 of a namespace ignores the kernel's SIGXCPU unless it has a handler.
+    # The code dies with a message rather than silently when it reaches its CPU limit.
     _signal.signal(signal.SIGXCPU, _cpu_exceeded)
 
 
@@ -274,9 +351,124 @@ def premake_stdio() -> None:
             os.close(fd)
 
 
-def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int]) -> None:
-    """In a forked session child: `_prepare`, then limits and the lower uid right away."""
-    _prepare(workdir, fds)
+def _die_of(signum: int, frame: object) -> None:
+    """What the default action of `signum` would do: end the process, reported as killed by it.
+
+    The kernel does not apply it to PID 1, which a one-shot run's code is: so the signal
+    goes to the status page (`CODE_KILLED`, as a session's init reports it) and the process
+    exits at once, without cleanup, as the signal would have ended it.
+    """
+    page = _KILLED_PAGE
+    if page is None or os.getpid() != 1:  # not an init: the kernel applies the default action
+        _signal.signal(signum, _signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    page[1] = signum
+    page[0] = CODE_KILLED
+    os._exit(128 + signum)
+
+
+_os_abort = os.abort
+
+
+def _abort() -> NoReturn:
+    """`os.abort` for PID 1, where glibc's `abort` ends in SIGSEGV (its last resort) instead."""
+    if os.getpid() == 1 and _KILLED_PAGE is not None:
+        _die_of(signal.SIGABRT, None)
+    _os_abort()
+
+
+_mask_at_fork: set[int] = set()
+
+
+def _block_before_fork() -> None:
+    """Before the code forks: hold our signals back, so none reaches the new process before
+    it has its default actions back (Python would forget one caught in between)."""
+    global _mask_at_fork
+    _mask_at_fork = _signal.pthread_sigmask(_signal.SIG_BLOCK, _SELF_SIGNALS)
+
+
+def _unblock_after_fork() -> None:
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, _mask_at_fork)
+
+
+def _default_actions_in_child() -> None:
+    """After the code forks: its child is no init, so the kernel's default actions apply again."""
+    for signum in _SELF_SIGNALS:
+        if _signal.getsignal(signum) is _die_of:
+            _signal.signal(signum, _signal.SIG_DFL)
+    _unblock_after_fork()
+
+
+def _stand_in_for_default_actions(page: mmap.mmap) -> None:
+    """As PID 1, before the code runs: `_die_of` handles the signals of `_SELF_SIGNALS`.
+
+    So `os.kill(os.getpid(), signal.SIGTERM)` or a bare `signal.alarm(1)` end the run as
+    they end a script, and are reported as they are in a session (whose code is not
+    PID 1, see `_fork_init`), which a one-shot run does without the cost of an init.
+    A handler the code installs replaces ours, as usual; a process it forks gets the
+    default actions back. Being Python handlers, they act once the main thread runs
+    Python code again (not inside a long C call), and `signal.getsignal` shows them.
+    """
+    global _KILLED_PAGE
+    _KILLED_PAGE = page
+    for signum in _SELF_SIGNALS:
+        _signal.signal(signum, _die_of)
+    os.abort = _abort
+    os.register_at_fork(
+        before=_block_before_fork, after_in_parent=_unblock_after_fork, after_in_child=_default_actions_in_child
+    )
+
+
+def _fork_init(page: mmap.mmap) -> None:
+    """As PID 1 of a session's PID namespace: fork the process that runs the code, and stay
+    behind as its init.
+
+    The kernel treats PID 1 as a namespace's init: a signal it sends itself whose action
+    is the default is dropped (`os.kill(os.getpid(), SIGTERM)`, `signal.alarm` without a
+    handler, even SIGKILL do nothing), and orphaned processes become its children, left
+    as zombies (counted in RLIMIT_NPROC) unless it waits for them, which across a
+    session's calls adds up until it cannot start a process at all. So, as tini and
+    bubblewrap do, this process forks: the child returns and runs the code as PID 2, and
+    this one only reaps. (A one-shot run's PID namespace dies with the run: its code
+    stays PID 1, saving the fork and exit of a second interpreter; see
+    `_stand_in_for_default_actions`.) When the code's process ends, the init exits with its status
+    (the kernel then kills whatever else is left in the namespace); a signal that killed
+    it, which an init cannot die of itself, goes to the status page (`CODE_KILLED`).
+    Forked before `_prepare`, the init keeps the server's signal dispositions (ignore
+    or default), so the code cannot kill it or make it raise.
+    """
+    if os.getpid() != 1:
+        return
+    # No at-fork hooks: `random` was reseeded by the fork that made us, or is after this one.
+    code_pid = _linux.fork_bare()
+    if code_pid == 0:
+        global _UNDER_INIT
+        _UNDER_INIT = True
+        return
+    try:
+        os.closerange(0, _MAX_FD)  # the code's pipes reach EOF when the code's side closes them
+        while True:
+            pid, status = os.wait()
+            if pid == code_pid:
+                break
+        if os.WIFSIGNALED(status):
+            page[1] = os.WTERMSIG(status)
+            page[0] = CODE_KILLED
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    finally:
+        os._exit(120)  # never return into the code's path
+
+
+def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int], status_fd: int) -> None:
+    """In a forked session child: its init (`_fork_init`), `_prepare`, then limits and the lower uid.
+
+    `status_fd` is a memfd shared with the server (see `spare_main`); only the init uses it.
+    """
+    page = mmap.mmap(status_fd, mmap.PAGESIZE)
+    _fork_init(page)
+    page.close()
+    _prepare(workdir, fds)  # closes status_fd with every other stray descriptor
     _drop_privileges(limits, uid)
 
 
@@ -291,7 +483,8 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
     """A warm spare: prepare, wait for the go message, drop privileges, run it, report, exit.
 
     `fds` are the stdout and stderr pipes and the read end of the go pipe (→ 1, 2, 3);
-    `status_fd` is a memfd shared with the server (mapped here, then closed).
+    `status_fd` is a memfd shared with the server (mapped here, then closed), for the
+    status of the code (or the signal that killed it, see `_die_of`).
     The go pipe is closed before the code runs, so the code sees only 0, 1 and 2.
     When the code is done (its non-daemon threads and `atexit` handlers too, as at
     interpreter exit), the status goes to the page shared with the server, then
@@ -301,6 +494,8 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
     try:
         status = mmap.mmap(status_fd, mmap.PAGESIZE)
         _prepare(workdir, fds)  # closes status_fd with every other stray descriptor
+        if os.getpid() == 1:
+            _stand_in_for_default_actions(status)
         random.seed()  # a spare cloned by the zygote ran no at-fork hooks
         namespace = main_namespace()
         # Take the page faults of a first exec and of decoding a request before the request.

@@ -3,7 +3,8 @@
 The server calls `setup_isolation` once at start. It moves into new mount and
 network namespaces (as root; through a user namespace otherwise; not at all if
 the kernel refuses both), lays a private tmpfs over /tmp, and remounts every
-other mount read-only, so sandboxed code can write only in its work directory.
+other mount read-only and nosuid, so sandboxed code can write only in its work
+directory. It also sets no_new_privs: no program it executes gains privileges.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field
 
 from toolenv_code import _linux
 
-__all__ = ["PRIVATE_SHM", "Isolation", "setup_isolation"]
+__all__ = ["PRIVATE_SHM", "PRIVATE_TMP", "SHM_OPTIONS", "Isolation", "setup_isolation"]
 
 #: Mount points replaced inside the server's own mount namespace (never the host's).
 PRIVATE_TMP = "/tmp"  # noqa: S108
 PRIVATE_SHM = "/dev/shm"  # noqa: S108
+#: The tmpfs on /dev/shm: the server's, and each child's own.
+SHM_OPTIONS = "size=16m,mode=1777"
 _MS_FLAGS = {"nosuid": _linux.MS_NOSUID, "nodev": _linux.MS_NODEV, "noexec": _linux.MS_NOEXEC}
 _MS_ATIME = {"noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 
@@ -37,10 +40,16 @@ class Isolation:
     uid_drop: bool = False
     workroot: str = ""
     private_tmp: bool = False
-    #: A private tmpfs lies over /dev/shm (the server empties what each child leaves there).
+    #: A private tmpfs lies over /dev/shm (and each child lays one of its own over that, in a
+    #: mount namespace of its own: see `_child._own_mounts`).
     private_shm: bool = False
     #: Each child gets an IPC namespace of its own (System V IPC objects die with it).
     child_ipc_ns: bool = False
+    #: `execve` grants no privileges (set-uid bits, file capabilities) to the server and its children.
+    no_new_privs: bool = False
+    #: Each child is put in a Landlock domain of its own that cannot reach abstract unix
+    #: sockets from outside it (the children share the server's network namespace).
+    child_socket_scope: bool = False
     #: In a user namespace: a nested one (an open fd) every child joins, so that being root
     #: there gives no power over our mounts and namespaces; -1 if it could not be made.
     child_user_ns: int | None = None
@@ -56,7 +65,8 @@ def _remount_readonly(iso: Isolation, skip: set[str]) -> None:
         if target in skip or target in seen:
             continue
         seen.add(target)
-        flags = _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY
+        # nosuid too: no_new_privs already voids set-uid bits for the children; this is a second lock.
+        flags = _linux.MS_REMOUNT | _linux.MS_BIND | _linux.MS_RDONLY | _linux.MS_NOSUID
         for opt in parts[5].split(","):
             flags |= _MS_FLAGS.get(opt, 0) | _MS_ATIME.get(opt, 0)
         try:
@@ -164,6 +174,10 @@ def _mkdtemp() -> str:
 def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
     """Enter namespaces where the kernel allows it; fall back step by step where not."""
     iso = Isolation()
+    with contextlib.suppress(OSError):  # inherited by every child; nothing here needs exec's privileges
+        _linux.set_no_new_privs()
+        iso.no_new_privs = True
+        iso.child_socket_scope = _linux.landlock_abi() >= _linux.LANDLOCK_SCOPED_ABI
     try:
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWNET)
     except OSError:
@@ -187,7 +201,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         skip = {PRIVATE_TMP}
         if os.path.isdir(PRIVATE_SHM):
             with contextlib.suppress(OSError):
-                _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=16m,mode=1777")
+                _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, SHM_OPTIONS)
                 skip.add(PRIVATE_SHM)
                 iso.private_shm = True
         _remount_readonly(iso, skip)

@@ -4,7 +4,8 @@ Run as `python -I -c "...main()"` by the client pool, talking frames over its st
 At start it moves itself into fresh mount and network namespaces (no network at all,
 a read-only view of the host filesystem, a private tmpfs on /tmp) and pre-imports
 common modules, so that a run costs one `fork` rather than an interpreter start. Each
-child becomes PID 1 of its own PID namespace (killing it kills everything it spawned),
+child becomes PID 1 of its own PID namespace (killing it kills everything it spawned;
+a session's stays there as a tiny init while the code runs in a process it forks),
 drops to a per-server uid, applies rlimits, chdirs into a fresh directory and runs the
 code. One-shot runs go to a *warm spare*: the next child is forked and prepared while
 the server waits for the next request, so a run only pays for handing over the code,
@@ -36,6 +37,7 @@ from typing import Any
 from toolenv_code import _linux
 from toolenv_code._child import (
     CHILD_ENV,
+    CODE_KILLED,
     CPU_EXIT,
     SPARE_DONE,
     confine_children,
@@ -155,7 +157,8 @@ class Child:
     uid_index: int = 0
     last_used: float = field(default_factory=time.monotonic)
     exit_status: int | None = None
-    #: A spare's page shared with the server: [SPARE_DONE, exit status] once its code has finished.
+    #: A page shared with the child: [SPARE_DONE, exit status] once a spare's code has finished,
+    #: [CODE_KILLED, signal] once the code was killed by a signal (see `_child._die_of`, `_child._fork_init`).
     done_page: mmap.mmap | None = None
 
     def finished(self) -> int | None:
@@ -166,6 +169,12 @@ class Child:
         """
         page = self.done_page
         return page[1] if page is not None and page[0] == SPARE_DONE else None
+
+    def killed_by(self) -> int | None:
+        """The signal that killed the code, as reported on the page: by a session's init (which
+        itself exits), or by a one-shot run's stand-in for the signal's default action."""
+        page = self.done_page
+        return page[1] if page is not None and page[0] == CODE_KILLED else None
 
     def close_fds(self) -> None:
         for fd in (self.pidfd, self.out_r, self.err_r, self.req_w, self.status_r):
@@ -193,7 +202,9 @@ class Server:
         self.zygote_pid = 0
         self.counter = 0
         self.own_pidns = -1
-        confine_children(iso.child_ipc_ns, iso.child_user_ns)
+        # Each child gets a /tmp, /dev/shm and /proc of its own (see `_child._own_mounts`).
+        self.own_mounts = iso.private_tmp and iso.private_shm
+        confine_children(iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope)
         iso.pid_ns = _pid_ns_round_trip_works()
         if iso.pid_ns:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -241,10 +252,18 @@ class Server:
         err_r, err_w = os.pipe()
         req_r, req_w = os.pipe()
         status_r, status_w = os.pipe()
-        fds = [out_w, err_w, req_r, status_w]
+        memfd = os.memfd_create("toolenv-status", os.MFD_CLOEXEC)  # the init's status page (see `spare_main`)
+        fds = [out_w, err_w, req_r, status_w, memfd]
+        try:
+            os.ftruncate(memfd, mmap.PAGESIZE)
+            page = mmap.mmap(memfd, mmap.PAGESIZE)
+        except OSError:
+            for fd in (*fds, out_r, err_r, req_w, status_r):
+                os.close(fd)
+            raise
 
         def run() -> None:
-            enter_child(workdir, limits, uid, fds)
+            enter_child(workdir, limits, uid, fds[:4], memfd)
             session_loop()
 
         # Here only the zygote can give the session a PID namespace (see `_zygote_loop`).
@@ -256,10 +275,11 @@ class Server:
             else:
                 pid = self._spawn(workdir, fds, run)
         except OSError:
+            page.close()
             for fd in (out_r, err_r, req_w, status_r):
                 os.close(fd)
             raise
-        return Child(pid, os.pidfd_open(pid), out_r, err_r, workdir, req_w, status_r, uid_index)
+        return Child(pid, os.pidfd_open(pid), out_r, err_r, workdir, req_w, status_r, uid_index, done_page=page)
 
     def _zygote_session(self, workdir: str, uid: int, limits: dict[str, Any], fds: list[int]) -> int:
         """Have the zygote clone a session child; its pid, or 0 when there is no zygote to ask."""
@@ -394,13 +414,14 @@ class Server:
         self._clear_shm(child)
 
     def _clear_shm(self, child: Child) -> None:
-        """Remove what `child` left in /dev/shm, which all children of this server share.
+        """Remove what `child` left in /dev/shm, when all children of this server share it.
 
         Files there outlive the process that made them: without this a run or session
         could hand data to a later one (another episode's) or fill it up for all of them.
         What a child made is owned by its uid (one-shot runs: index 0, sessions: their own).
+        (Normally each child has a /dev/shm of its own: see `_child._own_mounts`.)
         """
-        if not (self.uid_base and self.iso.private_shm):
+        if self.own_mounts or not (self.uid_base and self.iso.private_shm):
             return
         uid = self.uid_base + child.uid_index
         try:
@@ -478,13 +499,16 @@ class Server:
             # Killed, or the process ended (for a session: before its call did, so the session is over).
             self._kill(child)
             self._drain_nonblocking(child, out, err)
+            killed = None if timed_out else child.killed_by()  # read before `_reap` unmaps the page
             if session:
                 self._reap(child)
             else:
                 self._wait(child)
                 self.dying.append(child)
             status = child.exit_status or 0
-            if os.WIFSIGNALED(status):
+            if killed is not None:
+                result.update(exit_code=None, signal=killed)
+            elif os.WIFSIGNALED(status):
                 result.update(exit_code=None, signal=os.WTERMSIG(status))
             elif os.WEXITSTATUS(status) == CPU_EXIT:
                 result.update(exit_code=None, signal=int(signal.SIGXCPU))
@@ -640,6 +664,8 @@ class Server:
                 "user_ns": iso.user_ns,
                 "pid_ns": iso.pid_ns,
                 "uid_drop": iso.uid_drop,
+                "no_new_privs": iso.no_new_privs,
+                "child_socket_scope": iso.child_socket_scope,
                 "readonly_mounts": iso.readonly_mounts,
                 "readonly_failures": iso.readonly_failures,
                 "workroot_tmpfs": iso.private_tmp,
@@ -747,10 +773,10 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
         os.closerange(low + 1, high)
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 4096, 4)
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 5)
         except OSError:
             return
-        if not msg or len(fds) != 4:
+        if not msg or len(fds) not in (4, 5):
             return
         kind, workdir, uid, extra = msg.decode().split("\0", 3)
         try:
@@ -766,7 +792,7 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
         if pid == 0:
             try:
                 if kind == "session":
-                    enter_child(workdir, json.loads(extra), int(uid), fds)
+                    enter_child(workdir, json.loads(extra), int(uid), fds[:4], fds[4])
                     random.seed()  # a clone ran no at-fork hooks: not the zygote's sequence
                     session_loop()
                 else:

@@ -2,8 +2,8 @@
 
 `isolation_report()` does not trust the setup code's intentions: it runs a probe
 through the pool and reports what the probe observed (network interfaces it can see,
-whether / is writable, its PID and uid, the rlimits in force). `toolenv doctor`
-prints it.
+whether / is writable, whether it has a PID namespace of its own, its uid, the
+rlimits in force). `toolenv doctor` prints it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ try:
 except OSError:
     out["interfaces"] = None
 out["root_readonly"] = bool(os.statvfs("/").f_flag & os.ST_RDONLY)
-out["pid"] = os.getpid()
+with open("/proc/self/status") as fh:
+    nspid = [l.split()[1:] for l in fh if l.startswith("NSpid:")]
+# A PID namespace of the run's own: the code is PID 2 there (under an init), or /proc (the
+# host's, where a private one could not be mounted) shows it with pids in more than one.
+out["pid_ns"] = os.getpid() <= 2 or bool(nspid and len(nspid[0]) > 1)
 out["uid"] = os.getuid()
 out["limits"] = {}
 for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
@@ -86,7 +90,7 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
     return IsolationReport(
         network="namespace" if isolated_net else "none",
         filesystem="readonly-root" if seen["root_readonly"] else "none",
-        processes="pid-namespace" if seen["pid"] == 1 else "process-group",
+        processes="pid-namespace" if seen["pid_ns"] else "process-group",
         user=user,
         rlimits=[k for k, v in limits.items() if v is not None],
         limits=limits,
