@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import toolenv
 from toolenv.registry import load
+from toolenv_search.backend import Passage
 from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, hotpotqa_tasks, make_hotpotqa_env
 
 
@@ -46,7 +47,7 @@ def test_oracle_scores_one_on_every_task() -> None:
             obs, reward, terminated, truncated, info = env.step(hotpotqa_oracle(task, turn, obs))
             if turn == 0:
                 assert obs.startswith("<information>Doc 1(Title: ") and obs.endswith("</information>")
-                gold_found += any(f"(Title: {t})" in obs for t in task.context["gold_titles"])
+                gold_found += any(f'(Title: "{t}")' in obs for t in task.context["gold_titles"])
             turn += 1
         assert terminated and turn == 2
         total += float(reward)
@@ -181,3 +182,31 @@ def test_cache_option_shares_searches_across_tasks_and_envs() -> None:
         env.close()
     assert records[0][0] == records[1][0] and "<information>" in records[0][0]
     assert [cached for _, cached in records] == [False, True]
+
+
+class _OneAnswer:
+    """A backend whose every passage names its own word."""
+
+    name = "one-answer"
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        return [[Passage(id=self.word, title=self.word, text=f"the answer is {self.word}")] for _ in queries]
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_cache_of_one_backend_object_never_answers_for_another() -> None:
+    # Envs made one after another, each over a new backend object: CPython reuses the ids
+    # of objects that are gone, and an id-keyed cache served the old backend's passages.
+    seen = []
+    for i in range(12):
+        env = make_hotpotqa_env(backend=_OneAnswer(f"w{i}"), cache=True, limit=1)
+        env.reset()
+        obs, *_ = env.step("<search> who </search>")
+        env.close()
+        seen.append(obs)
+    assert seen == [f'<information>Doc 1(Title: "w{i}") the answer is w{i}</information>' for i in range(12)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -18,7 +19,8 @@ from toolenv_search.backend import SearchError
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env
 from toolenv_search.http_backend import HTTPBackend
-from toolenv_search.tool import SearchTool
+from toolenv_search.protocol import parse_result
+from toolenv_search.tool import SearchTool, format_passages
 
 
 def free_port() -> int:
@@ -53,10 +55,65 @@ async def test_server_speaks_search_r1_api(bm25_server: str) -> None:
         rows = scored.json()["result"]
         assert len(rows) == 2 and all(set(item) == {"document", "score"} for item in rows[1])
         assert len(rows[1]) == 3  # server default topk
-        bad = await client.post(bm25_server + "/retrieve", json={"queries": []})
+        bad = await client.post(bm25_server + "/retrieve", json={"queries": "not a list"})
         assert bad.status_code == 422 and "queries" in bad.json()["error"]
         junk = await client.post(bm25_server + "/retrieve", content=b"not json")
         assert junk.status_code == 422
+
+
+def _search_r1_batch_search(url: str, queries: list[str], topk: int = 3) -> list[str]:
+    """Search-R1's own client (`LLMGenerationManager.batch_search`, `search_r1/llm_agent/generation.py`):
+    it indexes `["result"]` and each item's `["document"]["contents"]` without checking the status."""
+    payload = {"queries": queries, "topk": topk, "return_scores": True}
+    results = httpx.post(url + "/retrieve", json=payload, timeout=30).json()["result"]
+    out = []
+    for result in results:
+        ref = ""
+        for idx, doc_item in enumerate(result):
+            content = doc_item["document"]["contents"]
+            title = content.split("\n")[0]
+            text = "\n".join(content.split("\n")[1:])
+            ref += f"Doc {idx + 1}(Title: {title}) {text}\n"
+        out.append(ref)
+    return out
+
+
+def test_search_r1_trainer_runs_unchanged_against_the_server(bm25_server: str) -> None:
+    # A turn in which no rollout searched: Search-R1 still calls batch_search([]), and its
+    # own server answers {"result": []}.
+    assert _search_r1_batch_search(bm25_server, []) == []
+    # A large rollout batch (train_batch_size 1024 x 5 samples) goes out as one request.
+    many = _search_r1_batch_search(bm25_server, ["VIVA Media"] * 5120, topk=1)
+    assert len(many) == 5120 and many[0].startswith('Doc 1(Title: "VIVA Media") VIVA Media GmbH')
+    # `topk: 0` means the server's default, as in Search-R1's server (`if not request.topk`).
+    [three] = httpx.post(bm25_server + "/retrieve", json={"queries": ["VIVA"], "topk": 0}).json()["result"]
+    assert len(three) == 3
+
+
+async def test_the_model_sees_what_search_r1_shows(bm25_server: str) -> None:
+    """The observation text is Search-R1's `_passages2string` of the same server answer."""
+    tool = SearchTool("http", backend_options={"url": bm25_server}, topk=3)
+    for query in ("Constantin Medien", "VIVA Poland music channel"):
+        results, _ = await ToolCaller([tool]).invoke(
+            [ToolCall(name="search", arguments={"query": query}, id="a")], ToolContext(task=Task())
+        )
+        [want] = await asyncio.to_thread(_search_r1_batch_search, bm25_server, [query])
+        assert results[0].text == want.strip()
+    await tool.close()
+
+
+def test_wiki18_titles_keep_their_own_quotes() -> None:
+    """wiki-18 `contents` is the title in quotes, a line break, the text; a title with quotes of its own keeps them."""
+    docs = [
+        {"id": "1", "contents": '""Weird Al" Yankovic"\nAlfred Matthew Yankovic is an American singer.'},
+        {"id": "2", "contents": '"Paris"\nParis is the capital of France.'},
+    ]
+    [row] = parse_result({"result": [[{"document": d, "score": 1.0} for d in docs]]}, 1)
+    assert [p.title for p in row] == ['"Weird Al" Yankovic', "Paris"]
+    assert format_passages(row) == (
+        'Doc 1(Title: ""Weird Al" Yankovic") Alfred Matthew Yankovic is an American singer.\n'
+        'Doc 2(Title: "Paris") Paris is the capital of France.'
+    )
 
 
 async def test_search_tool_over_http(bm25_server: str) -> None:
@@ -64,7 +121,7 @@ async def test_search_tool_over_http(bm25_server: str) -> None:
     results, _ = await ToolCaller([tool]).invoke(
         [ToolCall(name="search", arguments={"query": "Constantin Medien"}, id="a")], ToolContext(task=Task())
     )
-    assert results[0].text.startswith("Doc 1(Title: Constantin Medien)")
+    assert results[0].text.startswith('Doc 1(Title: "Constantin Medien")')
     await tool.close()
 
 

@@ -41,7 +41,7 @@ async def call(tool: SearchTool, **arguments: object) -> toolenv.ToolResult:
 
 def test_format_is_search_r1s() -> None:
     text = format_passages([Passage(id="1", title="A", text="alpha"), Passage(id="2", title="B", text="beta")])
-    assert text == "Doc 1(Title: A) alpha\nDoc 2(Title: B) beta"
+    assert text == 'Doc 1(Title: "A") alpha\nDoc 2(Title: "B") beta'
 
 
 async def test_passages_with_line_breaks_stay_one_line_each(tmp_path: Path) -> None:
@@ -59,9 +59,9 @@ async def test_passages_with_line_breaks_stay_one_line_each(tmp_path: Path) -> N
     assert len(lines) == 3 and all(line.startswith(f"Doc {i}(Title: ") for i, line in enumerate(lines, 1))
     bodies = {line.split("(", 1)[1] for line in lines}
     assert bodies == {
-        "Title: Aurora borealis) Northern lights. Seen near the poles. Green.",
-        "Title: Tide) Tides follow the moon. Twice a day.",
-        "Title: Plain) Aurora  and tide  with  double spaces.",  # other spacing is kept
+        'Title: "Aurora borealis") Northern lights. Seen near the poles. Green.',
+        'Title: "Tide") Tides follow the moon. Twice a day.',
+        'Title: "Plain") Aurora  and tide  with  double spaces.',  # other spacing is kept
     }
 
 
@@ -75,11 +75,11 @@ async def test_tags_parser_wraps_results_in_information(tmp_path: Path) -> None:
     tool = SearchTool(BM25Backend(cache_dir=tmp_path))
     result = await call(tool, query="Constantin Medien German media group")
     assert not result.is_error
-    assert result.text.startswith("Doc 1(Title: Constantin Medien) Constantin Medien AG")
+    assert result.text.startswith('Doc 1(Title: "Constantin Medien") Constantin Medien AG')
     assert result.text.count("\nDoc ") == 2  # default topk 3
     assert result.metadata["doc_ids"][0] == "hp-f93b09ca3d5f"
     obs = TagParser().format_results([result])
-    assert obs.startswith("<information>Doc 1(Title: Constantin Medien)") and obs.endswith("</information>")
+    assert obs.startswith('<information>Doc 1(Title: "Constantin Medien")') and obs.endswith("</information>")
 
 
 async def test_topk_argument_and_default() -> None:

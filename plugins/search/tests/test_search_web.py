@@ -41,7 +41,7 @@ async def test_cached_query_is_answered_without_the_network(tmp_path: Path) -> N
         [ToolCall(name="search", arguments={"query": "capital of France"}, id="a")], ToolContext(task=Task())
     )
     assert results[0].text == (
-        "Doc 1(Title: Paris) Paris is the capital of France.\nDoc 2(Title: France) France is a country in Europe."
+        'Doc 1(Title: "Paris") Paris is the capital of France.\nDoc 2(Title: "France") France is a country in Europe.'
     )
 
 

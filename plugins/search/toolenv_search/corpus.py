@@ -52,7 +52,9 @@ def passage_from_record(record: Any, fallback_id: str) -> Passage:
     if text is None and isinstance(record.get("contents"), str):
         head, _, body = record["contents"].partition("\n")
         if title is None:
-            title = head.strip().strip('"')
+            head = head.strip()
+            # One pair of quotes wraps the title; quotes of the title's own (`"Weird Al" Yankovic`) stay.
+            title = head[1:-1] if len(head) >= 2 and head[0] == head[-1] == '"' else head
             text = body.strip()
         else:
             text = record["contents"]

@@ -1,6 +1,6 @@
 """`toolenv/HotpotQA-v0`: multi-hop QA over the bundled HotpotQA corpus, in Search-R1's format.
 
-The model searches with `<search> query </search>`, reads `<information>Doc 1(Title: ...)
+The model searches with `<search> query </search>`, reads `<information>Doc 1(Title: "...")
 ...</information>`, and answers with `<answer> ... </answer>`; the reward is exact
 match (Search-R1's), or token F1 with `reward="f1"`. `parser="hermes"` gives the
 same env with JSON tool calls.
@@ -92,6 +92,25 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
     return tasks
 
 
+class _Same:
+    """A backend object as part of a cache key: equal only to itself.
+
+    It holds the object, so the id is never that of a later backend (CPython reuses the
+    ids of objects that are gone; a cache keyed by `id()` served the old one's passages).
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
 def _is_tags(parser: str | ActionParser) -> bool:
     return parser == "tags" or isinstance(parser, TagParser)
 
@@ -113,7 +132,7 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     backend: SearchBackend | str = overrides.pop("backend", "bm25")
     topk, options = overrides.pop("topk", 3), overrides.pop("backend_options", None)
     # Answers depend on the query, the backend and its options, and topk: not on the task.
-    namespace = ("toolenv_search", backend if isinstance(backend, str) else id(backend), repr(options), topk)
+    namespace = ("toolenv_search", backend if isinstance(backend, str) else _Same(backend), repr(options), topk)
     cache_spec = overrides.pop("cache", None)
     if isinstance(cache_spec, Mapping) or cache_spec is True:
         cache_spec = {"scope": "shared", **(cache_spec if isinstance(cache_spec, Mapping) else {})}

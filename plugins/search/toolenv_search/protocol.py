@@ -23,8 +23,10 @@ class RetrieveRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")  # forks add fields; ignore what we do not use
 
-    queries: list[str] = Field(min_length=1, max_length=4096)
-    topk: int | None = Field(default=None, ge=1, le=1000)
+    # As Search-R1's server: an empty list (a training step in which no rollout searched)
+    # gets an empty result, no cap on a rollout batch, and a `topk` of 0 means the default.
+    queries: list[str]
+    topk: int | None = Field(default=None, ge=0, le=1000)
     return_scores: bool = False
 
 

@@ -30,6 +30,8 @@ def create_app(backend: SearchBackend, *, default_topk: int = 3, max_topk: int =
         except ValidationError as exc:
             detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
             return JSONResponse({"error": f"invalid request: {detail}"}, status_code=422)
+        if not req.queries:
+            return JSONResponse({"result": []})
         topk = min(req.topk or default_topk, max_topk)
         try:
             hits = await backend.search(req.queries, topk)

@@ -29,8 +29,12 @@ def _one_line(text: str) -> str:
 
 
 def format_passages(passages: Sequence[Passage]) -> str:
-    """Search-R1's layout: one `Doc i(Title: ...) text` line per passage (line breaks inside become spaces)."""
-    return "\n".join(f"Doc {i}(Title: {_one_line(p.title)}) {_one_line(p.text)}" for i, p in enumerate(passages, 1))
+    """Search-R1's layout: one `Doc i(Title: "...") text` line per passage (line breaks inside become spaces).
+
+    Search-R1 prints the first line of a wiki-18 `contents`, the title in quotes, so the
+    title is quoted here too: a Search-R1 checkpoint reads what it was trained on.
+    """
+    return "\n".join(f'Doc {i}(Title: "{_one_line(p.title)}") {_one_line(p.text)}' for i, p in enumerate(passages, 1))
 
 
 class SearchArgs(BaseModel):
