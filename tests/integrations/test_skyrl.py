@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -50,6 +52,7 @@ CALC = "toolenv-test/SkyRLCalc-v0"
 CLOSING = "toolenv-test/SkyRLClosing-v0"
 SNAP = "toolenv-test/SkyRLSnap-v0"
 TOLL = "toolenv-test/SkyRLToll-v0"
+LOOPS = "toolenv-test/SkyRLLoops-v0"
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
 
@@ -60,6 +63,17 @@ class ClosingAdd(Add):
 
     async def close(self) -> None:
         type(self).closed += 1
+
+
+class LoopAdd(Add):
+    """`add` that notes the event loop it ran on (as a per-loop client or batcher is made once per
+    loop) and adds on the loop's default thread pool (as the BM25 search backend searches)."""
+
+    loops: set[int] = set()  # noqa: RUF012 - shared on purpose
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        type(self).loops.add(id(asyncio.get_running_loop()))
+        return toolenv.ToolResult(text=str(await asyncio.to_thread(sum, (args.a, args.b))))
 
 
 class Snapshot(toolenv.Tool):
@@ -84,7 +98,8 @@ def _snap_env(**kw: Any) -> toolenv.ToolEnv:
 
 def _calc_env(**kw: Any) -> toolenv.ToolEnv:
     kw.setdefault("max_turns", 6)
-    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
+    kw.setdefault("parser", "hermes")
+    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, reward="exact_match", **kw)
 
 
 def _closing_env(**kw: Any) -> toolenv.ToolEnv:
@@ -97,14 +112,19 @@ def _toll_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward=reward, **kw)
 
 
-for _id, _factory in ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env), (TOLL, _toll_env)):
+def _loops_env(**kw: Any) -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[LoopAdd()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
+
+
+_TEST_ENVS = ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env), (TOLL, _toll_env), (LOOPS, _loops_env))
+for _id, _factory in _TEST_ENVS:
     if _id not in gym.registry:
         gym.register(_id, entry_point=_factory)
 
 
 @pytest.fixture(autouse=True)
 def _registered() -> Iterator[None]:
-    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL])
+    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL, LOOPS])
     yield
     close_pooled_envs()
 
@@ -494,6 +514,33 @@ def test_observations_tokenize_as_skyrls_generator_tokenizes_them(tiny_tokenizer
     env.close()
 
 
+@pytest.mark.parametrize(("template", "parser"), [("gptoss", "harmony"), ("gemma4", "gemma4"), ("qwen2_5", "hermes")])
+def test_tool_results_survive_skyrls_observation_tokenization(tiny_model_dir: Any, template: str, parser: str) -> None:
+    """SkyRL tokenizes an observation after a fixed `[system, user]` base, without the assistant's
+    call. gpt-oss's template refuses a tool message there and Gemma 4's renders nothing for it:
+    the default role must still bring the tool's result to the model."""
+    trl = pytest.importorskip("trl", reason="the real chat templates come with trl")
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)  # a copy of its own: the template changes
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{template}.jinja").read_text("utf-8")
+    base = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "I am a user."}]
+    base_ids = tok.apply_chat_template(base, add_generation_prompt=False, tokenize=True, return_dict=False)
+    env = skyrl_gym.make(
+        CALC, env_config={"env_kwargs": {"parser": parser}}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 5}
+    )
+    env.init(None)
+    out = env.step(env.env.parser.format_call("add", {"a": 20, "b": 22}, "call_1"))
+    assert out["metadata"]["tool_errors"] == 0
+    ids = tok.apply_chat_template(
+        [*base, *out["observations"]], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert "42" in tok.decode(ids[len(base_ids) :])
+    env.close()
+
+
 def test_inline_question_rows_score_against_reward_spec() -> None:
     env = skyrl_gym.make(
         "toolenv",
@@ -557,6 +604,47 @@ async def test_calls_from_skyrls_thread_pool(mixed_rows: list[dict[str, Any]]) -
     rewards = await asyncio.gather(*(episode(r) for r in mixed_rows * 3))
     pool.shutdown()
     assert rewards == [1.0] * len(mixed_rows) * 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+async def test_a_batch_of_samples_shares_one_event_loop_not_one_per_env() -> None:
+    """SkyRL starts a whole batch at once (every sample makes its env before any closes), so the
+    pool grows to the batch size: thousands of envs. Each must not keep an event loop of its
+    own (three open files and a thread pool each, and a per-loop judge client or search batcher
+    per env)."""
+    rows = await adataset_rows(LOOPS)
+    LoopAdd.loops.clear()
+    close_pooled_envs()
+    before, threads_before = _open_fds(), threading.active_count()
+    pool = ThreadPoolExecutor(max_workers=4)  # SkyRL's `max_env_workers`
+    loop = asyncio.get_running_loop()
+    n = 48
+
+    async def episode(i: int) -> float:
+        row = dict(rows[i % len(rows)])
+        prompt, env_class = row.pop("prompt"), row.pop("env_class")
+        env = skyrl_gym.make(env_class, env_config={}, extras={**row, "max_turns": 5})  # on the loop's thread
+        await asyncio.sleep(0)  # every sample has its env before any steps
+        await loop.run_in_executor(pool, env.init, prompt)
+        out = await loop.run_in_executor(pool, env.step, CALL.format(a=i, b=1))
+        assert out["observations"][0]["content"] == str(i + 1)
+        out = await loop.run_in_executor(pool, env.step, f"<answer>{gold(rows[i % len(rows)])}</answer>")
+        await loop.run_in_executor(pool, env.close)
+        return float(out["reward"])
+
+    try:
+        assert await asyncio.gather(*(episode(i) for i in range(n))) == [1.0] * n
+        assert _POOL.created >= n  # a whole batch of envs, each pooled afterwards
+        assert len(LoopAdd.loops) <= 4, f"the tools ran on {len(LoopAdd.loops)} event loops for {n} samples"
+        assert _open_fds() - before < n, "every pooled env holds open files"
+        assert threading.active_count() - threads_before < n, "every pooled env keeps a thread pool"
+    finally:
+        pool.shutdown()
+    assert close_pooled_envs() >= n
 
 
 def test_envs_are_pooled_across_samples_and_never_shared() -> None:

@@ -11,20 +11,23 @@ like `make` and `get_metrics` always; both work here.
 
 Building a toolenv env per sample would reload its tasks and tool backends, so the
 envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one and
-`close()` gives it back, its tools released.
+`close()` gives it back, its tools released. The generator starts a whole batch at once,
+so the pool grows to a batch's size; the envs' coroutines all run on one event loop of
+this module's (`_EnvLoop`), not on a loop per env.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from toolenv._aio import call_off_loop
 from toolenv.env import ToolEnv
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
@@ -36,12 +39,54 @@ __all__ = ["ENTRY_POINT", "ToolEnvTextEnv", "close_pooled_envs", "register"]
 ENTRY_POINT = "toolenv.integrations.skyrl.env:ToolEnvTextEnv"
 
 _OBSERVATION_ROLES = (None, "tool", "user")
+
+#: Parsers whose chat templates render a tool message only after the assistant's call: gpt-oss's
+#: refuses one without it, Gemma 4's writes nothing for it. SkyRL tokenizes an observation after
+#: a fixed `[system, user]` base, without the call, so their results go back as a user message.
+_PAIRED_TOOL_MESSAGES = frozenset({"harmony", "gemma4"})
+
 T = TypeVar("T")
 
 
-# Sync toolenv calls: on a helper thread when the caller's thread runs an event loop
-# (SkyRL with `max_env_workers=0`), as the TRL adapter runs them.
-_call = call_off_loop
+class _EnvLoop:
+    """The event loop every env of this module runs on, on a daemon thread of its own.
+
+    SkyRL's generator makes a whole batch's envs before any closes, so the pool holds as many
+    envs as a batch has samples (thousands). A sync `ToolEnv` call would give each env an event
+    loop of its own: three open files per env, and a per-loop client or batcher (the judge's,
+    the search backend's) per env. Here SkyRL's threads (or its event loop's, with
+    `max_env_workers=0`) hand the coroutine over and wait; an episode's loop-bound state stays
+    on this one loop whichever thread calls next.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def _get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():  # none yet, or a forked child's
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="toolenv-skyrl-envs", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and wait for its result."""
+        loop = self._get()
+        if asyncio._get_running_loop() is loop:  # in asyncio.__all__; a tool calling back in would deadlock
+            coro.close()
+            raise RuntimeError("a SkyRL env call cannot run on its own event loop's thread")
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # the caller was interrupted: the call does not go on without it
+            raise
+
+
+_LOOP = _EnvLoop()
 
 
 # ---------------------------------------------------------------------- the env pool
@@ -86,10 +131,10 @@ _POOL = _Pool()
 
 
 def close_pooled_envs() -> int:
-    """Close every idle pooled env (their tools and loops); returns how many. For the end of a run or a test."""
+    """Close every idle pooled env (its tools); returns how many. For the end of a run or a test."""
     leases = _POOL.drain()
     for lease in leases:
-        _call(lease.env.close)
+        _LOOP.run(lease.env.aclose())
     return len(leases)
 
 
@@ -107,6 +152,12 @@ def _chat(message: Message) -> dict[str, Any]:
 def _first(*values: Any) -> Any:
     """The first value that is not None (a setting's source in order of precedence)."""
     return next((v for v in values if v is not None), None)
+
+
+def _default_role(env: ToolEnv) -> str:
+    """`"tool"` for parsers whose chat templates have tool messages that render on their own, else `"user"`."""
+    parser = env.parser
+    return "tool" if parser.tool_messages and parser.name not in _PAIRED_TOOL_MESSAGES else "user"
 
 
 class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
@@ -132,13 +183,17 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         observation_role: `"tool"` (a tool message per result; the chat template wraps it, e.g.
             Qwen's `<tool_response>`), `"user"` (one user message with the env's formatted
             observation, e.g. `<information>...</information>`), or None: `"tool"` for parsers
-            whose chat templates have tool messages (hermes, ...), `"user"` otherwise.
+            whose chat templates have tool messages (hermes, ...), `"user"` otherwise and for
+            harmony and gemma4, whose templates render a tool message only after the call,
+            which SkyRL's observation tokenization leaves out.
         use_env_prompt: `init` returns the env's own first messages for the task instead of
             the row's prompt (for rows made elsewhere that carry only a task id).
         reward_at_end: every step's reward is 0 but the one that ends the episode, which carries
-            the episode's return. For SkyRL's generator with a custom chat template
-            (`generator.chat_template`), which keeps only the last step's reward; by default each
-            step carries its own (SkyRL's token-level rewards, placed at the end of each turn).
+            the episode's return. For SkyRL with a custom chat template (`generator.chat_template`),
+            whose generator keeps only the last step's reward, or with
+            `generator.step_wise_trajectories`, whose trainer takes every step's advantage from
+            the last step's reward; by default each step carries its own (SkyRL's token-level
+            rewards, placed at the end of each turn).
 
     Attributes:
         env: the pooled `ToolEnv` this sample runs on (until `close`).
@@ -191,7 +246,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             raise ValueError(f"max_turns must be at least 1, got {limit}")
         self._lease = _POOL.acquire(self.env_id, kwargs)
         self.env: ToolEnv = self._lease.env
-        self.observation_role: str = role or ("tool" if self.env.parser.tool_messages else "user")
+        self.observation_role: str = role or _default_role(self.env)
         self.max_turns = self.env.max_turns = int(limit) if limit is not None else self._lease.max_turns
         self.last_info: dict[str, Any] = {}
         self._closed = False
@@ -204,8 +259,9 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 
         Raises:
             ValueError: the row names no task (see `task_options`), or the env's prompt has images.
+            KeyError: the row's `task_id` is not one of the env's tasks.
         """
-        _, info = self._run(self.env.reset, options=task_options(self.extras))
+        _, info = self._run(self.env.areset(options=task_options(self.extras)))
         self.turns = 0
         self.last_info = info
         meta = {"env_id": self.env_id, "task_id": info["task_id"]}
@@ -226,7 +282,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             return BaseTextEnvStepOutput(
                 observations=[], reward=0.0, done=True, metadata={"note": "the episode has ended"}
             )
-        obs, reward, terminated, truncated, info = self._run(self.env.step, action)
+        obs, reward, terminated, truncated, info = self._run(self.env.astep(action))
         self.turns += 1
         self.last_info = info
         done = bool(terminated or truncated)
@@ -269,18 +325,18 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             return
         self._closed = True
         try:
-            self._run(self.env.end_episode)
+            self._run(self.env.aend_episode())
         except Exception:  # noqa: BLE001 - a tool that cannot release: close the env rather than reuse it
             self._broken = True
         if self._broken:
-            _call(self.env.close)
+            _LOOP.run(self.env.aclose())
         else:
             _POOL.release(self._lease)
 
     # ------------------------------------------------------------------ helpers
-    def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
-            return _call(fn, *args, **kwargs)
+            return _LOOP.run(coro)
         except BaseException:
             self._broken = True  # not handed to another sample in an unknown state
             raise
