@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers._json import decode_json, encode_json, same_json
-from toolenv.parsers._scan import SchemaBound, python_literal, schema_kinds, typed_value
+from toolenv.parsers._json import encode_json, same_json
+from toolenv.parsers._scan import SchemaBound, param_kind, schema_kinds, typed_value
 from toolenv.parsers.base import ActionParser, register_parser, tool_call_action
 from toolenv.parsers.hermes import scan_tool_call_blocks, tool_responses
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
@@ -219,41 +219,12 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
         return "\n".join([_OPEN, f"{_FUNCTION}{name}>", *params, _FUNCTION_END, _CLOSE])
 
 
-def _kind(schema: Any) -> str | None:
-    """The JSON type a property schema names, when it names exactly one."""
-    if not isinstance(schema, Mapping):
-        return None
-    kinds = schema_kinds(schema) - {"null"}
-    if len(kinds) == 1:
-        (only,) = kinds
-        return only
-    return "null" if not kinds and schema_kinds(schema) == {"null"} else None
-
-
 def _typed(value: str, schema: Any) -> Any:
-    """`value` read by its parameter's type: text for strings (None for `null` when the string
-    may be null; and text for a parameter the tool does not have, or text that does not
-    decode, so the tool's validation reports it); for a
-    parameter of several types (a union) or of any type, JSON when the text reads as JSON;
-    JSON otherwise."""
+    """`value` read by its parameter's type (`typed_value`, Python literals allowed for arrays and
+    objects as vLLM reads them); text for a parameter the tool does not have."""
     if not isinstance(schema, Mapping):
         return value
-    kind = _kind(schema)
-    if kind == "string":
-        # vLLM reads `null` as None: for a string that may be null, the only way to write None.
-        return None if value == "null" and "null" in schema_kinds(schema) else value
-    if kind is None:
-        return typed_value(value, None)
-    if kind == "null" and value.strip() in ("", "null", "None"):
-        return None
-    try:
-        return decode_json(value.strip())
-    except (ValueError, RecursionError):
-        if kind == "boolean" and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        if kind in ("array", "object"):  # `['a', 'b']`: vLLM falls back to ast.literal_eval
-            return python_literal(value.strip(), value)
-        return value
+    return typed_value(value, param_kind(schema), literals=True)
 
 
 register_parser("qwen3_xml", Qwen3XMLParser)
