@@ -338,14 +338,9 @@ class RemoteToolEnv(ToolEnv):
                 await self._open_session()
         except RemoteEnvError as exc:
             log.warning("could not delete the session of a create whose answer was lost: %s", exc)
-        session, self._session, self._create_key, self._busy = self._session, None, None, False
+        self._create_key = None
         try:
-            if session is not None:
-                await self._do("DELETE", f"/sessions/{session}", "close", retry=True)
-        except SessionGoneError:
-            pass
-        except RemoteEnvError as exc:
-            log.warning("could not delete session %s: %s", session, exc)
+            await self._abandon_session("close")
         finally:
             client = self._clients.pop(asyncio.get_running_loop(), None)
             if client is not None and not client.is_closed:
@@ -389,15 +384,15 @@ class RemoteToolEnv(ToolEnv):
             raise
         self._session, self._create_key = created.session_id, None
 
-    async def _abandon_session(self) -> None:
+    async def _abandon_session(self, what: str = "close the previous session") -> None:
         """Delete the session, which may still run a call whose answer was lost, without
         waiting for that call (the server closes its env once the call ends); the next reset
-        opens a new one."""
+        opens a new one. A server that is gone is logged, not raised."""
         session, self._session, self._busy = self._session, None, False
         if session is None:
             return
         try:
-            await self._do("DELETE", f"/sessions/{session}", "close the previous session", retry=True)
+            await self._do("DELETE", f"/sessions/{session}", what, retry=True)
         except SessionGoneError:
             pass
         except RemoteEnvError as exc:
