@@ -243,3 +243,25 @@ def test_tasks_whose_gold_result_is_empty_can_be_left_out_for_training() -> None
             assert kept.step(empty)[1] == 0.0, task.id
         full.close()
         kept.close()
+
+
+def test_a_limit_with_exclude_empty_gold_runs_only_the_gold_queries_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`limit=N` keeps the first N tasks whose gold is not empty, and runs their gold queries
+    (and the empty ones met on the way) only: not all 697 of Spider's, some of them slow."""
+    import toolenv_sql.envs as envs
+
+    ran: list[str] = []
+    real = envs._gold_is_empty
+
+    def counting(task: Task, root: object) -> bool:
+        ran.append(task.id)
+        return real(task, root)
+
+    monkeypatch.setattr(envs, "_gold_is_empty", counting)
+    env = envs.make_spider_env(exclude_empty_gold=True, limit=5)
+    assert len(env.tasks) == 5
+    assert len(ran) < 30, len(ran)
+    everything = envs.make_spider_env(exclude_empty_gold=True)
+    assert [t.id for t in env.tasks] == [t.id for t in everything.tasks[:5]]
+    env.close()
+    everything.close()

@@ -8,6 +8,7 @@ registers the `execution_match` reward.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,9 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
         from toolenv import load_tasks
 
         tasks = load_tasks(tasks)
-    if opts.pop("exclude_empty_gold", False):
-        tasks = [t for t in tasks if not _gold_is_empty(t, tool_opts.get("root"))]
-    if limit is not None:
-        tasks = list(tasks)[: int(limit)]
+    if opts.pop("exclude_empty_gold", False):  # lazily: with a limit, only the tasks kept are run
+        tasks = (t for t in tasks if not _gold_is_empty(t, tool_opts.get("root")))
+    tasks = list(tasks if limit is None else itertools.islice(tasks, int(limit)))
     opts.setdefault("tools", [SQLTool(**tool_opts)])
     opts.setdefault(
         "reward",
