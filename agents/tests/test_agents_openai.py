@@ -214,6 +214,41 @@ async def test_text_chat_and_completions_modes(server: Server) -> None:
     assert prompt.startswith(res.trajectories[0].prompt) and "</tool_call>\n<tool_response>\n5" in prompt
 
 
+class Lookup(toolenv.Tool):
+    """Look a word up."""
+
+    name = "search"
+
+    class Args(BaseModel):
+        query: str
+
+    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
+        return toolenv.ToolResult(text=f'Doc 1(Title: "{args.query}") five')
+
+
+async def test_completions_mode_continues_the_text_as_search_r1_does(server: Server) -> None:
+    """With the tags format the observation is appended as Search-R1's trainer appends it,
+    `\n\n<information>...</information>\n\n`: the tokens its checkpoints were trained on."""
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "2+3?", "answer": "5"}], parser="tags")
+
+    first = "<think> look it up </think><search> five </search>"
+    server.script = [
+        (
+            "json",
+            200,
+            {"choices": [{"text": first[: -len("</search>")], "finish_reason": "stop", "stop_reason": "</search>"}]},
+            {},
+        ),
+        ("json", 200, {"choices": [{"text": "<answer> 5 </answer>", "finish_reason": "stop"}]}, {}),
+    ]
+    res = await arollout(env, agent(server, api="completions"), n=1)
+    assert res.trajectories[0].reward == 1.0
+    prompt = server.requests[1]["body"]["prompt"]
+    assert prompt == res.trajectories[0].prompt + first + '\n\n<information>Doc 1(Title: "five") five</information>\n\n'
+
+
 def test_render_tool_calls_for_each_parser() -> None:
     calls = [{"name": "search", "arguments": {"query": "paris"}, "id": "c1"}]
     assert render_tool_calls("", calls, get_parser("tags")) == "<search>paris</search>"

@@ -263,7 +263,11 @@ class OpenAIAgent(Agent):
         return renamed
 
     async def _act_completions(self, observation: str, env_info: EnvInfo) -> AgentAction:
-        self._prompt = observation if env_info.turn == 0 else f"{self._prompt}\n{observation}\n"
+        if env_info.turn == 0:
+            self._prompt = observation
+        else:  # as the format's trainers append it (Search-R1: `\n\n<information>…</information>\n\n`)
+            glue = env_info.parser.continue_with(observation) if env_info.parser else f"\n{observation}\n"
+            self._prompt += glue
         body = self._body(prompt=self._prompt, **self._gen_options(env_info))
         if self.logprobs:
             body["logprobs"] = 1

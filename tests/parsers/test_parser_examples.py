@@ -182,6 +182,16 @@ def test_tags_default_result_markers() -> None:
     assert TagParser().format_results([ToolResult(text="doc")]) == "<information>doc</information>"
 
 
+def test_an_observation_continuing_the_models_text_is_glued_as_the_formats_trainers_do() -> None:
+    """Search-R1 appends `\n\n<information>…</information>\n\n` to the model's text; other
+    formats get one line break on each side."""
+    tags = TagParser()
+    assert tags.continue_with(tags.format_results([ToolResult(text="doc")])) == "\n\n<information>doc</information>\n\n"
+    assert get_parser("hermes").continue_with("<tool_response>\n5\n</tool_response>") == (
+        "\n<tool_response>\n5\n</tool_response>\n"
+    )
+
+
 # ---------------------------------------------------------------- codeblock
 def test_codeblock_blocks_are_calls() -> None:
     text = "Compute:\n```python\nx = 2\nprint(x * 3)\n```\nand\n```py\nprint(1)\n```\n```bash\nls\n```"

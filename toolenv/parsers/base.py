@@ -34,6 +34,10 @@ class ActionParser(abc.ABC):
     #: True when chat templates have tool messages for this format (Hermes, Harmony): a chat
     #: trainer sends results back as `tool` messages rather than as a user turn.
     tool_messages: bool = False
+    #: Text put before and after an observation that continues the model's own text in one
+    #: growing prompt (a completions API, verl's `observation_role: inline`), rather than
+    #: entering a chat as a message.
+    continuation: tuple[str, str] = ("\n", "\n")
 
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedAction:
@@ -58,6 +62,11 @@ class ActionParser(abc.ABC):
         when the format cannot express it (agents use it to turn a server's native tool calls
         into the text the env parses)."""
         return None
+
+    def continue_with(self, observation: str) -> str:
+        """`observation` as the text appended to the model's own text (see `continuation`)."""
+        before, after = self.continuation
+        return f"{before}{observation}{after}"
 
     def format_errors(self, errors: Sequence[str]) -> str:
         """The observation for a turn whose action could not be used."""

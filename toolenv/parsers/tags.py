@@ -28,6 +28,8 @@ class TagParser(ActionParser):
     """
 
     name = "tags"
+    #: Search-R1 appends `\n\n<information>…</information>\n\n` to the model's text.
+    continuation = ("\n\n", "\n\n")
 
     def __init__(
         self,
