@@ -69,6 +69,41 @@ def test_mbpp_hermes_and_fenced_answer() -> None:
         env.close()
 
 
+def test_mbpp_splits_are_the_datasets_own_and_disjoint() -> None:
+    """Training on `train` and reporting on `test` uses MBPP's own splits (its README's task ids;
+    Hugging Face's `mbpp` has the same sizes), with no task in two of them."""
+    sizes = {"full": {"train": 374, "test": 500, "validation": 90, "prompt": 10}}
+    sizes["sanitized"] = {"train": 120, "test": 257, "validation": 43, "prompt": 7}
+    for subset, expected in sizes.items():
+        ids = {split: {t.id for t in make_mbpp_env(subset=subset, split=split).tasks} for split in expected}
+        assert {split: len(v) for split, v in ids.items()} == expected
+        everything = {t.id for t in make_mbpp_env(subset=subset).tasks}
+        assert set().union(*ids.values()) == everything and sum(expected.values()) == len(everything)
+        if subset == "full":
+            assert {"MBPP/11", "MBPP/510"} <= ids["test"] and {"MBPP/601", "MBPP/974"} <= ids["train"]
+    with pytest.raises(ValueError, match="unknown MBPP split 'dev'"):
+        make_mbpp_env(split="dev")
+
+
+def test_mbpp_prompt_can_show_fewer_tests_than_are_graded() -> None:
+    """`shown_tests=1`: the prompt shows one test (it names the function), all three are graded,
+    so an answer special-casing the input it saw scores a third, not 1."""
+    env = make_mbpp_env(split="test", shown_tests=1)
+    try:
+        obs, _ = env.reset(options={"task_id": "MBPP/11"})
+        task = env.unwrapped.episode.task
+        shown = [t for t in task.context["tests"] if t in obs]
+        assert len(task.context["tests"]) == 3 and shown == task.context["tests"][:1]
+        # The first test: remove_Occ("hello", "l") == "heo"; this answer knows only that one.
+        seen = "<answer>def remove_Occ(s, ch):\n    return 'heo'</answer>"
+        _, reward, terminated, _, _ = env.step(seen)
+        assert terminated and reward == pytest.approx(1 / 3)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="shown_tests must be at least 1"):
+        make_mbpp_env(shown_tests=0)
+
+
 async def _oracle_scores(env_name: str, factory: object) -> list[float]:
     oracle = load("oracles", env_name)
     env = factory()  # type: ignore[operator]

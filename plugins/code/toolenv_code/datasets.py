@@ -12,7 +12,7 @@ from typing import Any
 from toolenv import Task
 from toolenv_code.grading import TestSpec
 
-__all__ = ["humaneval_tasks", "mbpp_tasks", "split_check"]
+__all__ = ["MBPP_SPLITS", "humaneval_tasks", "mbpp_split", "mbpp_tasks", "split_check"]
 
 HUMANEVAL_INSTRUCTIONS = (
     "Complete the Python function below. You may run code to test your ideas. When you are done, give the "
@@ -105,6 +105,23 @@ def _mbpp_question(text: str, tests: list[str]) -> str:
     return f"{text}\nYour code should pass these tests:\n\n{shown}\n\n{MBPP_INSTRUCTIONS}"
 
 
+#: MBPP's splits by task id, as its README gives them (Hugging Face's `mbpp` splits are the same).
+MBPP_SPLITS: dict[str, range] = {
+    "prompt": range(1, 11),
+    "test": range(11, 511),
+    "validation": range(511, 601),
+    "train": range(601, 975),
+}
+
+
+def mbpp_split(task_id: int) -> str:
+    """The MBPP split a task id belongs to (`prompt`, `test`, `validation` or `train`)."""
+    for name, ids in MBPP_SPLITS.items():
+        if task_id in ids:
+            return name
+    raise ValueError(f"MBPP has no task {task_id}")
+
+
 @lru_cache(maxsize=2)
 def _mbpp(subset: str) -> tuple[Task, ...]:
     rows: list[dict[str, Any]]
@@ -128,11 +145,32 @@ def _mbpp(subset: str) -> tuple[Task, ...]:
                 question=_mbpp_question(text, row["test_list"]),
                 answer=row["code"].replace("\r\n", "\n"),
                 context={"dataset": f"mbpp-{subset}", **spec.model_dump()},
+                metadata={"split": mbpp_split(int(row["task_id"]))},
             )
         )
     return tuple(tasks)
 
 
-def mbpp_tasks(subset: str = "full") -> list[Task]:
-    """MBPP problems: `full` (974, mbpp.jsonl) or `sanitized` (427 hand-checked)."""
-    return list(_mbpp(subset))
+def mbpp_tasks(subset: str = "full", split: str = "all", shown_tests: int | None = None) -> list[Task]:
+    """MBPP problems: `full` (974, mbpp.jsonl) or `sanitized` (427 hand-checked).
+
+    `split`: `all`, or one of MBPP's own splits (`train`: 374 full / 120 sanitized, `test`:
+    500 / 257, `validation`: 90 / 43, `prompt`: 10 / 7): train on `train`, report on `test`.
+    `shown_tests`: how many of a task's tests its prompt shows (all, as in the paper, by
+    default); every test is graded, so a policy cannot pass by special-casing the inputs it saw.
+    """
+    if split != "all" and split not in MBPP_SPLITS:
+        raise ValueError(f"unknown MBPP split {split!r}; expected 'all' or one of {', '.join(MBPP_SPLITS)}")
+    if shown_tests is not None and shown_tests < 1:
+        raise ValueError(f"shown_tests must be at least 1 (the tests name the function), got {shown_tests}")
+    tasks = [t for t in _mbpp(subset) if split in ("all", t.metadata["split"])]
+    if shown_tests is None:
+        return tasks
+    return [_showing(t, shown_tests) for t in tasks]
+
+
+def _showing(task: Task, k: int) -> Task:
+    """`task` with a prompt that shows only its first `k` tests."""
+    tests: list[str] = task.context["tests"]
+    text = task.question.split("\nYour code should pass these tests:", 1)[0]
+    return task.model_copy(update={"question": _mbpp_question(text, tests[:k])})

@@ -42,9 +42,15 @@ def make_humaneval_env(**overrides: Any) -> ToolEnv:
 
 
 def make_mbpp_env(**overrides: Any) -> ToolEnv:
-    """MBPP (974 problems; `subset="sanitized"` for the 427 checked ones); reward = share of tests passed."""
+    """MBPP (974 problems; `subset="sanitized"` for the 427 checked ones); reward = share of tests passed.
+
+    `split` (`all`, `train`, `test`, `validation`, `prompt`) picks one of MBPP's splits;
+    `shown_tests` shows only a task's first N tests in its prompt (all are graded).
+    """
     subset = overrides.pop("subset", "full")
-    return make_code_env(mbpp_tasks(subset), **overrides)
+    split = overrides.pop("split", "all")
+    shown = overrides.pop("shown_tests", None)
+    return make_code_env(mbpp_tasks(subset, split=split, shown_tests=shown), **overrides)
 
 
 def _answer(task: Task) -> str:
