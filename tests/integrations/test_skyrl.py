@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import sqlite3
@@ -53,6 +54,7 @@ CLOSING = "toolenv-test/SkyRLClosing-v0"
 SNAP = "toolenv-test/SkyRLSnap-v0"
 TOLL = "toolenv-test/SkyRLToll-v0"
 LOOPS = "toolenv-test/SkyRLLoops-v0"
+FAILING = "toolenv-test/SkyRLFailing-v0"
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
 
@@ -60,9 +62,11 @@ class ClosingAdd(Add):
     """`add` that counts how often its env closed it."""
 
     closed = 0
+    closing = threading.Event()  # set by a close, for a close run on another thread
 
     async def close(self) -> None:
         type(self).closed += 1
+        type(self).closing.set()
 
 
 class LoopAdd(Add):
@@ -92,6 +96,28 @@ class Snapshot(toolenv.Tool):
         )
 
 
+class HoldingAdd(ClosingAdd):
+    """`add` that holds something per episode and counts its releases (and, as `ClosingAdd`, its closes)."""
+
+    released = 0
+
+    async def release(self, ctx: toolenv.ToolContext) -> None:
+        type(self).released += 1
+
+
+class FailingJudge(toolenv.rewards.Reward):
+    """A final reward whose backend is down: scoring an ended episode raises."""
+
+    name = "judge"
+
+    async def final(self, episode: Any) -> float:
+        raise ConnectionError("the judge is unreachable")
+
+
+def _failing_env(**kw: Any) -> toolenv.ToolEnv:
+    return toolenv.ToolEnv(tools=[HoldingAdd()], tasks=TASKS, parser="hermes", reward=FailingJudge(), **kw)
+
+
 def _snap_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[Snapshot()], tasks=TASKS, parser="hermes", **kw)
 
@@ -116,7 +142,14 @@ def _loops_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[LoopAdd()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
 
 
-_TEST_ENVS = ((CALC, _calc_env), (CLOSING, _closing_env), (SNAP, _snap_env), (TOLL, _toll_env), (LOOPS, _loops_env))
+_TEST_ENVS = (
+    (CALC, _calc_env),
+    (CLOSING, _closing_env),
+    (SNAP, _snap_env),
+    (TOLL, _toll_env),
+    (LOOPS, _loops_env),
+    (FAILING, _failing_env),
+)
 for _id, _factory in _TEST_ENVS:
     if _id not in gym.registry:
         gym.register(_id, entry_point=_factory)
@@ -124,7 +157,7 @@ for _id, _factory in _TEST_ENVS:
 
 @pytest.fixture(autouse=True)
 def _registered() -> Iterator[None]:
-    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL, LOOPS])
+    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL, LOOPS, FAILING])
     yield
     close_pooled_envs()
 
@@ -514,11 +547,25 @@ def test_observations_tokenize_as_skyrls_generator_tokenizes_them(tiny_tokenizer
     env.close()
 
 
-@pytest.mark.parametrize(("template", "parser"), [("gptoss", "harmony"), ("gemma4", "gemma4"), ("qwen2_5", "hermes")])
+@pytest.mark.parametrize(
+    ("template", "parser"),
+    [
+        ("gptoss", "harmony"),
+        ("gemma4", "gemma4"),
+        ("qwen2_5", "hermes"),
+        ("qwen3", "qwen3_xml"),
+        ("glm4moe", "glm45"),
+        ("llama3_1", "llama3_json"),
+        ("llama3_2", "pythonic"),
+        ("deepseekv3", "deepseek_v3"),
+        ("muse_glimmer", "muse_glimmer"),
+    ],
+)
 def test_tool_results_survive_skyrls_observation_tokenization(tiny_model_dir: Any, template: str, parser: str) -> None:
     """SkyRL tokenizes an observation after a fixed `[system, user]` base, without the assistant's
     call. gpt-oss's template refuses a tool message there and Gemma 4's renders nothing for it:
-    the default role must still bring the tool's result to the model."""
+    the default role must still bring the tool's result to the model, with each parser's own
+    model family's template (TRL's copies)."""
     trl = pytest.importorskip("trl", reason="the real chat templates come with trl")
     from pathlib import Path
 
@@ -538,6 +585,62 @@ def test_tool_results_survive_skyrls_observation_tokenization(tiny_model_dir: An
         [*base, *out["observations"]], add_generation_prompt=True, tokenize=True, return_dict=False
     )
     assert "42" in tok.decode(ids[len(base_ids) :])
+    env.close()
+
+
+# Mistral's chat templates, as far as SkyRL's observation tokenization meets them: after the
+# system message, user and assistant messages must alternate (tool messages and calls are
+# skipped in that check), and a tool message needs a 9-character call id. Written here, not
+# copied: the behaviour of Mistral's template as vLLM keeps it
+# (vllm-project/vllm, examples/tool_chat_template_mistral_official.jinja) and of
+# Mistral-Small-3.1-24B-Instruct-2503's (ggml-org/llama.cpp, models/templates/); the real ones
+# cannot be fetched offline. The 3.1 template accepts ids of 9 characters or more.
+MISTRAL_LIKE = (
+    "{%- if messages[0]['role'] == 'system' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for m in loop_messages | rejectattr('role', 'equalto', 'tool') | selectattr('tool_calls', 'undefined') -%}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{- raise_exception('conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in loop_messages -%}"
+    "{%- if m['role'] == 'user' -%}[INST] {{ m['content'] }}[/INST]"
+    "{%- elif m['role'] == 'assistant' -%} {{ m['content'] }}</s>"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{%- if m['tool_call_id'] is not defined or m['tool_call_id'] | length != 9 -%}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif -%}"
+    '[TOOL_RESULTS] {"content": {{ m["content"] }}, "call_id": "{{ m["tool_call_id"] }}"}[/TOOL_RESULTS]'
+    "{%- endif -%}{%- endfor -%}"
+)
+
+
+def test_mistral_observations_survive_skyrls_observation_tokenization(tiny_model_dir: Any) -> None:
+    """Mistral's templates render a tool message without its call, but refuse a user message
+    right after the base's user message: errors that answer no call (a turn without a call, a
+    call with broken JSON) must come back in a tool message too, or SkyRL's tokenization of the
+    observation raises and the generator with it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)  # a copy of its own: the template changes
+    tok.chat_template = MISTRAL_LIKE
+    base = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "I am a user."}]
+    base_text = tok.apply_chat_template(base, add_generation_prompt=False, tokenize=False)
+    env = skyrl_gym.make(
+        CALC, env_config={"env_kwargs": {"parser": "mistral"}}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 9}
+    )
+    env.init(None)
+    call = '[TOOL_CALLS]add[ARGS]{"a": 20, "b": 22}'
+    turns = [
+        (call, ["42"]),
+        ("It is probably 5.", ["No tool call and no final answer"]),
+        (call + "[TOOL_CALLS]add[ARGS]{oops", ["42", "not valid JSON"]),
+    ]
+    for text, expected in turns:
+        out = env.step(text)
+        assert out["done"] is False
+        rendered = tok.apply_chat_template([*base, *out["observations"]], add_generation_prompt=True, tokenize=False)
+        assert rendered.startswith(base_text)
+        for part in expected:
+            assert part in rendered[len(base_text) :]
     env.close()
 
 
@@ -680,6 +783,62 @@ def test_an_env_whose_call_raised_is_closed_not_pooled() -> None:
     env.close()
     env.close()  # idempotent
     assert ClosingAdd.closed == 1 and close_pooled_envs() == 1 and ClosingAdd.closed == 2
+
+
+def test_an_env_whose_init_raised_is_closed_without_waiting_for_close() -> None:
+    """SkyRL's generator calls `close()` only after a finished episode: when `init` raises it
+    never does, so the env must not wait for it (the pooled env and its tools would leak)."""
+    ClosingAdd.closed = 0
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "no-such-task"}})
+    with pytest.raises(KeyError, match="no-such-task"):
+        env.init(None)
+    assert ClosingAdd.closed == 1  # closed already, with no close() call
+    assert close_pooled_envs() == 0  # and not handed to another sample
+    env.close()  # a later close() changes nothing
+    assert ClosingAdd.closed == 1
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"split": "train"}})
+    with pytest.raises(ValueError, match="names no task"):  # raised before the env is reset
+        env.init(None)
+    assert ClosingAdd.closed == 2 and close_pooled_envs() == 0
+
+
+def test_an_env_whose_step_raised_releases_its_episode_and_is_closed() -> None:
+    """A step that raises (here the final reward's backend) ends SkyRL's sample without
+    `close()`: the episode's tools are released and the env closed right away, and a caller
+    that steps again gets a clear error instead of a step on a closed env."""
+    HoldingAdd.closed = HoldingAdd.released = 0
+    env = skyrl_gym.make(FAILING, env_config={}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 5})
+    env.init(None)
+    assert env.step(CALL.format(a=2, b=3))["observations"][0]["content"] == "5"
+    with pytest.raises(ConnectionError, match="judge is unreachable"):
+        env.step("<answer>5</answer>")
+    assert HoldingAdd.released == 1 and HoldingAdd.closed == 1
+    assert close_pooled_envs() == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        env.step("<answer>5</answer>")
+    env.close()
+    assert HoldingAdd.released == 1 and HoldingAdd.closed == 1
+
+
+def test_an_env_dropped_without_close_is_closed() -> None:
+    """SkyRL's generator can raise between two env calls (its inference engine, a chat template
+    refusing an observation): the sample ends with no `close()`. The env it dropped must not
+    keep its pooled env and episode's tools for the rest of the run."""
+    ClosingAdd.closed = 0
+    ClosingAdd.closing.clear()
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 5})
+    env.init(None)
+    env.step(CALL.format(a=1, b=1))
+    del env
+    gc.collect()
+    assert ClosingAdd.closing.wait(timeout=60), "the dropped env's tools were never closed"
+    assert ClosingAdd.closed == 1 and close_pooled_envs() == 0
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "t1"}})
+    env.init(None)
+    env.close()  # closed properly: pooled, not closed when dropped
+    del env
+    gc.collect()
+    assert ClosingAdd.closed == 1 and close_pooled_envs() == 1
 
 
 def test_metrics_aggregate_through_skyrl_gym() -> None:

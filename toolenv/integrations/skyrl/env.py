@@ -11,7 +11,10 @@ like `make` and `get_metrics` always; both work here.
 
 Building a toolenv env per sample would reload its tasks and tool backends, so the
 envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one and
-`close()` gives it back, its tools released. The generator starts a whole batch at once,
+`close()` gives it back, its tools released. The generator calls `close()` only after a
+finished episode, so an env whose `init` or `step` raised is closed right then, and one the
+generator drops without `close()` (it raised between two calls) is closed when it is
+collected. The generator starts a whole batch at once,
 so the pool grows to a batch's size; the envs' coroutines all run on one event loop of
 this module's (`_EnvLoop`), not on a loop per env.
 """
@@ -19,21 +22,27 @@ this module's (`_EnvLoop`), not on a loop per env.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
+import weakref
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from toolenv.env import ToolEnv
+from toolenv.episode import Episode
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
 from toolenv.types import Message, ToolResult, reply_messages
 
 __all__ = ["ENTRY_POINT", "ToolEnvTextEnv", "close_pooled_envs", "register"]
+
+_log = logging.getLogger(__name__)
 
 #: The skyrl-gym entry point of every id `register` adds.
 ENTRY_POINT = "toolenv.integrations.skyrl.env:ToolEnvTextEnv"
@@ -44,6 +53,12 @@ _OBSERVATION_ROLES = (None, "tool", "user")
 #: refuses one without it, Gemma 4's writes nothing for it. SkyRL tokenizes an observation after
 #: a fixed `[system, user]` base, without the call, so their results go back as a user message.
 _PAIRED_TOOL_MESSAGES = frozenset({"harmony", "gemma4"})
+
+#: Parsers whose chat templates refuse a user message right after a user message (Mistral's:
+#: user and assistant must alternate; tool messages are not counted), which is where SkyRL
+#: puts an observation. Errors that answer no call go back in a tool message with this id
+#: (9 letters and digits, as Mistral's templates require) instead of a user message.
+_NO_USER_OBSERVATIONS = {"mistral": "error0000"}
 
 T = TypeVar("T")
 
@@ -130,6 +145,20 @@ class _Pool:
 _POOL = _Pool()
 
 
+def _close_dropped(env: ToolEnv) -> None:
+    """Close the env of a text env dropped without `close()` (SkyRL's generator raised between
+    two calls), on a thread of its own: the collector runs this on any thread, the env loop's
+    included, maybe holding a lock, and must not wait for the loop."""
+    threading.Thread(target=_close_now, args=(env,), name="toolenv-skyrl-dropped", daemon=True).start()
+
+
+def _close_now(env: ToolEnv) -> None:
+    try:
+        _LOOP.run(env.aclose())
+    except Exception:  # noqa: BLE001 - nobody to raise to
+        _log.warning("closing a dropped SkyRL env's toolenv env failed", exc_info=True)
+
+
 def close_pooled_envs() -> int:
     """Close every idle pooled env (its tools); returns how many. For the end of a run or a test."""
     leases = _POOL.drain()
@@ -185,7 +214,10 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             observation, e.g. `<information>...</information>`), or None: `"tool"` for parsers
             whose chat templates have tool messages (hermes, ...), `"user"` otherwise and for
             harmony and gemma4, whose templates render a tool message only after the call,
-            which SkyRL's observation tokenization leaves out.
+            which SkyRL's observation tokenization leaves out. With `"tool"`, errors that
+            answer no call go as a user message, but for mistral, whose templates refuse a user
+            message after the user message SkyRL renders an observation after: a tool message
+            with the id `error0000` (so `"user"` does not work with Mistral's templates).
         use_env_prompt: `init` returns the env's own first messages for the task instead of
             the row's prompt (for rows made elsewhere that carry only a task id).
         reward_at_end: every step's reward is 0 but the one that ends the episode, which carries
@@ -246,6 +278,10 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             raise ValueError(f"max_turns must be at least 1, got {limit}")
         self._lease = _POOL.acquire(self.env_id, kwargs)
         self.env: ToolEnv = self._lease.env
+        # SkyRL calls close() only after a finished episode: if the generator raises between two
+        # calls it drops this object, and the env (with its episode's tools) is closed then.
+        self._on_drop = weakref.finalize(self, _close_dropped, self.env)
+        self._on_drop.atexit = False
         self.observation_role: str = role or _default_role(self.env)
         self.max_turns = self.env.max_turns = int(limit) if limit is not None else self._lease.max_turns
         self.last_info: dict[str, Any] = {}
@@ -261,7 +297,12 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             ValueError: the row names no task (see `task_options`), or the env's prompt has images.
             KeyError: the row's `task_id` is not one of the env's tasks.
         """
-        _, info = self._run(self.env.areset(options=task_options(self.extras)))
+        self._check_open()
+        with self._closed_on_error():
+            return self._init(prompt)
+
+    def _init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        _, info = _LOOP.run(self.env.areset(options=task_options(self.extras)))
         self.turns = 0
         self.last_info = info
         meta = {"env_id": self.env_id, "task_id": info["task_id"]}
@@ -274,7 +315,12 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         """One model turn: the env parses the text, runs its calls and scores the turn. The
-        observations are the next chat messages (none once `done`); the metadata is JSON-safe."""
+        observations are the next chat messages (none once `done`); the metadata is JSON-safe.
+
+        Raises:
+            RuntimeError: `init` was not called, or the env is closed (a call on it raised).
+        """
+        self._check_open()
         ep = self.env.episode
         if ep is None:
             raise RuntimeError("init() was not called: SkyRL's generator calls it before step()")
@@ -282,7 +328,11 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             return BaseTextEnvStepOutput(
                 observations=[], reward=0.0, done=True, metadata={"note": "the episode has ended"}
             )
-        obs, reward, terminated, truncated, info = self._run(self.env.astep(action))
+        with self._closed_on_error():
+            return self._step(ep, action)
+
+    def _step(self, ep: Episode, action: str) -> BaseTextEnvStepOutput:
+        obs, reward, terminated, truncated, info = _LOOP.run(self.env.astep(action))
         self.turns += 1
         self.last_info = info
         done = bool(terminated or truncated)
@@ -319,13 +369,15 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         }
 
     def close(self) -> None:
-        """Release the episode's tools and give the env back to the pool, or close it if a call
-        on it raised (idempotent)."""
+        """Release the episode's tools and give the env back to the pool (idempotent). An env
+        whose `init` or `step` raised was closed then already, as SkyRL's generator does not
+        call `close()` after a raise; this does nothing for it."""
         if self._closed:
             return
         self._closed = True
+        self._on_drop.detach()
         try:
-            self._run(self.env.aend_episode())
+            _LOOP.run(self.env.aend_episode())
         except Exception:  # noqa: BLE001 - a tool that cannot release: close the env rather than reuse it
             self._broken = True
         if self._broken:
@@ -334,18 +386,44 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             _POOL.release(self._lease)
 
     # ------------------------------------------------------------------ helpers
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this SkyRL env is closed (close() was called, or a call on it raised); make a new one")
+
+    @contextlib.contextmanager
+    def _closed_on_error(self) -> Iterator[None]:
+        """Close the env now if `init` or `step` raises: SkyRL's generator lets the exception
+        end the sample without calling `close()`, so waiting for it would leak the env and its
+        episode's tools."""
         try:
-            return _LOOP.run(coro)
-        except BaseException:
-            self._broken = True  # not handed to another sample in an unknown state
+            yield
+        except Exception:
+            self._discard()
             raise
+        except BaseException:  # interrupted (KeyboardInterrupt, SystemExit): not waited for here;
+            self._broken = True  # close() or dropping the env closes it, never pooled in an unknown state
+            raise
+
+    def _discard(self) -> None:
+        """Close the env (its episode released first) instead of pooling it; `close()` then does nothing."""
+        self._closed = self._broken = True
+        try:
+            _LOOP.run(self.env.aclose())
+        except Exception:  # noqa: BLE001 - the call's own error is the one to raise; dropping it closes it
+            _log.warning("closing the toolenv env %r after a failed call raised too", self.env_id, exc_info=True)
+        else:
+            self._on_drop.detach()
 
     def _observations(self, obs: str, results: list[ToolResult]) -> list[dict[str, Any]]:
         """The turn's reply: a tool message per answered call and a user message for the rest
-        (`reply_messages`), or the env's formatted observation as one user message."""
+        (`reply_messages`; a tool message for Mistral's templates, which refuse that user
+        message), or the env's formatted observation as one user message."""
         if self.observation_role == "tool":
-            return [_chat(m) for m in reply_messages(results)]
+            messages = reply_messages(results)
+            error_id = _NO_USER_OBSERVATIONS.get(self.env.parser.name)
+            if error_id and messages and messages[-1].role == "user":
+                messages[-1] = dataclasses.replace(messages[-1], role="tool", name="parser", tool_call_id=error_id)
+            return [_chat(m) for m in messages]
         return [{"role": "user", "content": obs}] if obs else []
 
     def _metadata(self, info: Mapping[str, Any], terminated: bool, truncated: bool) -> dict[str, Any]:
