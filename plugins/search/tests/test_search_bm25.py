@@ -21,7 +21,8 @@ def test_bundled_corpus_is_complete() -> None:
     assert len({p.id for p in passages}) == 1000
     assert all(p.id.startswith("hp-") and p.title and p.text for p in passages)
     data = bundled_corpus_path().parent
-    for name in ("SOURCE.md", "LICENSE-CC-BY-SA-4.0.txt", "LICENSE-reflexion-MIT.txt", "questions.jsonl"):
+    names = ("SOURCE.md", "LICENSE-CC-BY-SA-4.0.txt", "LICENSE-reflexion-MIT.txt", "questions.jsonl")
+    for name in (*names, "nq_open_dev.jsonl", "README-nq_open.md"):
         assert (data / name).is_file()
 
 

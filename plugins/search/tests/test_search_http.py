@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -285,3 +286,51 @@ def test_served_connections_do_not_wait_for_delayed_acks() -> None:
             accepted, _ = listener.accept()
             with accepted:
                 assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_nq_open_questions_are_answered_through_a_wikipedia_retriever(tmp_path: Path) -> None:
+    """NQ-open's dev questions ship with the plugin; the bundled corpus cannot answer them, a
+    retrieval server over Wikipedia passages can (here: a real server over three passages)."""
+    import threading
+
+    import uvicorn
+
+    from toolenv_search import nq_open_tasks
+    from toolenv_search.server import create_app
+
+    tasks = nq_open_tasks()
+    assert len(tasks) == 3610 and len({t.id for t in tasks}) == 3610
+    moon = tasks[0]
+    assert moon.id == "nq-open-dev-0000" and moon.answers == ["14 December 1972 UTC", "December 1972"]
+    assert moon.context["question"] == "when was the last time anyone was on the moon"
+    assert "<search> query </search>" in moon.question and moon.question.endswith(moon.context["question"] + "\n")
+    corpus = tmp_path / "wiki.jsonl"
+    apollo = "Apollo 17 was the last mission in which humans walked on the Moon, in December 1972."
+    passages = {
+        "Apollo 17": apollo,
+        "The Hollies": "The Hollies recorded a song by Bobby Scott and Bob Russell.",
+        "Paris": "Paris is the capital of France.",
+    }
+    rows = [{"id": f"w{i}", "contents": f'"{title}"\n{text}'} for i, (title, text) in enumerate(passages.items())]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    port = free_port()
+    app = create_app(BM25Backend(corpus, cache_dir=tmp_path / "cache"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "retrieval server did not start"
+            time.sleep(0.02)
+        env = make_hotpotqa_env(
+            tasks=tasks[:1], backend="http", backend_options={"url": f"http://127.0.0.1:{port}"}, topk=1
+        )
+        env.reset(seed=0)
+        obs, *_ = env.step("<think> look it up </think><search> last humans on the moon </search>")
+        assert obs == f'<information>Doc 1(Title: "Apollo 17") {apollo}</information>'
+        _, reward, terminated, _, _ = env.step("<answer> December 1972 </answer>")
+        assert terminated and reward == 1.0
+        env.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -23,6 +23,7 @@ __all__ = [
     "hotpotqa_oracle",
     "make_backend",
     "make_hotpotqa_env",
+    "nq_open_tasks",
 ]
 
 _EXPORTS: dict[str, str] = {
@@ -38,13 +39,14 @@ _EXPORTS: dict[str, str] = {
     "hotpotqa_oracle": "toolenv_search.envs",
     "make_backend": "toolenv_search.backends",
     "make_hotpotqa_env": "toolenv_search.envs",
+    "nq_open_tasks": "toolenv_search.envs",
 }
 
 if TYPE_CHECKING:
     from toolenv_search.backend import Passage, SearchBackend, SearchError
     from toolenv_search.backends import make_backend
     from toolenv_search.bm25 import BM25Backend
-    from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env
+    from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env, nq_open_tasks
     from toolenv_search.http_backend import HTTPBackend
     from toolenv_search.server import create_app
     from toolenv_search.tool import SearchTool, format_passages

@@ -16,6 +16,7 @@ from toolenv_search.backend import Passage
 
 __all__ = [
     "bundled_corpus_path",
+    "bundled_nq_open_path",
     "bundled_questions_path",
     "file_digest",
     "load_corpus",
@@ -36,6 +37,11 @@ def bundled_corpus_path() -> Path:
 def bundled_questions_path() -> Path:
     """The 100 HotpotQA questions whose paragraphs make up the bundled corpus."""
     return _data_file("questions.jsonl")
+
+
+def bundled_nq_open_path() -> Path:
+    """NQ-open's 3,610 dev questions (no passages: answer them through a Wikipedia retriever)."""
+    return _data_file("nq_open_dev.jsonl")
 
 
 def passage_from_record(record: Any, fallback_id: str) -> Passage:

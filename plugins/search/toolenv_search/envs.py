@@ -19,10 +19,10 @@ from toolenv.parsers import TagParser
 from toolenv.result_cache import shared_cache
 from toolenv.rewards.penalties import InvalidCallPenalty, ToolCallPenalty
 from toolenv_search.backend import SearchBackend
-from toolenv_search.corpus import bundled_questions_path
+from toolenv_search.corpus import bundled_nq_open_path, bundled_questions_path
 from toolenv_search.tool import SearchTool
 
-__all__ = ["SEARCH_R1_PROMPT", "hotpotqa_oracle", "hotpotqa_tasks", "make_hotpotqa_env"]
+__all__ = ["SEARCH_R1_PROMPT", "hotpotqa_oracle", "hotpotqa_tasks", "make_hotpotqa_env", "nq_open_tasks"]
 
 #: Search-R1's instruction prompt (its `make_prefix`, base-model form): Search-R1 checkpoints see their training text.
 SEARCH_R1_PROMPT = (
@@ -66,6 +66,21 @@ def hotpotqa_tasks(path: str | Path | None = None, *, prompt: str = SEARCH_R1_PR
 @functools.lru_cache(maxsize=4)
 def _bundled_tasks(prompt: str) -> tuple[Task, ...]:
     return tuple(_read_tasks(bundled_questions_path(), prompt))
+
+
+def nq_open_tasks(*, prompt: str = SEARCH_R1_PROMPT) -> list[Task]:
+    """NQ-open's 3,610 dev questions (Search-R1's other evaluation set) as Tasks, answers as aliases.
+
+    The bundled corpus holds HotpotQA's paragraphs only, so these questions want a Wikipedia
+    retriever: `make_hotpotqa_env(tasks=nq_open_tasks(), backend="http", backend_options={"url": ...})`
+    against a Search-R1 retrieval server (e5 over its 2018 Wikipedia dump).
+    """
+    return list(_nq_open(prompt))
+
+
+@functools.lru_cache(maxsize=4)
+def _nq_open(prompt: str) -> tuple[Task, ...]:
+    return tuple(_read_tasks(bundled_nq_open_path(), prompt))
 
 
 def _read_tasks(src: Path, prompt: str) -> list[Task]:
