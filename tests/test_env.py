@@ -298,6 +298,11 @@ def test_truncate_scores_an_open_episode_once_and_adds_to_its_last_turn() -> Non
     assert env.truncate() == 0.0  # an answered episode is left as it is
     env.reset(options={"task_id": "t1"})
     assert env.truncate() == -0.5 and env.episode.turns == []  # type: ignore[union-attr]
+    # With no turn to hold them, the final reward's components are still the episode's.
+    assert env.episode.final_components == {"exact_match": 0.0, "unanswered": -0.5}  # type: ignore[union-attr]
+    env.reset(options={"task_id": "t1"})
+    env.step("<answer>5</answer>")
+    assert env.episode.final_components == {"exact_match": 1.0, "unanswered": 0.0}  # type: ignore[union-attr]
 
 
 def test_written_turn_uses_the_env_format_or_json_lines() -> None:

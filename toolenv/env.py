@@ -222,7 +222,8 @@ class ToolEnv(gym.Env[str, str]):
         rf = self.reward_fn
         components = await rf.turn_components(ep, turn) if rf.scores_turns else rf.zero_components()
         if ep.terminated or ep.truncated:
-            for k, v in (await rf.final_components(ep)).items():
+            ep.final_components = await rf.final_components(ep)
+            for k, v in ep.final_components.items():
                 components[k] = components.get(k, 0.0) + v
         turn.reward = rf.weighted(components)
         turn.reward_components = components
@@ -281,7 +282,7 @@ class ToolEnv(gym.Env[str, str]):
         if ep is None or ep.terminated or ep.truncated:
             return 0.0
         ep.truncated = True
-        components = await self.reward_fn.final_components(ep)
+        components = ep.final_components = await self.reward_fn.final_components(ep)
         reward = self.reward_fn.weighted(components)
         if ep.turns:
             last = ep.turns[-1]

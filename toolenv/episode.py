@@ -64,6 +64,9 @@ class Episode:
     terminated: bool = False
     truncated: bool = False
     released: bool = False
+    #: The final reward's components once the env has scored the episode's end (an answer,
+    #: its `max_turns`, or `atruncate`); they are also in the last turn's, when there is one.
+    final_components: dict[str, float] | None = None
 
     def context(self) -> ToolContext:
         """A tool context for the current turn."""

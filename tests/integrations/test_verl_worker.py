@@ -143,6 +143,30 @@ async def test_agent_loop_worker_produces_rm_scores(tiny_model_dir, tiny_tokeniz
     assert policy.calls == 6
 
 
+async def test_a_sample_whose_server_returns_no_token_keeps_the_batch_whole(tiny_model_dir, tiny_tokenizer, parquet):
+    """The server returns no token for one sample (an aborted request): its episode ends with an
+    empty response, the batch's other samples keep their log-probs, and verl assembles the batch
+    (it concatenates every sample's log-probs when the first has them)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.workers.rollout.replica import TokenOutput
+
+    class Silent(CalculatorPolicy):
+        async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+            if "(12 + 30) / 2" in self.tokenizer.decode(prompt_ids):
+                self.calls += 1
+                return TokenOutput(token_ids=[], log_probs=[], stop_reason="aborted")
+            return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+
+    config = _config(tiny_model_dir, parquet)
+    policy = Silent(tiny_tokenizer)
+    out = await AgentLoopWorker(config, llm_client=policy).generate_sequences(_batch(config, tiny_tokenizer, parquet))
+    assert policy.calls == 5  # two turns for each of the others, one for the silent sample
+    assert out.batch["rollout_log_probs"].shape == (3, 256)
+    assert out.batch["response_mask"][1].sum().item() == 0
+    assert list(out.non_tensor_batch["score"]) == [1.0, 0.0, 1.0]
+    assert list(out.non_tensor_batch["toolenv_stop_reason"]) == ["terminated", "aborted", "terminated"]
+
+
 async def test_builtin_tool_agent_with_base_tool_adapter_and_compute_score(tiny_model_dir, tiny_tokenizer, parquet):
     """verl's own tool_agent loop calling the calculator through ToolEnvBaseTool, scored by compute_score."""
     import numpy as np

@@ -1,6 +1,7 @@
 """Helpers of `ToolEnvAgentLoop`: the server's per-call fields, the token that closes a turn
-cut by a stop string, whether the dataset prompt still fits the env, and the final reward of
-an episode the loop cuts short. They import neither verl nor torch.
+cut by a stop string, whether a reply ended itself or was cut, whether the dataset prompt still
+fits the env, and the final reward of an episode the loop cuts short. They import neither verl
+nor torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from toolenv.types import Message, Task
 
 __all__ = [
     "changes_prompt",
+    "ended_itself",
     "merge_server_fields",
     "prompt_key",
     "stopped_on_string",
@@ -76,6 +78,22 @@ def stopped_on_string(tokenizer: Any, token_ids: Sequence[int], stops: Iterable[
     return any(s in text and s not in before for s in stops)
 
 
+def ended_itself(tokenizer: Any, token_ids: Sequence[int], stops: Iterable[str], stop_token_ids: Iterable[int]) -> bool:
+    """Whether a reply ended on its own: on a special token (EOS, the turn's end, GLM's next role
+    token, Harmony's `<|call|>`), on one of `stop_token_ids` or on a stop string. A reply that
+    used all its `max_tokens` without any of these was cut there (vLLM's finish reason "length",
+    which verl's server reports as "completed" like any other)."""
+    if not token_ids:
+        return False
+    last = int(token_ids[-1])
+    if last in {int(t) for t in stop_token_ids} or last in set(getattr(tokenizer, "all_special_ids", []) or []):
+        return True
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    if getattr(added.get(last), "special", False):
+        return True
+    return stopped_on_string(tokenizer, token_ids, stops)
+
+
 _PROBE = "TOOLENV-TURN-END-PROBE"
 
 
@@ -125,11 +143,16 @@ def prompt_key(messages: Iterable[Any]) -> list[tuple[str, str]]:
 
 async def truncate(env: ToolEnv) -> tuple[float, dict[str, float]]:
     """`env.atruncate()` on an unfinished episode: its final reward and that reward's components
-    (what `atruncate` added to the last turn's)."""
+    (what `atruncate` added to the last turn's; kept too when there is no turn, its first
+    reply cut or empty)."""
     ep = env.episode
-    last = ep.turns[-1] if ep is not None and ep.turns else None
+    if ep is None or ep.terminated or ep.truncated:
+        return 0.0, {}
+    last = ep.turns[-1] if ep.turns else None
     before = dict(last.reward_components) if last is not None else {}
     reward = float(await env.atruncate())
+    if ep.final_components is not None:  # what the env scored (a remote env mirrors the turn's only)
+        return reward, {k: float(v) for k, v in ep.final_components.items() if v}
     after = last.reward_components if last is not None else {}
     return reward, {k: float(v) - float(before.get(k, 0.0)) for k, v in after.items() if v != before.get(k, 0.0)}
 

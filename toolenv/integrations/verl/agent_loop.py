@@ -27,6 +27,7 @@ from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
 from toolenv.integrations.verl._turns import (
     changes_prompt,
+    ended_itself,
     merge_server_fields,
     stopped_on_string,
     template_turn_end_id,
@@ -61,8 +62,10 @@ def _check_template(parser: ActionParser, tokenizer: Any) -> None:
         logger.warning("toolenv: %s", problem)
 
 
-#: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`).
-STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length")
+#: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`): the env ended it (an answer, its
+#: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), a
+#: reply with no token, or a generation the server aborted.
+STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length", "empty_reply", "aborted")
 
 
 def chat_message(message: Message) -> tuple[dict[str, Any], list[Any]]:
@@ -178,6 +181,16 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             raise ValueError(f"turn_end_token {token!r} is not in the tokenizer's vocabulary")
         return int(tid)
 
+    def _request_id(self, row: Mapping[str, Any]) -> str:
+        """The episode's request id. Under `rollout.full_determinism` verl routes a request to a
+        replica by a hash of its id (each replica samples with its own seed) and hands the id to
+        vLLM, so it is `det-<priority>` as in verl's own loops (`priority` is the sample's index
+        in the batch); otherwise, or without a priority, a random one."""
+        priority = row.get("priority")
+        if self.rollout_config.get("full_determinism", False) and priority is not None:
+            return f"det-{int(priority)}"
+        return uuid4().hex
+
     def _detected_parser(self) -> str:
         """`parser: auto`: the parser for the tool calls this model's chat template writes."""
         if self._auto_parser is None:
@@ -239,11 +252,13 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         runtime: list[int] = await self.ct_build_initial_tokens(messages, images=images)  # type: ignore[arg-type,unused-ignore]
         mask: list[int] = []
         logprobs: list[float] = []
-        request_id = uuid4().hex
+        request_id = self._request_id(row)
         params = dict(sampling_params)
         if self.stop:
             params["stop"] = [*(params.get("stop") or []), *self.stop]
         stops: list[str] = list(params.get("stop") or [])
+        stop_ids: list[int] = [int(t) for t in params.get("stop_token_ids") or []]
+        tokenizer: Any = self.tokenizer  # verl annotates it as AutoTokenizer, which has no instance methods
 
         reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
         components = dict.fromkeys(reward_keys, 0.0)
@@ -257,6 +272,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         terminated = truncated = False
         answer: str | None = None
         stop_reason = "response_length"
+        #: The stream as the model's last turn left it, before the observation that followed it.
+        before_observation: tuple[list[int], list[int], list[float], list[Any] | None, int] | None = None
 
         while True:
             budget = self.response_length - len(mask)
@@ -274,6 +291,20 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             preempted += out.num_preempted or 0
             merge_server_fields(server_fields, out.extra_fields or {})
             new_ids = list(out.token_ids)[:budget]
+            # verl's vLLM server says "aborted" and "completed" (a stop or the length limit alike);
+            # its SGLang server passes SGLang's finish reason on: "abort", "stop", "length".
+            aborted = out.stop_reason in ("aborted", "abort")
+            if not new_ids:
+                # No token (an aborted request, a server that stopped at once): there is no turn to
+                # step, and asking again may well get nothing again. The episode ends here, without
+                # the observation nothing answered, so the response ends on the model's last token,
+                # where verl puts the reward (PPO's GAE drops one on a mask-0 token).
+                if before_observation is not None:
+                    runtime, mask, logprobs, images, kept = before_observation
+                    del messages[kept:]
+                    observation_turns -= 1
+                stop_reason = "aborted" if aborted else "empty_reply"
+                break
             new_lp = list(out.log_probs)[: len(new_ids)] if out.log_probs else None
             merged, mask, lps = await self.ct_merge_assistant_token(
                 runtime, new_ids, mask, logprobs if (logprobs or new_lp) else None, assistant_logprobs=new_lp
@@ -284,9 +315,16 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             assistant_turns += 1
 
             # Formats written in special tokens (Harmony) keep them; the others read plain text.
-            tokenizer: Any = self.tokenizer
             text = tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
             messages.append({"role": "assistant", "content": text})
+            at_limit = len(new_ids) >= budget or out.stop_reason == "length"
+            if aborted or (at_limit and not ended_itself(tokenizer, new_ids, stops, stop_ids)):
+                # Cut by the length limit (the response budget, the model's context) or an abort: a
+                # half-written call is not run, as in verl's tool_agent (it parses no turn that
+                # reached response_length). The turn stays in the response; the episode ends truncated.
+                stop_reason = "aborted" if aborted else "response_length"
+                turn_scores.append(0.0)  # the truncation's final reward goes here, below
+                break
             t0 = time.perf_counter()
             _, reward, terminated, truncated, step = await env.astep(text)
             env_s += time.perf_counter() - t0
@@ -306,8 +344,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 stop_reason = "max_turns"
                 break
 
-            # As the model left it: restored when the observation does not fit (below).
-            unclosed = (runtime, mask, logprobs)
+            # As the model left it: restored when the observation does not fit (below), or when
+            # the next reply is empty (above).
+            before_observation = (runtime, mask, logprobs, images, len(messages))
             if (
                 self.turn_end_id is not None
                 and new_ids[-1:] != [self.turn_end_id]
@@ -331,7 +370,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 # The closing token goes only with its observation: the response must end on a
                 # model token, where verl puts the reward (PPO's GAE drops one on a mask-0 token).
                 del messages[len(previous) :]
-                runtime, mask, logprobs = unclosed
+                runtime, mask, logprobs = before_observation[:3]
                 break
             runtime, mask = merged.token_ids, new_mask
             if logprobs:
@@ -347,12 +386,17 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             truncated = True
             if turn_scores:
                 turn_scores[-1] += final
+            else:  # the first reply was empty: no turn to add it to, but the episode still scores it
+                turn_scores.append(final)
             for k, v in parts.items():
                 if k in components:
                     components[k] += v
 
         self.messages = messages
         split = len(runtime) - len(mask)
+        # Asked for, log-probs are a list for an empty response too: verl concatenates the batch's
+        # when its first sample has them, and a None among them fails there.
+        empty_logprobs: list[float] | None = [] if params.get("logprobs") and not mask else None
         score = float(sum(turn_scores))
         errors = sum(1 for r in results if r.is_error)
         tool_metrics = {
@@ -373,7 +417,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             prompt_ids=runtime[:split],
             response_ids=runtime[split:][: self.response_length],
             response_mask=mask[: self.response_length],
-            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            response_logprobs=logprobs[: self.response_length] if logprobs else empty_logprobs,
             multi_modal_data={"images": images} if images else {},
             mm_processor_kwargs=mm_kwargs,
             reward_score=score,
