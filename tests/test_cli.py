@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,33 @@ def test_help_imports_no_command_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--json"], ["doctor"]])
+def test_output_into_a_closed_pipe_is_quiet(argv: list[str]) -> None:
+    """`toolenv list | head -1`: the reader goes away before the output is written. The
+    command stops quietly with the shell's SIGPIPE status (141), as `ls | head` does, rather
+    than printing `error: [Errno 32] Broken pipe` or a traceback at exit."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone: every write fails with EPIPE
+    try:
+        out = subprocess.run([TOOLENV, *argv], stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert out.stderr == ""
+    assert out.returncode == 141
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a closed stdout ends a command quietly: a BrokenPipeError of a socket or another
+    pipe (a server gone mid-request) is reported as any error is."""
+    import toolenv.commands.list_cmd as list_cmd
+
+    def run(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe (a socket)")
+
+    monkeypatch.setattr(list_cmd, "run", run)
+    assert main(["list"]) == 2
+    assert capsys.readouterr().err == "toolenv list: error: [Errno 32] Broken pipe (a socket)\n"

@@ -3,12 +3,16 @@ where each name imports from, and the README's example runs as written."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import importlib
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import pytest
@@ -105,3 +109,245 @@ def test_readme_snippet_runs_as_written() -> None:
         assert episode is not None and episode.turns[0].observation == "<tool_response>\n5\n</tool_response>"
     finally:
         env.close()
+
+
+# ----------------------------------------------------------------------------- docs snippets
+# Each test below runs a page's example as a reader would paste it, and checks what its
+# comments say it does. Snippets that are fragments (`tools=[...]`) get the names they
+# assume in `scope`, nothing more.
+
+
+def _python_blocks(page: str) -> list[str]:
+    """The ```python blocks of docs/`page`, in order."""
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / page).read_text(), re.M | re.S)
+
+
+def _run(code: str, page: str, scope: dict[str, Any] | None = None) -> dict[str, Any]:
+    scope = {} if scope is None else scope
+    exec(compile(code, f"docs/{page}", "exec"), scope)
+    return scope
+
+
+def _commented(code: str, name: str) -> str:
+    """The value a snippet's comment gives for `name`: `# name == 'value'`."""
+    (literal,) = re.findall(rf"# {re.escape(name)} == ('.*'|\".*\")$", code, re.M)
+    return str(ast.literal_eval(literal))
+
+
+def _close(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+
+
+def test_docs_name_only_what_exists() -> None:
+    """Every dotted name the README and docs give (`toolenv.runner.arollout`,
+    `toolenv_search.make_hotpotqa_env`) imports as written."""
+    groups = {"agents", "oracles", "tools", "envs", "doctor", "commands"}  # entry-point groups
+    pattern = re.compile(r"\b((?:toolenv|toolenv_\w+)(?:\.[A-Za-z_]\w*)+)")
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for name in sorted(set(pattern.findall(page.read_text()))):
+            parts = name.split(".")
+            if (parts[0] == "toolenv" and parts[1] in groups) or parts[-1] in ("py", "yaml", "json", "md"):
+                continue  # `toolenv.oracles` is a group, `toolenv_tools.yaml` a file
+            if importlib.util.find_spec(parts[0]) is None:
+                continue  # a made-up plugin of an example (`toolenv_x.serve`)
+            if not _resolves(parts):
+                wrong.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not wrong, f"names that do not import: {wrong}"
+
+
+def _resolves(parts: list[str]) -> bool:
+    """Whether `a.b.c` names a module or an attribute of one."""
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_docs_give_only_options_the_commands_have() -> None:
+    """Every `--option` shown after `toolenv COMMAND` in the README and docs is one of that
+    command's options."""
+    from toolenv.cli import _modules
+
+    modules = _modules()
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    wrong = []
+    commands = "|".join(re.escape(c) for c in sorted(modules, key=len, reverse=True))
+    shown = re.compile(rf"toolenv ({commands})\b([^`\n]*)")
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for command, rest in shown.findall(page.read_text().replace("\\\n", " ")):  # a shell line goes on
+            if command not in parsers:
+                parser = argparse.ArgumentParser(prog=f"toolenv {command}")
+                importlib.import_module(modules[command].split(":")[0]).add_arguments(parser)
+                parsers[command] = parser
+            known = set(parsers[command]._option_string_actions)
+            for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest):
+                if option not in known and option != "--bogus":  # cli.md's example of a usage error
+                    wrong.append(f"{page.relative_to(ROOT)}: toolenv {command} {option}")
+    assert not wrong, f"options the commands do not have: {sorted(set(wrong))}"
+
+
+def test_tools_page_snippets_run() -> None:
+    """docs/tools.md: the `Add` class, the `lookup` function tool and the cache examples,
+    with the limits they set, in an env."""
+    from toolenv_search import SearchTool
+    from toolenv_sql import SQLTool
+
+    blocks = _python_blocks("tools.md")
+    scope = _run(blocks[0], "tools.md")
+    _run(blocks[1], "tools.md", scope)
+    add, lookup = scope["Add"](), scope["lookup"]
+    assert add.limits.timeout == 5 and add.limits.max_concurrency == 64
+    assert lookup.limits.timeout == 10 and lookup.limits.rate_limit == 5
+    assert lookup.schema()["function"]["parameters"] == {
+        "properties": {"key": {"description": "the key", "type": "string"}},
+        "required": ["key"],
+        "type": "object",
+    }
+    env = toolenv.ToolEnv(tools=[add, lookup], tasks=[{"question": "q", "context": {"table": {"k": "v"}}}])
+    try:
+        env.reset(seed=0)
+        obs, *_ = env.step(
+            '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+            '<tool_call>{"name": "lookup", "arguments": {"key": "k"}}</tool_call>'
+        )
+        assert obs == "<tool_response>\n5\n</tool_response>\n<tool_response>\nv\n</tool_response>"
+    finally:
+        env.close()
+    _run(blocks[2], "tools.md", scope)  # Browser: a release hook
+    search = _run(blocks[3], "tools.md", {"SearchTool": SearchTool, "URL": "http://127.0.0.1:9"})["search"]
+    assert (search.limits.timeout, search.limits.retries, search.limits.breaker_threshold) == (10, 2, 5)
+    cached = _run(blocks[4], "tools.md", {**scope, "SQLTool": SQLTool})
+    assert cached["Search"].cache.scope == "shared" and cached["sql"].cache.scope == "task"
+    assert cached["lookup"].cache is not None
+
+
+def test_rewards_page_specs_build() -> None:
+    """docs/rewards.md: every reward spec it shows, in Python and in YAML, builds an env."""
+    from toolenv.rewards import FormatReward, LLMJudge, TurnReward, reward_names
+
+    tasks = [{"question": "q", "answer": "a"}]
+    scope: dict[str, Any] = {"toolenv": toolenv, "LLMJudge": LLMJudge, "url": "http://127.0.0.1:9/v1"}
+    specs = []
+    for line in _python_blocks("rewards.md")[0].splitlines():
+        specs.append(_run(line, "rewards.md", scope)["reward"])
+    specs.append(_run(_python_blocks("rewards.md")[2], "rewards.md")["reward"])
+    yaml = pytest.importorskip("yaml")
+    (config,) = re.findall(r"^```yaml\n(.*?)^```", (ROOT / "docs" / "rewards.md").read_text(), re.M | re.S)
+    for document in config.split("# or, as a list"):
+        specs.append(yaml.safe_load(document)["reward"])
+    assert len(specs) == 8
+    for spec in specs:
+        toolenv.ToolEnv(tools=[], tasks=tasks, reward=spec).close()
+    _run(_python_blocks("rewards.md")[1], "rewards.md", {"FormatReward": FormatReward})
+    short = _run(_python_blocks("rewards.md")[3].splitlines()[0], "rewards.md", {"TurnReward": TurnReward})["short"]
+    env = toolenv.ToolEnv(tools=[], tasks=tasks, reward=[(short, 1.0), ("exact_match", 1.0)])
+    try:  # r includes −0.001 × len(text); info["reward_components"]["length"]
+        env.reset(seed=0)
+        _, r, *_, info = env.step("0123456789")
+        assert r == pytest.approx(-0.01) and info["reward_components"]["length"] == pytest.approx(-0.01)
+    finally:
+        env.close()
+    _run(_python_blocks("rewards.md")[6], "rewards.md", {"toolenv": toolenv})  # Brevity, registered
+    assert "brevity" in reward_names()
+    env = toolenv.ToolEnv(tools=[], tasks=tasks, reward="brevity")
+    try:
+        env.reset(seed=0)
+        assert env.step("<answer>a</answer>")[1] == 1.0
+    finally:
+        env.close()
+
+
+def test_agents_page_agent_rolls_out() -> None:
+    """docs/agents.md: the `Echo` agent, written as shown, rolls out."""
+    scope = _run(_python_blocks("agents.md")[0], "agents.md")
+    tasks = [{"id": "t", "question": "echo me", "answer": "echo me"}]
+    result = toolenv.rollout("toolenv/ToolEnv-v0", scope["Echo"](), env_kwargs={"tasks": tasks, "reward": "em"})
+    (traj,) = result.trajectories
+    assert traj.error is None and traj.turns[0].action == "<answer>echo me</answer>" and traj.reward == 1.0
+
+
+def test_rollout_page_python_api_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/rollout.md: the Python API example, in a scratch directory."""
+    monkeypatch.chdir(tmp_path)
+    scope = _run(_python_blocks("rollout.md")[0], "rollout.md")
+    result = scope["result"]
+    assert result.summary.mean_reward == 1.0 and result.summary.success_rate == 1.0
+    assert len(result.trajectories) == 20
+    assert (tmp_path / "runs" / "spider" / "trajectories.jsonl").exists()
+
+
+def test_vector_page_example_runs() -> None:
+    """docs/vector.md: `gym.make_vec` gives toolenv's vector env; its outputs are as the
+    comments say."""
+    import numpy as np
+
+    scope = _run(_python_blocks("vector.md")[0], "vector.md", {"gym": gym, "actions": ["<answer>x</answer>"] * 64})
+    envs = scope["envs"]
+    try:
+        assert isinstance(scope["obs"], tuple) and len(scope["obs"]) == 64  # tuple of 64 prompts
+        assert isinstance(scope["rewards"], np.ndarray) and isinstance(scope["terminated"], np.ndarray)
+    finally:
+        envs.close()
+
+
+def test_parsers_page_snippets_run() -> None:
+    """docs/parsers.md: the parser examples that need no model download."""
+    from toolenv.parsers import CodeBlockParser, TagParser
+
+    tasks = [{"question": "q"}]
+    for i in (0, 3):  # `tools=[...], tasks=[...]` are the reader's
+        code = _python_blocks("parsers.md")[i].replace("tools=[...], tasks=[...]", "tools=[], tasks=tasks")
+        scope = _run(code, "parsers.md", {"toolenv": toolenv, "tasks": tasks})
+        scope["env"].close()
+    reasoning = _python_blocks("parsers.md")[3].splitlines()[-1]
+    assert reasoning.endswith("# None")
+    assert eval(reasoning.split("  #")[0], {"parser": scope["parser"]}) is None  # the docs' own line
+    tags = _run("p = " + _python_blocks("parsers.md")[4], "parsers.md", {"TagParser": TagParser})["p"]
+    assert tags.parse("<lookup>Paris</lookup>").tool_calls[0].arguments == {"title": "Paris"}
+    code = _run("p = " + _python_blocks("parsers.md")[5], "parsers.md", {"CodeBlockParser": CodeBlockParser})["p"]
+    assert code.parse("```js\n1\n```").tool_calls[0].name == "sandbox"
+
+
+def test_search_page_example_runs() -> None:
+    """docs/plugins/search.md: the HotpotQA example gives the observation and reward its
+    comments show."""
+    code = _python_blocks("plugins/search.md")[0]
+    scope = _run(code, "plugins/search.md")
+    env = scope["env"]
+    try:
+        shown = _commented(code, "obs").split(" ...")[0]
+        assert env.unwrapped.episode.turns[0].observation.startswith(shown)
+        assert scope["reward"] == 1.0 and scope["terminated"] is True
+    finally:
+        env.close()
+
+
+def test_sql_page_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/plugins/sql.md: the Spider example prints what its comments show; the tool's
+    documented defaults build a tool."""
+    scope = _run(_python_blocks("plugins/sql.md")[0], "plugins/sql.md")
+    try:
+        out = capsys.readouterr().out
+        assert out.startswith("<information>count(*)\n") and "(1 row)</information>" in out
+        assert out.endswith("1.0 {'execution_match': 1.0}\n")
+    finally:
+        scope["env"].close()
+    tool = _run(_python_blocks("plugins/sql.md")[1], "plugins/sql.md")["tool"]
+    assert tool.name == "sql"
+
+
+def test_mcp_page_example_runs() -> None:
+    """docs/plugins/mcp.md: the `mcp_tools` example against the plugin's demo server."""
+    code = _python_blocks("plugins/mcp.md")[0]
+    scope = _run(code, "plugins/mcp.md")
+    assert scope["obs"] == _commented(code, "obs")

@@ -12,6 +12,8 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import os
+import select
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -104,6 +106,33 @@ def error_line(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
 
 
+#: The exit status of a command whose output reader went away: the shell's for SIGPIPE (128 + 13).
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_reader_is_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR), so that a
+    BrokenPipeError of another pipe or socket is still reported as an error."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (replaced in-process): not its pipe
+        return False
+    if not hasattr(select, "poll"):  # Windows: take it as stdout's
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _quit_quietly() -> int:
+    """Stop quietly, as `ls | head` does: the rest of the output goes to /dev/null (so the
+    flush at interpreter exit fails no more) and the status is the shell's for SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -139,7 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mod = loaded[args.command]
     try:
-        return int(mod.run(args) or 0)
+        rc = int(mod.run(args) or 0)
+        sys.stdout.flush()  # a reader gone away (`| head`) shows here, not at interpreter exit
+        return rc
+    except BrokenPipeError as exc:
+        if _stdout_reader_is_gone():
+            return _quit_quietly()
+        print(f"toolenv {args.command}: error: {error_line(exc)}", file=sys.stderr)  # a socket's, say
+        return 2
     except KeyboardInterrupt:
         print(f"toolenv {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -109,13 +110,15 @@ def python(code: str) -> str:
 
 @pytest.fixture(scope="module", params=parser_names())  # every registered parser: a new one is covered at once
 def env(request: pytest.FixtureRequest) -> Iterator[toolenv.ToolEnv]:
-    e = toolenv.ToolEnv(
-        tools=[add, search, python],
-        tasks=[{"question": "2+3?", "answer": "5"}],
-        parser=request.param,
-        reward={"exact_match": 1.0, "format": 0.1, "penalties": 1.0, "tool_success": 0.1},
-        max_turns=3,
-    )
+    with warnings.catch_warnings():  # tags/codeblock cannot call `add`: known, and beside the point here
+        warnings.filterwarnings("ignore", r"the (tags|codeblock) parser", UserWarning)
+        e = toolenv.ToolEnv(
+            tools=[add, search, python],
+            tasks=[{"question": "2+3?", "answer": "5"}],
+            parser=request.param,
+            reward={"exact_match": 1.0, "format": 0.1, "penalties": 1.0, "tool_success": 0.1},
+            max_turns=3,
+        )
     yield e
     e.close()
 
@@ -180,3 +183,20 @@ def test_huge_and_control_character_actions() -> None:
         assert isinstance(obs, str) and not terminated
         assert any(r.is_error for r in info["tool_results"])
     env.close()
+
+
+def test_an_env_warns_of_tools_its_prompted_format_cannot_call() -> None:
+    """`tags` and `codeblock` call only the tools they map; an env given another tool (the
+    README's `add` with `parser="tags"`) offers it nowhere in the prompt, and the model can
+    never call it. The env says so when it is built, naming the tool and what to do."""
+    task = [{"question": "2+3?", "answer": "5"}]
+    with pytest.warns(UserWarning, match=r"the tags parser has no tag for tool\(s\) 'add'") as caught:
+        toolenv.ToolEnv(tools=[add, search], tasks=task, parser="tags").close()
+    assert "'search'" not in str(caught[0].message) and "parser='hermes'" in str(caught[0].message)
+    with pytest.warns(UserWarning, match=r"the codeblock parser calls only 'python'.*'add'"):
+        toolenv.ToolEnv(tools=[add, python], tasks=task, parser="codeblock").close()
+    mapped = {"tags": {"plus": ("add", "expression")}}
+    for parser, kwargs, tools in [("tags", {}, [search]), ("tags", mapped, [add]), ("codeblock", {}, [python])]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            toolenv.ToolEnv(tools=tools, tasks=task, parser=parser, parser_kwargs=kwargs).close()

@@ -10,6 +10,7 @@ call. As with `ActionParser.find_answer`, the last closed `<answer>` outside blo
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,20 @@ class CodeBlockParser(ActionParser):
             pos = close + len(_FENCE)
         rest.append(text[pos:])
         return ParsedAction(tool_calls=calls, answer=answer, text="".join(rest).strip(), errors=errors)
+
+    def bind(self, tools: Sequence[Tool]) -> CodeBlockParser:
+        """Warn of tools other than the code tool: the prompt does not offer them and the
+        model cannot call them."""
+        missing = [t.name for t in tools if t.name != self.tool]
+        if missing:
+            warnings.warn(
+                f"the codeblock parser calls only {self.tool!r} (with the code of a fenced block), so "
+                f"the model cannot call tool(s) {', '.join(map(repr, missing))}; use a format with "
+                "JSON arguments such as parser='hermes' for them",
+                UserWarning,
+                stacklevel=3,
+            )
+        return self
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         return (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,6 +73,23 @@ class TagParser(ActionParser):
             calls.append(ToolCall(name=tool_name, arguments={arg: body}, id=f"call_{len(calls)}"))
         rest.append(text[pos:])
         return ParsedAction(tool_calls=calls, answer=answer, text="".join(rest).strip(), errors=errors)
+
+    def bind(self, tools: Sequence[Tool]) -> TagParser:
+        """Warn of tools no tag calls: the prompt would not offer them and the model could
+        never call them (a silent failure: an env whose tools are never used)."""
+        mapped = {tool for tool, _ in self.tags.values()}
+        missing = [t.name for t in tools if t.name not in mapped]
+        if missing:
+            warnings.warn(
+                f"the tags parser has no tag for tool(s) {', '.join(map(repr, missing))}, so the "
+                f"prompt does not offer them and the model cannot call them (its tags: "
+                f"{', '.join(f'<{tag}> -> {tool}' for tag, (tool, _) in self.tags.items())}). A tag "
+                "carries one string argument: map one with parser_kwargs={'tags': {TAG: (TOOL, ARGUMENT)}}, "
+                "or use a format with JSON arguments such as parser='hermes'",
+                UserWarning,
+                stacklevel=3,
+            )
+        return self
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         summary = {t.name: (t.description.splitlines() or [t.name])[0] for t in tools}
