@@ -160,3 +160,21 @@ def test_sync_turn_reward() -> None:
     reward = TurnReward(lambda ep, turn: -1.0 if turn.parsed.errors else 0.0, name="strict")
     steps = episode(["<tool_call>{</tool_call>", "<answer>5</answer>"], reward)
     assert [s[1] for s in steps] == [{"strict": -1.0}, {"strict": 0.0}]
+
+
+def test_a_penalty_that_charged_nothing_is_zero_not_minus_zero() -> None:
+    """`-0.1 * 0` is -0.0, which logs, trajectories and reports showed as `-0.0`."""
+    import math
+
+    env = toolenv.ToolEnv(
+        tools=[add],
+        tasks=[{"question": "2+3?", "answer": "5"}],
+        reward=[(ToolCallPenalty(-0.1), 1.0), (InvalidCallPenalty(-0.1), 1.0), (ToolSuccessBonus(0.1), 1.0)],
+    )
+    env.reset(seed=0)
+    zeros = []
+    for action in (call("add", a=2, b=3), "no action", "<answer>5</answer>"):
+        *_, info = env.step(action)
+        zeros += [v for v in info["reward_components"].values() if v == 0.0]
+    assert len(zeros) == 6 and all(math.copysign(1.0, v) == 1.0 for v in zeros), zeros
+    env.close()

@@ -61,7 +61,7 @@ class ToolCallPenalty(Reward):
         before = sum(len(t.parsed.tool_calls) for t in episode.turns[:-1]) if episode.turns else 0
         now = len(turn.parsed.tool_calls)
         charged = max(0, before + now - self.free_calls) - max(0, before - self.free_calls)
-        return self.per_call * charged
+        return self.per_call * charged if charged else 0.0  # not -0.0 in logs and trajectories
 
 
 class InvalidCallPenalty(Reward):
@@ -84,7 +84,7 @@ class InvalidCallPenalty(Reward):
 
     async def turn(self, episode: Episode, turn: Turn) -> float:
         n = count_invalid(turn, parse_errors=self.parse_errors, tool_errors=self.tool_errors, no_action=self.no_action)
-        return self.per_invalid * n
+        return self.per_invalid * n if n else 0.0
 
 
 class AnswerAvoidancePenalty(Reward):
@@ -138,7 +138,7 @@ class ToolSuccessBonus(Reward):
         n = count_tool_successes(turn)
         if self.max_per_turn is not None:
             n = min(n, self.max_per_turn)
-        return self.per_success * n
+        return self.per_success * n if n else 0.0
 
 
 TurnFn = Callable[[Episode, Turn], "float | Awaitable[float]"]
