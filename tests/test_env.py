@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -134,6 +135,19 @@ def test_prompt_template_uses_task_context() -> None:
     )
     obs, _ = env.reset()
     assert "Schema: CREATE TABLE t(x)\nQ: q? {missing}" in obs
+
+
+def test_a_prompt_template_that_would_lose_the_question_is_refused_or_warned_of() -> None:
+    """Unknown fields stay as written (templates may hold braces), so a misspelt `{questoin}`
+    built prompts without the question, silently; a template `str.format` cannot read failed
+    only at the first reset."""
+    with pytest.warns(UserWarning, match=r"has no \{question\} field"):
+        make(prompt_template="{instructions}\n\nQ: {questoin}")
+    with pytest.raises(ValueError, match=r"not a str\.format template"):
+        make(prompt_template="{instructions}\n\nQ: {question")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(prompt_template="{question.strip} {{braces}} {question!r:>3}")
 
 
 def test_bad_config_is_a_clear_error() -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import string
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -32,6 +35,23 @@ NO_ACTION = (
     "No tool call and no final answer found in your reply. Call a tool in the format described above, "
     "or give the final answer as <answer>...</answer>."
 )
+
+
+def _checked_template(template: str) -> str:
+    """`template`, refused if `str.format` cannot read it and warned of if it has no
+    `{question}` (unknown fields stay as written, so a misspelt one would drop the question)."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+        fields = {re.split(r"[.\[]", name, maxsplit=1)[0] for name in names}
+    except ValueError as exc:
+        raise ValueError(f"prompt_template is not a str.format template ({exc}): {template!r}") from None
+    if "question" not in fields:
+        warnings.warn(
+            f"prompt_template has no {{question}} field, so prompts will not hold the task's question: {template!r}",
+            UserWarning,
+            stacklevel=3,
+        )
+    return template
 
 
 class _Fields(dict[str, Any]):
@@ -92,7 +112,7 @@ class ToolEnv(gym.Env[str, str]):
         self.reward_fn: WeightedSum = get_reward(reward)
         self.max_turns = max_turns
         self.system_prompt = system_prompt
-        self.prompt_template = prompt_template
+        self.prompt_template = _checked_template(prompt_template)
         self.task_order = task_order
         self.render_mode = render_mode
         self.observation_space = UnicodeText()
