@@ -5,6 +5,8 @@ only the new tokens, `env.astep(text)` (the env parses and invokes its tools and
 scores the turn), then append the observation as chat messages with verl's
 continuous-token helpers, so observation tokens get mask 0 and logprob 0.0 while
 model tokens keep mask 1 and their logprobs. Model tokens are never re-encoded.
+With `observation_role="inline"` the observation is raw text in the same assistant
+turn instead (Search-R1's `<information>`), tokenized on its own.
 
 Register it with verl through `actor_rollout_ref.rollout.agent.agent_loop_config_path`
 (see examples/verl/toolenv_agent.yaml); every YAML key besides `name`/`_target_`
@@ -37,7 +39,7 @@ from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_po
 from toolenv.parsers import ActionParser, detect_parser, template_mismatch
 from toolenv.types import Message, Task, ToolResult, reply_messages
 
-__all__ = ["STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
+__all__ = ["OBSERVATION_ROLES", "STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,12 @@ def _check_template(parser: ActionParser, tokenizer: Any) -> None:
 #: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), a
 #: reply with no token, or a generation the server aborted.
 STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length", "empty_reply", "aborted")
+#: How observations enter the token stream (`observation_role`): chat messages of either role, or
+#: raw text continuing the model's own turn.
+OBSERVATION_ROLES = ("tool", "user", "inline")
+
+#: Token ids, mask, log-probs, images and messages of an episode at one point, to go back to.
+_Snapshot = tuple[list[int], list[int], list[float], list[Any] | None, list[dict[str, Any]]]
 
 
 def chat_message(message: Message) -> tuple[dict[str, Any], list[Any]]:
@@ -104,7 +112,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             replaces the row's whole value, nested mappings included).
         observation_role: `"tool"` (one tool message per tool result; the chat template
             wraps them, e.g. `<tool_response>`), `"user"` (one user message holding the env's
-            formatted observation, e.g. Search-R1's `<information>`), or None: `"tool"` for parsers whose
+            formatted observation, e.g. `<information>`), `"inline"` (the formatted observation
+            as raw text inside the model's own turn, `parser.continue_with(obs)`, which the
+            model continues: the whole episode is one assistant response, as Search-R1 and
+            its followers train; text only), or None: `"tool"` for parsers whose
             chat templates have tool messages (hermes, harmony, qwen3_xml, llama3_json,
             pythonic, mistral, glm45, deepseek_v3/v31, gemma4, kimi_k2, muse_glimmer), `"user"`
             otherwise; results that answer no call go as a user message.
@@ -112,7 +123,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
         stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that ends on one
-            gets the chat template's turn-end token appended with mask 0 (see `turn_end_token`).
+            gets the chat template's turn-end token appended with mask 0 (see `turn_end_token`),
+            except inline, where the observation follows the stop string directly.
         use_dataset_prompt: start from the row's `raw_prompt` (default) or re-render the env's prompt.
             When `env_kwargs` changes the env's prompt (another parser, system prompt or
             template), the env's prompt is used anyway: the row's was written for the old env.
@@ -143,8 +155,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if observation_role not in (None, "tool", "user"):
-            raise ValueError(f"observation_role must be 'tool', 'user' or None, got {observation_role!r}")
+        if observation_role not in (None, *OBSERVATION_ROLES):
+            raise ValueError(f"observation_role must be 'tool', 'user', 'inline' or None, got {observation_role!r}")
         multi_turn = self.rollout_config.get("multi_turn", {}) or {}
         self.max_turns: int | None = max_turns or multi_turn.get("max_assistant_turns") or None
         # hydra hands nested YAML values over as OmegaConf containers; envs get plain Python.
@@ -259,6 +271,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         stops: list[str] = list(params.get("stop") or [])
         stop_ids: list[int] = [int(t) for t in params.get("stop_token_ids") or []]
         tokenizer: Any = self.tokenizer  # verl annotates it as AutoTokenizer, which has no instance methods
+        inline = self._role(env) == "inline"
 
         reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
         components = dict.fromkeys(reward_keys, 0.0)
@@ -272,8 +285,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         terminated = truncated = False
         answer: str | None = None
         stop_reason = "response_length"
-        #: The stream as the model's last turn left it, before the observation that followed it.
-        before_observation: tuple[list[int], list[int], list[float], list[Any] | None, int] | None = None
+        #: The stream and the conversation as the model's last turn left them, before the
+        #: observation that followed it (inline, that observation is in the last message's text).
+        before_observation: _Snapshot | None = None
 
         while True:
             budget = self.response_length - len(mask)
@@ -301,7 +315,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 # where verl puts the reward (PPO's GAE drops one on a mask-0 token).
                 if before_observation is not None:
                     runtime, mask, logprobs, images, kept = before_observation
-                    del messages[kept:]
+                    messages[:] = kept
                     observation_turns -= 1
                 stop_reason = "aborted" if aborted else "empty_reply"
                 break
@@ -316,7 +330,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
 
             # Formats written in special tokens (Harmony) keep them; the others read plain text.
             text = tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
-            messages.append({"role": "assistant", "content": text})
+            if inline and assistant_turns > 1:  # one assistant message: this reply continues it
+                messages[-1] = {"role": "assistant", "content": messages[-1]["content"] + text}
+            else:
+                messages.append({"role": "assistant", "content": text})
             at_limit = len(new_ids) >= budget or out.stop_reason == "length"
             if aborted or (at_limit and not ended_itself(tokenizer, new_ids, stops, stop_ids)):
                 # Cut by the length limit (the response budget, the model's context) or an abort: a
@@ -345,8 +362,22 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 break
 
             # As the model left it: restored when the observation does not fit (below), or when
-            # the next reply is empty (above).
-            before_observation = (runtime, mask, logprobs, images, len(messages))
+            # the next reply is empty (above). Messages are replaced, never edited: a shallow copy keeps them.
+            before_observation = (runtime, mask, logprobs, images, list(messages))
+            if inline:
+                # Raw text in the model's own turn: no turn-end token, no role tokens; its tokens
+                # alone (as Search-R1 tokenizes its `<information>` block), the model's never re-encoded.
+                obs = env.parser.continue_with(self._inline_observation(env, step))
+                obs_ids = [int(t) for t in tokenizer.encode(obs, add_special_tokens=False)]
+                if len(mask) + len(obs_ids) >= self.response_length:
+                    break  # the response ends on the model's last token, where verl puts the reward
+                runtime = [*runtime, *obs_ids]
+                mask = [*mask, *[0] * len(obs_ids)]
+                if logprobs:
+                    logprobs = [*logprobs, *[0.0] * len(obs_ids)]
+                messages[-1] = {"role": "assistant", "content": messages[-1]["content"] + obs}
+                observation_turns += 1
+                continue
             if (
                 self.turn_end_id is not None
                 and new_ids[-1:] != [self.turn_end_id]
@@ -437,9 +468,28 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             },
         )
 
+    def _role(self, env: ToolEnv) -> str:
+        """The observation role for `env`: the configured one, else by the parser's format."""
+        return self.observation_role or ("tool" if env.parser.tool_messages else "user")
+
+    @staticmethod
+    def _inline_observation(env: ToolEnv, step: dict[str, Any]) -> str:
+        """The turn's observation text for `observation_role="inline"`: the env's formatted
+        results, as the user role has them. Raw text cannot carry images, so a result with
+        images is refused (as verl refuses images it cannot render) rather than dropped."""
+        results: list[ToolResult] = step["tool_results"]
+        with_images = sorted({r.name for r in results if r.images})
+        if with_images:
+            raise ValueError(
+                f"observation_role='inline' appends observations as raw text, but tool result(s) of "
+                f"{', '.join(repr(n) for n in with_images)} hold images; use observation_role 'user' or "
+                "'tool' (with a vision-language model and its processor) for tools that return images"
+            )
+        return env.parser.format_results(results) if results else ""
+
     def _observation(self, env: ToolEnv, step: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
         """The turn's observation as chat messages (tool or user role) plus any images in it."""
-        role = self.observation_role or ("tool" if env.parser.tool_messages else "user")
+        role = self._role(env)
         if role == "tool":
             pairs = [chat_message(m) for m in reply_messages(step["tool_results"])]
             return [p[0] for p in pairs], [im for p in pairs for im in p[1]]
