@@ -154,6 +154,17 @@ def test_split_is_deterministic_and_disjoint():
         split_tasks(tasks, "dev")
 
 
+def test_a_dataset_with_splits_of_its_own_keeps_them():
+    """MBPP's tasks carry MBPP's split: `--split test` is MBPP's test split (500 tasks), not a
+    tenth of all 974 by hash, which put MBPP test tasks into the training file."""
+    pytest.importorskip("toolenv_code", reason="MBPP-v0 comes from toolenv-code")
+    rows = {s: build_rows("toolenv/MBPP-v0", split=s) for s in ("train", "test")}
+    ids = {s: {r["extra_info"]["task_id"] for r in rs} for s, rs in rows.items()}
+    assert len(ids["train"]) == 374 and len(ids["test"]) == 500 and not ids["train"] & ids["test"]
+    assert {r["extra_info"]["split"] for r in rows["test"]} == {"test"}
+    assert "MBPP/11" in ids["test"] and "MBPP/601" in ids["train"]
+
+
 def test_rows_of_several_envs_keep_their_images_whatever_comes_first(tmp_path):
     """pyarrow's `from_pylist` takes its columns from the first row only: text rows written before
     image rows (rows of two envs in one file) silently lost the `images` column."""

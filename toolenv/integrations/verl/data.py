@@ -59,12 +59,17 @@ def split_tasks(tasks: list[Task], split: str | None, test_fraction: float = 0.1
     """A deterministic train/test split by a hash of the task id (`all` or None keeps every task).
 
     The same id always lands in the same split, whatever the task order or the other tasks,
-    so training and validation files made separately never overlap.
+    so training and validation files made separately never overlap. Tasks of a dataset with
+    splits of its own (every task's `metadata["split"]` set, e.g. MBPP's) keep that split:
+    `train` is the dataset's train split and `test` its test split.
     """
     if split is None or split == "all":
         return list(tasks)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    own = [t.metadata.get("split") for t in tasks]
+    if own and all(isinstance(s, str) for s in own):
+        return [t for t, s in zip(tasks, own, strict=True) if s == split]
 
     def is_test(task: Task) -> bool:
         return int(hashlib.sha256(task.id.encode()).hexdigest()[:8], 16) % 10_000 < test_fraction * 10_000
