@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from toolenv_code._protocol import ProtocolError
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks, split_check
-from toolenv_code.grading import TestSpec, extract_code, run_tests, solution_source
+from toolenv_code.grading import TestSpec, arun_tests, extract_code, run_tests, solution_source
+from toolenv_code.sandbox import SandboxPool, _Server
 
 CHECK = """
 METADATA = {'author': 'x'}
@@ -75,6 +77,20 @@ def test_cheating_by_printing_or_exiting_does_not_pass() -> None:
     assert run_tests("import sys\nsys.exit(0)", SPEC).fraction == 0.0
 
 
+@pytest.mark.parametrize(
+    ("answer", "passed"),
+    [
+        ("import sys\ndef inc(x):\n    if x == 5:\n        sys.exit(0)\n    return x + 1", [True, False, True]),
+        ("import os\ndef inc(x):\n    return x + 1\nfor fd in (0, 1, 2):\n    os.close(fd)", [True, True, True]),
+        ("def inc(x):\n    print('x' * (1 << 20) * 8)\n    return x + 1", [True, True, True]),
+        ("import os\ndef inc(x):\n    return x + 1\nos._exit(0)", [False, False, False]),
+    ],
+    ids=["sys.exit-in-a-test", "closes-stdio", "prints-megabytes", "os._exit-before-the-tests"],
+)
+def test_what_a_solution_does_to_its_process_counts_where_it_happens(answer: str, passed: list[bool]) -> None:
+    assert run_tests(answer, SPEC).passed == passed
+
+
 def test_hanging_test_costs_only_itself() -> None:
     spec = SPEC.model_copy(update={"test_timeout": 0.5})
     report = run_tests("def inc(x):\n    while x == 5:\n        pass\n    return x + 1", spec)
@@ -90,3 +106,68 @@ def test_datasets_load() -> None:
     assert mb[0].id == "MBPP/1" and "\r" not in str(mb[0].answer)
     with pytest.raises(ValueError, match="unknown MBPP subset"):
         mbpp_tasks("nope")
+
+
+def test_a_solution_s_own_alarm_handler_does_not_lift_the_per_test_limit() -> None:
+    spec = SPEC.model_copy(update={"test_timeout": 0.5})
+    for setup in ("signal.signal(signal.SIGALRM, signal.SIG_IGN)", "signal.signal(signal.SIGALRM, lambda *a: None)"):
+        hangs_on_5 = "def inc(x):\n    while x == 5:\n        pass\n    return x + 1"
+        report = run_tests(f"import signal\n{setup}\n{hangs_on_5}", spec)
+        assert report.passed == [True, False, True], (setup, report.messages)
+        assert "time limit" in report.messages[1] and not report.timed_out
+
+
+def test_a_solution_s_own_alarms_still_reach_its_own_handler() -> None:
+    own_timeout = """
+import signal
+class Slow(Exception):
+    pass
+def _slow(signum, frame):
+    raise Slow()
+signal.signal(signal.SIGALRM, _slow)
+def inc(x):
+    signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        while True:
+            pass
+    except Slow:
+        return x + 1
+"""
+    report = run_tests(own_timeout, SPEC.model_copy(update={"test_timeout": 2.0}))
+    assert report.passed == [True, True, True], report.messages
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()",
+        "import threading\nthreading.Timer(600, print).start()",
+        "import atexit, time\natexit.register(time.sleep, 600)",
+    ],
+)
+def test_grading_ends_when_the_tests_have_reported(leftover: str) -> None:
+    """A thread, timer or exit handler the solution leaves behind does not hold the grading
+    (and a sandbox slot) until its whole time budget has run out."""
+    report = run_tests(f"{leftover}\ndef inc(x):\n    return x + 1", SPEC)
+    assert report.passed == [True, True, True] and not report.timed_out
+
+
+async def test_a_sandbox_failure_is_an_error_not_a_score_of_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grading the sandbox could not carry out (its server died on the call and on the retry)
+    raises, so the reward records why instead of a zero that looks like the solution's."""
+    pool = SandboxPool(size=1)
+    try:
+
+        def dies(self: _Server, obj: dict[str, object]) -> dict[str, object]:
+            self.proc.kill()
+            self.proc.wait()
+            raise ProtocolError("peer closed the pipe")
+
+        monkeypatch.setattr(_Server, "request", dies)
+        with pytest.raises(RuntimeError, match="the sandbox failed: the sandbox server died"):
+            run_tests("def inc(x):\n    return x + 1", SPEC, pool)
+        with pytest.raises(RuntimeError, match="the sandbox failed"):
+            await arun_tests("def inc(x):\n    return x + 1", SPEC, pool)
+    finally:
+        monkeypatch.undo()
+        pool.close()

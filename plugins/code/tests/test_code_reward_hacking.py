@@ -8,13 +8,10 @@ that return equivalent values of other types (namedtuple, Counter, Fraction...) 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
 from toolenv_code.grading import TestSpec, run_tests
-from toolenv_code.sandbox import run_code
 
 SPEC = TestSpec(tests=["assert pair(1) == (1, 2)", "assert pair(5) == (5, 6)", "assert pair(0) == (0, 1)"])
 
@@ -153,11 +150,6 @@ def level():
 
 def test_numpy_comparisons_keep_their_elementwise_meaning() -> None:
     pytest.importorskip("numpy")
-    probe = run_code("import numpy")
-    if probe.exit_code != 0:
-        # The sandbox lays a private tmpfs over /tmp: a venv under /tmp (a CI clone made with
-        # `mktemp -d`) is out of its sight, and so is its numpy.
-        pytest.skip(f"numpy does not import inside the sandbox here ({sys.prefix} is hidden from it)")
     spec = TestSpec(
         tests=[
             "import numpy as np\nassert (double(np.array([1, 2])) == np.array([2, 4])).all()",

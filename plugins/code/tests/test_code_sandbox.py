@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import sys
 import time
 
 import pytest
@@ -242,3 +244,25 @@ def test_a_ctrl_c_while_closing_kills_the_servers_left(monkeypatch: pytest.Monke
     for proc in procs:
         assert proc.wait(timeout=10) is not None  # killed, not left running
     assert sandbox._POOL is None
+
+
+def test_a_server_that_dies_at_start_is_a_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not an EOFError from deep inside the pipe protocol: the reward and the tool handle
+    RuntimeError (no score, an error observation)."""
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no `false` program")
+    pool = SandboxPool(size=1)
+    try:
+        monkeypatch.setattr(sys, "executable", false)  # a "server" that exits at once
+        with pytest.raises(RuntimeError, match="the sandbox server did not start"):
+            pool.run("print(1)")
+    finally:
+        monkeypatch.undo()
+        pool.close()
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_a_pool_without_servers_is_refused_rather_than_waited_on_forever(size: int) -> None:
+    with pytest.raises(ValueError, match="size must be at least 1"):
+        SandboxPool(size=size)

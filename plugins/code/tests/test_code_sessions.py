@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import time
 
 import gymnasium as gym
 
 import toolenv  # noqa: F401 - registers the env ids
 from toolenv import Task, ToolCall, ToolCaller, ToolContext
-from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
+from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool, run_code
 from toolenv_code.tool import PythonTool, format_result
 
 
@@ -192,3 +194,51 @@ def test_the_model_is_told_whether_variables_persist() -> None:
     env = gym.make("toolenv/MBPP-v0", parser="hermes", stateful=True, limit=1)
     assert "persist from one call to the next" in env.reset(seed=0)[0]
     env.close()
+
+
+def test_an_error_after_the_code_closed_stderr_is_an_error_not_a_crash() -> None:
+    """As `python -c`: exit status 1; a session survives it, its variables intact."""
+    code = "import os\nos.close(2)\nraise ValueError('x')"
+    assert run_code(code).exit_code == 1
+    assert run_code("import os, sys\nos.close(2)\nsys.exit('bye')").exit_code == 1
+    pool = SandboxPool(size=1)
+    try:
+        assert pool.run("y = 5", session="s").new_session
+        r = pool.run(code, session="s")
+        assert r.exit_code == 1 and not r.session_ended, r
+        r = pool.run("print(y)", session="s")
+        assert r.stdout == "5\n" and not r.new_session
+    finally:
+        pool.close()
+
+
+def test_a_session_restarted_with_its_server_stays_on_it() -> None:
+    """After its server died, a session starts afresh once, then keeps its state (it is not
+    moved to another server at the next call, which would restart it again)."""
+    pool = SandboxPool(size=2)
+    try:
+        pool.run("pass", session="a")  # the first server
+        assert pool.run("x = 1", session="s").new_session  # the second
+        pool.close_session("a")  # the first is now the least loaded
+        (pid,) = [srv["pid"] for srv in pool.stats() if "s" in srv["sessions"]]
+        os.kill(pid, signal.SIGKILL)
+        _wait_until_dead(pid)  # so that the next call finds it dead, rather than dying during it
+        assert pool.run("y = 2", session="s").new_session
+        r = pool.run("print(y)", session="s")
+        assert r.stdout == "2\n" and not r.new_session, r
+    finally:
+        pool.close()
+
+
+def _wait_until_dead(pid: int) -> None:
+    """Until `pid` (a child of this process) has exited: a zombie, or gone."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not die")

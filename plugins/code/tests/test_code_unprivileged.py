@@ -59,14 +59,16 @@ out["shm_left"] = [
     pool.run("import os; " + leave.replace("{{tag}}", "session"), session="shm").stdout,
 ]
 out["shm_seen"] = [pool.run("import os; print(os.listdir('/dev/shm'))").stdout for _ in range(2)]
-# /tmp: a run sees its own work dir there and nothing else (not a live session's), and cannot add to it.
+# /tmp: a run sees its own work dir there and nothing else (not a live session's), and cannot add to it;
+# an interpreter that lives under /tmp (a CI clone's venv) is bound back there too.
+tops = sorted({{p.split("/")[2] for p in pool.stats()[0]["isolation"]["exposed"] if p.startswith("/tmp/")}})
 tmp = (
     "import os\\n"
     "try:\\n"
     "    open('/tmp/toolenv-leak', 'w')\\n"
     "except OSError:\\n"
     "    pass\\n"
-    "print(os.listdir('/tmp') == [os.path.basename(os.getcwd())])\\n"
+    f"print(sorted(os.listdir('/tmp')) == sorted([os.path.basename(os.getcwd()), *{{tops!r}}]))\\n"
 )
 out["tmp"] = [pool.run(tmp, session="shm").stdout, pool.run(tmp).stdout]
 pool.close_session("shm")

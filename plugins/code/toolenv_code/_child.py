@@ -31,7 +31,7 @@ import types
 from typing import Any, NoReturn
 
 from toolenv_code import _linux
-from toolenv_code._confine import PRIVATE_SHM, PRIVATE_TMP, SHM_OPTIONS
+from toolenv_code._confine import PRIVATE_SHM, PRIVATE_TMP, SHM_OPTIONS, bind_back, open_hidden
 from toolenv_code._protocol import GO_LIMITS, ProtocolError, decode_go, encode_go, read_frame, write_frame
 
 __all__ = [
@@ -68,6 +68,8 @@ _MAX_FD = 1 << 20
 _NEW_IPC_NS = False
 _USER_NS_FD: int | None = None
 _OWN_MOUNTS = False
+#: The interpreter's paths under /tmp or /dev/shm that each child binds back over its own (`_own_mounts`).
+_EXPOSED: list[str] = []
 #: True in a session's process under `_fork_init`'s init: PID 2 of a PID namespace of its own.
 _UNDER_INIT = False
 #: A one-shot run's status page, once `_stand_in_for_default_actions` has taken over the signals.
@@ -123,9 +125,11 @@ def exec_user(code: str, namespace: dict[str, Any], source_name: str = _SOURCE_N
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+            with contextlib.suppress(Exception):  # stderr closed or replaced by the code: as Python, say nothing
+                print(exc.code, file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - report any failure like the interpreter would
-        _print_exception(exc, source_name)
+        with contextlib.suppress(Exception):
+            _print_exception(exc, source_name)
         status = 1
     _flush_stdio()
     return status
@@ -223,10 +227,13 @@ def _set_env(workdir: str) -> None:
         vars(tempfile)["tempdir"] = workdir
 
 
-def confine_children(new_ipc_ns: bool, user_ns_fd: int | None, own_mounts: bool, socket_scope: bool) -> None:
+def confine_children(
+    new_ipc_ns: bool, user_ns_fd: int | None, own_mounts: bool, socket_scope: bool, exposed: list[str]
+) -> None:
     """What every child forked from now on enters before anything else (see `_enter_namespaces`)."""
-    global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE
+    global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE, _EXPOSED
     _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE = new_ipc_ns, user_ns_fd, own_mounts, socket_scope
+    _EXPOSED = list(exposed)
 
 
 def _own_mounts(workdir: str) -> None:
@@ -239,12 +246,14 @@ def _own_mounts(workdir: str) -> None:
     secrets), and `/proc/<os.getpid()>` would be some host process, not the code's. In a
     user namespace, where all children run as one uid, the shared /tmp would also let a
     run read or change a live session's work dir or leave files for later runs. Here /tmp
-    is a read-only tmpfs with the work dir bound back in, and /dev/shm and /proc die with
-    the child. Made before the code joins the nested user namespace, so it cannot change
-    them. (~0.25 ms per child, in the spare's preparation.)
+    is a read-only tmpfs with the work dir bound back in (and the interpreter's own paths
+    there, read-only, if it lives under /tmp: see `_confine.bind_back`), and /dev/shm and
+    /proc die with the child. Made before the code joins the nested user namespace, so it
+    cannot change them. (~0.25 ms per child, in the spare's preparation.)
     """
     flags = _linux.MS_NOSUID | _linux.MS_NODEV
     _linux.unshare(_linux.CLONE_NEWNS)
+    exposed = open_hidden(_EXPOSED)  # the server's read-only binds, before this child covers them
     _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", flags, SHM_OPTIONS)
     stash = os.path.join(PRIVATE_SHM, ".workdir")  # holds the work dir while /tmp is covered
     os.mkdir(stash, 0o700)
@@ -253,6 +262,7 @@ def _own_mounts(workdir: str) -> None:
     os.mkdir(workdir, 0o700)
     _linux.mount(stash, workdir, None, _linux.MS_MOVE)
     os.rmdir(stash)
+    bind_back(exposed)  # one that fails stays hidden, as it would be without this
     _linux.mount(None, PRIVATE_TMP, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | flags)
     if _UNDER_INIT or os.getpid() == 1:  # in a PID namespace of its own
         # The kernel may refuse (a user namespace where parts of the host's /proc are masked):

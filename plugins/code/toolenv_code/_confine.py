@@ -2,7 +2,8 @@
 
 The server calls `setup_isolation` once at start. It moves into new mount and
 network namespaces (as root; through a user namespace otherwise; not at all if
-the kernel refuses both), lays a private tmpfs over /tmp, and remounts every
+the kernel refuses both), lays a private tmpfs over /tmp (binding back, read-only,
+the interpreter's own paths there, if it lives under /tmp), and remounts every
 other mount read-only and nosuid, so sandboxed code can write only in its work
 directory. It also sets no_new_privs: no program it executes gains privileges.
 """
@@ -12,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from toolenv_code import _linux
 
-__all__ = ["PRIVATE_SHM", "PRIVATE_TMP", "SHM_OPTIONS", "Isolation", "setup_isolation"]
+__all__ = ["PRIVATE_SHM", "PRIVATE_TMP", "SHM_OPTIONS", "Isolation", "bind_back", "open_hidden", "setup_isolation"]
 
 #: Mount points replaced inside the server's own mount namespace (never the host's).
 PRIVATE_TMP = "/tmp"  # noqa: S108
@@ -53,6 +55,9 @@ class Isolation:
     #: In a user namespace: a nested one (an open fd) every child joins, so that being root
     #: there gives no power over our mounts and namespaces; -1 if it could not be made.
     child_user_ns: int | None = None
+    #: The interpreter's own paths under /tmp or /dev/shm (a venv made in `mktemp -d`), bound
+    #: back read-only over the private tmpfs (and again by each child: see `bind_back`).
+    exposed: list[str] = field(default_factory=list)
 
 
 def _remount_readonly(iso: Isolation, skip: set[str]) -> None:
@@ -118,6 +123,75 @@ def _expose_interpreter(stash_root: str) -> list[str]:
         except OSError:
             failures.append(parent)
     return failures
+
+
+def _below(path: str, roots: Iterable[str]) -> bool:
+    return any(path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
+def _interpreter_paths_hidden(hidden: tuple[str, ...]) -> list[str]:
+    """The interpreter's paths (prefixes, executable, `sys.path`) that lie strictly below a
+    mount point in `hidden`, as written and as resolved, without those inside another one."""
+    exe = sys.executable
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
+    paths += [os.path.dirname(exe), os.path.dirname(os.path.realpath(exe))] if exe else []
+    found: set[str] = set()
+    for path in paths:
+        if path and os.path.isabs(path) and os.path.exists(path):
+            found.update(p for p in (os.path.normpath(path), os.path.realpath(path)) if _below(p, hidden))
+    kept: list[str] = []
+    for path in sorted(found):  # a parent sorts before everything below it
+        if not _below(path, kept):
+            kept.append(path)
+    return kept
+
+
+def open_hidden(paths: list[str]) -> list[tuple[str, int]]:
+    """`O_PATH` descriptors of `paths`, taken before a tmpfs covers them (see `bind_back`).
+
+    A path that cannot be opened is left out (it stays hidden, as before).
+    """
+    opened = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            opened.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
+    return opened
+
+
+def _make_parents(path: str) -> None:
+    """Create the missing directories above `path`, mode 0755 whatever the umask (a lower uid walks them)."""
+    parent = os.path.dirname(path)
+    if os.path.isdir(parent):
+        return
+    _make_parents(parent)
+    os.mkdir(parent)
+    os.chmod(parent, 0o755)  # noqa: S103 - read-only (the tmpfs is remounted so), to be walked through
+
+
+def bind_back(opened: list[tuple[str, int]]) -> list[str]:
+    """Bind each `(path, O_PATH descriptor)` back at `path` over the tmpfs now covering it;
+    close the descriptors. Returns the paths bound.
+
+    A venv under /tmp (a CI clone in `mktemp -d`) would otherwise vanish, and with it the
+    packages the code imports. Only these paths come back, none of their siblings; a
+    bind made by the server is then remounted read-only (`_remount_readonly`), and a
+    child's bind of it copies that flag.
+    """
+    bound = []
+    for path, fd in opened:
+        try:
+            _make_parents(path)
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.mkdir(path)  # its mode does not matter: the bind covers it
+            else:  # a zip file on `sys.path`
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+            _linux.mount(f"/proc/self/fd/{fd}", path, None, _linux.MS_BIND | _linux.MS_REC)
+            bound.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return bound
 
 
 def _enter_user_ns() -> None:
@@ -193,21 +267,28 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
             iso.child_user_ns = _nested_user_ns()
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
+    hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM)))  # before they are covered
     try:
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={tmpfs_mb}m,mode=0711")
-        if os.geteuid() == 0 and not iso.user_ns:
-            iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
         skip = {PRIVATE_TMP}
         if os.path.isdir(PRIVATE_SHM):
             with contextlib.suppress(OSError):
                 _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, SHM_OPTIONS)
                 skip.add(PRIVATE_SHM)
                 iso.private_shm = True
+        covered = [pair for pair in hidden if _below(pair[0], skip)]
+        hidden = [pair for pair in hidden if not _below(pair[0], skip)]
+        iso.exposed = bind_back(covered)
+        if os.geteuid() == 0 and not iso.user_ns:
+            iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
         _remount_readonly(iso, skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True
     except OSError:
         iso.workroot = _mkdtemp()
+    finally:
+        for _, fd in hidden:  # not covered after all
+            os.close(fd)
     iso.uid_drop = uid_base > 0 and os.geteuid() == 0 and not iso.user_ns
     return iso

@@ -204,7 +204,7 @@ class Server:
         self.own_pidns = -1
         # Each child gets a /tmp, /dev/shm and /proc of its own (see `_child._own_mounts`).
         self.own_mounts = iso.private_tmp and iso.private_shm
-        confine_children(iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope)
+        confine_children(iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope, iso.exposed)
         iso.pid_ns = _pid_ns_round_trip_works()
         if iso.pid_ns:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -252,15 +252,14 @@ class Server:
         err_r, err_w = os.pipe()
         req_r, req_w = os.pipe()
         status_r, status_w = os.pipe()
-        memfd = os.memfd_create("toolenv-status", os.MFD_CLOEXEC)  # the init's status page (see `spare_main`)
-        fds = [out_w, err_w, req_r, status_w, memfd]
+        fds = [out_w, err_w, req_r, status_w]
         try:
-            os.ftruncate(memfd, mmap.PAGESIZE)
-            page = mmap.mmap(memfd, mmap.PAGESIZE)
+            memfd, page = _status_page()  # the init's (see `_child._fork_init`)
         except OSError:
             for fd in (*fds, out_r, err_r, req_w, status_r):
                 os.close(fd)
             raise
+        fds.append(memfd)
 
         def run() -> None:
             enter_child(workdir, limits, uid, fds[:4], memfd)
@@ -305,13 +304,11 @@ class Server:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         go_r, go_w = os.pipe()
-        # The status page: a memfd both sides map (the child closes its descriptor at once).
-        memfd = os.memfd_create("toolenv-status", os.MFD_CLOEXEC)
-        theirs = [out_w, err_w, go_r, memfd]
+        theirs = [out_w, err_w, go_r]
         child = Child(0, -1, out_r, err_r, workdir, req_w=go_w)
         try:
-            os.ftruncate(memfd, mmap.PAGESIZE)
-            child.done_page = mmap.mmap(memfd, mmap.PAGESIZE)
+            memfd, child.done_page = _status_page()
+            theirs.append(memfd)
             if self.zygote is not None:
                 try:
                     socket.send_fds(self.zygote, [f"spare\0{workdir}\0{uid}\0".encode()], theirs)
@@ -669,6 +666,7 @@ class Server:
                 "readonly_mounts": iso.readonly_mounts,
                 "readonly_failures": iso.readonly_failures,
                 "workroot_tmpfs": iso.private_tmp,
+                "exposed": iso.exposed,
             },
         }
 
@@ -733,6 +731,18 @@ class Server:
                 return
             if pid in by_pid:
                 by_pid[pid].exit_status = status
+
+
+def _status_page() -> tuple[int, mmap.mmap]:
+    """A child's status page: a memfd (for the child, which maps it and closes its descriptor
+    at once) and our mapping of it (see `Child.done_page`)."""
+    memfd = os.memfd_create("toolenv-status", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(memfd, mmap.PAGESIZE)
+        return memfd, mmap.mmap(memfd, mmap.PAGESIZE)
+    except OSError:
+        os.close(memfd)
+        raise
 
 
 def _pid_ns_round_trip_works() -> bool:

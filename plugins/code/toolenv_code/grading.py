@@ -25,7 +25,7 @@ import warnings
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv_code.sandbox import SandboxLimits, SandboxPool, get_pool
+from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
 
@@ -38,8 +38,8 @@ _MARKDOWN = MarkdownIt("zero").enable(["fence", "list"])
 _PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 
 _HARNESS = """\
-import builtins as _builtins, linecache as _linecache, operator as _operator, os as _os, signal as _signal
-import sys as _sys, types as _types
+import atexit as _atexit, builtins as _builtins, linecache as _linecache, operator as _operator, os as _os
+import signal as _signal, sys as _sys, time as _time, types as _types
 from collections import abc as _abc
 import numbers as _numbers
 
@@ -53,7 +53,12 @@ _OUT = _os.dup(1)
 _null = _os.open(_os.devnull, _os.O_WRONLY)
 _os.dup2(_null, 1)
 _os.close(_null)
-_write, _setitimer, _ITIMER_REAL = _os.write, _signal.setitimer, _signal.ITIMER_REAL
+_write, _exit, _setitimer, _ITIMER_REAL = _os.write, _os._exit, _signal.setitimer, _signal.ITIMER_REAL
+_exit_handlers = _atexit._ncallbacks
+_getsignal, _setsignal, _SIGALRM, _SIG_IGN, _now = (
+    _signal.getsignal, _signal.signal, _signal.SIGALRM, _signal.SIG_IGN, _time.monotonic)
+_DEADLINE = [0.0]  # when the running snippet's time is up
+_THEIRS = [None]  # a SIGALRM handler the solution installed, for alarms it sets itself
 _modules = _sys.modules
 _OPS = {{
     "==": _operator.eq, "!=": _operator.ne, "<": _operator.lt, "<=": _operator.le,
@@ -74,6 +79,13 @@ class _Opaque(Exception):
 
 
 def _alarm(signum, frame):
+    # Before the snippet's time is up, the alarm is one the solution set: its own handler gets it.
+    theirs = _THEIRS[0]
+    if _now() < _DEADLINE[0] and theirs is not None and theirs is not _alarm:
+        if callable(theirs):
+            return theirs(signum, frame)
+        if theirs is _SIG_IGN:
+            return None
     raise _TestTimeout("test exceeded its time limit")
 
 
@@ -153,6 +165,13 @@ _G["__builtins__"] = _builtins  # the real module (exec would hand it this progr
 
 
 def _run(kind, index, src, limit, namespace):
+    # Our handler again, whatever the solution made of SIGALRM (ignored, a handler that
+    # returns): each snippet's time limit holds, so a test that hangs costs only itself.
+    current = _getsignal(_SIGALRM)
+    if current is not _alarm:
+        _THEIRS[0] = current
+        _setsignal(_SIGALRM, _alarm)
+    _DEADLINE[0] = _now() + limit
     _setitimer(_ITIMER_REAL, limit)
     try:
         exec(compile(src, "<" + kind + ">", "exec"), namespace)
@@ -194,6 +213,12 @@ def _main(solution, setup, prefix, tests, limit):
 
 
 _main({solution!r}, {setup!r}, {prefix!r}, {tests!r}, {limit!r})
+# Every result is out: do not wait for threads, timers or exit handlers the solution left
+# (the interpreter's exit would, up to the whole time budget). Without any, a normal exit
+# is the faster one: the sandbox answers before the process is torn down.
+_threading = _modules.get("threading")
+if _exit_handlers() or (_threading is not None and _threading.active_count() > 1):
+    _exit(0)
 """
 
 
@@ -354,15 +379,25 @@ def _report(stdout: str, spec: TestSpec, nonce: str, timed_out: bool) -> TestRep
     return TestReport(passed=passed, messages=messages, solution_error=solution_error, timed_out=timed_out)
 
 
+def _graded(result: ExecResult, spec: TestSpec, nonce: str) -> TestReport:
+    if result.error:  # the sandbox failed, not the solution: no report rather than a false zero
+        raise RuntimeError(f"the sandbox failed: {result.error}")
+    return _report(result.stdout, spec, nonce, result.timed_out)
+
+
 async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
-    """Grade `answer` (code, or text with a fenced code block) against `spec` in the sandbox."""
+    """Grade `answer` (code, or text with a fenced code block) against `spec` in the sandbox.
+
+    Raises:
+        RuntimeError: the sandbox itself failed (its pool is closed, its server died twice).
+    """
     nonce = f"@@toolenv-{secrets.token_hex(8)}@@"
     result = await (pool or get_pool()).arun(_program(answer, spec, nonce), _limits(spec))
-    return _report(result.stdout, spec, nonce, result.timed_out)
+    return _graded(result, spec, nonce)
 
 
 def run_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
     """`arun_tests`, blocking."""
     nonce = f"@@toolenv-{secrets.token_hex(8)}@@"
     result = (pool or get_pool()).run(_program(answer, spec, nonce), _limits(spec))
-    return _report(result.stdout, spec, nonce, result.timed_out)
+    return _graded(result, spec, nonce)

@@ -92,7 +92,14 @@ class _Server:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.req_fd = self.proc.stdin.fileno()
         self.resp_fd = self.proc.stdout.fileno()
-        self.hello = read_frame(self.resp_fd)
+        try:
+            self.hello = read_frame(self.resp_fd)
+        except (ProtocolError, OSError) as exc:  # it died at start: reap it, and say so in one line
+            self.close()
+            raise RuntimeError(
+                f"the sandbox server did not start (exit status {self.proc.returncode}; "
+                "its own error, if any, is on this process's stderr)"
+            ) from exc
         self.busy = False
         self.sessions: set[str] = set()
 
@@ -119,7 +126,7 @@ class SandboxPool:
     """A fixed number of fork servers; each runs one execution at a time.
 
     Args:
-        size: fork servers (parallel executions); default: CPU count, at least 2.
+        size: fork servers (parallel executions), at least 1; default: CPU count, at least 2.
         tmpfs_mb: size of each server's private /tmp.
         max_sessions: live stateful sessions per server; the least recently used is evicted.
         session_idle: seconds after which an idle session is dropped.
@@ -133,6 +140,8 @@ class SandboxPool:
                 f"the code sandbox needs Linux (namespaces, pidfds, rlimits); this is {sys.platform}. "
                 "Run it in a Linux container or VM."
             )
+        if size is not None and size < 1:  # no server at all: every call would wait forever
+            raise ValueError(f"size must be at least 1 (or None for the CPU count), got {size}")
         if not 1 <= max_sessions <= _UIDS_PER_SERVER - 2:
             raise ValueError(f"max_sessions must be between 1 and {_UIDS_PER_SERVER - 2}, got {max_sessions}")
         self.size = size or max(2, os.cpu_count() or 2)
@@ -229,6 +238,8 @@ class SandboxPool:
         slot = self._acquire(pinned)
         try:
             server = self._server(slot)
+            with self._cond:  # a restart of the server forgot the session's pin: it stays on this one
+                self._session_slot[session] = slot
             server.sessions.add(session)
             resp = self._call(slot, {"op": "session_run", "session": session, "code": code, "limits": lim})
             if resp.get("error") or not resp.get("alive", False):
