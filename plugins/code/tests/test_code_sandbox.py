@@ -158,6 +158,17 @@ def test_stdlib_outside_preload_imports() -> None:
     assert r.stdout == "True\n"
 
 
+def test_numeric_libraries_fit_a_process_limit_smaller_than_the_host_s_cores() -> None:
+    """OpenBLAS starts a thread per core at `import numpy`; where the cores outnumber the
+    sandbox's process limit (a 64-core training node, the default limit of 32) the import
+    failed. Here the limit is 1, below this host's cores, to show the same thing."""
+    pytest.importorskip("numpy")
+    code = "import os, numpy\nprint(numpy.ones(3).sum(), len(os.listdir('/proc/self/task')))"
+    result = run_code(code, SandboxLimits(max_processes=1))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "3.0 1\n" and "pthread_create failed" not in result.stderr
+
+
 def test_isolation_report_is_measured() -> None:
     report = isolation_report()
     assert set(report.rlimits) == {"RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"}

@@ -61,8 +61,18 @@ CODE_KILLED = 2
 #: The file name of one-shot code in tracebacks; a session's calls are `<cell 1>`, `<cell 2>`...
 _SOURCE_NAME = "<python>"
 #: The whole environment of sandboxed code (plus HOME and TMPDIR = its work dir). The fork
-#: server adopts it at start, so a child only sets the two per-run variables.
-CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+#: server adopts it at start, so a child only sets the two per-run variables. Numeric libraries
+#: run one thread: OpenBLAS and OpenMP otherwise start one per core at import, and on a host with
+#: more cores than the sandbox's process limit `import numpy` fails (many sandboxes share the cores anyway).
+CHILD_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    **dict.fromkeys(
+        ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"),
+        "1",
+    ),
+}
 _MAX_FD = 1 << 20
 #: Set once by the fork server (`confine_children`): namespaces each child enters first.
 _NEW_IPC_NS = False
