@@ -230,3 +230,111 @@ def test_an_interrupted_call_is_cancelled_not_left_to_resume_in_the_next(
     _aio.complete(loop, asyncio.sleep(0.1))  # the next call runs nothing of the interrupted one
     assert events == ["cancelled"]
     assert asyncio.all_tasks(loop) == set()
+
+
+# ---------------------------------------------------------------------- BackgroundLoop
+def test_background_loop_runs_calls_from_many_threads_on_one_loop_at_once() -> None:
+    import threading
+
+    bg = _aio.BackgroundLoop("test-bg")
+    n, arrived = 8, []
+    everyone: list[asyncio.Event] = []
+
+    async def meet(i: int) -> tuple[int, asyncio.AbstractEventLoop]:
+        if not everyone:
+            everyone.append(asyncio.Event())
+        arrived.append(i)
+        if len(arrived) == n:
+            everyone[0].set()
+        await asyncio.wait_for(everyone[0].wait(), 60)  # a guard against a hang: all n wait at once
+        return i, asyncio.get_running_loop()
+
+    out: list[tuple[int, asyncio.AbstractEventLoop]] = []
+    threads = [threading.Thread(target=lambda i=i: out.append(bg.run(meet(i)))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for i, _ in out) == list(range(n))
+    assert {loop for _, loop in out} == {bg.loop} and bg.loop.is_running()
+    assert bg.run(_this_loop()) is bg.loop  # the caller's thread runs no loop of its own
+
+
+def test_background_loop_raises_the_calls_error_and_refuses_its_own_thread() -> None:
+    bg = _aio.BackgroundLoop("test-bg")
+
+    async def fail() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        bg.run(fail())
+
+    async def calls_back() -> None:
+        bg.run(asyncio.sleep(0))  # a tool calling a sync env method: waiting here would deadlock
+
+    with pytest.raises(RuntimeError, match="its own event loop's thread"):
+        bg.run(calls_back())
+
+
+async def test_background_loop_serves_a_thread_that_runs_an_event_loop() -> None:
+    """A notebook's thread runs a loop: the call waits there rather than refusing."""
+    bg = _aio.BackgroundLoop("test-bg")
+    assert bg.run(_this_loop()) is bg.loop is not asyncio.get_running_loop()
+
+
+def test_background_loop_survives_a_task_that_raises_system_exit() -> None:
+    bg = _aio.BackgroundLoop("test-bg")
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        bg.run(exits())
+    assert bg.run(_this_loop()) is bg.loop  # the loop goes on serving
+
+
+def test_an_interrupted_background_call_ends_before_the_interrupt_reaches_the_caller() -> None:
+    import signal
+    import threading
+
+    bg = _aio.BackgroundLoop("test-bg")
+    events: list[str] = []
+    main = threading.main_thread().ident
+    assert main == threading.get_ident() and main is not None
+
+    async def waits() -> None:
+        signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, delivered to the waiting main thread
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.01)  # the cancelled call takes a moment to clean up
+            events.append("cleaned up")
+            raise
+        events.append("resumed")
+
+    with pytest.raises(KeyboardInterrupt):
+        bg.run(waits())
+    assert events == ["cleaned up"]
+    assert bg.run(_this_loop()) is bg.loop
+
+
+def test_background_loop_starts_again_in_a_forked_child() -> None:
+    import os
+
+    bg = _aio.BackgroundLoop("test-bg")
+    parent_loop = bg.run(_this_loop())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's loop thread is not here
+        try:
+            loop = bg.run(_this_loop())
+            ok = loop is not parent_loop and bg.run(_make()) is not None
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read()
+    os.waitpid(pid, 0)
+    assert said == b"ok"
+    assert bg.run(_this_loop()) is parent_loop

@@ -1,5 +1,6 @@
 """Running coroutines from sync code: `run` for a whole program, `run_on_thread_loop` per call,
-`complete` for a sync twin's call on a loop it keeps."""
+`complete` for a sync twin's call on a loop it keeps, `BackgroundLoop` for many envs driven from
+a trainer's threads on one loop."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterable
@@ -177,3 +179,102 @@ def close_from_sync(loop: asyncio.AbstractEventLoop | None, coro: Coroutine[Any,
     finally:
         if own is not None:
             own.close()
+
+
+class BackgroundLoop:
+    """One event loop on a daemon thread of its own, for sync callers that drive many envs.
+
+    A trainer that holds a whole batch of envs (TRL's and SkyRL's pools: one per sample,
+    thousands) and steps them through the sync API would give each `ToolEnv` an event loop of
+    its own: three open files each (epoll and the self-pipe), plus any per-loop client a tool
+    keeps. Here every env's coroutines run on this one loop, whichever thread hands them over
+    (many at once), so an episode's loop-bound state stays on one loop and the process holds
+    three files.
+
+    The loop starts on first use, and again in a forked child (the parent's thread is not
+    there). A caller interrupted while it waits (Ctrl-C) cancels its call and waits for it to
+    end, as `complete` does, so it does not go on beside the caller's next call.
+    """
+
+    def __init__(self, name: str = "toolenv-envs") -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop (started now if there is none in this process yet)."""
+        loop = self._loop
+        if loop is not None and self._pid == os.getpid():
+            return loop
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():  # none yet, or a forked child's copy
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=_serve, args=(loop,), name=self.name, daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and wait for its result (from any thread, a running loop's too).
+
+        Raises:
+            RuntimeError: called on the loop's own thread (a tool calling a sync env method
+                back), where waiting would deadlock.
+        """
+        loop = self.loop
+        if asyncio._get_running_loop() is loop:  # in asyncio.__all__; no exception raised per call
+            coro.close()
+            raise RuntimeError(f"a sync env call cannot wait on its own event loop's thread ({self.name}); await it")
+        call = _Handoff(coro)
+        try:
+            loop.call_soon_threadsafe(call.start)
+            result: T = call.outcome.result()
+            return result
+        except BaseException:
+            if not call.outcome.done():  # the caller was interrupted, not the call
+                loop.call_soon_threadsafe(call.cancel)  # after `start`: the loop runs callbacks in order
+                with contextlib.suppress(concurrent.futures.CancelledError):
+                    call.outcome.exception()  # its end, before the interrupt reaches the caller
+            raise
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """A background loop's thread: it runs until the process ends. A KeyboardInterrupt or
+    SystemExit raised in a task (a tool's `sys.exit()`) goes to the waiting caller, as the task's
+    error; the loop goes on serving the other callers, whose calls would otherwise never end."""
+    while True:
+        with contextlib.suppress(KeyboardInterrupt, SystemExit):
+            loop.run_forever()
+            return
+
+
+class _Handoff:
+    """One call handed to a `BackgroundLoop`: its task, made on the loop, and the outcome the caller waits on."""
+
+    __slots__ = ("coro", "outcome", "task")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+        self.outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.task: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.coro)
+        self.task.add_done_callback(self._settle)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        else:  # the caller was interrupted before it handed `start` over
+            self.coro.close()
+            self.outcome.cancel()
+
+    def _settle(self, task: asyncio.Task[Any]) -> None:
+        self.task = None  # no task <-> handoff cycle left for the collector; a late `cancel` is harmless
+        if task.cancelled():
+            self.outcome.cancel()
+        elif (error := task.exception()) is not None:
+            self.outcome.set_exception(error)
+        else:
+            self.outcome.set_result(task.result())

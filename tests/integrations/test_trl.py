@@ -22,7 +22,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import toolenv
-from toolenv.integrations.trl import TRLEnvironment, dataset_rows, environment_factory
+from toolenv.integrations.trl import ToolCallError, TRLEnvironment, dataset_rows, environment_factory
 
 from ..conftest import TASKS, Add
 
@@ -149,16 +149,39 @@ def test_calls_run_through_the_env_and_only_what_the_model_wrote_is_passed() -> 
     assert env.search(query="q") == "q|3|fuzzy||None"  # the Args model's own defaults apply
     assert env.search(query="q", k=5, mode="exact", tags=["a", "b"], since=2) == "q|5|exact|a,b|2"
     assert env.add(a=2, b=3) == "5"
-    bad = env.search(query="q", k=99)
-    assert bad.startswith("Invalid arguments for tool 'search'") and "k" in bad
-    assert "unknown argument(s) 'c'" in env.add(a=1, b=2, c=3)
+    with pytest.raises(ToolCallError, match=r"^Invalid arguments for tool 'search'.*\bk\b"):
+        env.search(query="q", k=99)
+    with pytest.raises(ToolCallError, match=r"unknown argument\(s\) 'c'"):
+        env.add(a=1, b=2, c=3)
     ep = env.env.episode
     assert ep is not None and [t.results[0].text for t in ep.turns][:3] == ["q|3|fuzzy||None", "q|5|exact|a,b|2", "5"]
     assert [t.results[0].call_id for t in ep.turns] == ["call_1", "call_2", "call_3", "call_4", "call_5"]
     assert env.answer(answer="5") == "Your answer is recorded; the episode is over."
     assert env.get_reward() == 1.0
-    assert env.add(a=1, b=1).startswith("The episode has ended (the answer was given)")
+    with pytest.raises(ToolCallError, match=r"^The episode has ended \(the answer was given\)"):
+        env.add(a=1, b=1)
     assert len(ep.turns) == 6  # the late call was not run
+
+
+def test_a_failed_call_raises_for_trls_failure_count_after_the_env_recorded_it() -> None:
+    """TRL counts a tool call as failed when the method raises (`tools/failure_frequency`) and shows
+    the model `{'error': str(exc)}`: a failure comes back so, with toolenv's error text, unless the
+    factory says to return it as the tool's result."""
+    env = environment_factory(make_env)()
+    env.reset(task_id="t1")
+    with pytest.raises(ToolCallError) as caught:
+        env.add(a="two", b=3)
+    ep = env.env.episode
+    assert ep is not None and len(ep.turns) == 1 and ep.turns[0].results[0].is_error  # run and recorded
+    assert str(caught.value) == ep.turns[0].results[0].text and caught.value.result is ep.turns[0].results[0]
+    assert isinstance(caught.value, Exception)  # what TRL's loop catches
+    quiet = environment_factory(make_env, raise_tool_errors=False)()
+    quiet.reset(task_id="t1")
+    assert quiet.add(a="two", b=3) == str(caught.value)
+    assert quiet.answer(answer="5") == ANSWERED
+    assert quiet.add(a=1, b=1).startswith("The episode has ended (the answer was given)")
+    sent = pickle.loads(pickle.dumps(environment_factory("toolenv/ToolEnv-v0", raise_tool_errors=False)))
+    assert sent.raise_tool_errors is False and sent.environment_class._raise_tool_errors is False
 
 
 def test_reset_reads_the_task_from_json_dict_id_or_columns() -> None:
@@ -227,7 +250,8 @@ def test_max_turns_ends_the_episode_and_later_calls_are_refused() -> None:
     env.reset(task_id="t1")
     env.add(a=1, b=1)
     env.add(a=1, b=2)
-    assert "limit of 2 turns" in env.add(a=1, b=3)
+    with pytest.raises(ToolCallError, match="limit of 2 turns"):
+        env.add(a=1, b=3)
     assert env.get_reward() == 0.0
 
 
@@ -436,6 +460,32 @@ def test_grpo_mixes_two_envs_picked_by_the_rows_environment_column(trl_parts: An
     assert all(e.env.episode.terminated for e in trainer.environments)
 
 
+def test_grpo_counts_a_failed_tool_call_and_shows_the_model_its_error(trl_parts: Any, tmp_path: Path) -> None:
+    from toolenv.integrations.verl.demo import Calculator
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "q", "question": "What is 6 * 7?", "answer": "42"}])
+
+    seen: list[str] = []
+
+    def script(text: str, i: int) -> list[str]:
+        seen.append(text)
+        return [
+            CALL.format(name="calculator", args='{"expr": "6 * 7"}'),  # a wrong argument name
+            CALL.format(name="calculator", args='{"expression": "6 * 7"}'),
+            CALL.format(name="answer", args='{"answer": "42"}'),
+            "Done.",
+        ]
+
+    trainer, logged = train_one_step(trl_parts, tmp_path, environment_factory(make), script, dataset_rows(make) * 2)
+    assert logged["tools/call_frequency"] == 3.0 and logged["tools/failure_frequency"] == pytest.approx(1 / 3)
+    assert logged["reward"] == 1.0
+    assert any("unknown argument(s) 'expr'" in text for text in seen)  # the error text reached the model
+    for env in trainer.environments:
+        first = env.env.episode.turns[0].results[0]
+        assert first.is_error and "unknown argument(s) 'expr'" in first.text
+
+
 # ---------------------------------------------------------------------- pickling and reward names
 def test_the_factory_pickles_and_its_copy_runs_the_same_episodes() -> None:
     """TRL's AsyncGRPOTrainer (and multiprocessing spawn, Ray) pickle the factory to another process."""
@@ -524,3 +574,26 @@ def test_grpo_logs_each_envs_reward_in_its_own_column(trl_parts: Any, tmp_path: 
     columns = {k: v for k, v in logged.items() if k.startswith("rewards/") and k.endswith("/mean")}
     assert columns == {"rewards/TRLMultEnvEnvironment/mean": 1.0, "rewards/TRLSumEnvEnvironment/mean": 0.0}
     assert logged["reward"] == 0.5
+
+
+# ---------------------------------------------------------------------- a batch of environments
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+def test_a_batch_of_1024_environments_holds_no_event_loop_each() -> None:
+    """TRL keeps one environment per sample of a generation batch for the whole run (its pool grows to
+    the batch, and nothing closes it). An env's own event loop is three open files (epoll, self-pipe):
+    3,072 for 1,024 samples, past the usual limit of 1,024 open files."""
+    import threading
+
+    factory = environment_factory(make_env)
+    factory().reset(task_id="t1")  # the shared loop (if any) is started before counting
+    fds, threads = _open_fds(), threading.active_count()
+    envs = [factory() for _ in range(1024)]
+    for env in envs:
+        env.reset(task_id="t1")
+        assert env.add(a=2, b=3) == "5"
+    assert all(env.get_reward() == 0.0 for env in envs)
+    assert _open_fds() - fds < 16 and threading.active_count() - threads < 8

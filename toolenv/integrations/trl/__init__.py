@@ -18,6 +18,7 @@ may be left out. Importing this package does not import TRL.
 from toolenv.integrations.trl.environment import (
     ANSWER_DOC,
     EnvironmentFactory,
+    ToolCallError,
     TRLEnvironment,
     dataset_rows,
     environment_factory,
@@ -28,6 +29,7 @@ __all__ = [
     "ANSWER_DOC",
     "EnvironmentFactory",
     "TRLEnvironment",
+    "ToolCallError",
     "dataset_rows",
     "environment_factory",
     "tool_signature",

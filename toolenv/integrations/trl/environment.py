@@ -9,8 +9,10 @@ each such object holds a `ToolEnv` episode:
   `task_id`, or the row's own `question`/`answer`/... columns);
 - one method per toolenv tool, with the tool's argument schema as type hints and a
   Google-style docstring, so TRL's chat template shows the model the tool it knows;
-  a call is one env step, so toolenv validates, limits, truncates and records it, and
-  a failure comes back as the error text the model can act on;
+  a call is one env step, so toolenv validates, limits, truncates and records it; a
+  failed call raises `ToolCallError` with the error text, which TRL counts as a failed
+  tool call and shows the model as `{'error': <text>}` (`raise_tool_errors=False`: the
+  text comes back as the tool's result instead);
 - an `answer` method (its name is configurable) that gives the final answer and ends
   the episode, since TRL tells the environment nothing of the model's last message;
 - `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
@@ -30,14 +32,21 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from toolenv._aio import call_off_loop
+from toolenv._aio import BackgroundLoop
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import tool_signature
 from toolenv.runner import EnvSpec, _make_env
 from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
 
-__all__ = ["ANSWER_DOC", "EnvironmentFactory", "TRLEnvironment", "dataset_rows", "environment_factory"]
+__all__ = [
+    "ANSWER_DOC",
+    "EnvironmentFactory",
+    "TRLEnvironment",
+    "ToolCallError",
+    "dataset_rows",
+    "environment_factory",
+]
 
 #: Docstring of the answer method (transformers reads the tool's description and argument from it).
 ANSWER_DOC = """Give your final answer. This ends the episode; call it once, after gathering what you need.
@@ -51,6 +60,20 @@ Returns:
 
 _TASK_FIELDS = ("id", "question", "prompt", "answer", "context", "metadata")
 
+#: The loop every TRL environment's episode runs on. TRL keeps one environment per sample of a
+#: generation batch for the whole run; a loop per env would hold three open files each.
+_LOOP = BackgroundLoop("toolenv-trl-envs")
+
+
+class ToolCallError(Exception):
+    """A tool call that failed (or was not run: the episode had ended), raised from a tool method
+    so that TRL counts it in `tools/failure_frequency`; the message is toolenv's error text, which
+    TRL shows the model as `{'error': <text>}`. The env has run and recorded the call before."""
+
+    def __init__(self, text: str, result: ToolResult | None = None) -> None:
+        super().__init__(text)
+        self.result = result  # None for a call that was not run
+
 
 class TRLEnvironment:
     """One rollout's episode of a `ToolEnv`, seen by TRL as an environment with tool methods.
@@ -61,6 +84,7 @@ class TRLEnvironment:
     """
 
     _answer_tool: str | None = None
+    _raise_tool_errors: bool = True
 
     def __init__(self, env: ToolEnv) -> None:
         self.env = env
@@ -73,7 +97,7 @@ class TRLEnvironment:
         """Start an episode on the row's task; returns the question when the row has no prompt."""
         task = _row_task(row)
         options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
-        _, info = call_off_loop(self.env.reset, options=options)
+        _, info = _LOOP.run(self.env.areset(options=options))
         self._return = 0.0
         self._calls = 0
         self.last_info = info
@@ -85,7 +109,7 @@ class TRLEnvironment:
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first."""
         self._episode()
-        self._return += call_off_loop(self.env.truncate)  # nothing when the episode has ended
+        self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
         return self._return
 
     # ------------------------------------------------------------------ calls
@@ -101,10 +125,16 @@ class TRLEnvironment:
         if ep.terminated or ep.truncated:
             why = "the answer was given" if ep.terminated else f"the limit of {self.env.max_turns} turns was reached"
             return f"The episode has ended ({why}); nothing more is run.", None
-        obs, reward, _, _, info = call_off_loop(self.env.step, written_turn(self.env.parser, parsed), parsed=parsed)
+        obs, reward, _, _, info = _LOOP.run(self.env.astep(written_turn(self.env.parser, parsed), parsed=parsed))
         self._return += float(reward)
         self.last_info = info
         return obs, info
+
+    def _failed(self, text: str, result: ToolResult | None = None) -> str:
+        """`text`, or `ToolCallError(text)` raised when the factory says so (its default)."""
+        if self._raise_tool_errors:
+            raise ToolCallError(text, result)
+        return text
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str | list[dict[str, Any]]:
         self._calls += 1
@@ -112,8 +142,10 @@ class TRLEnvironment:
         obs, info = self._step(ParsedAction(tool_calls=[call]))
         results: list[ToolResult] = info["tool_results"] if info else []
         if not results:
-            return obs
+            return self._failed(obs)
         result = results[0]
+        if result.is_error:
+            return self._failed(result.text, result)
         if result.images:  # TRL passes content blocks through to a VLM's template
             blocks: list[dict[str, Any]] = [{"type": "image", "image": im.to_pil()} for im in result.images]
             return [*blocks, {"type": "text", "text": result.text}]
@@ -121,7 +153,7 @@ class TRLEnvironment:
 
     def _answer(self, answer: str) -> str:
         obs, info = self._step(ParsedAction(answer=str(answer)))
-        return obs if info is None else "Your answer is recorded; the episode is over."
+        return self._failed(obs) if info is None else "Your answer is recorded; the episode is over."
 
 
 def _row_task(row: Mapping[str, Any]) -> Task | None:
@@ -173,9 +205,10 @@ class EnvironmentFactory:
     """A zero-argument factory of TRL environments for one toolenv env; `environment_factory` makes it.
 
     It pickles (TRL's `AsyncGRPOTrainer` sends it to a spawned rollout process, as do
-    `torch.multiprocessing` and Ray): its state is the env spec, `answer_tool`, `env_kwargs` and
-    its name, and a copy rebuilds its environment class the first time it is used. An env given
-    as a lambda or a local function cannot be pickled; give an env id or a module-level function.
+    `torch.multiprocessing` and Ray): its state is the env spec, `answer_tool`, `env_kwargs`,
+    `raise_tool_errors` and its name, and a copy rebuilds its environment class the first time
+    it is used. An env given as a lambda or a local function cannot be pickled; give an env id
+    or a module-level function.
     """
 
     def __init__(
@@ -185,12 +218,14 @@ class EnvironmentFactory:
         answer_tool: str | None = "answer",
         env_kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
+        raise_tool_errors: bool = True,
     ) -> None:
         if name is not None and not name:
             raise ValueError("name must be a non-empty string")
         self.env = env
         self.answer_tool = answer_tool
         self.env_kwargs = dict(env_kwargs or {})
+        self.raise_tool_errors = raise_tool_errors
         self._name = name
         self._lock = threading.Lock()
         self._cls: type[TRLEnvironment] | None = None
@@ -222,7 +257,9 @@ class EnvironmentFactory:
                 probe, env_id = _make_env(self.env, self.env_kwargs)
                 try:
                     name, unique = (self._name, False) if self._name else (_default_name(self.env, env_id), True)
-                    self._cls = _environment_class(probe, self.answer_tool, name, unique=unique)
+                    self._cls = _environment_class(
+                        probe, self.answer_tool, name, unique=unique, raise_tool_errors=self.raise_tool_errors
+                    )
                 except BaseException:
                     probe.close()
                     raise
@@ -240,12 +277,19 @@ class EnvironmentFactory:
             )
         # The name goes along (fixed when the class was built), so every process logs the same reward name.
         name = self._name or self.name
-        return {"env": self.env, "answer_tool": self.answer_tool, "env_kwargs": self.env_kwargs, "name": name}
+        return {
+            "env": self.env,
+            "answer_tool": self.answer_tool,
+            "env_kwargs": self.env_kwargs,
+            "name": name,
+            "raise_tool_errors": self.raise_tool_errors,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.env = state["env"]
         self.answer_tool = state["answer_tool"]
         self.env_kwargs = state["env_kwargs"]
+        self.raise_tool_errors = state.get("raise_tool_errors", True)
         self._name = state["name"]
         self._lock = threading.Lock()
         self._cls = None  # rebuilt on first use, in the process that uses it
@@ -272,7 +316,9 @@ def _default_name(env: EnvSpec, env_id: str) -> str:
     return "TRL" + "".join(w[:1].upper() + w[1:] for w in words) + "Environment"
 
 
-def _environment_class(probe: ToolEnv, answer_tool: str | None, name: str, *, unique: bool) -> type[TRLEnvironment]:
+def _environment_class(
+    probe: ToolEnv, answer_tool: str | None, name: str, *, unique: bool, raise_tool_errors: bool = True
+) -> type[TRLEnvironment]:
     """A `TRLEnvironment` subclass named `name` (with a `_2`, `_3`... suffix when `unique` and another
     live class has it), with a method per tool of `probe` and the answer method."""
     reserved = {"reset", "get_reward", "env", "last_info"}
@@ -293,7 +339,8 @@ def _environment_class(probe: ToolEnv, answer_tool: str | None, name: str, *, un
         while unique and chosen in _CLASSES:
             n += 1
             chosen = f"{name}_{n}"
-        cls = type(chosen, (TRLEnvironment,), {"_answer_tool": answer_tool, **methods})
+        attrs = {"_answer_tool": answer_tool, "_raise_tool_errors": raise_tool_errors, **methods}
+        cls = type(chosen, (TRLEnvironment,), attrs)
         _CLASSES.setdefault(chosen, cls)
     return cls
 
@@ -304,6 +351,7 @@ def environment_factory(
     answer_tool: str | None = "answer",
     env_kwargs: Mapping[str, Any] | None = None,
     name: str | None = None,
+    raise_tool_errors: bool = True,
 ) -> EnvironmentFactory:
     """A zero-argument, picklable factory for `GRPOTrainer(environment_factory=...)`.
 
@@ -317,12 +365,18 @@ def environment_factory(
             (`rewards/<name>/mean`). By default `TRL<Label>Environment`, the label from the
             env id or the callable's name, with a `_2`, `_3`... suffix when another factory
             already has it, so several envs in one run get their own reward columns.
+        raise_tool_errors: a failed tool call (or one made after the episode ended) raises
+            `ToolCallError` with toolenv's error text, so TRL counts it in
+            `tools/failure_frequency` and shows the model `{'error': <text>}`; False returns
+            the text as the tool's result (TRL then counts no failure).
 
     Raises:
         ValueError: a tool's name or argument cannot be a Python method or parameter, or
             clashes with `reset`, `get_reward`, the answer method or another tool.
     """
-    return EnvironmentFactory(env, answer_tool=answer_tool, env_kwargs=env_kwargs, name=name)
+    return EnvironmentFactory(
+        env, answer_tool=answer_tool, env_kwargs=env_kwargs, name=name, raise_tool_errors=raise_tool_errors
+    )
 
 
 def dataset_rows(
