@@ -16,24 +16,23 @@ finished episode, so an env whose `init` or `step` raised is closed right then, 
 generator drops without `close()` (it raised between two calls) is closed when it is
 collected. The generator starts a whole batch at once,
 so the pool grows to a batch's size; the envs' coroutines all run on one event loop of
-this module's (`_EnvLoop`), not on a loop per env.
+this module's (`_LOOP`, a `toolenv._aio.BackgroundLoop`), not on a loop per env.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
-import os
 import threading
 import weakref
-from collections.abc import Coroutine, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from toolenv._aio import BackgroundLoop
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
@@ -60,48 +59,11 @@ _PAIRED_TOOL_MESSAGES = frozenset({"harmony", "gemma4"})
 #: (9 letters and digits, as Mistral's templates require) instead of a user message.
 _NO_USER_OBSERVATIONS = {"mistral": "error0000"}
 
-T = TypeVar("T")
-
-
-class _EnvLoop:
-    """The event loop every env of this module runs on, on a daemon thread of its own.
-
-    SkyRL's generator makes a whole batch's envs before any closes, so the pool holds as many
-    envs as a batch has samples (thousands). A sync `ToolEnv` call would give each env an event
-    loop of its own: three open files per env, and a per-loop client or batcher (the judge's,
-    the search backend's) per env. Here SkyRL's threads (or its event loop's, with
-    `max_env_workers=0`) hand the coroutine over and wait; an episode's loop-bound state stays
-    on this one loop whichever thread calls next.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
-
-    def _get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid():  # none yet, or a forked child's
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="toolenv-skyrl-envs", daemon=True).start()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the loop and wait for its result."""
-        loop = self._get()
-        if asyncio._get_running_loop() is loop:  # in asyncio.__all__; a tool calling back in would deadlock
-            coro.close()
-            raise RuntimeError("a SkyRL env call cannot run on its own event loop's thread")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # the caller was interrupted: the call does not go on without it
-            raise
-
-
-_LOOP = _EnvLoop()
+#: Every env's coroutines run on this one loop, whichever of SkyRL's threads (or its event
+#: loop's, with `max_env_workers=0`) calls: SkyRL's generator makes a whole batch's envs (thousands)
+#: before any closes, and a sync `ToolEnv` call would give each an event loop (three open files)
+#: and a per-loop client or batcher (the judge's, the search backend's) of its own.
+_LOOP = BackgroundLoop("toolenv-skyrl-envs")
 
 
 # ---------------------------------------------------------------------- the env pool
