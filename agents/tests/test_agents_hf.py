@@ -272,3 +272,70 @@ async def test_tool_results_reach_the_template_with_their_call_ids(tiny_model: P
     assert traj.error is None and len(traj.turns) == 2
     after_turn_0 = prompts[1].rsplit("<|im_end|>", 1)[1]
     assert after_turn_0.startswith(tail) and after_turn_0.count("[INST]") == (tail == "[INST]Tool call 1")
+
+
+async def test_generation_stops_at_the_tokenizers_eos(tiny_model: Path, tmp_path: Path) -> None:
+    """A checkpoint whose generation config names another EOS than its tokenizer (a base model's
+    `<|endoftext|>` after chat fine-tuning set `<|im_end|>`) still ends its turn at the
+    tokenizer's EOS, as vLLM stops on both: the action is not followed by a made-up next turn."""
+    import json
+    import shutil
+
+    from toolenv_agents.hf import TransformersAgent
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    tok_cfg = json.loads((ckpt / "tokenizer_config.json").read_text())
+    agent = TransformersAgent(tiny_model, max_new_tokens=40)
+    tok = agent.tokenizer
+    gen["eos_token_id"] = tok.pad_token_id  # <|endoftext|>; the tokenizer's EOS stays <|im_end|>
+    (ckpt / "generation_config.json").write_text(json.dumps(gen))
+    assert tok_cfg.get("eos_token") == "<|im_end|>"
+    agent = TransformersAgent(ckpt, max_new_tokens=40)
+    answer = tok("The answer is 5.", add_special_tokens=False)["input_ids"]
+    chatter = tok("<|im_start|>user\nWhat is 2 + 3?", add_special_tokens=False)["input_ids"]
+    _steer(agent, [*answer, tok.eos_token_id, *chatter])
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="2+3?"))
+    action = await agent.act("", [toolenv.Message(role="user", content="What is 2 + 3?")], info)
+    assert action.token_ids == [*answer, tok.eos_token_id]
+    assert action.text == "The answer is 5."
+
+
+async def test_a_reply_cut_by_max_new_tokens_is_marked(tiny_model: Path) -> None:
+    """As the `openai` agent records the server's `finish_reason`, a generation that ran out of
+    `max_new_tokens` says `length` (a half-written call is told apart from a finished turn);
+    one that ended at EOS or at a parser stop string says `stop`."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=6)
+    tok = agent.tokenizer
+    words = tok("What is 2 + 3? The answer is 5.", add_special_tokens=False)["input_ids"]
+    assert len(words) > 6
+    script = [0]  # which script the hook follows
+    scripts = [words, [*words[:2], tok.eos_token_id], tok("is 5.", add_special_tokens=False)["input_ids"]]
+    step = [0]
+
+    def hook(module: Any, args: Any, logits: Any) -> Any:
+        import torch
+
+        ids = scripts[script[0]]
+        forced = torch.full_like(logits, -1e4)
+        forced[..., ids[min(step[0], len(ids) - 1)]] = 0.0
+        step[0] += 1
+        return forced
+
+    agent.lm.lm_head.register_forward_hook(hook)
+    msgs = [toolenv.Message(role="user", content="What is 2 + 3?")]
+    plain = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    cut = await agent.act("", msgs, plain)
+    assert len(cut.token_ids or []) == 6 and cut.metadata["finish_reason"] == "length"
+    script[0], step[0] = 1, 0
+    done = await agent.act("", msgs, plain)
+    assert done.token_ids == [*words[:2], tok.eos_token_id] and done.metadata["finish_reason"] == "stop"
+    script[0], step[0] = 2, 0
+    parser = toolenv.parsers.get_parser("tags")
+    parser.stop = ("5.",)  # a stop string the scripted reply reaches before its budget
+    stops = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"), parser=parser)
+    at_stop = await agent.act("", msgs, stops)
+    assert at_stop.text.endswith("5.") and at_stop.metadata["finish_reason"] == "stop"

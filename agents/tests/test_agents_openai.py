@@ -432,3 +432,68 @@ async def test_other_client_errors_about_tokens_are_not_resent(server: Server) -
     server.script = [("json", 400, {"error": "max_tokens must be at most 4096"}, {})]
     res = await arollout(make_env, agent(server, max_tokens=10**6), n=1)
     assert "HTTP 400" in (res.trajectories[0].error or "") and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+async def test_native_mode_keeps_the_reasoning_and_sends_it_back(server: Server, field: str) -> None:
+    """A reasoning model served with a reasoning parser answers with `reasoning` (vLLM) or
+    `reasoning_content` (SGLang, older vLLM) beside the content: it is recorded with the turn and
+    goes back on the assistant message of the next request (vLLM renders gpt-oss's analysis from
+    it, Qwen3's template the thinking of the turn in progress) under both names, as vLLM reads
+    only `reasoning` and SGLang `reasoning_content`."""
+    first = chat(None, [call("add", {"a": 2, "b": 3}, "srv_1")])
+    first["choices"][0]["message"][field] = "I should add 2 and 3."
+    last = chat("<answer>5</answer>")
+    last["choices"][0]["message"][field] = "The tool said 5."
+    server.script = [("json", 200, first, {}), ("json", 200, last, {})]
+    res = await arollout(make_env, agent(server), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0
+    assert [t.agent_metadata.get("reasoning") for t in traj.turns] == ["I should add 2 and 3.", "The tool said 5."]
+    assistant = next(m for m in server.requests[1]["body"]["messages"] if m["role"] == "assistant")
+    assert assistant["reasoning"] == assistant["reasoning_content"] == "I should add 2 and 3."
+    assert assistant["tool_calls"][0]["id"] == "srv_1"
+
+
+async def test_text_mode_keeps_the_reasoning_and_sends_it_back(server: Server) -> None:
+    reply = chat('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}', stop_reason="</tool_call>")
+    reply["choices"][0]["message"]["reasoning_content"] = "Use the tool."
+    server.script = [("json", 200, reply, {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(make_env, agent(server, tool_calling="text"), n=1)
+    traj = res.trajectories[0]
+    assert traj.reward == 1.0 and traj.turns[0].agent_metadata["reasoning"] == "Use the tool."
+    assistant = server.requests[1]["body"]["messages"][-2]
+    assert assistant["role"] == "assistant" and assistant["reasoning"] == "Use the tool."
+    assert "reasoning" not in traj.turns[1].agent_metadata
+
+
+async def test_error_bodies_are_one_line_and_never_show_part_of_the_key(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key is redacted before the server's body is cut to length (a cut key is still a leak),
+    and the body is folded to one line (an HTML error page from a proxy)."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    for status, cut in ((401, 500), (503, 200)):
+        # The key starts 12 characters before the cut.
+        body = ("<html>\r\n<body>\n" + "x" * (cut - 37) + f" bad key {SECRET}</body></html>").encode()
+        server.script = [("raw", status, body)]
+        res = await arollout(make_env, agent(server, max_retries=0), n=1)
+        err = res.trajectories[0].error or ""
+        assert f"HTTP {status}" in err and "\n" not in err and "\r" not in err
+        assert SECRET[:10] not in err, err
+
+
+async def test_text_mode_sends_every_stop_string(server: Server) -> None:
+    """vLLM and SGLang take any number of stop strings: a tag format with five tools stops at
+    each tool's closing tag (a dropped one lets the model run on and write its own results)."""
+    tags = {t: (t, "query") for t in ("search", "sql", "python", "browse", "calc")}
+    env = toolenv.ToolEnv(
+        tools=[],
+        tasks=[{"id": "t1", "question": "2+3?", "answer": "5"}],
+        parser=get_parser("tags", tags=tags),
+        max_turns=1,
+    )
+    server.script = [("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(lambda: env, agent(server, tool_calling="text"), n=1)
+    assert res.trajectories[0].reward == 1.0
+    assert server.requests[0]["body"]["stop"] == ["</search>", "</sql>", "</python>", "</browse>", "</calc>"]

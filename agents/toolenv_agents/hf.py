@@ -2,8 +2,9 @@
 
 The env's messages are rendered with the tokenizer's chat template (the env's
 tool schemas passed as `tools`, so Qwen/Hermes templates list them), the model
-generates until EOS or one of the parser's stop strings, and the action carries
-the generated token ids and their log-probabilities — what an RL trainer needs.
+generates until EOS (the tokenizer's or the generation config's) or one of the parser's
+stop strings, and the action carries the generated token ids and their log-probabilities —
+what an RL trainer needs — and a `finish_reason` (`length` when `max_new_tokens` ran out).
 Formats written in special tokens (`parser.special_tokens`: Harmony, Mistral...) are
 decoded with those tokens kept, as vLLM and verl do for them.
 Generation runs in the model's own worker thread, one at a time per model, so the event
@@ -149,6 +150,10 @@ class TransformersAgent(Agent):
                 else self.tokenizer.eos_token_id,
                 "attention_mask": torch.ones_like(input_ids),
             }
+            # Stop at the tokenizer's EOS as well as the generation config's, as vLLM does: a chat
+            # fine-tune of a base model often names only the base model's EOS in the latter.
+            if self._eos_ids:
+                kwargs["eos_token_id"] = sorted(self._eos_ids)
             if self.temperature > 0:
                 kwargs.update(temperature=self.temperature, top_p=self.top_p)
             else:  # greedy: clear sampling defaults a model's generation config may carry
@@ -172,10 +177,15 @@ class TransformersAgent(Agent):
         text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in env_info.stop else ids
         keep = env_info.parser is not None and env_info.parser.special_tokens
         text = str(self.tokenizer.decode(text_ids, skip_special_tokens=not keep))
+        # `length`: the budget ran out before EOS or a stop string (a half-written call), as
+        # OpenAI-compatible servers report it.
+        at_stop = ended or any(str(self.tokenizer.decode(ids)).endswith(s) for s in env_info.stop)
+        cut = not at_stop and len(ids) >= self.max_new_tokens
         return AgentAction(
             text=text,
             token_ids=ids,
             logprobs=logprobs,
             prompt_tokens=len(prompt),
             completion_tokens=len(ids),
+            metadata={"finish_reason": "length" if cut else "stop"},
         )

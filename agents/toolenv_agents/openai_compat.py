@@ -13,11 +13,16 @@ Three ways to talk to the server:
 - `api="completions"`: one growing text prompt (the env's prompt, then action + observation);
   stop strings and special tokens as in text mode.
 
+In both chat modes a reasoning model's thinking (`reasoning` / `reasoning_content`, from a
+server's reasoning parser) is kept in the action's `metadata["reasoning"]` and sent back on its
+assistant message under both names (vLLM reads `reasoning`, SGLang `reasoning_content`).
+
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
 episode of a rollout. 429s, 5xx, timeouts, dropped connections and malformed JSON are
 retried with exponential backoff (honouring `Retry-After`). The API key is read from an
 environment variable (`OPENAI_API_KEY` unless `api_key_env` says otherwise) and is never
-logged, recorded or shown in errors.
+logged, recorded or shown in errors (a server's text is redacted before it is cut short and
+folded to one line).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from toolenv.types import Message, Task
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+#: Where reasoning servers put a reasoning model's thinking (the preferred name first).
+_REASONING_FIELDS = ("reasoning", "reasoning_content")
 
 
 _HERMES = HermesParser()
@@ -165,6 +172,7 @@ class OpenAIAgent(Agent):
         self._transcript: list[dict[str, Any]] = []  # chat text mode
         self._prompt = ""  # completions mode
         self._contents: dict[str, str] = {}  # native mode: rendered action -> the model's own content
+        self._reasonings: dict[str, dict[str, str]] = {}  # native mode: action -> the reply's reasoning fields
 
     def spawn(self) -> OpenAIAgent:
         twin = super().spawn()
@@ -192,6 +200,11 @@ class OpenAIAgent(Agent):
     def _redact(self, text: str) -> str:
         key = self._key()
         return text.replace(key, "***") if key else text
+
+    def _snippet(self, text: str, limit: int) -> str:
+        """A server's text for an error line: the key redacted before the cut (a cut key would
+        escape the redaction), folded to one line (a proxy's HTML page), at most `limit` long."""
+        return " ".join(self._redact(text).split())[:limit]
 
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """POST with retries; returns the decoded JSON and the attempts used.
@@ -222,21 +235,20 @@ class OpenAIAgent(Agent):
                 last = f"connection failed ({type(exc).__name__}: {exc})"
             else:
                 if resp.status_code == 429 or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    last = f"HTTP {resp.status_code}: {self._snippet(resp.text, 200)}"
                     retry_after = _retry_after(resp)
                 elif resp.status_code >= 400:
-                    raise AgentError(
-                        self._redact(f"{self.base_url}{path} answered HTTP {resp.status_code}: {resp.text[:500]}")
-                    )
+                    snippet = self._snippet(resp.text, 500)
+                    raise AgentError(self._redact(f"{self.base_url}{path} answered HTTP {resp.status_code}: {snippet}"))
                 else:
                     try:
                         data = resp.json()
                     except ValueError:
-                        last = f"malformed JSON in the reply: {resp.text[:100]!r}"
+                        last = f"malformed JSON in the reply: {self._snippet(resp.text, 100)!r}"
                     else:
                         if _has_choice(data, "message" if path == "/chat/completions" else None):
                             return data, attempt + 1
-                        last = f"a reply without a usable choice: {str(data)[:200]}"
+                        last = f"a reply without a usable choice: {self._snippet(str(data), 200)}"
             if attempt < self.max_retries:
                 delay = min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
                 await asyncio.sleep(min(retry_after, self.max_backoff) if retry_after is not None else delay)
@@ -291,8 +303,9 @@ class OpenAIAgent(Agent):
         choice = data["choices"][0]
         msg = choice["message"]
         text = _with_stop(str(msg.get("content") or ""), choice, env_info.stop)
-        self._transcript.append({"role": "assistant", "content": text})
-        return self._action(text, data, choice, attempts, _chat_logprobs(choice))
+        reasoning = _reasoning(msg)
+        self._transcript.append({"role": "assistant", "content": text, **reasoning})
+        return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
 
     async def _act_native(self, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         body = self._body(messages=self._native_messages(messages))
@@ -306,7 +319,10 @@ class OpenAIAgent(Agent):
         text = render_tool_calls(content, calls, env_info.parser) if calls else content
         if calls:
             self._contents[text] = content
-        action = self._action(text, data, choice, attempts, _chat_logprobs(choice))
+        reasoning = _reasoning(msg)
+        if reasoning:
+            self._reasonings[text] = reasoning
+        action = self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
         action.metadata["native_tool_calls"] = len(calls)
         return action
 
@@ -333,17 +349,20 @@ class OpenAIAgent(Agent):
             if m.role == "assistant" and m.tool_calls:
                 d = m.model_copy(update={"content": self._contents.get(m.content, _strip_calls(m.content))}).to_openai()
                 d["content"] = d["content"] or None
-                out.append(d)
                 open_ids = {c.id for c in m.tool_calls}
             else:
-                out.append(m.to_openai())
+                d = m.to_openai()
+            if m.role == "assistant":  # the reasoning goes back with its message
+                d.update(self._reasonings.get(m.content, {}))
+            out.append(d)
         out.extend(p.to_openai() for p in pending_user)
         return out
 
     def _gen_options(self, env_info: EnvInfo) -> dict[str, Any]:
-        """Text-mode fields: the parser's stop strings, and special tokens kept in the text when
-        the format is written in them (vLLM and SGLang skip them by default)."""
-        options: dict[str, Any] = {"stop": list(env_info.stop)[:4]} if env_info.stop else {}
+        """Text-mode fields: the parser's stop strings (all of them: vLLM and SGLang take any
+        number; OpenAI's own API refuses more than 4 with a 400), and special tokens kept in the
+        text when the format is written in them (vLLM and SGLang skip them by default)."""
+        options: dict[str, Any] = {"stop": list(env_info.stop)} if env_info.stop else {}
         if env_info.parser is not None and env_info.parser.special_tokens:
             options["skip_special_tokens"] = False
         return options
@@ -356,10 +375,19 @@ class OpenAIAgent(Agent):
         return body
 
     def _action(
-        self, text: str, data: dict[str, Any], choice: dict[str, Any], attempts: int, logprobs: Any
+        self,
+        text: str,
+        data: dict[str, Any],
+        choice: dict[str, Any],
+        attempts: int,
+        logprobs: Any,
+        reasoning: dict[str, str] | None = None,
     ) -> AgentAction:
         usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
         ids = choice.get("token_ids")
+        metadata: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), "attempts": attempts}
+        if reasoning:
+            metadata["reasoning"] = next(iter(reasoning.values()))
         return AgentAction(
             text=text,
             token_ids=[int(i) for i in ids] if isinstance(ids, list) else None,
@@ -368,7 +396,7 @@ class OpenAIAgent(Agent):
             completion_tokens=usage.get("completion_tokens")
             if isinstance(usage.get("completion_tokens"), int)
             else None,
-            metadata={"finish_reason": choice.get("finish_reason"), "attempts": attempts},
+            metadata=metadata,
         )
 
     async def aclose(self) -> None:
@@ -384,6 +412,14 @@ def _has_choice(data: Any, field: str | None) -> bool:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return False
     return field is None or isinstance(choices[0].get(field), dict)
+
+
+def _reasoning(msg: dict[str, Any]) -> dict[str, str]:
+    """The reasoning a reply carries beside its content (vLLM's `reasoning`, `reasoning_content`
+    before it; SGLang's `reasoning_content`), as the fields of an assistant message that sends it
+    back: under both names, since vLLM reads only `reasoning` and SGLang `reasoning_content`."""
+    text = next((v for k in _REASONING_FIELDS if isinstance(v := msg.get(k), str) and v), None)
+    return dict.fromkeys(_REASONING_FIELDS, text) if text else {}
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
