@@ -97,3 +97,22 @@ def test_example_runs() -> None:
     assert out.returncode == 0, out.stderr
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert last["reward"] == 1.0 and last["crop_size"][0] >= 224
+
+
+def test_cropping_the_whole_picture_shows_no_more_than_the_overview() -> None:
+    # At 1024x1024 a crop of [0, 0, 1, 1] showed the code legibly: one fixed action, no search.
+    env = make_visualsearch_env(num_tasks=3)
+    for task in env.tasks:
+        env.reset(options={"task": task})
+        call = '<tool_call>{"name": "crop", "arguments": {"bbox": [0, 0, 1, 1]}}</tool_call>'
+        (result,) = env.step(call)[4]["tool_results"]
+        assert not result.is_error, result.text
+        (whole,) = result.images
+        assert whole.width * whole.height <= DEFAULT_OVERVIEW_SIZE**2, (whole.width, whole.height)
+        assert whole.width / task.context["size"][0] < 0.5  # the ~9 px capitals shrink to under 4.5 px
+    # a crop around the code is still enlarged, and a caller's own limit still wins
+    env.reset(options={"task": env.tasks[0]})
+    (result,) = env.step(visualsearch_oracle(env.tasks[0], 0, ""))[4]["tool_results"]
+    assert result.metadata["zoom"] > 2
+    (tool,) = make_visualsearch_env(num_tasks=1, max_pixels=1024 * 1024).tools
+    assert tool.max_pixels == 1024 * 1024

@@ -6,8 +6,10 @@ Box rules (also in the tool description the model sees):
 * `units="pixels"`: pixels of the task image; fractions are rounded outwards.
 * `units="normalized"`: fractions of width and height in [0, 1].
 * `units="auto"` (default): normalised when all four values are ≤ 1, pixels otherwise.
-* The box must lie inside the image, with x1 < x2, y1 < y2 and each side at least
-  `min_size` pixels of the task image.
+* The box must lie inside the image, with x1 < x2, y1 < y2, each side at least
+  `min_size` pixels of the task image, and its long side at most `max_aspect_ratio`
+  times its short side (Qwen-VL processors raise on images past 200:1, which would
+  stop a whole rollout batch).
 
 The crop is resized, aspect ratio kept, so that its pixel count lies within
 [`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk.
@@ -32,6 +34,7 @@ __all__ = ["DEFAULT_MAX_PIXELS", "DEFAULT_MIN_PIXELS", "CropArgs", "CropCall", "
 DEFAULT_MIN_PIXELS = 224 * 224
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_MIN_SIZE = 8
+DEFAULT_MAX_ASPECT_RATIO = 100
 
 Coordinate = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
 
@@ -82,7 +85,10 @@ class CropCall(BaseModel):
 
 
 class PixelBox(BaseModel):
-    """A crop box in whole pixels, validated against the image (pass `context={"width", "height", "min_size"}`)."""
+    """A crop box in whole pixels, validated against the image.
+
+    Pass `context={"width", "height", "min_size", "max_aspect_ratio"}`.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,12 +101,19 @@ class PixelBox(BaseModel):
     def _inside(self, info: ValidationInfo) -> PixelBox:
         ctx = info.context or {}
         width, height, min_size = ctx.get("width"), ctx.get("height"), ctx.get("min_size", 1)
+        max_ratio = ctx.get("max_aspect_ratio")
         if width is not None and height is not None and (self.x2 > width or self.y2 > height):
             raise ValueError(f"box {_fmt(self.as_list())} reaches outside the {width}x{height} image")
         if self.x2 - self.x1 < min_size or self.y2 - self.y1 < min_size:
             raise ValueError(
                 f"box {_fmt(self.as_list())} is {_num(self.x2 - self.x1)}x{_num(self.y2 - self.y1)} px; each side "
                 f"must be at least {min_size} px"
+            )
+        long, short = max(self.x2 - self.x1, self.y2 - self.y1), min(self.x2 - self.x1, self.y2 - self.y1)
+        if max_ratio is not None and long > max_ratio * short:
+            raise ValueError(
+                f"box {_fmt(self.as_list())} is {_num(self.x2 - self.x1)}x{_num(self.y2 - self.y1)} px, aspect ratio "
+                f"{long / short:.3g}:1; it must be at most {_num(max_ratio)}:1"
             )
         return self
 
@@ -109,16 +122,20 @@ class PixelBox(BaseModel):
         return [self.x1, self.y1, self.x2, self.y2]
 
     @classmethod
-    def from_args(cls, args: CropArgs, width: int, height: int, min_size: int) -> PixelBox:
+    def from_args(
+        cls, args: CropArgs, width: int, height: int, min_size: int, max_aspect_ratio: float | None = None
+    ) -> PixelBox:
         """Whole-pixel box of `args` on a `width`×`height` image, rounded outwards.
 
         Raises:
-            ValidationError: the box leaves the image or is smaller than `min_size`.
+            ValidationError: the box leaves the image, has a side under `min_size`, or its
+                long side is more than `max_aspect_ratio` times its short side.
         """
         sx, sy = (width, height) if args.normalized else (1, 1)
         x1, y1, x2, y2 = args.bbox
         box = {"x1": math.floor(x1 * sx), "y1": math.floor(y1 * sy), "x2": math.ceil(x2 * sx), "y2": math.ceil(y2 * sy)}
-        return cls.model_validate(box, context={"width": width, "height": height, "min_size": min_size})
+        context = {"width": width, "height": height, "min_size": min_size, "max_aspect_ratio": max_aspect_ratio}
+        return cls.model_validate(box, context=context)
 
 
 def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -179,6 +196,7 @@ class CropTool(Tool):
         min_pixels: int = DEFAULT_MIN_PIXELS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         min_size: int = DEFAULT_MIN_SIZE,
+        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
@@ -186,8 +204,11 @@ class CropTool(Tool):
             raise ValueError(f"need 1 <= min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
         if min_size < 1:
             raise ValueError(f"min_size must be at least 1, got {min_size}")
+        if not max_aspect_ratio >= 1:
+            raise ValueError(f"max_aspect_ratio must be at least 1, got {max_aspect_ratio}")
         self.image_root = Path(image_root) if image_root is not None else None
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
+        self.max_aspect_ratio = max_aspect_ratio
 
     async def run(self, args: CropCall | CropArgs, ctx: ToolContext) -> ToolResult:
         # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
@@ -206,7 +227,7 @@ class CropTool(Tool):
             except ValidationError as exc:
                 return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {size}")
         try:
-            box = PixelBox.from_args(args, image.width, image.height, self.min_size)
+            box = PixelBox.from_args(args, image.width, image.height, self.min_size, self.max_aspect_ratio)
         except ValidationError as exc:
             units = "normalized" if args.normalized else "pixels"
             return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({units}): {_error_text(exc)}. {size}")

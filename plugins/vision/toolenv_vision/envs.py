@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from toolenv import Message, Task, ToolEnv, ToolImage, load_tasks
-from toolenv_vision.crop import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, CropTool
+from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool
+from toolenv_vision.images import ImageRefError, resolve_image
 from toolenv_vision.render import task_image
 from toolenv_vision.tasks import DEFAULT_LONG_SIDE, generate_tasks
 
@@ -66,12 +67,16 @@ class VisualSearchEnv(ToolEnv):
 
 def overview_image(context: Mapping[str, Any], root: str | Path | None, size: int) -> ToolImage:
     """The task image shrunk (never enlarged) so its longer side is at most `size`, as JPEG (cached)."""
+    try:  # the file's mtime is in the key, as in the decode cache, so a replaced photo is shown afresh
+        mtime_ns: int | None = resolve_image(context["image"], root).stat().st_mtime_ns
+    except (KeyError, ImageRefError, OSError):
+        mtime_ns = None  # task_image says what is wrong
     key = json.dumps({"image": context.get("image"), "render": context.get("render")}, sort_keys=True)
-    return _overview(key, str(root) if root is not None else None, size)
+    return _overview(key, str(root) if root is not None else None, size, mtime_ns)
 
 
 @functools.lru_cache(maxsize=256)
-def _overview(key: str, root: str | None, size: int) -> ToolImage:
+def _overview(key: str, root: str | None, size: int, mtime_ns: int | None) -> ToolImage:
     image = task_image(json.loads(key), root)
     if max(image.size) > size:
         image = image.copy()
@@ -84,8 +89,9 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
 
     Overrides: `num_tasks` (200), `seed` (0), `code_length` (4), `long_side` (1344),
     `limit` (first N tasks), `tasks` (replace the generated ones), `image_root`,
-    `overview_size` (448), `min_pixels`/`max_pixels`/`min_size` (crop tool), and any
-    `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...).
+    `overview_size` (448), `min_pixels` (224²)/`max_pixels` (`overview_size`², so that cropping the
+    whole picture shows no more than the overview)/`min_size`/`max_aspect_ratio` (crop tool), and
+    any `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...).
     """
     num_tasks = overrides.pop("num_tasks", 200)
     seed = overrides.pop("seed", 0)
@@ -93,9 +99,13 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     long_side = overrides.pop("long_side", DEFAULT_LONG_SIDE)
     limit = overrides.pop("limit", None)
     image_root = overrides.pop("image_root", None)
-    crop_options = {k: overrides.pop(k) for k in ("min_pixels", "max_pixels", "min_size") if k in overrides}
+    crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio")
+    crop_options = {k: overrides.pop(k) for k in crop_keys if k in overrides}
+    overview_size = overrides.get("overview_size", DEFAULT_OVERVIEW_SIZE)
     crop_options.setdefault("min_pixels", DEFAULT_MIN_PIXELS)
-    crop_options.setdefault("max_pixels", DEFAULT_MAX_PIXELS)
+    # A crop is shown at no more pixels than the overview: at 1024x1024, cropping the whole
+    # picture showed the code legibly, one fixed action that needs no search.
+    crop_options.setdefault("max_pixels", max(overview_size * overview_size, crop_options["min_pixels"]))
     if "tasks" in overrides:
         tasks = load_tasks(overrides.pop("tasks"))
     else:

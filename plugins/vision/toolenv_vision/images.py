@@ -2,23 +2,30 @@
 
 A task names its image as `context["image"]`, a path relative to an image root (the
 bundled photos by default). The path may not leave the root: absolute paths, `..`
-parts and symlinks that resolve outside are refused with `ImageRefError`. Decoded
-images live in a process-wide LRU cache, so a vector env of many envs decodes each
-file once; cached images are shared and must be treated as read-only.
+parts and symlinks that resolve outside are refused with `ImageRefError`. A file is
+decoded as a viewer shows it: EXIF orientation applied, transparent pixels on white,
+16-bit greyscale scaled to 8 bits, then RGB. Decoded images live in a process-wide LRU
+cache bounded by count and by bytes, so a vector env of many envs decodes each file
+once; cached images are shared and must be treated as read-only.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageOps
 
 __all__ = [
     "DATA_DIR",
     "PHOTOS",
+    "ImageCache",
     "ImageRefError",
+    "as_shown",
     "cache_clear",
     "load_image",
     "resolve_image",
@@ -31,6 +38,9 @@ PHOTOS: tuple[str, ...] = tuple(sorted(p.name for p in DATA_DIR.iterdir() if p.s
 """File names of the bundled photos, sorted."""
 
 DECODE_CACHE_SIZE = 64
+DECODE_CACHE_BYTES = 512 * 1024 * 1024
+"""At most this many bytes of decoded images are cached (an 8K photo is 130 MB decoded); the
+newest is kept whatever its size."""
 
 
 class ImageRefError(ValueError):
@@ -65,13 +75,76 @@ def resolve_image(ref: Any, root: str | Path | None = None) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=DECODE_CACHE_SIZE)
-def _decode(path: str, mtime_ns: int, size: int) -> Image.Image:
-    # mtime and size are part of the key so that a replaced file is decoded afresh.
+def image_bytes(image: Image.Image) -> int:
+    """Roughly what `image` holds in memory (Pillow keeps a pixel of several bands in 4 bytes)."""
+    return image.width * image.height * (1 if image.mode in ("1", "L", "P") else 4)
+
+
+class ImageCache:
+    """A thread-safe LRU of images, bounded by count and by bytes; the newest entry always stays.
+
+    `functools.lru_cache` counts entries only, and 64 decoded photos may be 64 MB or 8 GB.
+    """
+
+    def __init__(self, max_items: int, max_bytes: Callable[[], int]) -> None:
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self._items: OrderedDict[Hashable, tuple[Image.Image, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], Image.Image]) -> Image.Image:
+        """The image cached under `key`, else `make()` (run outside the lock) cached."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key][0]
+        image = make()
+        size = image_bytes(image)
+        with self._lock:
+            if key in self._items:  # another thread made it meanwhile: share one copy
+                self._items.move_to_end(key)
+                return self._items[key][0]
+            self._items[key] = (image, size)
+            self._bytes += size
+            limit = self.max_bytes()
+            while len(self._items) > 1 and (len(self._items) > self.max_items or self._bytes > limit):
+                _, (_, old) = self._items.popitem(last=False)
+                self._bytes -= old
+        return image
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+_DECODED = ImageCache(DECODE_CACHE_SIZE, lambda: DECODE_CACHE_BYTES)
+
+
+def as_shown(image: Image.Image) -> Image.Image:
+    """`image` in RGB as a viewer shows it: EXIF orientation applied, transparency over white,
+    16-bit greyscale scaled to 8 bits (Pillow's own conversion clips it: all white from 256 up)."""
+    with contextlib.suppress(OSError, ValueError, SyntaxError):  # a broken EXIF block: the pixels as stored
+        ImageOps.exif_transpose(image, in_place=True)
+    if image.mode.startswith("I;16") or (image.mode == "I" and _brightest(image) > 255):
+        image = image.convert("I").point(lambda v: v / 256).convert("L")
+    if image.has_transparency_data:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _brightest(image: Image.Image) -> float:
+    extrema = image.getextrema()
+    top = extrema[1]
+    return float(top) if isinstance(top, (int, float)) else 0.0
+
+
+def _decode(path: str) -> Image.Image:
     with Image.open(path) as im:
         im.load()
-        rgb: Image.Image = im.convert("RGB")
-        return rgb
+        return as_shown(im)
 
 
 def load_image(path: Path) -> Image.Image:
@@ -82,11 +155,12 @@ def load_image(path: Path) -> Image.Image:
     """
     st = path.stat()
     try:
-        return _decode(str(path), st.st_mtime_ns, st.st_size)
+        # mtime and size are part of the key so that a replaced file is decoded afresh.
+        return _DECODED.get((str(path), st.st_mtime_ns, st.st_size), lambda: _decode(str(path)))
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageRefError(f"{path.name} is not a readable image ({type(exc).__name__})") from None
 
 
 def cache_clear() -> None:
     """Drop every cached decoded image (tests and benchmarks use this)."""
-    _decode.cache_clear()
+    _DECODED.clear()

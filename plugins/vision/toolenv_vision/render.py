@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from toolenv_vision.images import ImageRefError, load_image, resolve_image
+from toolenv_vision.images import ImageCache, ImageRefError, load_image, resolve_image
 
 __all__ = [
     "PAD",
@@ -38,6 +38,8 @@ FONT_SIZE = 12
 """Font size in pixels: capitals are about 9 px tall, 3 px in the 448 px overview of a 1344 px image."""
 
 RENDER_CACHE_SIZE = 64
+RENDER_CACHE_BYTES = 512 * 1024 * 1024
+"""Scaled photos and rendered task images are each cached up to this many bytes (and 64 entries)."""
 
 Channel = Annotated[int, Field(ge=0, le=255)]
 Colour = tuple[Channel, Channel, Channel]
@@ -91,9 +93,12 @@ def fit_long_side(image: Image.Image, long_side: int) -> Image.Image:
     return image if size == image.size else image.resize(size, Image.Resampling.LANCZOS)
 
 
-@functools.lru_cache(maxsize=RENDER_CACHE_SIZE)
+_CANVASES = ImageCache(RENDER_CACHE_SIZE, lambda: RENDER_CACHE_BYTES)
+_RENDERS = ImageCache(RENDER_CACHE_SIZE, lambda: RENDER_CACHE_BYTES)
+
+
 def _canvas(path: Path, mtime_ns: int, long_side: int) -> Image.Image:
-    return fit_long_side(load_image(path), long_side)
+    return _CANVASES.get((path, mtime_ns, long_side), lambda: fit_long_side(load_image(path), long_side))
 
 
 def scaled_photo(path: Path, long_side: int) -> Image.Image:
@@ -107,12 +112,12 @@ def render_overlay(path: Path, overlay: CodeOverlay) -> Image.Image:
     Raises:
         ImageRefError: the box does not fit in the scaled photo, or the file is not an image.
     """
-    return _render(path, path.stat().st_mtime_ns, overlay)
-
-
-@functools.lru_cache(maxsize=RENDER_CACHE_SIZE)
-def _render(path: Path, mtime_ns: int, overlay: CodeOverlay) -> Image.Image:
     # The file's mtime is part of the key so that a replaced photo is rendered afresh.
+    mtime_ns = path.stat().st_mtime_ns
+    return _RENDERS.get((path, mtime_ns, overlay), lambda: _render(path, mtime_ns, overlay))
+
+
+def _render(path: Path, mtime_ns: int, overlay: CodeOverlay) -> Image.Image:
     canvas = _canvas(path, mtime_ns, overlay.long_side)
     x1, y1, x2, y2 = overlay.box
     patch = code_patch(overlay.text, overlay.fg, overlay.bg)
@@ -126,8 +131,10 @@ def _render(path: Path, mtime_ns: int, overlay: CodeOverlay) -> Image.Image:
 def task_image(context: Mapping[str, Any], root: str | Path | None = None) -> Image.Image:
     """The image a task shows: `context["image"]` under `root`, with `context["render"]` applied if present.
 
-    This is what the crop tool crops and what a verl loop should send as the task's
-    `multi_modal_data` image. The result is cached and shared: do not modify it.
+    This is what the crop tool crops. Do not show it to the model as the prompt image: at full
+    size the code is legible without zooming; the first observation carries the downscaled
+    overview (`toolenv_vision.overview_image`), which is what `toolenv verl-data` puts in a row's
+    `images`. The result is cached and shared: do not modify it.
 
     Raises:
         ImageRefError: no image, a path that escapes the root, an unreadable file, or a bad recipe.
@@ -149,5 +156,5 @@ def task_image(context: Mapping[str, Any], root: str | Path | None = None) -> Im
 
 def cache_clear() -> None:
     """Drop cached canvases and rendered images."""
-    _canvas.cache_clear()
-    _render.cache_clear()
+    _CANVASES.clear()
+    _RENDERS.clear()

@@ -1,0 +1,109 @@
+"""Task images as a person sees them: EXIF orientation, transparency, 16-bit, bounded caches."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+from toolenv_vision import CropTool, images
+from toolenv_vision.envs import overview_image
+
+
+def crop(root: Path, name: str, bbox: list[float], **options: int) -> ToolResult:
+    caller = ToolCaller([CropTool(root, **options)])
+    call = ToolCall(name="crop", arguments={"bbox": bbox, "units": "pixels"}, id="c")
+    results, _ = asyncio.run(caller.invoke([call], ToolContext(task=Task(context={"image": name}))))
+    return results[0]
+
+
+def pixel(result: ToolResult, x: int = 0, y: int = 0) -> tuple[int, ...]:
+    assert not result.is_error, result.text
+    value = result.images[0].to_pil().convert("RGB").getpixel((x, y))
+    assert isinstance(value, tuple)
+    return value
+
+
+def test_exif_orientation_is_applied(tmp_path: Path) -> None:
+    # A phone photo: stored 200x100 landscape, EXIF says "rotate 90° clockwise to show".
+    stored = Image.new("RGB", (200, 100), (255, 255, 255))
+    stored.paste((255, 0, 0), (0, 0, 40, 40))  # red in the stored top-left corner
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored.save(tmp_path / "phone.jpg", exif=exif.tobytes(), quality=95)
+    shown = crop(tmp_path, "phone.jpg", [0, 0, 100, 200])
+    assert shown.metadata["image_size"] == [100, 200]  # portrait, as any viewer shows it
+    assert "The image is 100x200 px" in crop(tmp_path, "phone.jpg", [0, 0, 200, 100]).text
+    r, g, b = pixel(crop(tmp_path, "phone.jpg", [60, 0, 100, 40]), 112, 112)  # red is now top-right
+    assert r > 200 and g < 60 and b < 60
+    overview = overview_image({"image": "phone.jpg"}, tmp_path, 448)
+    assert (overview.width, overview.height) == (100, 200)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparent_pixels_are_shown_on_white(tmp_path: Path, mode: str) -> None:
+    # Black text on a transparent background (a diagram, a screenshot): on black it is unreadable.
+    im = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    im.paste((0, 0, 0, 255), (0, 0, 16, 16))
+    im.convert(mode).save(tmp_path / "clear.png")
+    assert pixel(crop(tmp_path, "clear.png", [32, 32, 64, 64])) == (255, 255, 255)
+    assert pixel(crop(tmp_path, "clear.png", [0, 0, 16, 16], min_pixels=16 * 16)) == (0, 0, 0)
+
+
+def test_16_bit_greyscale_keeps_its_tones(tmp_path: Path) -> None:
+    grey = Image.new("I;16", (256, 16))
+    for x in range(256):
+        for y in range(16):
+            grey.putpixel((x, y), x * 257)  # 0 … 65535 across
+    grey.save(tmp_path / "grey16.png")
+    assert Image.open(tmp_path / "grey16.png").mode.startswith("I;16")
+    r = crop(tmp_path, "grey16.png", [0, 0, 256, 16], min_pixels=16, max_pixels=256 * 16)
+    assert [pixel(r, x)[0] for x in (0, 64, 128, 255)] == [0, 64, 128, 255]  # not white from 1 on
+
+
+def test_an_extreme_aspect_ratio_is_an_error_not_a_processor_crash(tmp_path: Path) -> None:
+    # Qwen-VL processors raise on images past 200:1, which would stop a verl or TRL rollout.
+    Image.new("RGB", (3000, 100)).save(tmp_path / "wide.png")
+    r = crop(tmp_path, "wide.png", [0, 0, 3000, 10])
+    assert r.is_error and "aspect ratio 300:1" in r.text and "at most 100:1" in r.text, r.text
+    ok = crop(tmp_path, "wide.png", [0, 0, 1000, 10])
+    assert not ok.is_error, ok.text
+    w, h = ok.metadata["size"]
+    assert max(w, h) / min(w, h) < 200
+    assert not crop(tmp_path, "wide.png", [0, 0, 3000, 10], max_aspect_ratio=400).is_error
+
+
+def test_decoded_images_are_cached_within_a_byte_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 decoded 8K photos would be 6 GB in every rollout worker: the cache is bounded by bytes.
+    for i in range(3):
+        Image.new("RGB", (1000, 1000), (i, i, i)).save(tmp_path / f"{i}.png")  # 4 MB each in Pillow's memory
+    monkeypatch.setattr(images, "DECODE_CACHE_BYTES", 9_000_000, raising=False)
+    images.cache_clear()
+    first = images.load_image(tmp_path / "0.png")
+    assert images.load_image(tmp_path / "0.png") is first  # cached
+    images.load_image(tmp_path / "1.png")
+    images.load_image(tmp_path / "2.png")  # 12 MB: the oldest goes
+    assert images.load_image(tmp_path / "0.png") is not first
+    # an image bigger than the whole budget is still kept, alone, while it is the one in use
+    monkeypatch.setattr(images, "DECODE_CACHE_BYTES", 1_000_000)
+    big = images.load_image(tmp_path / "1.png")
+    assert images.load_image(tmp_path / "1.png") is big
+    images.cache_clear()
+
+
+def test_a_replaced_photo_gives_a_new_overview(tmp_path: Path) -> None:
+    # Crops decode a replaced file afresh (the caches key on its mtime); the overview must agree.
+    Image.new("RGB", (64, 64), (255, 0, 0)).save(tmp_path / "p.png")
+    before = overview_image({"image": "p.png"}, tmp_path, 448).to_pil().getpixel((5, 5))
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(tmp_path / "new.png")
+    old = (tmp_path / "p.png").stat().st_mtime_ns
+    (tmp_path / "new.png").replace(tmp_path / "p.png")
+    os.utime(tmp_path / "p.png", ns=(old + 10**9, old + 10**9))  # a newer mtime, even on a coarse clock
+    after = overview_image({"image": "p.png"}, tmp_path, 448).to_pil().getpixel((5, 5))
+    assert isinstance(before, tuple) and isinstance(after, tuple)
+    assert before[0] > 200 and after[2] > 200, (before, after)
+    assert pixel(crop(tmp_path, "p.png", [0, 0, 64, 64]), 5, 5)[2] > 200
