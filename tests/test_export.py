@@ -125,3 +125,39 @@ def test_a_failed_export_leaves_no_tmp_file(run_dir: Path, tmp_path: Path) -> No
     with pytest.raises(OSError):
         export_chat(read_trajectories(run_dir / "trajectories.jsonl"), target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no taken.tmp left behind
+
+
+def _live_trajectories() -> int:
+    import gc
+
+    gc.collect()
+    return sum(type(o) is Trajectory for o in gc.get_objects())
+
+
+def test_cli_streams_a_run_of_any_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`toolenv export` of a big run holds one trajectory at a time, not the whole file."""
+    import toolenv.export
+
+    run = tmp_path / "run"
+    toolenv.rollout(
+        lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS, max_turns=4), Scripted(), samples=40, out=run, tune_gc=False
+    )
+    live: list[int] = []
+    real = toolenv.export.chat_messages
+
+    def counting(trajectory: Trajectory, **kwargs: Any) -> list[dict[str, Any]]:
+        live.append(_live_trajectories())
+        return real(trajectory, **kwargs)
+
+    monkeypatch.setattr(toolenv.export, "chat_messages", counting)
+    assert main(["export", str(run), str(run / "trajectories.jsonl"), "--out", str(tmp_path / "sft.jsonl")]) == 0
+    assert len(live) == 160 and max(live) <= 3
+    assert len((tmp_path / "sft.jsonl").read_text().splitlines()) == 160
+
+
+def test_cli_with_an_invalid_line_writes_nothing(run_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = (run_dir / "trajectories.jsonl").read_text().splitlines(keepends=True)
+    bad.write_text(lines[0] + "{not json}\n" + lines[1])
+    assert main(["export", str(bad), "--out", str(tmp_path / "sft.jsonl")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]

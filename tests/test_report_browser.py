@@ -124,3 +124,28 @@ def test_a_large_run_lists_the_first_thousand(tmp_path: Path) -> None:
         assert page.locator("#episode-list tbody tr").count() == 0
         assert page.inner_text("#count") == "(0 of 1005 shown)"
     assert problems == []
+
+
+def test_a_page_in_many_data_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data of a big run comes in several scripts (a browser's strings cap one near 512 MiB):
+    the page joins them in order, and an image sent once in the first shows in every episode."""
+    import toolenv.report.html as html
+
+    monkeypatch.setattr(html, "CHUNK_CHARS", 50_000)
+    example = load_example("rollout_example")
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run")
+    (one,) = [t for t in read_trajectories(tmp_path / "run" / "trajectories.jsonl") if t.task.id == "color"]
+    many = [one.model_copy(update={"sample": i, "reward": float(i)}) for i in range(300)]
+    page_path = tmp_path / "chunks.html"
+    page_path.write_text(render_report(many))
+    assert page_path.read_text().count('class="report-data"') > 10
+    with _browser_page() as (page, problems):
+        page.goto(page_path.as_uri())
+        assert "(300 of 300 shown)" in page.inner_text("#count")
+        page.fill("#f-min", "299")
+        rows = page.locator("#episode-list tbody tr")
+        assert rows.count() == 1
+        rows.first.click()
+        img = page.locator("#detail img.tool-image")
+        assert img.count() == 1 and img.evaluate("i => i.complete && i.naturalWidth") == 24
+    assert problems == []

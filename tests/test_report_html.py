@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _examples import load_example
@@ -20,6 +21,21 @@ from toolenv.runner import rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 example = load_example("rollout_example")
+
+
+def page_data(page: str) -> dict[str, Any]:
+    """The page's data, its chunks joined as the page's script joins them."""
+    chunks = [
+        json.loads(m)
+        for m in re.findall(r'<script type="application/json" class="report-data">(.*?)</script>', page, re.S)
+    ]
+    assert chunks, "the page has no data"
+    assert all(c["title"] == chunks[0]["title"] for c in chunks)
+    return {
+        "title": chunks[0]["title"],
+        "episodes": [e for c in chunks for e in c["episodes"]],
+        "images": {k: v for c in chunks for k, v in c["images"].items()},
+    }
 
 
 @pytest.fixture
@@ -34,9 +50,7 @@ def test_report_is_self_contained(run_dir: Path) -> None:
     # No external resource of any kind: no src/href to a URL, no CDN.
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert page.count("<svg") == 4 and "Reward distribution" in page and "Tool-call mix" in page
-    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
-    assert data is not None
-    episodes = json.loads(data.group(1))["episodes"]
+    episodes = page_data(page)["episodes"]
     assert sorted(e["task"]["id"] for e in episodes) == ["color", "price", "sum-1", "sum-2"]
 
 
@@ -48,8 +62,7 @@ def test_script_breaking_text_is_escaped(run_dir: Path) -> None:
     page = render_report(trajs, title="<b>x</b>")
     assert "</script><script>alert(1)" not in page
     assert "<title>&lt;b&gt;x&lt;/b&gt;</title>" in page
-    data = re.search(r'id="report-data">(.*?)</script>', page, re.S)
-    assert data is not None and "alert(1)" in json.loads(data.group(1))["episodes"][0]["answer"]
+    assert "alert(1)" in page_data(page)["episodes"][0]["answer"]
 
 
 def test_histogram_counts_every_value() -> None:
@@ -118,9 +131,7 @@ def test_an_image_shared_by_episodes_is_embedded_once(run_dir: Path) -> None:
     image = next(im for turn in with_image.turns for r in turn.results for im in r.images)
     page = render_report([with_image, with_image.model_copy(update={"sample": 1})])
     assert page.count(base64.b64encode(image.data).decode()) == 1
-    data = re.search(r'id="report-data">(.*?)</script>', page, re.S)
-    assert data is not None
-    parsed = json.loads(data.group(1))
+    parsed = page_data(page)
     refs = [im["file"] for ep in parsed["episodes"] for t in ep["turns"] for r in t["results"] for im in r["images"]]
     assert len(refs) == 2 and set(refs) == set(parsed["images"])
 
@@ -136,9 +147,68 @@ def test_placeholders_in_user_text_stay_text(run_dir: Path) -> None:
     odd.turns[0].parsed.tool_calls[0].name = "__DATA__"  # counted in the summary's tool mix
     page = render_report(trajs, title="__JS__ report __TITLE__ __DATA__")
     assert "<title>__JS__ report __TITLE__ __DATA__</title>" in page
-    assert "__DATA__" in page.split('id="report-data"')[0]  # in the tool-mix chart and table, as text
-    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)
-    assert data is not None
-    parsed = json.loads(data.group(1))
+    assert "__DATA__" in page.split('class="report-data"')[0]  # in the tool-mix chart and table, as text
+    parsed = page_data(page)
     assert len(parsed["episodes"]) == 4 and parsed["title"] == "__JS__ report __TITLE__ __DATA__"
     assert page.count(_asset("report.js")) == 1  # the script went where __JS__ was in the template
+
+
+def test_a_large_page_keeps_its_data_in_chunks_a_browser_can_read(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A browser reads each `<script>`'s text as one string, and its strings end near 512 MiB:
+    one script of a 640 MB report (67k Spider episodes) read back cut short, and the page
+    showed no episode. The data goes in chunks, each under `CHUNK_CHARS`."""
+    import toolenv.report.html as html
+    from toolenv.trajectory import read_trajectories
+
+    monkeypatch.setattr(html, "CHUNK_CHARS", 20_000)
+    trajs = read_trajectories(run_dir / "trajectories.jsonl", strict=True)
+    many = [t.model_copy(update={"sample": i}) for i in range(30) for t in trajs]
+    page = render_report(many)
+    chunks = re.findall(r'<script type="application/json" class="report-data">(.*?)</script>', page, re.S)
+    biggest = max(len(json.dumps(t.model_dump(mode="json"))) for t in trajs)
+    assert len(chunks) > 5 and all(len(c) < 20_000 + 2 * biggest for c in chunks)
+    data = page_data(page)
+    assert [(e["task"]["id"], e["sample"]) for e in data["episodes"]] == [t.key for t in many]
+    refs = {im["file"] for e in data["episodes"] for t in e["turns"] for r in t["results"] for im in r["images"]}
+    assert refs and refs == set(data["images"])  # each image in the page once, in the chunk that first needs it
+    assert sum(c.count(next(iter(refs))) for c in chunks) >= 30  # referenced from many chunks
+
+
+def _live_trajectories() -> int:
+    import gc
+
+    from toolenv.trajectory import Trajectory
+
+    gc.collect()
+    return sum(type(o) is Trajectory for o in gc.get_objects())
+
+
+def test_build_report_holds_one_trajectory_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import toolenv.report.html as html
+    from toolenv.report.summary import SummaryBuilder
+
+    run = tmp_path / "run"
+    rollout(example.ENV_ID, example.ScriptedAgent(), samples=30, out=run, tune_gc=False)
+    live: list[int] = []
+
+    class Counting(SummaryBuilder):
+        def add(self, traj: Any) -> None:
+            live.append(_live_trajectories())
+            super().add(traj)
+
+    monkeypatch.setattr(html, "SummaryBuilder", Counting)
+    page = build_report(run)
+    assert len(live) == 120 and max(live) <= 3
+    assert len(page_data(page.read_text())["episodes"]) == 120
+    assert sorted(p.name for p in run.iterdir()) == ["report.html", "run.json", "summary.json", "trajectories.jsonl"]
+
+
+def test_no_report_from_a_run_with_an_invalid_line(run_dir: Path) -> None:
+    path = run_dir / "trajectories.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + '{"not": "a trajectory"}\n' + "".join(lines[2:]))
+    with pytest.raises(ValueError, match=r"trajectories\.jsonl:3: not a valid trajectory"):
+        build_report(run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "summary.json", "trajectories.jsonl"]

@@ -328,3 +328,95 @@ def test_episode_timeout_must_be_positive(tmp_path: Path) -> None:
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="episode_timeout must be a positive number of seconds"):
             rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, episode_timeout=bad)
+
+
+# ---------------------------------------------------------------------- at scale
+def _live_trajectories() -> int:
+    import gc
+
+    from toolenv.trajectory import Trajectory
+
+    gc.collect()
+    return sum(type(o) is Trajectory for o in gc.get_objects())
+
+
+async def test_keep_trajectories_false_holds_no_finished_episode(tmp_path: Path) -> None:
+    """A long run's memory must not grow with its length: without `keep_trajectories`, neither
+    the episodes written so far nor those of the run being resumed stay alive."""
+    await arollout(example.ENV_ID, example.ScriptedAgent(), samples=10, concurrency=4, out=tmp_path, tune_gc=False)
+    live: list[int] = []
+    res = await arollout(
+        example.ENV_ID,
+        example.ScriptedAgent(),
+        samples=25,
+        concurrency=4,
+        out=tmp_path,
+        tune_gc=False,
+        keep_trajectories=False,
+        on_trajectory=lambda t: live.append(_live_trajectories()),
+    )
+    assert (res.new, res.skipped, res.summary.episodes) == (60, 40, 100)
+    assert res.trajectories == []
+    assert len(live) == 60 and max(live) <= 8  # the 40 resumed and the 59 written before are gone
+    keys = [t.key for t in read_trajectories(tmp_path / "trajectories.jsonl", strict=True)]
+    assert len(keys) == len(set(keys)) == 100
+
+
+def test_keep_trajectories_default_returns_every_episode(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), n=2, out=tmp_path)
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), samples=2, out=tmp_path)
+    ids = ["color", "price", "sum-1", "sum-2"]
+    assert sorted(t.key for t in res.trajectories) == [(i, s) for i in ids for s in (0, 1)]
+
+
+def test_cli_keeps_no_trajectory_in_memory_and_still_names_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`toolenv rollout` reads its one error example from the file, not from a list of every episode."""
+    import toolenv.runner
+    from toolenv.cli import main
+
+    rollout(f"rollout_example:{example.ENV_ID}", Flaky("sum-2"), n=2, out=tmp_path)  # an earlier run, an error
+    asked: list[bool] = []
+    real = toolenv.runner.arollout
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["keep_trajectories"])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(toolenv.runner, "arollout", spy)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    argv = ["rollout", f"rollout_example:{example.ENV_ID}", "--agent", "rollout_example:ScriptedAgent"]
+    assert main([*argv, "--out", str(tmp_path), "--no-progress"]) == 0
+    assert asked == [False]
+    out, err = capsys.readouterr()
+    assert "2 new, 2 already done" in out
+    assert "1 episode(s) ended with an error, e.g.: agent failed on turn 0: AgentError: server down" in err
+
+
+def test_workers_do_not_each_read_every_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registering the plugin envs reads every installed distribution's entry points (~4 ms,
+    more in a big environment): once per worker, `-c 1024` spent seconds on it."""
+    import toolenv._gym
+
+    calls: list[int] = []
+    real = toolenv._gym.register_envs
+
+    def counting() -> list[str]:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(toolenv._gym, "register_envs", counting)
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), samples=4, concurrency=16, out=tmp_path)
+    assert res.summary.episodes == 16 and res.summary.success_rate == 1.0
+    assert len(calls) <= 1
+
+
+def test_resume_after_a_complete_last_line_without_its_newline(tmp_path: Path) -> None:
+    rollout(example.ENV_ID, example.ScriptedAgent(), n=2, out=tmp_path)
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("\n" + path.read_text().rstrip("\n"))  # a blank line, and the newline gone
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, keep_trajectories=False)
+    assert (res.new, res.skipped, res.summary.episodes) == (2, 2, 4)
+    keys = [t.key for t in read_trajectories(path, strict=True)]
+    assert len(keys) == len(set(keys)) == 4

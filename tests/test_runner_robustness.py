@@ -183,7 +183,7 @@ def test_the_report_survives_non_finite_numbers_in_memory() -> None:
 
     traj = Trajectory(env_id="e", agent="a", task=Task(id="t", question="q", answer="a"), reward=math.nan)
     page = render_report([traj])
-    data = re.search(r'id="report-data">(.*?)</script>', page, re.S)
+    data = re.search(r'class="report-data">(.*?)</script>', page, re.S)
     assert data is not None
 
     def refuse(name: str) -> Any:

@@ -19,7 +19,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,7 +59,8 @@ IMAGE_MODES = ("inline", "files")
 
 @dataclass
 class RolloutResult:
-    """What a rollout produced: every trajectory in the output (earlier runs' included) and their summary."""
+    """What a rollout produced: every trajectory in the output (earlier runs' included; none
+    with `keep_trajectories=False`), their summary, and how many episodes ran or were skipped."""
 
     trajectories: list[Trajectory]
     summary: Summary
@@ -76,7 +77,8 @@ def _make_env(env: EnvSpec, env_kwargs: Mapping[str, Any]) -> tuple[ToolEnv, str
 
         import toolenv._gym
 
-        toolenv._gym.register_envs()
+        if env.rpartition(":")[2] not in gym.registry:  # each call reads every entry point (~4 ms)
+            toolenv._gym.register_envs()
         made = gym.make(env, **env_kwargs)
         env_id = env
     else:
@@ -276,26 +278,32 @@ async def run_episode(
 class _Output:
     """`trajectories.jsonl` (append, flushed per line), `images/`, `summary.json`, `run.json`.
 
-    Nothing on disk changes until `start` (after the caller's checks of `previous`).
+    Nothing on disk changes until `start` (after the caller has checked what `load` gave).
+    Earlier trajectories are read one at a time and the file is rewritten line by line, so
+    resuming holds none of them unless the caller keeps them (`keep_trajectories`).
     """
 
-    def __init__(self, out: Path, *, resume: bool, overwrite: bool, retry_errors: bool, images: str) -> None:
+    def __init__(self, out: Path, *, resume: bool, overwrite: bool, images: str) -> None:
         self.dir = out
         self.path = out / TRAJECTORIES
         self.images = ImageStore(out / IMAGES_DIR) if images == "files" else None
-        self.previous: list[Trajectory] = []
-        self._lines: list[str] = []  # the raw line of each of `previous`
         self._rewrite = overwrite  # the file needs writing afresh at `start`
+        self._edits: dict[int, bool | None] = {}  # line number -> its new `success`, or None: dropped
+        self._load_previous = False
         self._fh: IO[str] | None = None
         out.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
             if not resume:
                 raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
-            self._load(retry_errors)
+            self._load_previous = True
         elif not self.path.exists():
             self._rewrite = True
 
-    def _load(self, retry_errors: bool) -> None:
+    def load(self, retry_errors: bool, success_threshold: float) -> Iterator[Trajectory]:
+        """Each earlier trajectory to keep, its `success` marked at `success_threshold`
+        (a line whose `success` changes is rewritten at `start`)."""
+        if not self._load_previous:
+            return
         for lineno, traj, line in iter_trajectory_lines(self.path):
             if traj is None:
                 if line.endswith("\n"):  # not what a killed write leaves: never drop it unasked
@@ -303,35 +311,40 @@ class _Output:
                         f"cannot resume: {invalid_line_message(self.path, lineno, line)}; "
                         "fix or remove that line, or use --overwrite (overwrite=True) to start again"
                     )
-                self._rewrite = True  # a partial last line from a killed run: dropped
+                self._edits[lineno] = None  # a partial last line from a killed run: dropped
                 continue
             if retry_errors and traj.error is not None:
-                self._rewrite = True
+                self._edits[lineno] = None
                 continue
-            self.previous.append(traj)
-            self._lines.append(line if line.endswith("\n") else line + "\n")
-        if not self._rewrite:
-            with self.path.open("rb") as fh:  # a last line without its newline gets one
-                fh.seek(-1, 2)
-                self._rewrite = fh.read(1) != b"\n"
-
-    def start(self, success_threshold: float) -> None:
-        """Start writing: mark `previous` successes at `success_threshold` (rewriting the lines
-        whose `success` changes), drop what `_load` left out, and remove a stale summary."""
-        for i, traj in enumerate(self.previous):
             success = traj.error is None and traj.reward >= success_threshold
             if success != traj.success:
-                traj.success = success
-                data = json.loads(self._lines[i])
-                data["success"] = success
-                self._lines[i] = json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+                traj.success = self._edits[lineno] = success
+            elif not line.endswith("\n"):  # a last line without its newline gets one
                 self._rewrite = True
+            yield traj
+
+    def start(self) -> None:
+        """Start writing: apply what `load` decided (lines dropped, `success` changed) and
+        remove a stale summary."""
         (self.dir / SUMMARY).unlink(missing_ok=True)  # a killed run must not leave an earlier run's summary
-        if self._rewrite:  # atomically: a crash now leaves the old file or the new one
+        if self._rewrite or self._edits:  # atomically: a crash now leaves the old file or the new one
             tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(self._lines), encoding="utf-8")
+            with tmp.open("w", encoding="utf-8") as dst:
+                if self._load_previous:
+                    with self.path.open(encoding="utf-8") as src:
+                        for lineno, line in enumerate(src, 1):  # numbered as `iter_trajectory_lines` does
+                            if not line.strip():
+                                continue
+                            edit = self._edits.get(lineno, line)
+                            if edit is None:
+                                continue
+                            if isinstance(edit, bool):
+                                data = json.loads(line)
+                                data["success"] = edit
+                                line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+                            dst.write(line if line.endswith("\n") else line + "\n")
             tmp.replace(self.path)
-        self._lines = []
+        self._edits = {}
 
     def write(self, traj: Trajectory) -> Trajectory:
         """Append `traj` and return it as written: a value JSON cannot hold is written as null
@@ -384,16 +397,14 @@ def _who(agent: str, model: str | None) -> str:
     return f"agent {agent!r}" + (f" (model {model!r})" if model is not None else "")
 
 
-def _check_same_run(path: Path, previous: list[Trajectory], env_id: str, agent: Agent) -> None:
+def _check_same_run(path: Path, previous: Trajectory, env_id: str, agent: Agent) -> None:
     """Resuming is running the same command again: refuse a file of another env, agent or model."""
-    if env_id:
-        other_env = next((t.env_id for t in previous if t.env_id != env_id), None)
-        if other_env is not None:
-            raise ValueError(f"{path} holds trajectories of {other_env!r}, not {env_id!r}")
-    other = next((t for t in previous if (t.agent, t.model) != (agent.label, agent.model)), None)
-    if other is not None:
+    if env_id and previous.env_id != env_id:
+        raise ValueError(f"{path} holds trajectories of {previous.env_id!r}, not {env_id!r}")
+    if (previous.agent, previous.model) != (agent.label, agent.model):
+        theirs, ours = _who(previous.agent, previous.model), _who(agent.label, agent.model)
         raise ValueError(
-            f"{path} holds trajectories of {_who(other.agent, other.model)}, not {_who(agent.label, agent.model)}; "
+            f"{path} holds trajectories of {theirs}, not {ours}; "
             "use another output directory, or --overwrite (overwrite=True) to start again"
         )
 
@@ -425,6 +436,7 @@ async def arollout(
     tune_gc: bool = True,
     images: str = "inline",
     episode_timeout: float | None = None,
+    keep_trajectories: bool = True,
 ) -> RolloutResult:
     """Roll `agent` out on `env`; see `rollout` for the arguments."""
     if episode_timeout is not None and not episode_timeout > 0:
@@ -443,16 +455,18 @@ async def arollout(
     first, env_id = _make_env(env, dict(env_kwargs or {}))
     chosen = _select_tasks(first, tasks, n)
     work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
-    output = (
-        _Output(Path(out), resume=resume, overwrite=overwrite, retry_errors=retry_errors, images=images)
-        if out is not None
-        else None
-    )
-    previous = output.previous if output else []
+    output = _Output(Path(out), resume=resume, overwrite=overwrite, images=images) if out is not None else None
+    previous: list[Trajectory] = []  # kept only for the result (`keep_trajectories`)
+    done_keys: set[tuple[str, int]] = set()
+    totals = SummaryBuilder()  # fed as episodes end, so the closing summary is quick
     if output is not None:
-        _check_same_run(output.path, previous, env_id, the_agent)
-        output.start(success_threshold)
-    done_keys = {t.key for t in previous}
+        for t in output.load(retry_errors, success_threshold):
+            _check_same_run(output.path, t, env_id, the_agent)
+            done_keys.add(t.key)
+            totals.add(t)
+            if keep_trajectories:
+                previous.append(t)
+        output.start()
     todo = [w for w in work if (w[1].id, w[2]) not in done_keys]
     if output:
         output.write_config(
@@ -481,13 +495,12 @@ async def arollout(
     for w in todo:
         queue.put_nowait(w)
     new: list[Trajectory] = []
-    totals = SummaryBuilder()  # fed as episodes end, so the closing summary is quick
-    for t in previous:
-        totals.add(t)
+    written = 0
     started = time.perf_counter()
     bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
 
     async def worker(w_env: ToolEnv | None) -> None:
+        nonlocal written
         while True:
             try:
                 index, task, sample = queue.get_nowait()
@@ -508,7 +521,9 @@ async def arollout(
             )
             if output:
                 traj = output.write(traj)
-            new.append(traj)
+            written += 1
+            if keep_trajectories:
+                new.append(traj)
             totals.add(traj)  # after the write: the summary counts what the file holds
             bar.update(traj)
             if on_trajectory is not None:
@@ -534,7 +549,7 @@ async def arollout(
             with contextlib.suppress(Exception):  # closing is best effort; the run's data is written
                 await e.aclose()
         await the_agent.aclose()
-    return RolloutResult(everything, summary, Path(out) if out is not None else None, len(new), len(work) - len(todo))
+    return RolloutResult(everything, summary, Path(out) if out is not None else None, written, len(work) - len(todo))
 
 
 def rollout(
@@ -557,6 +572,7 @@ def rollout(
     tune_gc: bool = True,
     images: str = "inline",
     episode_timeout: float | None = None,
+    keep_trajectories: bool = True,
 ) -> RolloutResult:
     """Run `agent` on `env` for `n` tasks (all when None), `concurrency` episodes at a time.
 
@@ -588,6 +604,9 @@ def rollout(
         episode_timeout: seconds an episode may take, reset to last step; one that runs
             longer is stopped (its agent call or env step cancelled) and recorded with
             `error` set and the turns it finished. None: no limit.
+        keep_trajectories: return every trajectory in the result. False: `trajectories` is
+            empty and memory stays flat however many episodes run or are resumed (what
+            `toolenv rollout` does); read `out` (or use `on_trajectory` with `arollout`).
 
     Returns:
         Every trajectory in `out` (this run's and earlier ones) and their summary.
@@ -612,5 +631,6 @@ def rollout(
             tune_gc=tune_gc,
             images=images,
             episode_timeout=episode_timeout,
+            keep_trajectories=keep_trajectories,
         )
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,6 +28,7 @@ __all__ = [
     "TurnRecord",
     "dump_line",
     "invalid_line_message",
+    "iter_trajectory_file",
     "load_trajectory_file",
     "read_trajectories",
 ]
@@ -301,16 +302,27 @@ def load_trajectory_file(path: str | Path) -> tuple[list[Trajectory], int | None
         ValueError: a line other than a partial last one is not a valid trajectory, or the
             file holds no trajectory at all; the message names the file (and line) and why.
     """
-    out: list[Trajectory] = []
+    partial: list[int] = []
+    out = list(iter_trajectory_file(path, on_partial=partial.append))
+    return out, partial[0] if partial else None
+
+
+def iter_trajectory_file(path: str | Path, *, on_partial: Callable[[int], None] | None = None) -> Iterator[Trajectory]:
+    """`load_trajectory_file` one trajectory at a time, so a run of any size reads in flat
+    memory: the number of a partial last line goes to `on_partial`, and the ValueErrors
+    come when the iteration reaches the line (or the end of a file that held none)."""
     partial: int | None = None
+    seen = False
     for lineno, traj, line in iter_trajectory_lines(path):
         if traj is None:
             if line.endswith("\n"):
                 raise ValueError(invalid_line_message(path, lineno, line))
             partial = lineno
             continue
-        out.append(traj)
-    if not out:
+        seen = True
+        yield traj
+    if not seen:
         extra = f" (only a partial line {partial}, from a run killed mid-write)" if partial else ""
         raise ValueError(f"{path} holds no trajectories{extra}")
-    return out, partial
+    if partial is not None and on_partial is not None:
+        on_partial(partial)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolenv.trajectory import Trajectory
 
 HELP = "Write rollout trajectories as chat-format JSONL for supervised fine-tuning (e.g. the successful ones)."
 
@@ -37,17 +42,27 @@ def _warn(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from toolenv.export import export_chat
-    from toolenv.report.html import load_run
+    import itertools
 
-    trajectories = [t for r in args.run for t in load_run(r, warn=_warn)[0]]
+    from toolenv.export import export_chat
+    from toolenv.report.html import iter_run
+
+    runs = [iter_run(r, warn=_warn)[0] for r in args.run]  # a missing file is an error before any work
+    read = 0
+
+    def trajectories() -> Iterator[Trajectory]:  # streamed: a run of any size exports in flat memory
+        nonlocal read
+        for t in itertools.chain.from_iterable(runs):
+            read += 1
+            yield t
+
     written = export_chat(
-        trajectories,
+        trajectories(),
         args.out,
         success_only=args.success_only,
         min_reward=args.min_reward,
         calls=args.calls,
         arguments=args.arguments,
     )
-    print(f"wrote {written} of {len(trajectories)} trajectories to {args.out}")
+    print(f"wrote {written} of {read} trajectories to {args.out}")
     return 0

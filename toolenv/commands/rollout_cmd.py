@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -151,7 +152,6 @@ def _non_negative_int(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from toolenv.report.console import print_summary
     from toolenv.runner import arollout
-    from toolenv.trajectory import read_trajectories
 
     agent_kwargs: dict[str, Any] = dict(args.agent_arg)
     if args.model is not None:
@@ -179,13 +179,14 @@ def run(args: argparse.Namespace) -> int:
                     tune_gc=not args.no_gc_tuning,
                     images=args.images,
                     episode_timeout=args.episode_timeout,
+                    keep_trajectories=False,  # memory flat however long the run; the file has them all
                 )
             )
         )
     except (KeyboardInterrupt, _Stopped) as exc:
         signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
         path = args.out / "trajectories.jsonl"
-        kept = len(read_trajectories(path)) if path.exists() else 0
+        kept = _complete_lines(path) if path.exists() else 0
         how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(
             f"toolenv rollout: {how}; {kept} trajectories kept in {path} (run the same command to resume)",
@@ -194,8 +195,28 @@ def run(args: argparse.Namespace) -> int:
         return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
-    errors = sum(t.error is not None for t in result.trajectories)
+    errors = result.summary.episode_errors
     if errors:
-        first = next(t.error for t in result.trajectories if t.error is not None)
-        print(f"{errors} episode(s) ended with an error, e.g.: {first}", file=sys.stderr)
+        print(
+            f"{errors} episode(s) ended with an error, e.g.: {_first_error(args.out / 'trajectories.jsonl')}",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _complete_lines(path: Path) -> int:
+    """Lines with their newline: the trajectories kept (the runner writes only valid lines, and
+    a resume refuses a file with any other invalid line), counted without parsing them."""
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.endswith(b"\n") and line.strip())
+
+
+def _first_error(path: Path) -> str | None:
+    """The `error` of the first trajectory in the file that has one (read line by line)."""
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            with contextlib.suppress(ValueError):  # a partial last line
+                data = json.loads(line)
+                if isinstance(data, dict) and data.get("error") is not None:
+                    return str(data["error"])
+    return None

@@ -12,8 +12,9 @@ import hashlib
 import json
 import math
 import re
+import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from html import escape
 from importlib import resources
@@ -22,11 +23,11 @@ from typing import Any
 
 from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
-from toolenv.report.summary import Summary, summarize
+from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.report.svg import bar_chart, histogram
-from toolenv.trajectory import Trajectory, load_trajectory_file
+from toolenv.trajectory import Trajectory, iter_trajectory_file
 
-__all__ = ["build_report", "load_run", "render_report"]
+__all__ = ["build_report", "iter_run", "load_run", "render_report"]
 
 REPORT = "report.html"
 _PLACEHOLDER = re.compile(r"__(?:TITLE|GENERATED|CSS|SUMMARY_ROWS|CHARTS|JS|DATA)__")
@@ -47,23 +48,30 @@ def load_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
         ValueError: a line is not a valid trajectory (the message names the file, the line
             and why), or the file holds no trajectories.
     """
+    trajs, folder = iter_run(run, warn=warn)
+    return list(trajs), folder
+
+
+def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> tuple[Iterator[Trajectory], Path]:
+    """`load_run` one trajectory at a time (flat memory for a run of any size): the
+    FileNotFoundError comes at once, the ValueErrors and the warning as the iteration
+    reaches them."""
     path = Path(run)
     file = path if path.is_file() else path / "trajectories.jsonl"
     if not file.is_file():
         raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
-    trajs, partial = load_trajectory_file(file)
-    if partial is not None:
-        message = f"{file}:{partial}: left out a partial last line (a run killed mid-write; resuming reruns it)"
+
+    def partial(lineno: int) -> None:
+        message = f"{file}:{lineno}: left out a partial last line (a run killed mid-write; resuming reruns it)"
         if warn is None:
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, stacklevel=4)
         else:
             warn(message)
-    return trajs, file.parent
+
+    return iter_trajectory_file(file, on_partial=partial), file.parent
 
 
-def _charts(trajs: Sequence[Trajectory], summary: Summary) -> list[str]:
-    rewards = [t.reward for t in trajs]
-    turns = [float(len(t.turns)) for t in trajs]
+def _charts(rewards: Sequence[float], turns: Sequence[float], summary: Summary) -> list[str]:
     mix = summary.tool_mix
     lat = [
         (name, stats)
@@ -109,39 +117,99 @@ class _ImageTable:
     """An in-page image store: each distinct image once, as base64, under its hash.
 
     A task's prompt photo appears in every sample of it; in the page it is embedded once.
+    Only the hashes stay: each image leaves with the data chunk it first appears in.
     """
 
     def __init__(self) -> None:
-        self.images: dict[str, str] = {}
+        self.seen: set[str] = set()
+        self.pending: dict[str, str] = {}
 
     def put(self, data: bytes, mime: str) -> str:
         name = hashlib.sha256(data).hexdigest()
-        if name not in self.images:
-            self.images[name] = base64.b64encode(data).decode("ascii")
+        if name not in self.seen:
+            self.seen.add(name)
+            self.pending[name] = base64.b64encode(data).decode("ascii")
         return name
+
+
+#: Characters of JSON in one `<script>` of page data. The page's script reads each one's text as
+#: one string; a browser's strings stop near 512 MiB (V8), so a report of one 640 MB script
+#: showed no episode at all, and a whole run in one would cap its size there.
+CHUNK_CHARS = 8_000_000
+
+
+class _PageData:
+    """The trajectories as `<script type="application/json" class="report-data">` chunks of
+    `{"title", "episodes", "images"}`, written out as they fill, and what the summary and
+    the charts need (so a run of any size is rendered without holding its trajectories)."""
+
+    def __init__(self, write: Callable[[str], object], title: str) -> None:
+        self._write = write
+        self._title = title
+        self._table = _ImageTable()
+        self._episodes: list[str] = []
+        self._size = 0
+        self.chunks = 0
+        self.summary = SummaryBuilder()
+        self.rewards: list[float] = []
+        self.turns: list[float] = []
+
+    def add(self, traj: Trajectory) -> None:
+        self.summary.add(traj)
+        self.rewards.append(traj.reward)
+        self.turns.append(float(len(traj.turns)))
+        text = _json_for_script(traj.model_dump(mode="json", context={IMAGE_STORE: self._table}))
+        self._episodes.append(text)
+        self._size += len(text) + sum(len(v) for v in self._table.pending.values())
+        if self._size >= CHUNK_CHARS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what was added since the last chunk as one more (the page has at least one)."""
+        if not self._episodes and not self._table.pending and self.chunks:
+            return
+        head = _json_for_script({"title": self._title})[:-1]  # the object left open
+        images = _json_for_script(self._table.pending)
+        self._write(
+            f'<script type="application/json" class="report-data">{head}, "episodes": ['
+            f'{", ".join(self._episodes)}], "images": {images}}}</script>\n'
+        )
+        self._episodes, self._size, self._table.pending = [], 0, {}
+        self.chunks += 1
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    # One pass over the template: text filled in (a title, a tool name) is never scanned again,
+    # so a placeholder inside it stays text.
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], template)
+
+
+def _page_parts(title: str, summary: Summary, rewards: Sequence[float], turns: Sequence[float]) -> tuple[str, str]:
+    """The page before its data and after it."""
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary_rows(summary))
+    values = {
+        "__TITLE__": escape(title),
+        "__GENERATED__": escape(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        "__CSS__": _asset("report.css"),
+        "__SUMMARY_ROWS__": rows,
+        "__CHARTS__": "".join(f'<figure class="chart-box">{svg}</figure>' for svg in _charts(rewards, turns, summary)),
+        "__JS__": _asset("report.js"),
+    }
+    before, after = _asset("template.html").split("__DATA__")
+    return _fill(before, values), _fill(after, values)
 
 
 def render_report(
     trajs: Sequence[Trajectory], *, title: str = "toolenv trajectories", summary: Summary | None = None
 ) -> str:
     """The report page for `trajs` as one HTML string."""
-    summary = summary or summarize(trajs)
-    rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary_rows(summary))
-    table = _ImageTable()
-    episodes = [t.model_dump(mode="json", context={IMAGE_STORE: table}) for t in trajs]
-    data = {"title": title, "episodes": episodes, "images": table.images}
-    values = {
-        "__TITLE__": escape(title),
-        "__GENERATED__": escape(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
-        "__CSS__": _asset("report.css"),
-        "__SUMMARY_ROWS__": rows,
-        "__CHARTS__": "".join(f'<figure class="chart-box">{svg}</figure>' for svg in _charts(trajs, summary)),
-        "__JS__": _asset("report.js"),
-        "__DATA__": _json_for_script(data),
-    }
-    # One pass over the template: text filled in (a title, a tool name) is never scanned again,
-    # so a placeholder inside it stays text.
-    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], _asset("template.html"))
+    parts: list[str] = []
+    data = _PageData(parts.append, title)
+    for t in trajs:
+        data.add(t)
+    data.flush()
+    before, after = _page_parts(title, summary or data.summary.build(), data.rewards, data.turns)
+    return before + "".join(parts) + after
 
 
 def build_report(
@@ -154,7 +222,9 @@ def build_report(
     """Write the report of one or more runs; returns the HTML file's path (default `RUN/report.html`).
 
     Several runs (e.g. one per env) make one page whose env filter tells them apart. Each
-    file is read as `load_run` reads it (`warn` as there).
+    file is read as `load_run` reads it (`warn` as there), one trajectory at a time: the
+    page's data goes to a temporary file beside the report as it is read, so memory stays
+    flat however large the run, and no report is written when a line is invalid.
 
     Raises:
         FileNotFoundError: a run has no trajectories file.
@@ -163,14 +233,24 @@ def build_report(
     runs = [run] if isinstance(run, (str, Path)) else list(run)
     if not runs:
         raise ValueError("no run to report on")
-    trajs: list[Trajectory] = []
-    folders: list[Path] = []
-    for r in runs:
-        t, folder = load_run(r, warn=warn)
-        trajs += t
-        folders.append(folder)
+    opened = [iter_run(r, warn=warn) for r in runs]  # a missing file is an error before any work
+    folders = [folder for _, folder in opened]
     target = Path(out) if out is not None else folders[0] / REPORT
     target.parent.mkdir(parents=True, exist_ok=True)
-    name = " + ".join(f.name for f in folders)
-    target.write_text(render_report(trajs, title=title or f"toolenv · {name}"), encoding="utf-8")
+    title = title or f"toolenv · {' + '.join(f.name for f in folders)}"
+    tmp = target.with_name(f".{target.name}.data.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            data = _PageData(fh.write, title)
+            for trajs, _ in opened:
+                for t in trajs:
+                    data.add(t)
+            data.flush()
+        before, after = _page_parts(title, data.summary.build(), data.rewards, data.turns)
+        with target.open("w", encoding="utf-8") as page, tmp.open(encoding="utf-8") as src:
+            page.write(before)
+            shutil.copyfileobj(src, page)
+            page.write(after)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target

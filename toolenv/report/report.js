@@ -1,6 +1,13 @@
 "use strict";
 (function () {
-  const data = JSON.parse(document.getElementById("report-data").textContent);
+  // The data comes in chunks, each one <script> (one string in the browser, and a browser's
+  // strings have a size limit): the episodes in order, each image in the chunk that first has it.
+  const data = { episodes: [], images: {} };
+  for (const script of document.querySelectorAll("script.report-data")) {
+    const chunk = JSON.parse(script.textContent);
+    for (const ep of chunk.episodes) data.episodes.push(ep);
+    Object.assign(data.images, chunk.images);
+  }
   const episodes = data.episodes;
   const $ = (id) => document.getElementById(id);
 
