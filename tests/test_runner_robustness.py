@@ -266,3 +266,23 @@ def test_a_worker_that_fails_stops_the_others_and_keeps_what_was_written(tmp_pat
     written = read_trajectories(tmp_path / "trajectories.jsonl", strict=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["episodes"] == len(written)  # the summary counts what the file holds
+
+
+def test_overwrite_clears_the_earlier_runs_images_and_nothing_else(tmp_path: Path) -> None:
+    """A run started afresh in the same directory left every earlier image file in `images/`,
+    referred to by no line; a resumed run keeps them (its lines refer to them)."""
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files")
+    images = tmp_path / "images"
+    earlier = sorted(p.name for p in images.iterdir())
+    assert earlier
+    stale = images / f"{'0' * 64}.png"  # as an image of another task would be
+    stale.write_bytes(b"old")
+    mine = images / "notes.txt"  # not the store's: left alone
+    mine.write_text("keep")
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files", resume=True)
+    assert stale.exists()
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="files", overwrite=True)
+    assert not stale.exists() and mine.read_text() == "keep"
+    assert sorted(p.name for p in images.iterdir() if p != mine) == earlier  # this run's own, rewritten
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, overwrite=True)  # inline images now
+    assert [p.name for p in images.iterdir()] == ["notes.txt"]

@@ -52,6 +52,19 @@ class ImageStore:
         self._written.add(name)
         return name
 
+    def clear(self) -> int:
+        """Delete the store's own files (hash-named images, torn temporary files), nothing else
+        a user may have put in the folder; returns how many. For a run started afresh."""
+        if not self.dir.is_dir():
+            return 0
+        gone = 0
+        for path in self.dir.iterdir():
+            if _NAME.fullmatch(path.name) or path.name.startswith(".tmp-"):
+                path.unlink(missing_ok=True)
+                gone += 1
+        self._written.clear()
+        return gone
+
     def get(self, name: str) -> bytes:
         """The bytes of a stored image.
 

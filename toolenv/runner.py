@@ -327,6 +327,8 @@ class _Output:
         """Start writing: apply what `load` decided (lines dropped, `success` changed) and
         remove a stale summary."""
         (self.dir / SUMMARY).unlink(missing_ok=True)  # a killed run must not leave an earlier run's summary
+        if not self._load_previous:  # started afresh: an earlier run's images are nobody's now
+            (self.images or ImageStore(self.dir / IMAGES_DIR)).clear()
         if self._rewrite or self._edits:  # atomically: a crash now leaves the old file or the new one
             tmp = self.path.with_suffix(".jsonl.tmp")
             with tmp.open("w", encoding="utf-8") as dst:
