@@ -12,8 +12,10 @@ full run is one variable away (see docs/reliability.md):
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -52,6 +54,46 @@ CHEAP = {
     "MBPP-v0": {"sandbox": {"timeout": 2.0}, "reward": "format"},
 }
 SANDBOX_ONLY = {k: {"sandbox": v["sandbox"]} for k, v in CHEAP.items()}
+
+#: Registered envs again with options that change their tasks (options, not envs of their own, so
+#: the registry does not list them): MBPP's test split showing one test of each task (all are
+#: graded), and HotpotQA's env on the NQ-open questions (Search-R1's other set). Fuzzed, graded
+#: and played in the leak run like the envs they come from; skipped when their plugin is missing.
+OPTION_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "MBPP-v0/test,shown_tests=1": ("MBPP-v0", {"split": "test", "shown_tests": 1}),
+    "HotpotQA-v0/nq_open": ("HotpotQA-v0", {"tasks": "nq_open"}),
+}
+
+
+def base_name(name: str) -> str:
+    """The registry name of `name` (an option variant's env, else `name` itself)."""
+    return OPTION_VARIANTS[name][0] if name in OPTION_VARIANTS else name
+
+
+def option_variants() -> list[str]:
+    """The option variants whose env is installed."""
+    installed = {e.name for e in registry.entries("envs")}
+    return [n for n, (base, _) in OPTION_VARIANTS.items() if base in installed]
+
+
+def variant_options(name: str) -> dict[str, Any]:
+    """The factory options of an option variant (NQ-open's tasks loaded here, by their plugin)."""
+    options = dict(OPTION_VARIANTS[name][1])
+    if options.get("tasks") == "nq_open":
+        from toolenv_search import nq_open_tasks
+
+        options["tasks"] = nq_open_tasks()
+    return options
+
+
+def cheap(name: str) -> dict[str, Any]:
+    """`CHEAP`'s settings for `name` (an option variant gets its base env's)."""
+    return CHEAP.get(base_name(name), {})
+
+
+def sandbox_only(name: str) -> dict[str, Any]:
+    """`SANDBOX_ONLY`'s settings for `name` (an option variant gets its base env's)."""
+    return SANDBOX_ONLY.get(base_name(name), {})
 
 
 @tool
@@ -153,7 +195,9 @@ def make_env(name: str, **overrides: Any) -> toolenv.ToolEnv:
         kwargs: dict[str, Any] = {"tools": [add, lookup, box], "tasks": CORE_TASKS, "parser": parser}
         kwargs.update(overrides)
         return toolenv.ToolEnv(**kwargs)
-    env = registry.load("envs", name)(**overrides)
+    if name in OPTION_VARIANTS:
+        overrides = {**variant_options(name), **overrides}
+    env = registry.load("envs", base_name(name))(**overrides)
     assert isinstance(env, toolenv.ToolEnv)
     return env
 
@@ -163,7 +207,7 @@ def oracle(name: str) -> Any:
     if name == CORE or name in CORE_VARIANTS:
         return None
     try:
-        return registry.load("oracles", name)
+        return registry.load("oracles", base_name(name))
     except registry.PluginError:
         return None
 
@@ -232,3 +276,50 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+# ---------------------------------------------------------------------- leak gauges
+def gauges() -> dict[str, Any]:
+    """fds and threads other than the SQL executor's (see test_rel_leaks), children, RSS."""
+    gc.collect()
+    db = database_fds()
+    pool = sql_threads()
+    return {
+        "fds": open_fds() - sum(db.values()),
+        "threads": thread_count() - pool,
+        "children": child_pids(),
+        "rss_mb": rss_mb(),
+        "db_fds": db,
+        "sql_threads": pool,
+    }
+
+
+def settle(baseline: dict[str, Any], seconds: float = 10.0) -> dict[str, Any]:
+    """Gauges once they are back at the baseline, or the last reading after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = gauges()
+        back = (
+            now["fds"] <= baseline["fds"]
+            and now["threads"] <= baseline["threads"]
+            and now["children"] <= baseline["children"]
+        )
+        if back or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+def zombie_children() -> set[int]:
+    """Direct children of this process that have ended but were not reaped."""
+    me = os.getpid()
+    zombies: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == me:
+            zombies.add(int(entry))
+    return zombies

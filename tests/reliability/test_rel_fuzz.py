@@ -20,24 +20,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rel_fuzz import FRAGMENTS, Mutator, StepStats, check_step, format_call, near_valid_calls
 from rel_support import (
-    CHEAP,
     CORE,
     CORE_PARSERS,
     CORE_VARIANTS,
     FUZZ_ACTIONS,
-    SANDBOX_ONLY,
+    OPTION_VARIANTS,
+    cheap,
     core_corpus,
     env_names,
     make_env,
+    option_variants,
     oracle,
+    sandbox_only,
 )
 
 import toolenv
 from toolenv.parsers import CodeBlockParser
 
-ENVS = [*env_names(), *CORE_VARIANTS]
-# The built-in plugins' envs; CI installs them all, a partial install skips the missing ones.
-BUILT_IN = ["Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "MCP-v0", "Spider-v0", "VisualSearch-v0"]
+ENVS = [*env_names(), *CORE_VARIANTS, *option_variants()]
+# The built-in plugins' envs and the option variants of some; CI installs them all, a partial
+# install skips the missing ones.
+BUILT_IN = [
+    "Chinook-v0", "HotpotQA-v0", "HumanEval-v0", "MBPP-v0", "MCP-v0", "Spider-v0", "VisualSearch-v0",
+    *OPTION_VARIANTS,
+]  # fmt: skip
 LANES = 4  # concurrent episodes per env: the code sandbox runs blocks in parallel
 
 
@@ -46,7 +52,7 @@ def test_rel_built_in_env_is_fuzzed(name: str) -> None:
     """Says (as a skip with the reason) which built-in env this run does not cover."""
     if name not in ENVS:
         pytest.skip(f"toolenv/{name} is not installed, so it is not fuzzed (install its plugin to cover it)")
-    env = make_env(name, **SANDBOX_ONLY.get(name, {}))
+    env = make_env(name, **sandbox_only(name))
     assert env.tools and env.tasks and oracle(name) is not None, "fuzzing needs tools, tasks and an oracle"
     env.close()
 
@@ -105,8 +111,8 @@ async def fuzz_lane(env: toolenv.ToolEnv, mutate: Mutator, n: int, seed: int) ->
 @pytest.mark.parametrize("name", ENVS)
 def test_rel_mutation_fuzz(name: str) -> None:
     """FUZZ_ACTIONS mutated actions per env: no exception escapes, malformed input gets errors."""
-    overrides: dict[str, Any] = {"max_turns": 10**6, **CHEAP.get(name, {})}
-    seed_env = make_env(name, **SANDBOX_ONLY.get(name, {}))
+    overrides: dict[str, Any] = {"max_turns": 10**6, **cheap(name)}
+    seed_env = make_env(name, **sandbox_only(name))
     corpus = corpus_for(name, seed_env)
     seed_env.close()
     envs = [make_env(name, **overrides) for _ in range(LANES)]
@@ -137,10 +143,10 @@ def test_rel_mutation_fuzz(name: str) -> None:
 @pytest.mark.parametrize("name", ENVS)
 def test_rel_fuzz_default_reward(name: str) -> None:
     """A shorter run with the env's own reward (the code envs grade every answer here)."""
-    env = make_env(name, **SANDBOX_ONLY.get(name, {}))
+    env = make_env(name, **sandbox_only(name))
     corpus = corpus_for(name, env, tasks=3)
     env.close()
-    env = make_env(name, max_turns=8, **SANDBOX_ONLY.get(name, {}))
+    env = make_env(name, max_turns=8, **sandbox_only(name))
     stats = asyncio.run(fuzz_lane(env, Mutator(corpus, random.Random(name)), 300, seed=0))
     env.close()
     assert stats.actions == 300 and stats.episodes > 1
@@ -167,7 +173,7 @@ def _structured(draw: st.DrawFn, env: toolenv.ToolEnv) -> str:
 @pytest.mark.parametrize("name", ENVS)
 def test_rel_hypothesis_actions(name: str) -> None:
     """Hypothesis's structured actions (100 per env) keep the same invariants."""
-    env = make_env(name, max_turns=10**6, **CHEAP.get(name, {}))
+    env = make_env(name, max_turns=10**6, **cheap(name))
     env.reset(seed=0)
     stats = StepStats()
 
@@ -209,7 +215,7 @@ def test_rel_observation_bounded_for_many_unclosed_tags() -> None:
 @pytest.mark.parametrize("name", ENVS)
 def test_rel_observation_bounded_for_huge_valid_looking_action(name: str) -> None:
     """A megabyte inside one well-formed call of the env's own tool comes back truncated."""
-    env = make_env(name, max_turns=10, **CHEAP.get(name, {}))
+    env = make_env(name, max_turns=10, **cheap(name))
     env.reset(seed=0)
     tool = env.tools[0]
     props = tool.schema()["function"]["parameters"].get("properties", {})

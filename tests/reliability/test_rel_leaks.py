@@ -1,8 +1,9 @@
 """Many episodes across every installed env leave no file descriptors, threads or processes behind.
 
-Each env first plays its working set of tasks once, because heavy resources
-(the code sandbox server, search indexes, per-database handles) are shared
-process-wide on purpose and may be cached per task. The baseline is taken after
+Each env (and each option variant of one, `rel_support.OPTION_VARIANTS`) first
+plays its working set of tasks once, because heavy resources (the code sandbox
+server, search indexes, per-database handles) are shared process-wide on purpose
+and may be cached per task. The baseline is taken after
 that; then `TOOLENV_REL_EPISODES` episodes (5,000, in CI too)
 cycle over the same tasks, played by oracles with a malformed turn first, on
 envs built and closed in batches: anything that grows now grows per episode.
@@ -16,25 +17,21 @@ and database file, which a leak (a connection per query or episode) breaks.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
-from typing import Any
 
 from rel_support import (
     CORE,
     EPISODES,
-    SANDBOX_ONLY,
-    child_pids,
-    database_fds,
     env_names,
+    gauges,
     make_env,
     needs_proc,
     open_fds,
+    option_variants,
     oracle,
-    rss_mb,
-    sql_threads,
-    thread_count,
+    sandbox_only,
+    settle,
 )
 
 import toolenv
@@ -63,42 +60,12 @@ def play(env: toolenv.ToolEnv, policy: Callable[..., str], index: int) -> None:
     raise AssertionError("the oracle did not finish the episode")
 
 
-def gauges() -> dict[str, Any]:
-    """fds and threads other than the SQL executor's (see the module docstring), children, RSS."""
-    gc.collect()
-    db = database_fds()
-    pool = sql_threads()
-    return {
-        "fds": open_fds() - sum(db.values()),
-        "threads": thread_count() - pool,
-        "children": child_pids(),
-        "rss_mb": rss_mb(),
-        "db_fds": db,
-        "sql_threads": pool,
-    }
-
-
-def settle(baseline: dict[str, Any], seconds: float = 10.0) -> dict[str, Any]:
-    """Gauges once they are back at the baseline, or the last reading after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        now = gauges()
-        back = (
-            now["fds"] <= baseline["fds"]
-            and now["threads"] <= baseline["threads"]
-            and now["children"] <= baseline["children"]
-        )
-        if back or time.monotonic() > deadline:
-            return now
-        time.sleep(0.1)
-
-
 @needs_proc
 def test_rel_no_leaks_across_episodes() -> None:
-    names = env_names()
+    names = [*env_names(), *option_variants()]
     policies = {n: (core_policy if n == CORE else oracle(n)) for n in names}
     names = [n for n in names if policies[n] is not None]
-    kwargs = {n: {"max_turns": 10, **SANDBOX_ONLY.get(n, {})} for n in names}
+    kwargs = {n: {"max_turns": 10, **sandbox_only(n)} for n in names}
     for n in names:  # warm-up: process-wide pools and per-task caches fill here, once
         env = make_env(n, **kwargs[n])
         for i in range(WORKING_SET):

@@ -202,3 +202,58 @@ def test_rel_code_sandbox_does_not_inherit_environment(code_env: toolenv.ToolEnv
     result = _run(code_env, "import os\nprint(sorted(os.environ))")
     assert not result.is_error
     assert "PYTEST_CURRENT_TEST" not in result.text and "VIRTUAL_ENV" not in result.text
+
+
+_INTERPRETER_PROBE = r"""
+import errno, json, os, sys
+out = {"prefix": sys.prefix, "secrets": [p for p in SECRETS if os.path.exists(p)], "writes": {}}
+for d in [sys.prefix, *(p for p in sys.path if p and os.path.isdir(p))]:
+    try:
+        with open(os.path.join(d, "rel-pwned.txt"), "w") as fh:
+            fh.write("x")
+        out["writes"][d] = "written"
+    except OSError as exc:
+        out["writes"][d] = errno.errorcode.get(exc.errno, str(exc.errno))
+import pydantic
+out["imported"] = pydantic.__file__
+print(json.dumps(out))
+"""
+
+
+@needs_proc
+def test_rel_code_sandbox_sees_its_interpreter_read_only_and_nothing_else_of_tmp(code_env: toolenv.ToolEnv) -> None:
+    """Model code runs under a private /tmp and /dev/shm. The interpreter's own directories
+    (its venv, bound back read-only when it lives under /tmp, as a CI clone's does) are there
+    and importable, and every one refuses writes; host files beside them in /tmp, or in
+    /dev/shm, are not visible."""
+    import json
+    import shutil
+    import sys
+    import tempfile
+
+    homes = [Path("/tmp")]
+    prefix = Path(sys.prefix).resolve()
+    if Path("/tmp").resolve() in prefix.parents:
+        homes.append(prefix.parent)
+    made = [Path(tempfile.mkdtemp(prefix="rel-host-", dir=home)) for home in homes]
+    secrets = [str(d / "secret.txt") for d in made]
+    if Path("/dev/shm").is_dir():
+        made.append(Path(tempfile.mkdtemp(prefix="rel-host-", dir="/dev/shm")))
+        secrets.append(str(made[-1] / "secret.txt"))
+    try:
+        for secret in secrets:
+            Path(secret).write_text("host only")
+        result = _run(code_env, f"SECRETS = {secrets!r}\n{_INTERPRETER_PROBE}")
+        assert not result.is_error, result.text
+        seen = json.loads(result.text.strip().splitlines()[-1])
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+    assert Path(seen["prefix"]).resolve() == prefix
+    assert seen["imported"].startswith(seen["prefix"]) or "site-packages" in seen["imported"]
+    assert seen["secrets"] == [], f"the sandbox sees host files: {seen['secrets']}"
+    assert seen["writes"] and all(v in ("EROFS", "EACCES", "EPERM") for v in seen["writes"].values()), seen["writes"]
+    for d in seen["writes"]:
+        assert not Path(d, "rel-pwned.txt").exists()
+    hidden, readonly = len(secrets), len(seen["writes"])
+    print(f"\n[security] code sandbox: {hidden} host files hidden, {readonly} interpreter dirs read-only")
