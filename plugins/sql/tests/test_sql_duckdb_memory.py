@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -329,10 +330,17 @@ def test_a_script_without_a_main_guard_runs_once_and_its_workers_end_with_it(sho
 
 
 def test_workers_leave_when_their_parent_is_killed(shop: Path, tmp_path: Path) -> None:
+    """... and take their spill folders with them (the killed parent cannot)."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(shop), "hang"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), str(shop), "hang"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert proc.stdout is not None
     assert [proc.stdout.readline().strip() for _ in range(2)] == ["script body ran", "500"]
@@ -349,6 +357,7 @@ def test_workers_leave_when_their_parent_is_killed(shop: Path, tmp_path: Path) -
                 break
             threading.Event().wait(0.05)
         assert _gone(pid)
+    assert list(scratch.iterdir()) == []
 
 
 def test_without_the_worker_queries_run_in_process(shop: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -361,3 +370,233 @@ def test_without_the_worker_queries_run_in_process(shop: Path, monkeypatch: pyte
     one_line = r"^DuckDB error: Out of Memory Error: [^\n]*\(a query may use 512 MiB for DuckDB's data: select "
     with pytest.raises(SQLError, match=one_line + r"fewer or shorter values\)$"):
         run_query(shop, "duckdb", bomb)
+
+
+# ---------------------------------------------------------------------------- under load
+
+
+@pytest.fixture
+def one_worker_pool(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A pool of one worker (restored to the default afterwards)."""
+    duckdb_worker.shutdown()
+    monkeypatch.setenv("TOOLENV_SQL_DUCKDB_WORKERS", "1")
+    yield
+    duckdb_worker.shutdown()
+
+
+def _wait_until_gone(pid: int) -> bool:
+    """True once `pid` has ended (polled for up to 30 s: the worker is killed by another thread)."""
+    for _ in range(600):
+        if _gone(pid):
+            return True
+        threading.Event().wait(0.05)
+    return _gone(pid)
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, outcome
+
+
+def test_the_wait_for_a_busy_worker_counts_against_the_timeout(
+    shop: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeout counts from the call, as the docs say (the caller waits at most timeout + 1 s):
+    a query queued behind a stuck one gets a timeout error saying it never started. It used to
+    wait for the stuck query's whole timeout, then run (12 queued 1 s queries took up to 6 s)."""
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)
+    sent = threading.Event()
+    real_send = duckdb_worker._Worker.send
+
+    def send(self: Any, request: tuple[Any, ...]) -> None:
+        real_send(self, request)
+        sent.set()
+
+    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    thread, outcome = _in_thread(lambda: run_query(shop, "duckdb", COUNT, timeout=8))
+    assert sent.wait(30)  # the stuck worker has the first query
+    with pytest.raises(QueryTimeout, match=r"^The query did not start within 0.5 s: .*busy") as info:
+        run_query(shop, "duckdb", COUNT, timeout=0.5)
+    assert "\n" not in str(info.value)
+    thread.join(60)
+    assert isinstance(outcome[0], QueryTimeout)  # the stuck one ran out of time in its own right
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+
+
+async def test_cancelling_execute_stops_its_duckdb_query(
+    shop: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled `execute` (the tool's guard fired, the episode was cancelled, `asyncio.run`
+    ended) kills the worker running its query: it used to run on for its whole timeout, holding
+    the worker, and the interpreter's exit waited for the pool thread stuck on it."""
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)  # the query never finishes by itself
+    sent = threading.Event()
+    real_send = duckdb_worker._Worker.send
+
+    def send(self: Any, request: tuple[Any, ...]) -> None:
+        real_send(self, request)
+        sent.set()
+
+    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    task = asyncio.ensure_future(execute(shop, "duckdb", COUNT, timeout=600))
+    assert await asyncio.get_running_loop().run_in_executor(None, sent.wait, 30)  # the worker has it
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.get_running_loop().run_in_executor(None, _wait_until_gone, old)
+    res = await execute(shop, "duckdb", COUNT, timeout=30)
+    assert res.rows == [(500,)] and duckdb_worker.worker_pids() != [old]
+
+
+def test_a_script_that_ends_with_a_query_in_flight_exits_and_leaves_no_worker(shop: Path, tmp_path: Path) -> None:
+    """`asyncio.run` cancels the pending query at the end of `main`; the worker is killed, so the
+    interpreter does not wait out the query's timeout (here 600 s) joining the pool thread."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import asyncio, os, signal, sys, threading\n"
+        "from pathlib import Path\n"
+        "from toolenv_sql import duckdb_worker\n"
+        "from toolenv_sql.executor import execute\n"
+        "sent, send = threading.Event(), duckdb_worker._Worker.send\n"
+        "duckdb_worker._Worker.send = lambda self, request: (send(self, request), sent.set())\n"
+        "async def main():\n"
+        "    await execute(Path(sys.argv[1]), 'duckdb', 'SELECT 1')\n"
+        "    (pid,) = duckdb_worker.worker_pids()\n"
+        "    os.kill(pid, signal.SIGSTOP)\n"
+        "    print(pid, flush=True)\n"
+        "    sent.clear()\n"
+        "    asyncio.ensure_future(execute(Path(sys.argv[1]), 'duckdb', 'SELECT 2', timeout=600))\n"
+        "    await asyncio.get_running_loop().run_in_executor(None, sent.wait, 30)\n"
+        "asyncio.run(main())\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, str(script), str(shop)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        with contextlib.suppress(ValueError, IndexError, OSError):  # the stopped worker would stay for good
+            os.kill(int((exc.stdout or b"").split()[0]), signal.SIGKILL)
+        pytest.fail("the interpreter waited for the cancelled query at exit")
+    assert done.returncode == 0, done.stderr
+    assert _gone(int(done.stdout.split()[0]))
+
+
+def _spill_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()]
+
+
+def test_spill_files_stay_out_of_the_database_folder_and_go_with_their_worker(
+    tmp_path: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB spilled into `<db>.tmp/` beside the database (the data set's folder, perhaps
+    read-only), and a worker killed mid-spill left its files there for good (125 MB from one
+    killed sort). Now each worker spills into its own folder in the system's temporary
+    directory, and that folder goes when the worker does."""
+    folder, scratch = tmp_path / "data", tmp_path / "scratch"
+    folder.mkdir()
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    db = folder / "empty.duckdb"
+    duckdb.connect(str(db)).close()
+    monkeypatch.setattr(duckdb_worker, "MEMORY_CAP", 1024 * 2**20)  # DuckDB gets 256 MiB: the sort spills
+    sql = (
+        "SELECT count(*), sum(rn * (x % 1000)) FROM (SELECT x, row_number() OVER (ORDER BY y) AS rn"
+        " FROM (SELECT range AS x, md5(range::VARCHAR) AS y FROM range(20000000)))"
+    )
+    assert run_query(db, "duckdb", "SELECT 1").rows == [(1,)]
+    (pid,) = duckdb_worker.worker_pids()
+    thread, outcome = _in_thread(lambda: run_query(db, "duckdb", sql, timeout=300))
+    for _ in range(1200):  # up to 60 s for the sort to spill
+        if _spill_files(scratch) or thread.join(0.05) or not thread.is_alive():
+            break
+    assert _spill_files(scratch), outcome  # it spilled, and into the system's temporary directory
+    os.kill(pid, signal.SIGKILL)
+    thread.join(60)
+    assert isinstance(outcome[0], SQLError)
+    assert list(scratch.iterdir()) == []  # the killed worker's files went with it
+    assert sorted(p.name for p in folder.iterdir()) == ["empty.duckdb"]
+    assert run_query(db, "duckdb", "SELECT 1").rows == [(1,)]
+    duckdb_worker.shutdown()
+    assert list(scratch.iterdir()) == []
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_bytes(k) + _text_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_bytes(v) for v in value)
+    return 0
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT [repeat('x', 9000000)] AS l FROM range(40)",  # text inside a list
+        "SELECT {'a': repeat('x', 9000000)} AS s FROM range(40)",  # inside a struct
+        "SELECT MAP {range::VARCHAR: repeat('x', 9000000)} AS m FROM range(40)",  # inside a map
+        "SELECT [[repeat('x', 3000000), repeat('y', 3000000)], [repeat('z', 3000000)]] FROM range(40)",
+    ],
+)
+def test_text_inside_lists_structs_and_maps_counts_towards_the_kept_bytes(shop: Path, sql: str) -> None:
+    """The rows kept hold at most 16 MB of text: nested values counted for nothing, so these
+    brought 360 MB back into the caller (peak RSS 67 MB -> 770 MB), past the worker's cap."""
+    _reset_peak_rss()
+    before = _peak_rss_kib()
+    res = run_query(shop, "duckdb", sql, max_rows=50)
+    assert res.row_count == 40
+    assert 0 < len(res.rows) < 40
+    assert _text_bytes(res.rows) <= executor._MAX_KEPT_BYTES
+    assert _peak_rss_kib() < before + 100 * 1024
+
+
+def test_long_lists_of_numbers_count_towards_the_kept_bytes(shop: Path) -> None:
+    """Each item of a list counts (8 bytes): ten lists of a million numbers are 10 M Python objects."""
+    res = run_query(shop, "duckdb", "SELECT range(1000000) AS l FROM range(10)", max_rows=50)
+    assert res.row_count == 10
+    assert 0 < len(res.rows) < 10
+    assert res.rows[0][0][:3] == [0, 1, 2]
+
+
+def test_threads_sharing_one_worker_take_turns(shop: Path, one_worker_pool: Any) -> None:
+    """Workers go to callers in the order they asked: a thread that just finished a query used to
+    take the worker straight back (6,534 queries to 1 in 5 s), starving the threads waiting for it,
+    which ran out of time without starting."""
+    _one_worker(shop)
+    first_done = threading.Event()
+    counts = [0, 0, 0]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            if i == 0:
+                while not first_done.is_set():  # takes the worker again and again
+                    run_query(shop, "duckdb", COUNT, timeout=30)
+                    counts[0] += 1
+            else:
+                run_query(shop, "duckdb", COUNT, timeout=30)
+                counts[i] += 1
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    hog = threading.Thread(target=work, args=(0,))
+    hog.start()
+    others = [threading.Thread(target=work, args=(i,)) for i in (1, 2)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join(120)
+    first_done.set()
+    hog.join(120)
+    assert not errors
+    assert counts[1:] == [1, 1]  # served in turn, while the hog kept asking

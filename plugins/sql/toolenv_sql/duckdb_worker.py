@@ -10,13 +10,20 @@ by 60-200 %. So every DuckDB query runs in one of a few long-lived worker proces
   default, `TOOLENV_SQL_DUCKDB_MEMORY_MB` overrides it) and gives DuckDB a
   `memory_limit` of a quarter of it (at most 512 MiB); an allocation past the cap
   fails inside the worker, which DuckDB reports as an "Out of Memory Error";
-* the caller waits at most `timeout` + `_GRACE` for the answer, then SIGKILLs the
-  worker and raises `QueryTimeout`; a worker that dies gives an `SQLError` saying
-  the query needed more memory than a query may use. The next query starts a fresh
-  worker. A worker also ends itself `_GRACE` after that, should its caller be gone;
+* a query's timeout counts from its call (`executor._Call`): the caller waits for
+  a free worker until then (starting one does not count), then for the answer until
+  then + `_GRACE`, then SIGKILLs the worker and raises `QueryTimeout`; a worker that
+  dies gives an `SQLError` saying the query needed more memory than a query may
+  use. The next query starts a fresh worker. A worker also ends itself `_GRACE`
+  after that, should its caller be gone. A caller that gives up (a cancelled
+  `execute`) kills the worker running its query;
 * `TOOLENV_SQL_DUCKDB_WORKERS` workers at most (default: min(4, CPUs)) are started
-  lazily; a caller waits for a free one. They ignore SIGINT, are SIGKILLed at exit,
-  leave when their pipe closes, and a forked child starts its own.
+  lazily. They ignore SIGINT, are SIGKILLed at exit, leave when their pipe closes,
+  and a forked child starts its own;
+* each worker spills into its own folder in the system's temporary directory (at
+  most `MEMORY_CAP` bytes), which the caller removes with the worker (or the worker,
+  should the caller be gone): DuckDB's default, `<database>.tmp/` beside the
+  database, kept what a killed worker left.
 
 Workers are started with `subprocess` (fork+exec) and talk over a socket pair
 wrapped in `multiprocessing.connection.Connection` (pickled messages). Not with a
@@ -34,15 +41,18 @@ Where `resource.RLIMIT_AS` does not exist (Windows), or with
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import importlib.util
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -50,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv_sql.errors import QueryTimeout, SQLError
-from toolenv_sql.executor import QueryResult
+from toolenv_sql.executor import QueryResult, _Call
 
 try:
     import resource
@@ -78,14 +88,14 @@ _GRACE = 1.0
 _START_TIMEOUT = 60.0
 # Open databases a worker keeps (each is a DuckDB instance with its own buffer pool).
 _WORKER_CONNECTIONS = 8
-# The child's entry point: read the parent's sys.path and the cap, then serve.
+# The child's entry point: read the parent's sys.path, the cap and its spill folder, then serve.
 _BOOTSTRAP = (
     "import sys\n"
     "from multiprocessing.connection import Connection\n"
     "conn = Connection(int(sys.argv[1]))\n"
-    "sys.path[:], cap = conn.recv()\n"
+    "sys.path[:], cap, spill = conn.recv()\n"
     "from toolenv_sql.duckdb_worker import serve\n"
-    "serve(conn, cap)\n"
+    "serve(conn, cap, spill)\n"
 )
 
 
@@ -106,11 +116,23 @@ def _timeout_error(timeout: float) -> QueryTimeout:
     return error(timeout)
 
 
+def _not_started_error(timeout: float) -> QueryTimeout:
+    from toolenv_sql.executor import _not_started_error as error
+
+    return error(timeout, "every DuckDB query process was")
+
+
+def _cancelled_error() -> SQLError:
+    return SQLError("The query was cancelled.")
+
+
 # ---------------------------------------------------------------------------- the worker side
 
 
-def serve(conn: Connection, cap: int) -> None:
-    """Answer `(path, sql, timeout, max_rows, count_all)` requests on `conn` until it closes."""
+def serve(conn: Connection, cap: int, spill: str | None = None) -> None:
+    """Answer `(path, sql, timeout, max_rows, count_all)` requests on `conn` until it closes;
+    DuckDB spills into the folder `spill` (at most `cap` bytes), which goes with the worker
+    should the caller be gone (the caller removes it otherwise)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if resource is not None and cap > 0:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -122,13 +144,16 @@ def serve(conn: Connection, cap: int) -> None:
     executor._MAX_CONNECTIONS_PER_THREAD = _WORKER_CONNECTIONS
     executor._DUCKDB_MEMORY_LIMIT = limit = min(512 * 2**20, cap // 4)
     executor._DUCKDB_MEMORY_NOTE = f"{_size_text(limit)} for DuckDB's data, {_size_text(cap)} in all"
-    watchdog = _Watchdog()
+    if spill is not None:
+        executor._DUCKDB_SPILL.update(temp_directory=spill, max_temp_directory_size=f"{max(cap, 2**20) // 2**20}MiB")
+    watchdog = _Watchdog(spill)
     watchdog.start()
     conn.send(("ready", None))
     while True:
         try:
             path, sql, timeout, max_rows, count_all = conn.recv()
         except (EOFError, OSError):
+            _remove(spill)  # the caller is gone (perhaps killed): no one else will
             return
         kind, value = _answer(executor, watchdog, Path(path), sql, timeout, max_rows, count_all)
         # After an allocation failed, or once freed memory stays mapped (glibc and DuckDB keep
@@ -146,9 +171,15 @@ def serve(conn: Connection, cap: int) -> None:
                 message = f"DuckDB error: the result cannot be sent back ({type(exc).__name__}: {exc})"
                 conn.send(("error", SQLError(message), retire))
         except (OSError, EOFError, MemoryError):
+            _remove(spill)
             return  # the caller is gone, or no memory is left even for the reply
         if retire:
             return
+
+
+def _remove(spill: str | None) -> None:
+    if spill is not None:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def _address_space() -> int:
@@ -164,16 +195,18 @@ class _Watchdog(threading.Thread):
     """Ends the worker when a query outlives its deadline, should the caller (who kills it
     at timeout + `_GRACE`) be gone. One thread for all queries: a Timer each cost ~0.2 ms."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill: str | None = None) -> None:
         super().__init__(name="toolenv-sql-watchdog", daemon=True)
         self.cond = threading.Condition()
         self.deadline = math.inf
+        self.spill = spill
 
     def run(self) -> None:
         with self.cond:
             while True:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
+                    _remove(self.spill)
                     os._exit(70)
                 self.cond.wait(None if left == math.inf else left)
 
@@ -214,6 +247,15 @@ class _Worker:
     """One worker process and the parent's end of its socket pair."""
 
     def __init__(self) -> None:
+        # DuckDB's temporary directory: made here (mode 0700), it is this worker's alone.
+        self.spill = tempfile.mkdtemp(prefix="toolenv-sql-duckdb-")
+        try:
+            self._start()
+        except BaseException:
+            shutil.rmtree(self.spill, ignore_errors=True)
+            raise
+
+    def _start(self) -> None:
         parent_end, child_end = socket.socketpair()
         with parent_end, child_end:
             env = dict(os.environ)
@@ -231,7 +273,7 @@ class _Worker:
                 raise SQLError(f"DuckDB error: the query process could not start ({exc}).") from None
             self.conn = Connection(parent_end.detach())
         try:
-            self.conn.send((sys.path, MEMORY_CAP))
+            self.conn.send((sys.path, MEMORY_CAP, self.spill))
             if not self.conn.poll(_START_TIMEOUT):
                 raise _WorkerDied(f"it did not start within {_START_TIMEOUT:g} s")
             self.conn.recv()
@@ -260,11 +302,19 @@ class _Worker:
             raise _WorkerDied from None
         return reply
 
+    def stop(self) -> None:
+        """SIGKILL the process (from any thread): whoever waits on its pipe sees it close."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGKILL)
+
     def kill(self) -> None:
+        """Kill and reap the process, close its pipe and remove its spill folder."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         self.conn.close()
+        shutil.rmtree(self.spill, ignore_errors=True)
 
 
 class _Pool:
@@ -278,29 +328,61 @@ class _Pool:
         self.workers: set[_Worker] = set()
         self.starting = 0
         self.closed = False
+        self.queue: collections.deque[object] = collections.deque()  # callers waiting, first first
 
-    def _acquire(self) -> _Worker:
+    def _wake(self) -> None:
         with self.cond:
-            while True:
-                while self.idle:
-                    worker = self.idle.pop()
-                    if worker.alive():
-                        return worker
-                    self.workers.discard(worker)  # died while idle (killed from outside)
-                    worker.kill()
-                if len(self.workers) + self.starting < self.size:
-                    self.starting += 1
-                    break
-                self.cond.wait()
+            self.cond.notify_all()
+
+    def _acquire(self, call: _Call) -> _Worker:
+        """An idle worker, or a new one, before `call`'s deadline (a start moves the deadline on).
+
+        Callers are served in the order they came: a thread that has just released a worker
+        and asks again would otherwise take it back before a waiter woke, again and again."""
+        turn = object()
+        call.on_cancel(self._wake)
+        try:
+            with self.cond:
+                self.queue.append(turn)
+                try:
+                    while True:
+                        if self.closed:
+                            raise SQLError("DuckDB error: the query processes were shut down.")
+                        if call.cancelled:
+                            raise _cancelled_error()
+                        if self.queue[0] is turn:
+                            while self.idle:
+                                worker = self.idle.pop()
+                                if worker.alive():
+                                    return worker
+                                self.workers.discard(worker)  # died while idle (killed from outside)
+                                worker.kill()
+                            if len(self.workers) + self.starting < self.size:
+                                self.starting += 1
+                                break
+                        left = call.left()
+                        if left <= 0:
+                            raise _not_started_error(call.timeout)
+                        self.cond.wait(left)
+                finally:
+                    self.queue.remove(turn)
+                    self.cond.notify_all()  # the next in line may go
+        finally:
+            call.on_cancel(None)
+        started = time.monotonic()
         try:
             worker = _Worker()
         finally:
             with self.cond:
                 self.starting -= 1
-                self.cond.notify()
+                self.cond.notify_all()
+        call.deadline += time.monotonic() - started  # the system's start-up, not the query's time
         with self.cond:
-            self.workers.add(worker)
-        return worker
+            if not self.closed:
+                self.workers.add(worker)
+                return worker
+        worker.kill()
+        raise SQLError("DuckDB error: the query processes were shut down.")
 
     def _release(self, worker: _Worker, keep: bool) -> None:
         with self.cond:
@@ -309,50 +391,70 @@ class _Pool:
                 self.idle.append(worker)
             else:
                 self.workers.discard(worker)
-            self.cond.notify()
+            self.cond.notify_all()  # (only the first in line may take it)
         if not keep:
             worker.kill()
 
-    def _sent(self, request: tuple[Any, ...]) -> _Worker:
-        """A worker that `request` was sent to (another one if the first had died while idle)."""
+    def _sent(self, path: str, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> tuple[_Worker, float]:
+        """A worker the query was sent to (another one if the first had died while idle), and
+        the seconds it was given: what is left of `call`'s time."""
         for _attempt in range(2):
-            worker = self._acquire()
+            worker = self._acquire(call)
+            left = call.left()
+            if left <= 0:  # (a start that takes the whole time moves the deadline on)
+                self._release(worker, keep=True)
+                raise _not_started_error(call.timeout)
             try:
-                worker.send(request)
-                return worker
+                worker.send((path, sql, left, max_rows, count_all))
+                return worker, left
             except OSError:  # it died since its last query (killed from outside): this one never reached it
                 self._release(worker, keep=False)
         raise SQLError("DuckDB error: the query process ended before it got the query.")
 
-    def run(self, request: tuple[Any, ...], timeout: float) -> QueryResult:
-        worker = self._sent(request)
+    def run(self, path: str, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> QueryResult:
+        worker, left = self._sent(path, sql, call, max_rows, count_all)
         keep = False
         try:
+            call.on_cancel(worker.stop)  # a caller that gives up frees the worker
             try:
-                reply = worker.answer(timeout + _GRACE)
+                reply = worker.answer(left + _GRACE)
             except _WorkerDied:
+                if call.cancelled:
+                    raise _cancelled_error() from None
+                if self.closed:
+                    raise SQLError("DuckDB error: the query processes were shut down.") from None
                 raise _death_error(worker) from None
+            finally:
+                call.on_cancel(None)
             if reply is None:
-                raise _timeout_error(timeout)
+                raise _timeout_error(call.timeout)
             kind, value, retiring = reply
-            keep = not retiring
+            keep = not retiring and not call.cancelled  # (a cancel may have killed it after it answered)
             if kind == "ok":
                 assert isinstance(value, QueryResult)
                 return value
             if kind == "error":
+                if isinstance(value, QueryTimeout):  # it stopped at the seconds it was given: name the whole timeout
+                    raise _timeout_error(call.timeout)
                 raise value
             raise _memory_error()
         finally:
             self._release(worker, keep)
 
     def close(self) -> None:
+        """Kill every worker; a busy one's caller gets an error, reaps it and closes its pipe
+        (closing a pipe another thread waits on is not safe)."""
         with self.cond:
             self.closed = True
-            workers = list(self.workers)
+            idle = list(self.idle)
+            busy = [worker for worker in self.workers if worker not in idle]
             self.workers.clear()
             self.idle.clear()
-        for worker in workers:
+            self.cond.notify_all()
+        for worker in idle:
             worker.kill()
+        for worker in busy:
+            worker.stop()
 
 
 def _death_error(worker: _Worker) -> SQLError:
@@ -423,8 +525,9 @@ def _duckdb_installed() -> bool:
     return importlib.util.find_spec("duckdb") is not None
 
 
-def run(path: Path, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
-    """Run a DuckDB query in a worker process (blocking); raises `SQLError` or `QueryTimeout`."""
+def run(path: Path, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> QueryResult:
+    """Run a DuckDB query in a worker process (blocking) within `call`'s time; raises `SQLError`
+    or `QueryTimeout`."""
     if not _duckdb_installed():
         raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.")
-    return _pool_now().run((os.path.abspath(path), sql, timeout, max_rows, count_all), timeout)
+    return _pool_now().run(os.path.abspath(path), sql, call, max_rows, count_all)

@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,8 @@ _MAX_ROW_BYTES = 64_000_000
 _MAX_COLUMNS = 2000
 _WIDTHS_PER_CONNECTION = 1024
 _FETCH_BATCH = 256
-# Bytes of text and blob values kept in a result's rows at most; rows past it are only counted.
+# Bytes of text and blob values kept in a result's rows at most (inside DuckDB's lists, structs
+# and maps too, where other items count 8 bytes each); rows past it are only counted.
 # Each value is capped (above), but a few wide columns over many rows would otherwise pile up
 # gigabytes (kept rows also go into `ToolResult.metadata`).
 _MAX_KEPT_BYTES = 16_000_000
@@ -173,6 +174,9 @@ _DUCKDB_CONFIG: dict[str, str | int | float | list[str]] = {
     "threads": 1,
     "lock_configuration": True,  # SET cannot undo the above
 }
+# Where DuckDB spills, and how much: a DuckDB worker process sets its own folder (removed
+# with the worker) and caps it. In-process, DuckDB's default (`<database>.tmp/`) stays.
+_DUCKDB_SPILL: dict[str, str] = {}
 # DuckDB's buffer-manager limit (bytes), and how the "Out of Memory" error states what a
 # query may use. A DuckDB worker process (duckdb_worker.py) sets both from its memory cap.
 _DUCKDB_MEMORY_LIMIT = 512 * 2**20
@@ -203,7 +207,7 @@ class _DuckDBConnection:
         except ImportError:
             raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.") from None
         self._duckdb = duckdb
-        config = {**_duckdb_config(), "memory_limit": f"{_DUCKDB_MEMORY_LIMIT // 2**20}MiB"}
+        config = {**_duckdb_config(), "memory_limit": f"{_DUCKDB_MEMORY_LIMIT // 2**20}MiB", **_DUCKDB_SPILL}
         try:
             self.conn = duckdb.connect(str(path), read_only=True, config=config)
         except duckdb.Error as exc:
@@ -262,8 +266,24 @@ def _batches(fetchmany: Any) -> Iterator[Any]:
         yield from batch
 
 
+_TEXT = (str, bytes, bytearray, memoryview)
+_SIZED = (*_TEXT, list, tuple, dict)
+
+
+def _value_bytes(value: Any) -> int:
+    """Bytes `value` holds: text and blobs by length; inside a list, struct or map (DuckDB) any
+    other item counts 8 bytes, so a nested value cannot carry gigabytes past the cap unseen."""
+    if isinstance(value, _TEXT):
+        return len(value)
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, (list, tuple)):
+        return sum(_value_bytes(item) if isinstance(item, _SIZED) else 8 for item in value)
+    return 0
+
+
 def _row_bytes(row: Any) -> int:
-    return sum(len(v) for v in row if isinstance(v, (str, bytes, bytearray, memoryview)))
+    return sum(_value_bytes(v) for v in row if isinstance(v, _SIZED))
 
 
 def _drain(rows: Iterable[Any], max_rows: int | None, count_all: bool) -> tuple[list[tuple[Any, ...]], int]:
@@ -288,6 +308,42 @@ def _timeout_error(timeout: float) -> QueryTimeout:
     return QueryTimeout(
         f"The query ran longer than {timeout:g} s and was stopped. Simplify it, add WHERE conditions or a LIMIT."
     )
+
+
+def _not_started_error(timeout: float, what: str) -> QueryTimeout:
+    return QueryTimeout(f"The query did not start within {timeout:g} s: {what} busy with other queries. Run it again.")
+
+
+class _Call:
+    """One query's deadline, counted from when it was asked for (so time spent waiting for a
+    pool thread or a DuckDB worker counts), and whether its caller has given up on it."""
+
+    __slots__ = ("_lock", "_stop", "cancelled", "deadline", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.cancelled = False
+        self._stop: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+
+    def left(self) -> float:
+        """Seconds until the deadline (0 or less once it has passed)."""
+        return self.deadline - time.monotonic()
+
+    def on_cancel(self, stop: Callable[[], None] | None) -> None:
+        """Call `stop` (from the cancelling thread) if the caller gives up; None clears it, after
+        which no `stop` runs any more. Called at once if the caller has given up already."""
+        with self._lock:
+            self._stop = stop
+            if stop is not None and self.cancelled:
+                stop()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._stop is not None:
+                self._stop()
 
 
 def _engine_error(engine: str, exc: BaseException) -> SQLError:
@@ -341,7 +397,9 @@ def run_query(
     query runs in a worker process instead (see `duckdb_worker`).
 
     Args:
-        timeout: seconds before the query is interrupted.
+        timeout: seconds before the query is interrupted, counted from this call (time spent
+            waiting for a free DuckDB worker counts; a DuckDB query gets 1 s more before its
+            worker is killed).
         max_rows: rows kept in the result (None keeps all).
         count_all: count every row (True) or stop one row past `max_rows`.
         immutable: open SQLite with `immutable=1` (no locking; the file must not change meanwhile).
@@ -349,12 +407,27 @@ def run_query(
     Raises:
         SQLError: the engine refused or failed the query, or it timed out.
     """
+    return _run(path, engine, sql, _Call(timeout), max_rows, count_all, immutable)
+
+
+def _run(
+    path: Path, engine: str, sql: str, call: _Call, max_rows: int | None, count_all: bool, immutable: bool
+) -> QueryResult:
+    """`run_query` within what is left of `call`'s time."""
+    if call.cancelled:
+        raise SQLError("The query was cancelled.")
     if engine == "duckdb":
         from toolenv_sql import duckdb_worker
 
         if duckdb_worker.AVAILABLE:
-            return duckdb_worker.run(path, sql, timeout, max_rows, count_all)
-    return _connection(path, engine, immutable).run(sql, timeout, max_rows, count_all)
+            return duckdb_worker.run(path, sql, call, max_rows, count_all)
+    left = call.left()
+    if left <= 0:  # it waited its whole time for a pool thread
+        raise _not_started_error(call.timeout, "every query thread was")
+    try:
+        return _connection(path, engine, immutable).run(sql, left, max_rows, count_all)
+    except QueryTimeout:
+        raise _timeout_error(call.timeout) from None
 
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
@@ -396,8 +469,13 @@ async def execute(
 
     A SQLite query first runs on the loop's thread for at most `inline_budget`
     seconds; past that it is interrupted and run on the shared worker pool with
-    the full `timeout`. `inline_budget=0` always uses the pool.
+    the rest of its `timeout`. `inline_budget=0` always uses the pool. The timeout
+    counts from this call: time spent waiting for a pool thread or a DuckDB worker
+    counts too (starting a worker does not), so a DuckDB query ends within `timeout`
+    + 1 s (a SQLite one within `timeout`). Cancelling the call stops its DuckDB query
+    (its worker is killed; SQLite queries end at their deadline).
     """
+    call = _Call(timeout)
     if engine == "sqlite" and inline_budget > 0:
         try:
             return run_query(
@@ -412,7 +490,9 @@ async def execute(
         except QueryTimeout:
             if inline_budget >= timeout:
                 raise
-    call = functools.partial(
-        run_query, path, engine, sql, timeout=timeout, max_rows=max_rows, count_all=count_all, immutable=immutable
-    )
-    return await asyncio.get_running_loop().run_in_executor(_executor(), call)
+    job = functools.partial(_run, path, engine, sql, call, max_rows, count_all, immutable)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_executor(), job)
+    except asyncio.CancelledError:
+        call.cancel()  # no one waits for the answer: free the worker, do not keep the interpreter's exit waiting
+        raise

@@ -60,7 +60,7 @@ class SQLTool(Tool):
                 (default: the package's bundled data).
             db_path: database used when a task names none.
             engine: "sqlite" or "duckdb"; default by file suffix (or `task.context["engine"]`).
-            query_timeout: seconds a query may run before it is interrupted.
+            query_timeout: seconds a query may take before it is stopped (waiting for a free worker counts).
             max_rows: rows kept in the result (`metadata["rows"]`, the table).
             max_chars: characters of table text at most.
             max_cell_chars: characters per cell at most.
