@@ -5,7 +5,9 @@ the method (`get_json_schema`), the methods are called with the model's argument
 `get_reward` scores the rollout. Then TRL's real GRPOTrainer trains one step on CPU with
 the tiny offline Qwen2 model, TRL's own Qwen2.5 chat template and response parser, and
 a policy whose generation is scripted (its forward pass, and so the loss, is the real
-model's): the tool calls go through TRL's tool loop into a real env.
+model's): the tool calls go through TRL's tool loop into a real env. An image env
+(`toolenv/VisualSearch-v0`) trains the same way with a tiny random Qwen3-VL and a real
+Qwen3-VL processor, its images in the prompt and in the crop tool's results.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import gymnasium as gym
 import pytest
 from pydantic import BaseModel, Field
 
@@ -262,6 +265,8 @@ def test_a_tool_image_comes_back_as_content_blocks() -> None:
     blocks = env.snapshot()
     assert blocks[0]["type"] == "image" and blocks[0]["image"].size == (2, 2)
     assert blocks[-1] == {"type": "text", "text": "a red square"}
+    # TRL's async trainer (text only) sends the model `str(result)`: the text, not the blocks' repr
+    assert str(blocks) == "a red square"
 
 
 def test_no_answer_tool_and_names_that_cannot_be_methods() -> None:
@@ -314,6 +319,80 @@ def test_dataset_rows_refuse_a_bad_n_and_an_env_without_tasks() -> None:
             dataset_rows(make_env, n=bad)
     with pytest.raises(ValueError, match="has no tasks"):
         dataset_rows(lambda: make_env(tasks=[]))
+
+
+# ---------------------------------------------------------------------- image envs
+def visual_rows(n: int = 2) -> list[dict[str, Any]]:
+    pytest.importorskip("toolenv_vision", reason="the VisualSearch env needs toolenv-vision")
+    return dataset_rows("toolenv/VisualSearch-v0", n=n, env_kwargs={"limit": n})
+
+
+def test_dataset_rows_of_an_image_env_carry_the_prompt_images_as_trl_reads_them() -> None:
+    """TRL's GRPOTrainer reads a row's `images` column and puts the images before the first user
+    message's text (`prepare_multimodal_messages`); `datasets` must keep them as they were."""
+    from datasets import Dataset
+    from trl.data_utils import prepare_multimodal_messages
+
+    rows = visual_rows()
+    with gym.make("toolenv/VisualSearch-v0", limit=2) as env:
+        _, info = env.reset(options={"task_id": json.loads(rows[0]["task"])["id"]})
+    overview = info["messages"][-1].images[0].to_pil()
+    assert [len(r["images"]) for r in rows] == [1, 1]
+    assert rows[0]["prompt"][-1] == {"role": "user", "content": info["messages"][-1].content}
+    stored = Dataset.from_list(rows)[0]  # what TRL's dataloader hands the trainer
+    assert stored["images"][0].tobytes() == overview.tobytes()  # the same pixels, not re-encoded
+    messages = prepare_multimodal_messages(stored["prompt"], images=stored["images"])
+    user = messages[-1]["content"]
+    assert [part["type"] for part in user] == ["image", "text"] and user[0]["image"].size == overview.size
+    assert user[1]["text"] == info["messages"][-1].content
+    factory = environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 2})
+    assert factory().reset(**stored) is None  # the row's prompt (and images) are the prompt
+
+
+def test_reset_without_a_prompt_returns_the_task_image_and_question_as_blocks() -> None:
+    """TRL appends `reset`'s return to the prompt's last message; for an image task it must hold the image."""
+    task = json.loads(visual_rows(1)[0]["task"])
+    env = environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1})()
+    image, text = env.reset(task_id=task["id"])
+    assert image["type"] == "image" and max(image["image"].size) == 448  # the overview the env shows
+    assert text == {"type": "text", "text": task["question"]}
+
+
+def test_the_crop_tools_image_reaches_trls_async_tool_loop_as_its_text(trl_parts: Any) -> None:
+    """TRL's async trainer is text only: its tool loop sends `str(result)`. The crop's text gets there."""
+    import asyncio
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    worker_module = pytest.importorskip("trl.experimental.async_grpo.async_rollout_worker")
+    from datasets import Dataset
+
+    _, tok, _ = trl_parts
+    rows = visual_rows(1)
+    task = json.loads(rows[0]["task"])
+    loop = worker_module._AsyncRolloutLoop(
+        model_name="tiny",
+        dataset=Dataset.from_list(rows),
+        reward_funcs=[],
+        processing_class=tok,
+        eos_token_ids=[tok.eos_token_id],
+        rollout_buffer=None,
+        model_version_value=None,
+        heartbeat_value=None,
+        failed_event=None,
+        exception_info_queue=None,
+        metrics_queue=None,
+        environment_factory=environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1}),
+    )
+    env = loop._environment_pool[None][0]
+    env.reset(**rows[0])
+    call = {"type": "function", "function": {"name": "crop", "arguments": {"bbox": task["context"]["box"]}}}
+    try:
+        messages, calls, failures = asyncio.run(loop._execute_tool_calls([call], {"crop": env.crop}))
+    finally:
+        loop._tool_pool.shutdown()
+    assert (calls, failures) == (1, 0)
+    assert messages[0]["content"] == env.env.episode.turns[0].results[0].text
+    assert messages[0]["content"].startswith("Cropped region") and "Image" not in messages[0]["content"]
 
 
 # ---------------------------------------------------------------------- TRL's trainer
@@ -484,6 +563,211 @@ def test_grpo_counts_a_failed_tool_call_and_shows_the_model_its_error(trl_parts:
     for env in trainer.environments:
         first = env.env.episode.turns[0].results[0]
         assert first.is_error and "unknown argument(s) 'expr'" in first.text
+
+
+# ---------------------------------------------------------------------- a vision model
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+@pytest.fixture(scope="module")
+def vlm_parts() -> Any:
+    """A tiny random Qwen3-VL built here (no download), a real `Qwen3VLProcessor` for images (no video
+    processor: that one needs torchvision) with TRL's Qwen3-VL template (TRL adds its response parser),
+    and a model class whose generation follows a script after a real forward pass over its images."""
+    pytest.importorskip("trl", reason="the TRL tests need trl (pip install toolenv[trl]); CI installs it")
+    import torch
+    import transformers
+
+    pil_processors = pytest.importorskip(
+        "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl", reason="Qwen-VL's Pillow image processor"
+    )
+    from trl.chat_template_utils import qwen3_vl_chat_template
+
+    from toolenv.integrations.verl.tiny import byte_bpe_tokenizer
+
+    corpus = ["You may call one or more functions: crop bbox units pixels answer code", '0123456789 [ ] { } , . " \n']
+    roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None}
+    tok = byte_bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *VISION_TOKENS], corpus, "", roles)
+
+    class ImageQwen3VLProcessor(transformers.Qwen3VLProcessor):  # type: ignore[misc]
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kw: Any) -> None:
+            super().__init__(image_processor, tokenizer, None, **kw)
+
+    images = pil_processors.Qwen2VLImageProcessorPil(
+        patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128
+    )
+    processor = ImageQwen3VLProcessor(images, tok, chat_template=qwen3_vl_chat_template)  # TRL adds its parser
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+
+    class ScriptedQwen3VL(transformers.Qwen3VLForConditionalGeneration):  # type: ignore[misc]
+        """Writes `script(context, row)[turn]`, after a real forward pass over the inputs TRL generates
+        from (the model raises if the image tokens and the pixels it is given disagree)."""
+
+        script: ClassVar[Callable[[str, int], list[str]]]
+        seen: ClassVar[list[tuple[int, int, int]]] = []  # (turn, images in the context, images given)
+
+        def generate(self, input_ids: Any = None, **kw: Any) -> Any:
+            inputs = {k: v for k, v in kw.items() if k != "generation_config"}
+            self(input_ids=input_ids, **inputs)
+            given = 0 if kw.get("image_grid_thw") is None else len(kw["image_grid_thw"])
+            outs = []
+            for i, row in enumerate(input_ids.tolist()):
+                text = tok.decode(row)
+                turn = text.count("<|im_start|>assistant") - 1
+                type(self).seen.append((turn, text.count("<|vision_start|>"), given))
+                replies = type(self).script(text, i)
+                outs.append(tok.encode(replies[min(turn, len(replies) - 1)] + "<|im_end|>", add_special_tokens=False))
+            width = max(map(len, outs))
+            pad = tok.pad_token_id
+            return torch.cat([input_ids, torch.tensor([o + [pad] * (width - len(o)) for o in outs])], dim=1)
+
+    return processor, config, ScriptedQwen3VL
+
+
+@pytest.mark.parametrize("rows_kind", ["dataset_rows", "task_id"])
+def test_grpo_trains_a_vision_model_on_visualsearch_with_the_crops_images(
+    vlm_parts: Any, tmp_path: Path, rows_kind: str
+) -> None:
+    """TRL's real GRPOTrainer with a (tiny) Qwen3-VL on `toolenv/VisualSearch-v0`: the overview image
+    is in the first prompt (from the row's `images` column, or from `reset` for a row naming only a
+    task id), each crop's image comes back in the tool message, and both reach the generation and the
+    loss's forward pass, whose gradient moves the vision tower."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    processor, config, cls = vlm_parts
+    rows = visual_rows(1)
+    task = json.loads(rows[0]["task"])
+    if rows_kind == "task_id":
+        rows = [{"task_id": task["id"]}]
+    crop = CALL.format(name="crop", args=json.dumps({"bbox": task["context"]["box"], "units": "pixels"}))
+    script = [  # one answers right, one wrong: a non-zero advantage
+        [crop, CALL.format(name="answer", args=json.dumps({"answer": task["answer"]})), "Done."],
+        [crop, CALL.format(name="answer", args='{"answer": "ZZZZ"}'), "Done."],
+    ]
+    cls.script = staticmethod(lambda text, i: script[i % 2])
+    cls.seen = []
+    torch.manual_seed(0)
+    model = cls(config)
+    vision_before = [p.detach().clone() for p in model.model.visual.parameters()]
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=processor,
+        train_dataset=Dataset.from_list(rows * 2),
+        environment_factory=environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1}),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_steps=1,
+            max_completion_length=512,
+            learning_rate=1e-2,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+        ),
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["tools/call_frequency"] == 2.0 and logged["tools/failure_frequency"] == 0.0
+    assert logged["reward"] == 0.5 and logged["reward_std"] > 0
+    # generation saw the overview first, then the overview and the crop (in the text and as pixels)
+    assert sorted(set(cls.seen)) == [(0, 1, 2), (1, 2, 4), (2, 2, 4)]
+    for env in trainer.environments:
+        first = env.env.episode.turns[0].results[0]
+        assert first.images and not first.is_error and first.text.startswith("Cropped region")
+    assert sorted(e.env.episode.answer for e in trainer.environments) == sorted([task["answer"], "ZZZZ"])
+    moved = [not torch.equal(a, b) for a, b in zip(vision_before, model.model.visual.parameters(), strict=True)]
+    assert any(moved)  # the images were in the loss's forward pass
+
+
+def test_grpo_mixes_an_image_env_and_a_text_env_in_one_vision_batch(vlm_parts: Any, tmp_path: Path) -> None:
+    """docs/trl.md: text rows given `images: []` train beside image rows, each with its own env."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from toolenv.integrations.verl.demo import Calculator
+
+    def calc_env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Calculator()], tasks=[{"id": "q", "question": "What is 6 * 7?", "answer": "42"}])
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    processor, config, cls = vlm_parts
+    pytest.importorskip("toolenv_vision", reason="the VisualSearch env needs toolenv-vision")
+    vision = dataset_rows("toolenv/VisualSearch-v0", n=1, env_kwargs={"limit": 1}, environment="vision")
+    task = json.loads(vision[0]["task"])
+    text = [{**row, "images": []} for row in dataset_rows(calc_env, environment="calc")]
+    crop = CALL.format(name="crop", args=json.dumps({"bbox": task["context"]["box"]}))
+
+    def script(context: str, i: int) -> list[str]:  # each prompt offers only its own env's tools
+        if '"name": "crop"' in context:
+            return [crop, CALL.format(name="answer", args=json.dumps({"answer": task["answer"]})), "Done."]
+        return [CALL.format(name="answer", args='{"answer": "42"}'), "Done."]
+
+    cls.script = staticmethod(script)
+    cls.seen = []
+    torch.manual_seed(0)
+    factories = {
+        "vision": environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1}),
+        "calc": environment_factory(calc_env),
+    }
+    trainer = GRPOTrainer(
+        model=cls(config),
+        processing_class=processor,
+        train_dataset=Dataset.from_list(vision + text),
+        environment_factory=factories,
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_steps=1,
+            max_completion_length=512,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+        ),
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["reward"] == 1.0 and logged["tools/failure_frequency"] == 0.0
+    assert {(turn, images) for turn, images, _ in cls.seen} == {(0, 1), (0, 0), (1, 2), (1, 0), (2, 2)}
+    assert all(e.env.episode.terminated for e in trainer.environments)
 
 
 # ---------------------------------------------------------------------- pickling and reward names

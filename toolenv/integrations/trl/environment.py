@@ -12,7 +12,9 @@ each such object holds a `ToolEnv` episode:
   a call is one env step, so toolenv validates, limits, truncates and records it; a
   failed call raises `ToolCallError` with the error text, which TRL counts as a failed
   tool call and shows the model as `{'error': <text>}` (`raise_tool_errors=False`: the
-  text comes back as the tool's result instead);
+  text comes back as the tool's result instead); a result with images comes back as
+  content blocks (`[{"type": "image", "image": PIL}, ..., {"type": "text", ...}]`), which
+  `GRPOTrainer` puts in the tool message for a vision model;
 - an `answer` method (its name is configurable) that gives the final answer and ends
   the episode, since TRL tells the environment nothing of the model's last message;
 - `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
@@ -37,7 +39,7 @@ from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import tool_signature
 from toolenv.runner import EnvSpec, _make_env
-from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
+from toolenv.types import ParsedAction, Task, ToolCall, ToolImage, ToolResult
 
 __all__ = [
     "ANSWER_DOC",
@@ -75,6 +77,22 @@ class ToolCallError(Exception):
         self.result = result  # None for a call that was not run
 
 
+class _ContentBlocks(list[dict[str, Any]]):
+    """A tool result with images: content blocks `[{"type": "image", "image": PIL}, ..., {"type": "text",
+    "text": ...}]`, which `GRPOTrainer` puts in the tool message for a vision model's chat template (and
+    its forward pass). Its `str()` is the text alone: TRL's async trainer, text-only, sends the model
+    `str(result)`, which for a plain list would be the blocks' repr."""
+
+    def __str__(self) -> str:
+        return "\n".join(str(b["text"]) for b in self if b.get("type") == "text")
+
+
+def _image_blocks(images: list[ToolImage]) -> list[dict[str, Any]]:
+    """TRL's image content blocks. The PIL images have no file format, so that `datasets` stores a
+    dataset image losslessly (PNG) rather than re-encoding a JPEG at its own quality."""
+    return [{"type": "image", "image": im.to_pil().copy()} for im in images]
+
+
 class TRLEnvironment:
     """One rollout's episode of a `ToolEnv`, seen by TRL as an environment with tool methods.
 
@@ -93,8 +111,9 @@ class TRLEnvironment:
         self._calls = 0
 
     # TRL calls `reset(**row)` with every column of the dataset row, `prompt` included.
-    def reset(self, **row: Any) -> str | None:
-        """Start an episode on the row's task; returns the question when the row has no prompt."""
+    def reset(self, **row: Any) -> str | list[dict[str, Any]] | None:
+        """Start an episode on the row's task. A row without a prompt gets the question back (TRL adds
+        it to the prompt), as content blocks `[image..., text]` when the task's prompt has images."""
         task = _row_task(row)
         options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
         _, info = _LOOP.run(self.env.areset(options=options))
@@ -104,7 +123,11 @@ class TRLEnvironment:
         if row.get("prompt"):
             return None
         episode = self._episode()
-        return episode.task.prompt or episode.task.question
+        question = episode.task.prompt or episode.task.question
+        images = [im for m in info["messages"] for im in m.images]
+        if images:
+            return [*_image_blocks(images), {"type": "text", "text": question}]
+        return question
 
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first."""
@@ -146,9 +169,8 @@ class TRLEnvironment:
         result = results[0]
         if result.is_error:
             return self._failed(result.text, result)
-        if result.images:  # TRL passes content blocks through to a VLM's template
-            blocks: list[dict[str, Any]] = [{"type": "image", "image": im.to_pil()} for im in result.images]
-            return [*blocks, {"type": "text", "text": result.text}]
+        if result.images:  # GRPOTrainer passes a list through as the tool message's content blocks
+            return _ContentBlocks([*_image_blocks(result.images), {"type": "text", "text": result.text}])
         return result.text
 
     def _answer(self, answer: str) -> str:
@@ -396,9 +418,12 @@ def dataset_rows(
     rows carry TRL's `environment` column, which picks a factory when
     `environment_factory` is a dict (several envs in one run).
 
+    A task whose prompt has images (`toolenv/VisualSearch-v0`'s overview) also gets TRL's
+    `images` column: the images as PIL images, in order, which `GRPOTrainer` shows a
+    vision model before the question (its `prepare_multimodal_messages`).
+
     Raises:
-        ValueError: `n` is below 1, the env has no tasks, or a task's prompt has images (TRL
-            rows here carry text prompts only).
+        ValueError: `n` is below 1 or the env has no tasks.
     """
     if n is not None and n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -413,12 +438,18 @@ def dataset_rows(
         rows = []
         for task in made.tasks[:n]:
             _, messages = made.render_prompt(task)
-            if any(m.images for m in messages):
-                raise ValueError(f"task {task.id!r} has images in its prompt; TRL rows carry text prompts only")
             prompt = [{"role": "system", "content": system}] if system else []
             prompt.append({"role": "user", "content": task.prompt or task.question})
-            row = {"prompt": prompt, "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False)}
-            rows.append(row if environment is None else {**row, "environment": environment})
+            row: dict[str, Any] = {
+                "prompt": prompt,
+                "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False),
+            }
+            images = [im for m in messages for im in m.images]
+            if images:
+                row["images"] = [block["image"] for block in _image_blocks(images)]
+            if environment is not None:
+                row["environment"] = environment
+            rows.append(row)
         return rows
     finally:
         made.close()
