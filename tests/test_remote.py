@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 
-from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, asgi_server, make_env, serving
+from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, add, asgi_server, hang, make_env, serving
 
 import toolenv
 from toolenv.remote import RemoteEnvError, RemoteToolEnv, SessionGoneError
@@ -367,19 +368,31 @@ def test_idle_sessions_are_reaped_and_reset_opens_a_new_one() -> None:
         _wait_for_sessions(u, 0)
 
 
-def test_a_session_mid_step_is_not_reaped() -> None:
-    @toolenv.tool
-    async def nap(seconds: float) -> str:
-        """Sleep."""
-        await asyncio.sleep(seconds)
-        return "rested"
+async def test_a_session_mid_call_is_reaped_only_once_its_client_sent_nothing_for_the_ttl() -> None:
+    from toolenv.remote.sessions import SessionStore, UnknownSessionError
 
-    with serving(lambda: make_env(tools=[nap]), session_ttl=0.1) as u:
-        env = RemoteToolEnv(u)
-        env.reset(options={"task_id": "t1"})
-        obs, *_ = env.step('<tool_call>{"name": "nap", "arguments": {"seconds": 0.5}}</tool_call>')
-        assert obs == "<tool_response>\nrested\n</tool_response>"
-        env.close()
+    store = SessionStore(make_env, max_sessions=2, ttl=60)
+    s = await store.create()
+    started = asyncio.Event()
+
+    async def forever() -> None:  # a tool stuck on a dead backend
+        started.set()
+        await asyncio.sleep(3600)
+
+    async def step() -> None:
+        async with store.use(s.id) as session:
+            await session.run(forever())
+
+    stepping = asyncio.create_task(step())
+    await asyncio.wait_for(started.wait(), 30)
+    assert await store.reap() == 0 and len(store) == 1  # its client asked just now: kept, mid-call
+    s.last_used = float("-inf")  # no request from its client for longer than the TTL
+    assert await store.reap() == 1
+    with pytest.raises(UnknownSessionError) as exc:
+        await stepping  # the call was cancelled; its answer says why
+    assert exc.value.why is not None and "no request came from its client for 60 s" in exc.value.why
+    await store.aclose()
+    assert len(store) == 0
 
 
 def test_an_unreachable_server_is_a_clear_error() -> None:
@@ -483,29 +496,25 @@ def test_an_unexpected_server_failure_is_a_clear_500_on_a_live_connection() -> N
             conn.close()
 
 
-async def test_the_reaper_never_closes_a_session_taken_while_it_closes_another() -> None:
+async def test_the_reaper_closes_the_idle_session_and_keeps_one_whose_client_came_back() -> None:
     from toolenv.remote.sessions import SessionStore
 
     store = SessionStore(make_env, max_sessions=4, ttl=60)
     a, b = await store.create(), await store.create()
-    closing, go_on = asyncio.Event(), asyncio.Event()
-    closed: list[str] = []
+    a_closed, closed = asyncio.Event(), []
 
-    async def close_a() -> None:  # a slow teardown (a sandbox, a browser)
-        closing.set()
-        await go_on.wait()
+    async def close_a() -> None:
         closed.append("a")
+        a_closed.set()
 
     async def close_b() -> None:
         closed.append("b")
 
     a.env.aclose, b.env.aclose = close_a, close_b  # type: ignore[method-assign]
     a.last_used = b.last_used = float("-inf")  # both idle for long
-    reaping = asyncio.create_task(store.reap())
-    await closing.wait()  # the reaper is closing a ...
     async with store.use(b.id):  # ... when b's client comes back and steps
-        go_on.set()
-        assert await reaping == 1
+        assert await store.reap() == 1
+        await asyncio.wait_for(a_closed.wait(), 10)  # a closes in the background
         assert closed == ["a"] and len(store) == 1  # b, mid-step, is neither closed nor dropped
     await store.aclose()
     assert closed == ["a", "b"]
@@ -713,10 +722,9 @@ async def test_a_reset_after_a_cancelled_step_does_not_wait_for_that_step() -> N
             obs, _ = await env.areset(options={"task_id": "t2"})  # at once, in a session of its own
             assert "10+4?" in obs and (await env.astep("<answer>14</answer>"))[1] == 1.0
             await env.aclose()  # nor does close wait for the stuck step
-            assert await asyncio.to_thread(_sessions, u) == 1  # the stuck one holds its slot till its step ends
+            await asyncio.to_thread(_wait_for_sessions, u, 0)  # the deleted one's stuck step was cancelled
         finally:
             finish.set()
-        await asyncio.to_thread(_wait_for_sessions, u, 0)  # then its env is closed
 
 
 async def test_end_episode_whose_answer_was_lost_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
@@ -964,3 +972,187 @@ async def test_a_reset_whose_answer_was_lost_is_sent_again_when_it_names_its_tas
             await env.areset()  # the env's own order: sent again, it would skip a task
         assert len([r for r in transport.sent if r.url.path.endswith("/reset")]) == 3
         await env.aclose()
+
+
+# ---------------------------------------------------------------------- stuck calls never keep a slot
+class _Stuck:
+    """A tool that never returns (a backend that stopped answering, no timeout of its own), and
+    records whether the server cancelled it: a stuck call must not hold its session's slot."""
+
+    CALL = '<tool_call>{"name": "stuck", "arguments": {}}</tool_call>'
+
+    def __init__(self) -> None:
+        import threading
+
+        self.started, self.cancelled = threading.Event(), threading.Event()
+        started, cancelled = self.started, self.cancelled
+
+        @toolenv.tool(timeout=None)
+        async def stuck() -> str:
+            """Wait for ever."""
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return "woke"
+
+        self.tool = stuck
+
+
+def test_a_dead_client_with_a_stuck_step_frees_its_slot() -> None:
+    """The client sends a step whose tool hangs, then dies: once no request came for the TTL,
+    the session expires, its step is cancelled and its slot freed for new clients."""
+    import socket
+
+    stuck = _Stuck()
+    with serving(lambda: make_env(tools=[add, stuck.tool]), max_sessions=1, session_ttl=0.5) as u:
+        with httpx.Client(base_url=u) as http:
+            sid = http.post("/sessions").json()["session_id"]
+            assert http.post(f"/sessions/{sid}/reset", json={"options": {"task_id": "t1"}}).status_code == 200
+        body = json.dumps({"action": _Stuck.CALL}).encode()
+        port = int(u.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as dying:
+            dying.sendall(
+                f"POST /sessions/{sid}/step HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert stuck.started.wait(30)
+        # the client is gone (its socket closed) and never comes back
+        _wait_for_sessions(u, 0)
+        assert stuck.cancelled.wait(30)  # the step was cancelled, not left to hang for ever
+        env = RemoteToolEnv(u)  # the one slot serves a new client
+        assert "2+3?" in env.reset(options={"task_id": "t1"})[0]
+        env.close()
+
+
+async def test_a_step_longer_than_the_ttl_with_no_request_is_ended_with_a_clear_error() -> None:
+    """A live client without a timeout waiting past the TTL gets an answer that says why."""
+    stuck = _Stuck()
+    with serving(lambda: make_env(tools=[add, stuck.tool]), session_ttl=0.5) as u:
+        env = RemoteToolEnv(u, timeout=None)
+        await env.areset(options={"task_id": "t1"})
+        with pytest.raises(SessionGoneError, match=r"no request .* for 0.5 s \(the session TTL\)") as exc:
+            await asyncio.wait_for(env.astep(_Stuck.CALL), 30)
+        assert exc.value.status == 404 and stuck.cancelled.is_set()
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.astep(CALL_ADD)
+        obs, _ = await env.areset(options={"task_id": "t2"})  # a new session
+        assert "10+4?" in obs and (await env.astep("<answer>14</answer>"))[1] == 1.0
+        await env.aclose()
+        assert await asyncio.to_thread(_sessions, u) == 0
+
+
+async def test_a_deleted_session_cancels_its_stuck_step_and_frees_its_slot() -> None:
+    """The runner's episode timeout cancels a step whose tool hangs; the next reset deletes that
+    session: nobody can read that step's answer any more, so it is cancelled and its slot freed."""
+    stuck = _Stuck()
+    with serving(lambda: make_env(tools=[add, stuck.tool]), max_sessions=2) as u:
+        env = RemoteToolEnv(u, timeout=10)
+        await env.areset(options={"task_id": "t1"})
+        stepping = asyncio.create_task(env.astep(_Stuck.CALL))
+        assert await asyncio.to_thread(stuck.started.wait, 30)
+        stepping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stepping
+        await env.areset(options={"task_id": "t2"})  # deletes the old session, opens a new one
+        assert await asyncio.to_thread(stuck.cancelled.wait, 30)
+        await asyncio.to_thread(_wait_for_sessions, u, 1)  # only the new one
+        other = RemoteToolEnv(u)  # the freed slot serves another client
+        assert "2+3?" in (await other.areset(options={"task_id": "t1"}))[0]
+        await other.aclose()
+        await env.aclose()
+
+
+async def test_a_reset_after_a_cancelled_reset_does_not_wait_for_that_reset() -> None:
+    """A reset stuck on the server (a sandbox that never starts) is cancelled by the caller's
+    timeout: the next reset moves to a new session rather than queue behind the stuck one."""
+    import threading
+
+    started, cancelled = threading.Event(), threading.Event()
+
+    class SlowStart(toolenv.ToolEnv):
+        async def arender_prompt(self, task: toolenv.Task) -> Any:
+            if task.id == "t4":
+                started.set()
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+            return await super().arender_prompt(task)
+
+    def factory() -> toolenv.ToolEnv:
+        return SlowStart(tools=[add], tasks=TASKS, reward="exact_match", max_turns=4)
+
+    with serving(factory, max_sessions=2) as u:
+        env = RemoteToolEnv(u, timeout=60)
+        resetting = asyncio.create_task(env.areset(options={"task_id": "t4"}))
+        assert await asyncio.to_thread(started.wait, 30)
+        resetting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await resetting
+        obs, _ = await asyncio.wait_for(env.areset(options={"task_id": "t1"}), 8)  # not 60 s later
+        assert "2+3?" in obs and (await env.astep("<answer>5</answer>"))[1] == 1.0
+        assert await asyncio.to_thread(cancelled.wait, 30)  # and the stuck reset was cancelled
+        await env.aclose()
+        await asyncio.to_thread(_wait_for_sessions, u, 0)
+
+
+def test_a_step_that_times_out_is_one_readable_line() -> None:
+    with serving(lambda: make_env(tools=[add, hang])) as u:
+        env = RemoteToolEnv(u, timeout=0.5, retries=1)
+        env.reset(options={"task_id": "t1"})
+        with pytest.raises(RemoteEnvError) as exc:
+            env.step('<tool_call>{"name": "hang", "arguments": {"seconds": 30}}</tool_call>')
+        # not "in time (ReadTimeout(''))": the limit, what timed out, and how often it was sent
+        assert (
+            str(exc.value) == f"step: no answer from the toolenv server at {u} within 0.5 s (ReadTimeout; sent 2 times)"
+        )
+        assert exc.value.status is None
+        env.close()
+
+
+async def test_a_close_that_hangs_does_not_stop_the_reaper() -> None:
+    """One env whose teardown hangs (a sandbox daemon that stopped answering) must not keep
+    every other idle session from being closed, which would leak their slots."""
+    from toolenv.remote.sessions import SessionStore
+
+    store = SessionStore(make_env, max_sessions=4, ttl=60)
+    a, b = await store.create(), await store.create()
+    release, b_closed, closed = asyncio.Event(), asyncio.Event(), []
+
+    async def close_a() -> None:
+        await release.wait()
+        closed.append("a")
+
+    async def close_b() -> None:
+        closed.append("b")
+        b_closed.set()
+
+    a.env.aclose, b.env.aclose = close_a, close_b  # type: ignore[method-assign]
+    a.last_used = b.last_used = float("-inf")
+    try:
+        assert await asyncio.wait_for(store.reap(), 10) == 2  # returns though a's close hangs
+        await asyncio.wait_for(b_closed.wait(), 10)
+        assert closed == ["b"] and len(store) == 1  # a holds its slot while it closes
+    finally:
+        release.set()
+        await store.aclose()
+    assert closed == ["b", "a"] and len(store) == 0
+
+
+async def test_a_reset_the_server_rejected_keeps_the_session(url: str) -> None:
+    """A 400 (no such task) was answered: the session is not busy, so no new one is opened."""
+    transport = LosesAnswers("GET", "/nothing", lose=0)  # records what is sent
+    env = RemoteToolEnv(url, transport=transport)
+    with pytest.raises(KeyError):
+        await env.areset(options={"task_id": "nope"})
+    await env.areset(options={"task_id": "t1"})
+    assert (await env.astep("<answer>5</answer>"))[1] == 1.0
+    await env.aclose()
+    sent = [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in transport.sent if "/sessions" in r.url.path]
+    assert [m for m, _ in sent].count("POST") == 4 and sent[0] == ("POST", "sessions")  # create, 2 resets, a step
+    assert sum(1 for m, p in sent if m == "POST" and p == "sessions") == 1 and sent[-1][0] == "DELETE"

@@ -241,7 +241,7 @@ async def test_a_stop_with_a_deleted_session_still_in_a_stuck_step_closes_and_ex
         stepping.cancel()
         with pytest.raises(asyncio.CancelledError):
             await stepping
-        obs, _ = await env.areset(seed=1)  # a new session; the old one closes when its step ends
+        obs, _ = await env.areset(seed=1)  # a new session; the old one's step is cancelled, its env closed
         assert "10+4?" in obs
         await env.aclose()
     finally:

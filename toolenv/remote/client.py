@@ -205,13 +205,15 @@ class RemoteToolEnv(ToolEnv):
         # Sent again, a reset starts another episode, of the same task only when the request
         # names it or seeds the env; a reset in the env's own order would move that order on.
         again = seed is not None or any(opts.get(k) is not None for k in ("task", "task_id", "task_index"))
-        path = f"/sessions/{self._session}/reset"
         try:
-            reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
-        except SessionGoneError:  # reaped while idle, or the server restarted: a new session will do
-            await self._open_session()
-            path = f"/sessions/{self._session}/reset"
-            reply = await self._call("POST", path, request, ResetResponse, "reset", retry=again)
+            try:
+                reply = await self._reset(request, again)
+            except SessionGoneError:  # reaped while idle, or the server restarted: a new session will do
+                await self._open_session()
+                reply = await self._reset(request, again)
+        except BaseException as exc:
+            self._failed(exc)  # no answer: the server may still be in it, the next reset goes elsewhere
+            raise
         task = given if isinstance(given, Task) else reply.task
         if task is None:
             raise RemoteEnvError(f"reset: the server at {self.url} did not say which task it chose")
@@ -219,6 +221,10 @@ class RemoteToolEnv(ToolEnv):
             task=task, episode_id=reply.episode_id, caller=self.caller, messages=list(reply.messages)
         )
         return reply.observation, {"task_id": reply.task_id, "turn": 0, "messages": reply.messages}
+
+    async def _reset(self, request: ResetRequest, again: bool) -> ResetResponse:
+        path = f"/sessions/{self._session}/reset"
+        return await self._call("POST", path, request, ResetResponse, "reset", retry=again)
 
     async def astep(
         self, action: str, *, parsed: ParsedAction | None = None
@@ -240,16 +246,8 @@ class RemoteToolEnv(ToolEnv):
             reply = await self._call(
                 "POST", f"/sessions/{self._session}/step", request, StepResponse, "step", retry=True
             )
-        except RemoteEnvError as exc:
-            # The server may or may not have taken the step: this episode cannot go on.
-            self._lost = f"this episode was lost ({exc}); call reset() to start another"
-            if isinstance(exc, SessionGoneError):
-                self._session = None
-            self._busy = self._busy or exc.status is None  # no answer: it may still run there
-            raise
-        except BaseException:  # cancelled (a timeout) or interrupted: the server may still take it
-            self._lost = "this episode was lost (its last step was cancelled); call reset() to start another"
-            self._busy = True
+        except BaseException as exc:  # the server may or may not have taken the step
+            self._failed(exc, "last step")
             raise
         info = reply.info
         turn = Turn(action, info.action, info.tool_results, info.tool_calls, reply.observation)
@@ -288,13 +286,8 @@ class RemoteToolEnv(ToolEnv):
             reply = await self._call(
                 "POST", f"/sessions/{self._session}/truncate", request, TruncateResponse, "truncate", retry=True
             )
-        except BaseException as exc:
-            # The server may have scored and ended it: sent again, it would score nothing (0.0).
-            why = str(exc) if isinstance(exc, RemoteEnvError) else "its truncate was cancelled"
-            self._lost = f"this episode was lost ({why}); call reset() to start another"
-            if isinstance(exc, SessionGoneError):
-                self._session = None
-            self._busy = self._busy or not isinstance(exc, RemoteEnvError) or exc.status is None
+        except BaseException as exc:  # the server may have scored and ended it: sent again, it would score 0.0
+            self._failed(exc, "truncate")
             raise
         ep.truncated = ep.released = True  # the server released it
         if ep.turns:
@@ -314,16 +307,14 @@ class RemoteToolEnv(ToolEnv):
         if self._session is not None and self._lost is None:
             try:
                 await self._do("POST", f"/sessions/{self._session}/end", "end_episode", retry=True)
-            except SessionGoneError:
-                self._session = None  # its env was closed, and the episode with it
-            except RemoteEnvError as exc:
-                # Logged, not raised, as a local env's failing release: the next reset or close
-                # releases the episode on the server anyway.
-                log.warning("%s", exc)
-                self._busy = self._busy or exc.status is None
-            except BaseException:
-                self._busy = True
-                raise
+            except BaseException as exc:
+                self._failed(exc)
+                if not isinstance(exc, RemoteEnvError):
+                    raise
+                if not isinstance(exc, SessionGoneError):  # gone: its env was closed, and the episode with it
+                    # Logged, not raised, as a local env's failing release: the next reset or close
+                    # releases the episode on the server anyway.
+                    log.warning("%s", exc)
 
     async def aclose(self) -> None:
         """Delete the session (closing its env on the server), then the HTTP client.
@@ -384,9 +375,28 @@ class RemoteToolEnv(ToolEnv):
             raise
         self._session, self._create_key = created.session_id, None
 
+    def _failed(self, exc: BaseException, call: str | None = None) -> None:
+        """What a call into the session that did not succeed leaves behind (the one rule for it).
+
+        With no answer (a cancel, a timeout, a dropped connection) the server may still be in
+        that call: the next reset moves to a new session rather than queue behind it. A 404
+        means the session is gone, and its env with it. A failed `call` of the episode (a step,
+        a truncate) may or may not have happened there: the episode cannot go on.
+        """
+        # A cancel or an interrupt is not an Exception; what is, and no RemoteEnvError, is one
+        # the server answered (reset options it rejected, raised here as locally).
+        unanswered = not isinstance(exc, Exception) or (isinstance(exc, RemoteEnvError) and exc.status is None)
+        if isinstance(exc, SessionGoneError):
+            self._session = None
+        elif unanswered:
+            self._busy = True
+        if call is not None:
+            why = str(exc) if isinstance(exc, RemoteEnvError) else f"its {call} was cancelled"
+            self._lost = f"this episode was lost ({why}); call reset() to start another"
+
     async def _abandon_session(self, what: str = "close the previous session") -> None:
         """Delete the session, which may still run a call whose answer was lost, without
-        waiting for that call (the server closes its env once the call ends); the next reset
+        waiting for that call (the server cancels it, then closes the env); the next reset
         opens a new one. A server that is gone is logged, not raised."""
         session, self._session, self._busy = self._session, None, False
         if session is None:
@@ -463,7 +473,7 @@ class RemoteToolEnv(ToolEnv):
                 break
             except httpx.TransportError as exc:
                 if attempt + 1 == attempts:
-                    raise self._no_answer(exc, what) from exc
+                    raise self._no_answer(exc, what, attempts) from exc
                 log.warning("%s: no answer from %s (%s); sending it again", what, self.url, type(exc).__name__)
                 await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
             except httpx.HTTPError as exc:  # an answer httpx could not read (its encoding)
@@ -472,11 +482,21 @@ class RemoteToolEnv(ToolEnv):
             raise self._failure(resp, what)
         return resp
 
-    def _no_answer(self, exc: httpx.TransportError, what: str) -> RemoteEnvError:
-        """No answer came (a dropped connection, a timeout): the server may or may not have run the request."""
+    def _no_answer(self, exc: httpx.TransportError, what: str, attempts: int = 1) -> RemoteEnvError:
+        """No answer came (a dropped connection, a timeout): the server may or may not have run the request.
+
+        One line that names the limit waited for (httpx's own message for a timeout is empty).
+        """
+        name, detail = type(exc).__name__, str(exc).strip()
+        cause = f"{name}: {detail}" if detail else name
+        if attempts > 1:
+            cause += f"; sent {attempts} times"
         if isinstance(exc, httpx.TimeoutException):
-            return RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url} in time ({exc!r})")
-        return RemoteEnvError(f"{what}: cannot reach the toolenv server at {self.url} ({type(exc).__name__}: {exc})")
+            kind = {httpx.ConnectTimeout: "connect", httpx.WriteTimeout: "write", httpx.PoolTimeout: "pool"}
+            limit = getattr(self._timeout, kind.get(type(exc), "read"))
+            within = f" within {limit:g} s" if limit is not None else " in time"
+            return RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url}{within} ({cause})")
+        return RemoteEnvError(f"{what}: cannot reach the toolenv server at {self.url} ({cause})")
 
     def _parse(self, resp: httpx.Response, model: type[M], what: str) -> M:
         try:

@@ -6,8 +6,8 @@ env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 
 - `POST /sessions` → `SessionCreated`; with an `Idempotency-Key` header, a create sent
   again with the same key (its answer was lost) gets the same session while it lives
-- `DELETE /sessions/{id}` ends the session; its env is closed then, or once its call in
-  flight ends (the DELETE does not wait for a step its client gave up on)
+- `DELETE /sessions/{id}` ends the session; its env is closed then, or its call in flight
+  is cancelled (its client gave up on it) and the env closed once that call has unwound
 - `POST /sessions/{id}/reset` (`ResetRequest`) → `ResetResponse`
 - `POST /sessions/{id}/step` (`StepRequest`) → `StepResponse`
 - `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
@@ -19,7 +19,8 @@ A step may name its episode and turn (`StepRequest.episode_id`, `turn`), a trunc
 episode: the same request sent again (its answer was lost) gets the answer of the run it
 repeats, which the session keeps (one per session), instead of a second run.
 
-Every error is JSON, `{"error": "..."}`: 404 unknown session, 409 step out of order, 422
+Every error is JSON, `{"error": "..."}`: 404 unknown session (or one that ended, deleted or
+expired, while the call ran), 409 step out of order, 422
 invalid body, 429 session limit, 400 the env rejected the reset options, 500 the env
 raised (its exception type and message; the traceback goes to the server's log only).
 """
@@ -190,7 +191,8 @@ def create_app(
         env_factory: a zero-argument callable returning a ToolEnv (or a `gym.make` result).
         env_id: the id reported in the metadata (default: the env's `spec.id`, if any).
         max_sessions: sessions alive at once; `POST /sessions` beyond it gets 429.
-        session_ttl: seconds a session may go unused before it is closed.
+        session_ttl: seconds a session's client may go without a request before the session
+            is closed, with its call in flight, if any, cancelled (its client is gone).
     """
     first = as_tool_env(env_factory())
     if env_id is None:
@@ -224,7 +226,9 @@ def create_app(
             env = session.env
             session.last = None  # the answers kept are of the episode this reset ends
             try:
-                obs, info = await env.areset(seed=req.seed, options=options)
+                obs, info = await session.run(env.areset(seed=req.seed, options=options))
+            except UnknownSessionError:  # the session ended while the call ran: a 404 that says why
+                raise
             except _BAD_OPTIONS as exc:
                 raise _Failure(400, _message(exc), type(exc).__name__) from None
             except Exception as exc:
@@ -259,7 +263,9 @@ def create_app(
                 raise _Failure(409, "this episode has ended; call reset() to start another")
             call = ("step", ep.episode_id, len(ep.turns) + 1)
             try:
-                obs, reward, terminated, truncated, info = await env.astep(req.action)
+                obs, reward, terminated, truncated, info = await session.run(env.astep(req.action))
+            except UnknownSessionError:  # the session ended while the call ran: a 404 that says why
+                raise
             except Exception as exc:
                 log.exception("step of session %s failed", session.id)
                 resp = _error(500, f"env step failed: {type(exc).__name__}: {_message(exc)}", type(exc).__name__)
@@ -278,7 +284,9 @@ def create_app(
     async def end_episode(request: Request) -> Response:
         async with store.use(request.path_params["session_id"]) as session:
             try:
-                await session.env.aend_episode()
+                await session.run(session.env.aend_episode())
+            except UnknownSessionError:  # the session ended while the call ran: a 404 that says why
+                raise
             except Exception as exc:
                 log.exception("ending the episode of session %s failed", session.id)
                 raise _Failure(500, f"env end_episode failed: {type(exc).__name__}: {_message(exc)}") from None
@@ -297,7 +305,9 @@ def create_app(
                     raise _Failure(409, _other_episode("truncate", req.episode_id, ep))
             was_open = ep is not None and not (ep.terminated or ep.truncated)
             try:
-                reward = await env.atruncate()
+                reward = await session.run(env.atruncate())
+            except UnknownSessionError:  # the session ended while the call ran: a 404 that says why
+                raise
             except Exception as exc:
                 log.exception("truncating the episode of session %s failed", session.id)
                 raise _Failure(500, f"env truncate failed: {type(exc).__name__}: {_message(exc)}") from None
@@ -419,11 +429,11 @@ async def _on_failure(request: Request, exc: Exception) -> Response:
 
 
 async def _on_unknown_session(request: Request, exc: Exception) -> Response:
-    return _error(
-        404,
-        f"no session {request.path_params.get('session_id', '')!r}: it was deleted, idle too long, "
-        "or the server restarted",
-    )
+    assert isinstance(exc, UnknownSessionError)
+    session_id = request.path_params.get("session_id", "")
+    if exc.why is not None:
+        return _error(404, f"session {session_id!r} {exc.why}")
+    return _error(404, f"no session {session_id!r}: it was deleted, idle too long, or the server restarted")
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:

@@ -2,8 +2,13 @@
 
 Each session owns an env from the factory and an `asyncio.Lock`: every call into the env
 runs under it, so one session takes one step at a time however its client behaves, while
-different sessions step concurrently in the server's event loop. A session unused for
-`ttl` seconds is closed (its tools released) by a background task.
+different sessions step concurrently in the server's event loop. A session whose client
+sent no request for `ttl` seconds is closed (its tools released) by a background task.
+
+A session that ends with a call in flight (deleted, or expired: its client gave up on that
+call or died) has that call cancelled, since nobody is left to read its answer; its slot is
+free once the call has unwound. A call stuck for ever (a tool with no timeout on a dead
+backend) therefore holds its slot for the TTL at most, not for the life of the server.
 
 A create may carry a key (the client's `Idempotency-Key`, one per session it wants): a
 create sent again with the same key, because its answer was lost, gets the same session
@@ -22,9 +27,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from toolenv.env import ToolEnv
 
@@ -42,6 +47,8 @@ __all__ = [
 
 log = logging.getLogger("toolenv.remote")
 
+T = TypeVar("T")
+
 DEFAULT_MAX_SESSIONS = 128
 #: Seconds a session may sit unused: longer than a model's slowest turn, short enough to end a leak.
 DEFAULT_SESSION_TTL = 600.0
@@ -54,7 +61,14 @@ class SessionLimitError(Exception):
 
 
 class UnknownSessionError(KeyError):
-    """No session has this id: never created, deleted, or reaped (HTTP 404)."""
+    """No session has this id: never created, deleted, or reaped (HTTP 404).
+
+    `why` says what ended it, for a call the session's end cancelled.
+    """
+
+    def __init__(self, session_id: str, why: str | None = None) -> None:
+        super().__init__(session_id)
+        self.why = why
 
 
 def as_tool_env(made: Any) -> ToolEnv:
@@ -83,7 +97,38 @@ class Session:
     key: str | None = None  # the idempotency key it was created with
     last: Answer | None = None  # the answer of the last step or truncate its env ran
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)  # its client's last request, or its last call's end
+    call: asyncio.Task[Any] | None = None  # the call into its env in flight
+    ended: str | None = None  # why it ended while a call was in flight (which was cancelled)
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run one call into the env (under `SessionStore.use`) as a task of its own, which the
+        session's end cancels.
+
+        Raises:
+            UnknownSessionError: the session ended (deleted, expired) while the call ran.
+        """
+        if self.ended is not None:
+            call.close()
+            raise UnknownSessionError(self.id, self.ended)
+        task = asyncio.ensure_future(call)
+        self.call = task
+        try:
+            return await task  # cancelling this request (a server stop) cancels the call too
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            cancelling = getattr(me, "cancelling", None)  # Python 3.11+
+            if self.ended is None or not task.cancelled() or (cancelling is not None and cancelling() > 0):
+                raise  # not the session's end: this request itself is being cancelled
+            raise UnknownSessionError(self.id, self.ended) from None
+        finally:
+            self.call = None
+
+    def cancel(self, why: str) -> None:
+        """End the session while a call may be in flight: cancel that call, which says `why`."""
+        self.ended = why
+        if self.call is not None:
+            self.call.cancel()
 
 
 class SessionStore:
@@ -92,7 +137,8 @@ class SessionStore:
     Args:
         factory: builds one env per session (called in a worker thread: it may load data).
         max_sessions: sessions alive at once; one more is refused with `SessionLimitError`.
-        ttl: seconds a session may sit unused before it is closed.
+        ttl: seconds a session's client may go without a request before the session is
+            closed, with its call in flight, if any, cancelled.
         spare: an env already built (the one the server described itself with): the first
             session gets it instead of building another.
     """
@@ -112,8 +158,8 @@ class SessionStore:
         self._keyed: dict[str, Session] = {}  # live sessions by idempotency key
         self._building: dict[str, asyncio.Future[None]] = {}  # keys whose env is being built: done when built or failed
         self._pending = 0  # sessions whose env is being built: they hold a slot already
-        self._closing = 0  # deleted sessions whose env is not closed yet: they still hold a slot
-        self._closers: set[asyncio.Task[None]] = set()  # closing once their call in flight ends
+        self._closing = 0  # ended (deleted, reaped) sessions whose env is not closed yet: they still hold a slot
+        self._closers: set[asyncio.Task[None]] = set()  # ended, closing (once their call in flight ends)
         self._reaper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -174,9 +220,10 @@ class SessionStore:
             UnknownSessionError: no such session (also when it was closed while waiting).
         """
         session = self._get(session_id)
+        session.last_used = time.monotonic()  # a request of its client: it is alive, if waiting
         async with session.lock:
             if self._sessions.get(session_id) is not session:  # deleted or reaped while we waited
-                raise UnknownSessionError(session_id)
+                raise UnknownSessionError(session_id, session.ended)
             session.last_used = time.monotonic()
             try:
                 yield session
@@ -184,18 +231,25 @@ class SessionStore:
                 session.last_used = time.monotonic()
 
     async def delete(self, session_id: str) -> None:
-        """End a session now; close its env now, or once its call in flight is done.
+        """End a session now: close its env now, or cancel its call in flight and close it
+        once that call has unwound.
 
         Not waiting for that call is what lets a client whose step was cancelled (an episode
-        timeout) drop the session and go on with a new one while the server finishes the
-        step. Until its env is closed, the session still takes its slot.
+        timeout) drop the session and go on with a new one at once; cancelling it is what
+        keeps a call stuck for ever from holding the slot: nobody can read its answer now.
+        Until its env is closed, the session still takes its slot.
         """
-        session = self._get(session_id)
+        await self._end(self._get(session_id), "was deleted while this call ran")
+
+    async def _end(self, session: Session, why: str, *, wait: bool = True) -> None:
+        """Drop a session, cancel its call in flight (saying `why`), and close its env: with
+        `wait`, now when it is free; else in a task of its own (once the call has unwound)."""
         self._forget(session)  # calls waiting for its lock find it gone
         self._closing += 1
-        if not session.lock.locked():
+        if wait and not session.lock.locked():
             await self._close_when_free(session)
             return
+        session.cancel(why)
         closer = asyncio.get_running_loop().create_task(self._close_when_free(session))
         self._closers.add(closer)
         closer.add_done_callback(self._closers.discard)
@@ -248,15 +302,25 @@ class SessionStore:
             await self.reap()
 
     async def reap(self) -> int:
-        """Close the sessions idle longer than `ttl` (a session mid-call is never idle); returns how many."""
+        """Close the sessions whose client sent no request for `ttl` seconds; returns how many.
+
+        A session mid-call counts too: its client waited longer than the TTL for one call
+        without sending it again, or is gone (a crash leaves a stuck call running for ever).
+        That call is cancelled; its answer, if the client still waits, says why. Their envs
+        close in tasks of their own: one teardown that hangs does not stop the reaping.
+        """
         cutoff = time.monotonic() - self.ttl
         closed = 0
         for s in list(self._sessions.values()):
-            # Checked again for each: while an earlier one closed, this one's client may be back.
-            if self._sessions.get(s.id) is s and s.last_used < cutoff and not s.lock.locked():
-                self._forget(s)
-                log.info("closing session %s: idle for more than %g s", s.id, self.ttl)
-                await _close(s)
+            if s.last_used < cutoff:  # no await in this loop: no client comes back half-way
+                busy = " (cancelling its call in flight)" if s.lock.locked() else ""
+                log.info("closing session %s: no request for more than %g s%s", s.id, self.ttl, busy)
+                await self._end(
+                    s,
+                    f"was closed while this call ran: no request came from its client for {self.ttl:g} s "
+                    "(the session TTL); a call that takes longer needs a larger --session-ttl",
+                    wait=False,
+                )
                 closed += 1
         return closed
 
