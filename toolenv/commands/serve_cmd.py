@@ -40,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_SESSION_TTL,
         metavar="SECONDS",
-        help=f"close a session unused this long (default {DEFAULT_SESSION_TTL:g})",
+        help=(
+            "close a session (and cancel its call) when its client sent no request this long "
+            f"(default {DEFAULT_SESSION_TTL:g})"
+        ),
     )
     parser.add_argument(
         "--graceful-timeout",
