@@ -7,6 +7,7 @@ import json
 import gymnasium as gym
 
 import toolenv  # noqa: F401 - registers the toolenv/* env ids
+from toolenv_vision import box_in
 
 
 def main() -> None:
@@ -15,8 +16,12 @@ def main() -> None:
     task = env.unwrapped.episode.task
     print(obs[-300:])
     print("overview image:", info["messages"][-1].images[0].width, "px wide")
-    x1, y1, x2, y2 = task.context["box"]
-    call = {"name": "crop", "arguments": {"bbox": [x1 - 10, y1 - 10, x2 + 10, y2 + 10], "units": "pixels"}}
+    # The crop tool reads pixels of the overview the model sees (the question states its size),
+    # so a box known in the full image's pixels is scaled down first; then 4 px of margin.
+    width, height = task.context["overview"]
+    x1, y1, x2, y2 = box_in(task.context["box"], task.context["size"], "pixels", (width, height))
+    bbox = [max(x1 - 4, 0), max(y1 - 4, 0), min(x2 + 4, width), min(y2 + 4, height)]
+    call = {"name": "crop", "arguments": {"bbox": bbox, "units": "pixels"}}
     obs, reward, terminated, truncated, info = env.step(f"<tool_call>{json.dumps(call)}</tool_call>")
     crop = info["tool_results"][0]
     print(crop.text)

@@ -75,6 +75,15 @@ class _Unanswered(toolenv.Reward):
         return -0.5 if episode.answer is None else 0.0
 
 
+def shown_box(task: dict[str, Any]) -> list[float]:
+    """The code's box of a VisualSearch task in pixels of the overview the model sees (the crop
+    tool's convention), from the task's box in the original image's pixels."""
+    from toolenv_vision import box_in
+
+    ctx = task["context"]
+    return box_in(ctx["box"], ctx["size"], "pixels", ctx["overview"])
+
+
 def make_env(**kw: Any) -> toolenv.ToolEnv:
     kw.setdefault("tools", [Add(), Search()])
     kw.setdefault("tasks", TASKS)
@@ -385,7 +394,7 @@ def test_the_crop_tools_image_reaches_trls_async_tool_loop_as_its_text(trl_parts
     )
     env = loop._environment_pool[None][0]
     env.reset(**rows[0])
-    call = {"type": "function", "function": {"name": "crop", "arguments": {"bbox": task["context"]["box"]}}}
+    call = {"type": "function", "function": {"name": "crop", "arguments": {"bbox": shown_box(task)}}}
     try:
         messages, calls, failures = asyncio.run(loop._execute_tool_calls([call], {"crop": env.crop}))
     finally:
@@ -673,7 +682,7 @@ def test_grpo_trains_a_vision_model_on_visualsearch_with_the_crops_images(
     task = json.loads(rows[0]["task"])
     if rows_kind == "task_id":
         rows = [{"task_id": task["id"]}]
-    crop = CALL.format(name="crop", args=json.dumps({"bbox": task["context"]["box"], "units": "pixels"}))
+    crop = CALL.format(name="crop", args=json.dumps({"bbox": shown_box(task), "units": "pixels"}))
     script = [  # one answers right, one wrong: a non-zero advantage
         [crop, CALL.format(name="answer", args=json.dumps({"answer": task["answer"]})), "Done."],
         [crop, CALL.format(name="answer", args='{"answer": "ZZZZ"}'), "Done."],
@@ -732,7 +741,7 @@ def test_grpo_mixes_an_image_env_and_a_text_env_in_one_vision_batch(vlm_parts: A
     vision = dataset_rows("toolenv/VisualSearch-v0", n=1, env_kwargs={"limit": 1}, environment="vision")
     task = json.loads(vision[0]["task"])
     text = [{**row, "images": []} for row in dataset_rows(calc_env, environment="calc")]
-    crop = CALL.format(name="crop", args=json.dumps({"bbox": task["context"]["box"]}))
+    crop = CALL.format(name="crop", args=json.dumps({"bbox": shown_box(task)}))
 
     def script(context: str, i: int) -> list[str]:  # each prompt offers only its own env's tools
         if '"name": "crop"' in context:

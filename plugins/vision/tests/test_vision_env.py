@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 from PIL import Image, ImageChops
 
 import toolenv
-from toolenv_vision import code_patch, generate_tasks, task_image, visualsearch_oracle
+from toolenv_vision import CropArgs, CropTool, code_patch, generate_tasks, task_image, visualsearch_oracle
 from toolenv_vision.envs import DEFAULT_OVERVIEW_SIZE, make_visualsearch_env
 
 
@@ -48,15 +48,24 @@ def test_oracle_scores_one_on_every_task() -> None:
 
 def test_the_crop_shows_the_drawn_code() -> None:
     env = make_visualsearch_env(num_tasks=12)
+    exact = CropTool()  # pixels of the full task image: crop exactly the code's box
     assert len(env.tasks) == 12  # no tasks would pass the loop below without a check
     for task in env.tasks:
         env.reset(options={"task": task})
         _, _, _, _, info = env.step(visualsearch_oracle(task, 0, ""))
         (result,) = info["tool_results"]
         assert not result.is_error, result.text
-        crop = result.images[0].to_pil().convert("RGB")
         render = task.context["render"]
         expected = code_patch(task.answer, tuple(render["fg"]), tuple(render["bg"]))
+        # the oracle's box (overview pixels, rounded outwards) covers the code, pasted there unchanged
+        x1, y1, x2, y2 = task.context["box"]
+        c1, d1, c2, d2 = result.metadata["bbox"]
+        assert c1 <= x1 and d1 <= y1 and c2 >= x2 and d2 >= y2, (task.id, result.metadata["bbox"])
+        region = task_image(task.context).crop((c1, d1, c2, d2))
+        assert region.crop((x1 - c1, y1 - d1, x2 - c1, y2 - d1)).tobytes() == expected.tobytes()
+        exact_result = exact.crop(CropArgs(bbox=task.context["box"], units="pixels"), task)
+        assert not exact_result.is_error, exact_result.text
+        crop = exact_result.images[0].to_pil().convert("RGB")
         # the crop is the code patch enlarged: shrink it back and compare pixel by pixel
         back = crop.resize(expected.size, Image.Resampling.NEAREST)
         diff = ImageChops.difference(back, expected)

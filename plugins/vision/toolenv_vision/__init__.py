@@ -6,7 +6,19 @@ bundled scikit-image photos by default) and decoded once per process.
 
 from __future__ import annotations
 
-from toolenv_vision.crop import CropArgs, CropCall, CropTool, PixelBox, zoom_size
+from toolenv_vision.crop import (
+    COORDINATES,
+    Coordinates,
+    CropArgs,
+    CropCall,
+    CropTool,
+    PixelBox,
+    Relative1000Args,
+    RelativeArgs,
+    box_in,
+    view_dims,
+    zoom_size,
+)
 from toolenv_vision.envs import VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
 from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
 from toolenv_vision.render import CodeOverlay, code_patch, task_image
@@ -14,21 +26,27 @@ from toolenv_vision.tasks import ALPHABET, generate_tasks
 
 __all__ = [
     "ALPHABET",
+    "COORDINATES",
     "DATA_DIR",
     "PHOTOS",
     "CodeOverlay",
+    "Coordinates",
     "CropArgs",
     "CropCall",
     "CropTool",
     "ImageRefError",
     "PixelBox",
+    "Relative1000Args",
+    "RelativeArgs",
     "VisualSearchEnv",
+    "box_in",
     "code_patch",
     "generate_tasks",
     "make_visualsearch_env",
     "overview_image",
     "resolve_image",
     "task_image",
+    "view_dims",
     "visualsearch_oracle",
     "zoom_size",
 ]

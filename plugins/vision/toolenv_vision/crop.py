@@ -1,11 +1,22 @@
 """The `crop` tool: zoom into a region of the task's image and return it as an image.
 
+Coordinate conventions (`CropTool(coordinates=...)`; the tool description and schema tell
+the model which one):
+
+* `"pixels"` (default): pixels of the image the model was shown. By default that is the task
+  image itself; with `view_size` (and `view_multiple`) it is the task image shrunk so its longer
+  side is at most `view_size` and each side rounded to a multiple of `view_multiple`, as an env
+  that shows a downscaled overview (VisualSearch-v0) and Qwen2.5-VL's processor (sides rounded to
+  multiples of 28) present it. Qwen2.5-VL grounds in absolute pixels of the image it was given.
+  The `units` argument may switch a call to fractions in [0, 1] (`"normalized"`); with `"auto"`
+  (default) a box whose four values are all <= 1 is read as fractions.
+* `"relative1000"`: integers or floats from 0 to 1000 across the width and height (Qwen3-VL).
+* `"relative"`: fractions from 0 to 1 across the width and height.
+
 Box rules (also in the tool description the model sees):
 
-* `bbox` is `[x1, y1, x2, y2]`, left/top inclusive, right/bottom exclusive (Pillow's crop).
-* `units="pixels"`: pixels of the task image; fractions are rounded outwards.
-* `units="normalized"`: fractions of width and height in [0, 1].
-* `units="auto"` (default): normalised when all four values are ≤ 1, pixels otherwise.
+* `bbox` is `[x1, y1, x2, y2]`, left/top inclusive, right/bottom exclusive (Pillow's crop);
+  mapped to pixels of the task image, fractions are rounded outwards.
 * The box must lie inside the image, with x1 < x2, y1 < y2, each side at least
   `min_size` pixels of the task image, and its long side at most `max_aspect_ratio`
   times its short side (Qwen-VL processors raise on images past 200:1, which would
@@ -19,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, model_validator
@@ -29,20 +41,57 @@ from toolenv import Task, Tool, ToolContext, ToolImage, ToolResult
 from toolenv_vision.images import ImageRefError
 from toolenv_vision.render import task_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DEFAULT_MIN_PIXELS", "CropArgs", "CropCall", "CropTool", "PixelBox", "zoom_size"]
+__all__ = [
+    "COORDINATES",
+    "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MIN_PIXELS",
+    "Coordinates",
+    "CropArgs",
+    "CropCall",
+    "CropTool",
+    "PixelBox",
+    "Relative1000Args",
+    "RelativeArgs",
+    "box_in",
+    "view_dims",
+    "zoom_size",
+]
 
 DEFAULT_MIN_PIXELS = 224 * 224
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_MIN_SIZE = 8
 DEFAULT_MAX_ASPECT_RATIO = 100
 
+Coordinates = Literal["pixels", "relative1000", "relative"]
+"""How a crop box is read: pixels of the image the model was shown, 0-1000 across its width and
+height (Qwen3-VL), or fractions 0-1."""
+COORDINATES: tuple[str, ...] = get_args(Coordinates)
+
 Coordinate = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
+_SNAP = 1e-6
+"""A mapped coordinate this close to a whole pixel is that pixel: 0.29 * 100 is 28.999999999999996,
+which rounded outwards would grow the box by a pixel."""
 
 
-class CropArgs(BaseModel):
-    """Arguments of the crop tool."""
+class _Ordered(BaseModel):
+    """`bbox` has x1 < x2 and y1 < y2."""
 
     model_config = ConfigDict(extra="forbid")
+
+    bbox: list[Coordinate]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Ordered:
+        x1, y1, x2, y2 = self.bbox
+        if not (x1 < x2 and y1 < y2):
+            raise ValueError(f"bbox {_fmt(self.bbox)} must have x1 < x2 and y1 < y2")
+        return self
+
+
+class CropArgs(_Ordered):
+    """Arguments of the crop tool."""
+
+    # With coordinates="pixels" (the default).
 
     bbox: list[Coordinate] = Field(
         min_length=4,
@@ -55,10 +104,7 @@ class CropArgs(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _ordered(self) -> CropArgs:
-        x1, y1, x2, y2 = self.bbox
-        if not (x1 < x2 and y1 < y2):
-            raise ValueError(f"bbox {_fmt(self.bbox)} must have x1 < x2 and y1 < y2")
+    def _in_range(self) -> CropArgs:
         if self.units == "normalized" and max(self.bbox) > 1:
             raise ValueError(f"normalized bbox {_fmt(self.bbox)} has values above 1")
         return self
@@ -67,6 +113,32 @@ class CropArgs(BaseModel):
     def normalized(self) -> bool:
         """Whether the bbox is in fractions of the image size (the auto rule applied)."""
         return self.units == "normalized" or (self.units == "auto" and max(self.bbox) <= 1)
+
+
+class Relative1000Args(_Ordered):
+    """Arguments of the crop tool."""
+
+    # With coordinates="relative1000", Qwen3-VL's grounding scale.
+
+    bbox: list[Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1000)]] = Field(
+        min_length=4,
+        max_length=4,
+        description="Region [x1, y1, x2, y2] from 0 to 1000 across the image's width and height "
+        "(x rightwards, y downwards): [0, 0, 1000, 1000] is the whole image.",
+    )
+
+
+class RelativeArgs(_Ordered):
+    """Arguments of the crop tool."""
+
+    # With coordinates="relative".
+
+    bbox: list[Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1)]] = Field(
+        min_length=4,
+        max_length=4,
+        description="Region [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height "
+        "(x rightwards, y downwards): [0, 0, 1, 1] is the whole image.",
+    )
 
 
 _ARG_SCHEMAS = CropArgs.model_json_schema()["properties"]
@@ -82,6 +154,33 @@ class CropCall(BaseModel):
 
     bbox: Annotated[Any, WithJsonSchema(_ARG_SCHEMAS["bbox"])]
     units: Annotated[Any, WithJsonSchema(_ARG_SCHEMAS["units"])] = "auto"
+
+
+class _Relative1000Call(BaseModel):
+    """Arguments of the crop tool."""
+
+    # Names only, as `CropCall`; `Relative1000Args` checks the values in `run`.
+
+    model_config = ConfigDict(extra="forbid", title="Relative1000Args")
+
+    bbox: Annotated[Any, WithJsonSchema(Relative1000Args.model_json_schema()["properties"]["bbox"])]
+
+
+class _RelativeCall(BaseModel):
+    """Arguments of the crop tool."""
+
+    # Names only, as `CropCall`; `RelativeArgs` checks the values in `run`.
+
+    model_config = ConfigDict(extra="forbid", title="RelativeArgs")
+
+    bbox: Annotated[Any, WithJsonSchema(RelativeArgs.model_json_schema()["properties"]["bbox"])]
+
+
+_MODELS: dict[str, tuple[type[_Ordered], type[BaseModel]]] = {
+    "pixels": (CropArgs, CropCall),
+    "relative1000": (Relative1000Args, _Relative1000Call),
+    "relative": (RelativeArgs, _RelativeCall),
+}
 
 
 class PixelBox(BaseModel):
@@ -102,17 +201,18 @@ class PixelBox(BaseModel):
         ctx = info.context or {}
         width, height, min_size = ctx.get("width"), ctx.get("height"), ctx.get("min_size", 1)
         max_ratio = ctx.get("max_aspect_ratio")
+        of = f" of the {width}x{height} image" if width is not None and height is not None else ""
         if width is not None and height is not None and (self.x2 > width or self.y2 > height):
             raise ValueError(f"box {_fmt(self.as_list())} reaches outside the {width}x{height} image")
-        if self.x2 - self.x1 < min_size or self.y2 - self.y1 < min_size:
+        w, h = self.x2 - self.x1, self.y2 - self.y1
+        if w < min_size or h < min_size:
             raise ValueError(
-                f"box {_fmt(self.as_list())} is {_num(self.x2 - self.x1)}x{_num(self.y2 - self.y1)} px; each side "
-                f"must be at least {min_size} px"
+                f"box {_fmt(self.as_list())} is {_num(w)}x{_num(h)} px{of}; each side must be at least {min_size} px"
             )
-        long, short = max(self.x2 - self.x1, self.y2 - self.y1), min(self.x2 - self.x1, self.y2 - self.y1)
+        long, short = max(w, h), min(w, h)
         if max_ratio is not None and long > max_ratio * short:
             raise ValueError(
-                f"box {_fmt(self.as_list())} is {_num(self.x2 - self.x1)}x{_num(self.y2 - self.y1)} px, aspect ratio "
+                f"box {_fmt(self.as_list())} is {_num(w)}x{_num(h)} px{of}, aspect ratio "
                 f"{long / short:.3g}:1; it must be at most {_num(max_ratio)}:1"
             )
         return self
@@ -132,10 +232,70 @@ class PixelBox(BaseModel):
                 long side is more than `max_aspect_ratio` times its short side.
         """
         sx, sy = (width, height) if args.normalized else (1, 1)
-        x1, y1, x2, y2 = args.bbox
-        box = {"x1": math.floor(x1 * sx), "y1": math.floor(y1 * sy), "x2": math.ceil(x2 * sx), "y2": math.ceil(y2 * sy)}
+        return cls.scaled(args.bbox, sx, sy, width, height, min_size, max_aspect_ratio)
+
+    @classmethod
+    def scaled(
+        cls,
+        bbox: list[float],
+        sx: float,
+        sy: float,
+        width: int,
+        height: int,
+        min_size: int,
+        max_aspect_ratio: float | None = None,
+    ) -> PixelBox:
+        """Whole-pixel box of `bbox` times (`sx`, `sy`) on a `width`×`height` image, rounded outwards.
+
+        Raises:
+            ValidationError: as `from_args`.
+        """
+        x1, y1, x2, y2 = (_snap(v * s) for v, s in zip(bbox, (sx, sy, sx, sy), strict=True))
+        box = {"x1": math.floor(x1), "y1": math.floor(y1), "x2": math.ceil(x2), "y2": math.ceil(y2)}
         context = {"width": width, "height": height, "min_size": min_size, "max_aspect_ratio": max_aspect_ratio}
         return cls.model_validate(box, context=context)
+
+
+def _snap(value: float) -> float:
+    nearest = round(value)
+    return float(nearest) if abs(value - nearest) < _SNAP else value
+
+
+def view_dims(width: int, height: int, size: int | None, multiple: int = 1) -> tuple[int, int]:
+    """The size at which a `width`×`height` image is shown: shrunk (never enlarged) so its longer
+    side is at most `size` (None: not shrunk), then each side rounded to the nearest multiple of
+    `multiple`, at least one multiple (what Qwen2.5-VL's `smart_resize` does with 28)."""
+    w, h = width, height
+    if size is not None and max(w, h) > size:
+        scale = size / max(w, h)
+        w, h = max(1, round(w * scale)), max(1, round(h * scale))
+    if multiple > 1:
+        w, h = max(multiple, round(w / multiple) * multiple), max(multiple, round(h / multiple) * multiple)
+    return w, h
+
+
+def box_in(
+    box: list[int] | tuple[int, int, int, int],
+    size: tuple[int, int] | list[int],
+    coordinates: Coordinates,
+    view: tuple[int, int] | list[int] | None = None,
+) -> list[float]:
+    """`box` (pixels of the `size` image, right/bottom exclusive) in a crop convention, rounded
+    outwards where the convention is whole numbers: pixels of `view` (the shown image, default
+    `size`), 0-1000 (whole numbers), or fractions. Scripted policies and tests use this."""
+    width, height = size
+    if coordinates == "relative":
+        return [box[0] / width, box[1] / height, box[2] / width, box[3] / height]
+    if coordinates == "relative1000":
+        ex, ey = 1000, 1000
+    elif coordinates == "pixels":
+        ex, ey = view if view is not None else (width, height)
+    else:
+        raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
+    x1, y1, x2, y2 = (
+        _snap(v * e / s) for v, e, s in zip(box, (ex, ey, ex, ey), (width, height, width, height), strict=True)
+    )
+    return [math.floor(x1), math.floor(y1), min(math.ceil(x2), ex), min(math.ceil(y2), ey)]
 
 
 def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -179,20 +339,64 @@ def _argument_errors(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """Where a box's numbers live: their extent, and task-image pixels per unit."""
+
+    label: str  # for messages: "pixels", "pixels of the 448x448 image", "relative1000", ...
+    extent: tuple[float, float]
+    scale: tuple[float, float]
+    whole_pixels: bool  # the frame is the task image's own pixels
+
+
+_DESCRIPTIONS = {
+    "relative1000": (
+        "Zoom in: crop a region of the image and return it enlarged. bbox is [x1, y1, x2, y2] "
+        "(left, top, right, bottom) on a 0-1000 scale across the image's width and height, whatever "
+        "its size in pixels: [0, 0, 1000, 1000] is the whole image, [500, 0, 1000, 500] its top-right quarter."
+    ),
+    "relative": (
+        "Zoom in: crop a region of the image and return it enlarged. bbox is [x1, y1, x2, y2] "
+        "(left, top, right, bottom) as fractions from 0 to 1 of the image's width and height: "
+        "[0, 0, 1, 1] is the whole image, [0.5, 0, 1, 0.5] its top-right quarter."
+    ),
+}
+
+
 class CropTool(Tool):
     """Zoom in: crop a region of the task's image and return it enlarged.
 
-    bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image, or normalized to [0, 1];
-    with units="auto" values all <= 1 are read as normalized. The box must lie inside the image.
+    The description the model reads states the coordinate convention (`description`, set per tool).
+
+    Args:
+        image_root: where `context["image"]` paths live (default: the bundled photos).
+        coordinates: `"pixels"`, `"relative1000"` (Qwen3-VL) or `"relative"` (0-1); see the module.
+        view_size: with `"pixels"`, the longer side of the image the model was shown (None: the
+            task image at full size); its boxes are scaled up to the task image.
+        view_multiple: with `"pixels"`, the shown image's sides are rounded to this multiple (28 for
+            a Qwen2.5-VL processor), as `view_dims` computes.
+        min_pixels: a crop is enlarged to at least this many pixels.
+        max_pixels: and shrunk to at most this many.
+        min_size: each side of a box covers at least this many task-image pixels.
+        max_aspect_ratio: long side over short side of a box, at most.
+        **limits: `ToolLimits` overrides.
     """
 
     name = "crop"
-    Args = CropCall
+    description: ClassVar[str] = (
+        "Zoom in: crop a region of the task's image and return it enlarged.\n\n"
+        "bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image, or normalized to [0, 1]; "
+        'with units="auto" values all <= 1 are read as normalized. The box must lie inside the image.'
+    )
+    Args: ClassVar[type[BaseModel]] = CropCall
 
     def __init__(
         self,
         image_root: str | Path | None = None,
         *,
+        coordinates: Coordinates = "pixels",
+        view_size: int | None = None,
+        view_multiple: int = 1,
         min_pixels: int = DEFAULT_MIN_PIXELS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         min_size: int = DEFAULT_MIN_SIZE,
@@ -200,6 +404,12 @@ class CropTool(Tool):
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
+        if coordinates not in COORDINATES:
+            raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
+        if view_size is not None and view_size < 1:
+            raise ValueError(f"view_size must be at least 1 or None, got {view_size}")
+        if view_multiple < 1:
+            raise ValueError(f"view_multiple must be at least 1, got {view_multiple}")
         if not 1 <= min_pixels <= max_pixels:
             raise ValueError(f"need 1 <= min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
         if min_size < 1:
@@ -207,38 +417,107 @@ class CropTool(Tool):
         if not max_aspect_ratio >= 1:
             raise ValueError(f"max_aspect_ratio must be at least 1, got {max_aspect_ratio}")
         self.image_root = Path(image_root) if image_root is not None else None
+        self.coordinates: Coordinates = coordinates
+        self.view_size, self.view_multiple = view_size, view_multiple
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
         self.max_aspect_ratio = max_aspect_ratio
+        self._strict, self.Args = _MODELS[coordinates]  # type: ignore[misc]  # per instance, like FunctionTool
+        self.description = self._describe()  # type: ignore[misc]
 
-    async def run(self, args: CropCall | CropArgs, ctx: ToolContext) -> ToolResult:
+    @property
+    def _scaled_view(self) -> bool:
+        return self.coordinates == "pixels" and (self.view_size is not None or self.view_multiple > 1)
+
+    def _describe(self) -> str:
+        """The description the model reads: how this tool reads `bbox`."""
+        if self.coordinates in _DESCRIPTIONS:
+            return _DESCRIPTIONS[self.coordinates]
+        if not self._scaled_view:
+            return type(self).description
+        shown = "the image as you were shown it"
+        if self.view_size is not None:
+            shown += f" (its longer side at most about {self.view_size} px)"
+        return (
+            "Zoom in: crop a region of the image and return it enlarged, at higher resolution than you "
+            f"were shown. bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of {shown}, or "
+            'normalized to [0, 1]; with units="auto" values all <= 1 are read as normalized. '
+            "The box must lie inside the image."
+        )
+
+    async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
         # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
         return await asyncio.to_thread(self.crop, args, ctx.task)
 
-    def crop(self, args: CropCall | CropArgs, task: Task) -> ToolResult:
+    def _frame(self, args: _Ordered, width: int, height: int) -> _Frame:
+        if isinstance(args, CropArgs) and args.normalized:
+            return _Frame("normalized", (1, 1), (width, height), False)
+        if self.coordinates == "relative1000":
+            return _Frame(
+                "relative1000: 0 to 1000 across the width and height",
+                (1000, 1000),
+                (width / 1000, height / 1000),
+                False,
+            )
+        if self.coordinates == "relative":
+            return _Frame("relative: 0 to 1 across the width and height", (1, 1), (width, height), False)
+        if not self._scaled_view:
+            return _Frame("pixels", (width, height), (1, 1), True)
+        vw, vh = view_dims(width, height, self.view_size, self.view_multiple)
+        return _Frame(f"pixels of the {vw}x{vh} image", (vw, vh), (width / vw, height / vh), False)
+
+    def _trailer(self, width: int, height: int) -> str:
+        """The last sentence of an error: the image's size in the model's pixels, or the convention."""
+        if self.coordinates == "relative1000":
+            return "bbox is relative1000: [x1, y1, x2, y2] from 0 to 1000 across the image's width and height."
+        if self.coordinates == "relative":
+            return "bbox is relative: [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height."
+        vw, vh = view_dims(width, height, self.view_size, self.view_multiple) if self._scaled_view else (width, height)
+        return f"The image is {vw}x{vh} px."
+
+    def crop(self, args: BaseModel, task: Task) -> ToolResult:
         """The synchronous crop of `task`'s image; errors (with the image's size) come back as error results."""
         try:
             image = task_image(task.context, self.image_root)
         except ImageRefError as exc:
             return ToolResult.error(f"Cannot open the task image: {exc}.")
-        size = f"The image is {image.width}x{image.height} px."
-        if not isinstance(args, CropArgs):
+        trailer = self._trailer(image.width, image.height)
+        if not isinstance(args, self._strict):
             try:
-                args = CropArgs.model_validate({"bbox": args.bbox, "units": args.units})
+                args = self._strict.model_validate(args.model_dump())
             except ValidationError as exc:
-                return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {size}")
+                return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {trailer}")
+        assert isinstance(args, _Ordered)
+        frame = self._frame(args, image.width, image.height)
+        ex, ey = frame.extent
+        if not frame.whole_pixels and (args.bbox[2] > ex or args.bbox[3] > ey):
+            return ToolResult.error(
+                f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): it reaches outside the "
+                f"{_num(ex)}x{_num(ey)} image. {trailer}"
+            )
         try:
-            box = PixelBox.from_args(args, image.width, image.height, self.min_size, self.max_aspect_ratio)
+            box = PixelBox.scaled(
+                args.bbox, *frame.scale, image.width, image.height, self.min_size, self.max_aspect_ratio
+            )
         except ValidationError as exc:
-            units = "normalized" if args.normalized else "pixels"
-            return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({units}): {_error_text(exc)}. {size}")
+            return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): {_error_text(exc)}. {trailer}")
         region = image.crop((box.x1, box.y1, box.x2, box.y2))
         zoomed = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels)
         if zoomed != region.size:
             region = region.resize(zoomed, Image.Resampling.LANCZOS)
         zoom = zoomed[0] / (box.x2 - box.x1)
-        text = (
-            f"Cropped region {box.as_list()} ({box.x2 - box.x1}x{box.y2 - box.y1} px of the "
-            f"{image.width}x{image.height} image), shown at {zoomed[0]}x{zoomed[1]}, zoom ×{zoom:.3g}"
-        )
-        meta = {"bbox": box.as_list(), "size": list(zoomed), "zoom": zoom, "image_size": [image.width, image.height]}
+        size = f"{box.x2 - box.x1}x{box.y2 - box.y1} px of the {image.width}x{image.height} image"
+        if frame.whole_pixels or (frame.label == "normalized" and not self._scaled_view):
+            where = f"{box.as_list()} ({size})"
+        else:
+            where = f"{_fmt(args.bbox)} ({frame.label}; {size})"
+        text = f"Cropped region {where}, shown at {zoomed[0]}x{zoomed[1]}, zoom ×{zoom:.3g}"
+        meta = {
+            "bbox": box.as_list(),
+            "size": list(zoomed),
+            "zoom": zoom,
+            "image_size": [image.width, image.height],
+            "coordinates": self.coordinates,
+        }
+        if self._scaled_view:
+            meta["view_size"] = list(view_dims(image.width, image.height, self.view_size, self.view_multiple))
         return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)

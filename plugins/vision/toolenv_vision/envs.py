@@ -1,8 +1,10 @@
 """`toolenv/VisualSearch-v0`: find a small code in a photo by zooming in with `crop`.
 
-The first observation carries the whole image, downscaled to `overview_size` so the
-code cannot be read from it: `info["messages"][-1].images[0]` after `reset`. The
-full-resolution image of a task is `toolenv_vision.task_image(task.context)`.
+The first observation carries the whole image, downscaled to `overview_size` (sides rounded
+to multiples of `overview_multiple`) so the code cannot be read from it:
+`info["messages"][-1].images[0]` after `reset`. The full-resolution image of a task is
+`toolenv_vision.task_image(task.context)`. The crop tool reads boxes in `coordinates`: by
+default pixels of that overview, which the question states the size of.
 """
 
 from __future__ import annotations
@@ -14,16 +16,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from toolenv import Message, Task, ToolEnv, ToolImage, load_tasks
-from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool
+from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool, box_in, view_dims
 from toolenv_vision.images import ImageRefError, resolve_image
 from toolenv_vision.render import task_image
-from toolenv_vision.tasks import DEFAULT_LONG_SIDE, generate_tasks
+from toolenv_vision.tasks import DEFAULT_LONG_SIDE, DEFAULT_OVERVIEW_MULTIPLE, DEFAULT_OVERVIEW_SIZE, generate_tasks
 
-__all__ = ["DEFAULT_OVERVIEW_SIZE", "VisualSearchEnv", "make_visualsearch_env", "overview_image", "visualsearch_oracle"]
+__all__ = [
+    "DEFAULT_OVERVIEW_MULTIPLE",
+    "DEFAULT_OVERVIEW_SIZE",
+    "VisualSearchEnv",
+    "make_visualsearch_env",
+    "overview_image",
+    "visualsearch_oracle",
+]
 
-DEFAULT_OVERVIEW_SIZE = 448
-"""Longer side of the first-observation image (16 × 28 px): a third of the task image, too coarse to read the code."""
 OVERVIEW_JPEG_QUALITY = 90
 """The overview is a downscaled photo, so JPEG: about 7x smaller than PNG (it rides in every
 episode's trajectory) and 19x faster to encode. Crops, which must stay legible, remain PNG."""
@@ -35,6 +44,8 @@ class VisualSearchEnv(ToolEnv):
     Args:
         image_root: where `context["image"]` paths live (default: the bundled photos).
         overview_size: longer side of the image shown in the first observation.
+        overview_multiple: its sides are rounded to multiples of this (28: Qwen2.5-VL's
+            processor then leaves it as it is; 1: no rounding).
         *args: as for `ToolEnv`.
         **kwargs: as for `ToolEnv`.
     """
@@ -44,12 +55,15 @@ class VisualSearchEnv(ToolEnv):
         *args: Any,
         image_root: str | Path | None = None,
         overview_size: int = DEFAULT_OVERVIEW_SIZE,
+        overview_multiple: int = DEFAULT_OVERVIEW_MULTIPLE,
         **kwargs: Any,
     ) -> None:
         if overview_size < 16:
             raise ValueError(f"overview_size must be at least 16, got {overview_size}")
+        if overview_multiple < 1:
+            raise ValueError(f"overview_multiple must be at least 1, got {overview_multiple}")
         self.image_root = Path(image_root) if image_root is not None else None
-        self.overview_size = overview_size
+        self.overview_size, self.overview_multiple = overview_size, overview_multiple
         super().__init__(*args, **kwargs)
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
@@ -60,27 +74,28 @@ class VisualSearchEnv(ToolEnv):
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The text prompt, and chat messages whose user message holds the overview image."""
         text, messages = super().render_prompt(task)
-        image = overview_image(task.context, self.image_root, self.overview_size)
+        image = overview_image(task.context, self.image_root, self.overview_size, self.overview_multiple)
         messages[-1] = messages[-1].model_copy(update={"images": [image]})
         return text, messages
 
 
-def overview_image(context: Mapping[str, Any], root: str | Path | None, size: int) -> ToolImage:
-    """The task image shrunk (never enlarged) so its longer side is at most `size`, as JPEG (cached)."""
+def overview_image(context: Mapping[str, Any], root: str | Path | None, size: int, multiple: int = 1) -> ToolImage:
+    """The task image shrunk (never enlarged) so its longer side is at most `size`, each side
+    then rounded to a multiple of `multiple` (`view_dims`), as JPEG (cached)."""
     try:  # the file's mtime is in the key, as in the decode cache, so a replaced photo is shown afresh
         mtime_ns: int | None = resolve_image(context["image"], root).stat().st_mtime_ns
     except (KeyError, ImageRefError, OSError):
         mtime_ns = None  # task_image says what is wrong
     key = json.dumps({"image": context.get("image"), "render": context.get("render")}, sort_keys=True)
-    return _overview(key, str(root) if root is not None else None, size, mtime_ns)
+    return _overview(key, str(root) if root is not None else None, size, multiple, mtime_ns)
 
 
 @functools.lru_cache(maxsize=256)
-def _overview(key: str, root: str | None, size: int, mtime_ns: int | None) -> ToolImage:
+def _overview(key: str, root: str | None, size: int, multiple: int, mtime_ns: int | None) -> ToolImage:
     image = task_image(json.loads(key), root)
-    if max(image.size) > size:
-        image = image.copy()
-        image.thumbnail((size, size))  # in place, aspect kept, never enlarges
+    shown = view_dims(image.width, image.height, size, multiple)
+    if shown != image.size:  # as `Image.thumbnail` resizes, but to the size the crop tool assumes
+        image = image.resize(shown, Image.Resampling.BICUBIC, reducing_gap=2.0)
     return ToolImage.from_pil(image.convert("RGB"), "JPEG", quality=OVERVIEW_JPEG_QUALITY)
 
 
@@ -88,10 +103,13 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     """`toolenv/VisualSearch-v0`: tasks from `generate_tasks`, the `crop` tool, exact-match reward.
 
     Overrides: `num_tasks` (200), `seed` (0), `code_length` (4), `long_side` (1344),
-    `limit` (first N tasks), `tasks` (replace the generated ones), `image_root`,
-    `overview_size` (448), `min_pixels` (224²)/`max_pixels` (`overview_size`², so that cropping the
-    whole picture shows no more than the overview)/`min_size`/`max_aspect_ratio` (crop tool), and
-    any `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...).
+    `limit` (first N tasks), `tasks` (replace the generated ones, used as given: their question
+    should state the crop convention), `image_root`, `overview_size` (448), `overview_multiple` (28),
+    `coordinates` (`"pixels"` of the overview, `"relative1000"` for Qwen3-VL, `"relative"`: the
+    crop tool's convention, which the generated questions state), `min_pixels` (224²)/`max_pixels`
+    (`overview_size`², so that cropping the whole picture shows no more than the overview)/
+    `min_size`/`max_aspect_ratio` (crop tool), and any `ToolEnv` argument (`max_turns`,
+    `parser`, `reward`, ...).
     """
     num_tasks = overrides.pop("num_tasks", 200)
     seed = overrides.pop("seed", 0)
@@ -99,20 +117,34 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     long_side = overrides.pop("long_side", DEFAULT_LONG_SIDE)
     limit = overrides.pop("limit", None)
     image_root = overrides.pop("image_root", None)
+    coordinates = overrides.pop("coordinates", "pixels")
     crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio")
     crop_options = {k: overrides.pop(k) for k in crop_keys if k in overrides}
     overview_size = overrides.get("overview_size", DEFAULT_OVERVIEW_SIZE)
+    overview_multiple = overrides.get("overview_multiple", DEFAULT_OVERVIEW_MULTIPLE)
     crop_options.setdefault("min_pixels", DEFAULT_MIN_PIXELS)
     # A crop is shown at no more pixels than the overview: at 1024x1024, cropping the whole
     # picture showed the code legibly, one fixed action that needs no search.
     crop_options.setdefault("max_pixels", max(overview_size * overview_size, crop_options["min_pixels"]))
+    # The tool reads pixels in the overview the model is shown (and the questions say so).
+    crop = CropTool(
+        image_root, coordinates=coordinates, view_size=overview_size, view_multiple=overview_multiple, **crop_options
+    )
     if "tasks" in overrides:
         tasks = load_tasks(overrides.pop("tasks"))
     else:
-        tasks = generate_tasks(num_tasks, seed, code_length=code_length, long_side=long_side)
+        tasks = generate_tasks(
+            num_tasks,
+            seed,
+            code_length=code_length,
+            long_side=long_side,
+            coordinates=coordinates,
+            overview_size=overview_size,
+            overview_multiple=overview_multiple,
+        )
     if limit is not None:
         tasks = tasks[: int(limit)]
-    overrides.setdefault("tools", [CropTool(image_root, **crop_options)])
+    overrides.setdefault("tools", [crop])
     overrides.setdefault("max_turns", 4)
     return VisualSearchEnv(tasks=tasks, image_root=image_root, **overrides)
 
@@ -120,10 +152,21 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
 def visualsearch_oracle(task: Task, turn: int, observation: str) -> str:
     """Scripted policy: crop the known box (hermes format), then answer with the known code.
 
+    The box is sent in the task's convention (`context["coordinates"]`; with pixels, those of
+    `context["overview"]`), rounded outwards, as a model told that convention would send it.
     There is no OCR here, so the second turn answers from the ground truth; the tests
     check separately that the crop returned by the tool really shows that code.
     """
     if turn == 0:
-        call = {"name": "crop", "arguments": {"bbox": task.context["box"], "units": "pixels"}}
+        context = task.context
+        box, size, coordinates = context["box"], context["size"], context.get("coordinates", "pixels")
+        arguments: dict[str, Any]
+        if coordinates != "pixels":
+            arguments = {"bbox": box_in(box, size, coordinates)}
+        elif "overview" in context:
+            arguments = {"bbox": box_in(box, size, "pixels", context["overview"]), "units": "pixels"}
+        else:  # a task that does not say what the model sees: fractions hold for any pixel frame
+            arguments = {"bbox": box_in(box, size, "relative"), "units": "normalized"}
+        call = {"name": "crop", "arguments": arguments}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
     return f"<answer>{task.answers[0] if task.answers else ''}</answer>"

@@ -14,10 +14,18 @@ from collections.abc import Sequence
 from PIL import ImageStat
 
 from toolenv import Task
+from toolenv_vision.crop import COORDINATES, Coordinates, view_dims
 from toolenv_vision.images import PHOTOS, resolve_image
 from toolenv_vision.render import CodeOverlay, patch_size, scaled_photo
 
-__all__ = ["ALPHABET", "DEFAULT_LONG_SIDE", "QUESTION", "generate_tasks"]
+__all__ = [
+    "ALPHABET",
+    "DEFAULT_LONG_SIDE",
+    "DEFAULT_OVERVIEW_MULTIPLE",
+    "DEFAULT_OVERVIEW_SIZE",
+    "QUESTION",
+    "generate_tasks",
+]
 
 ALPHABET = "ACDEFHJKLMNPRTUVWXY34679"
 """Letters and digits that cannot be mistaken for one another (no 0/O, 1/I/L-like pairs, 2/Z, 5/S, 8/B)."""
@@ -25,14 +33,30 @@ ALPHABET = "ACDEFHJKLMNPRTUVWXY34679"
 DEFAULT_LONG_SIDE = 1344
 """Task images are scaled to this longer side (48 × 28 px, a multiple of Qwen-VL's patch grid)."""
 
+DEFAULT_OVERVIEW_SIZE = 448
+"""Longer side of the first-observation image (16 × 28 px): a third of the task image, too coarse to read the code."""
+DEFAULT_OVERVIEW_MULTIPLE = 28
+"""The overview's sides are rounded to multiples of 28 px, as Qwen2.5-VL's processor (`smart_resize`)
+rounds an image: the model then sees the overview pixel for pixel, and its pixel coordinates are
+the overview's, not a resized copy's."""
+
 MARGIN = 8
 
 QUESTION = (
-    "Somewhere in this {width}x{height} photo there is a small box with a {length}-character code "
-    "(capital letters and digits). It is too small to read at the size you see: use the crop tool to zoom in "
-    "(bbox in pixels of the {width}x{height} image, or normalized to [0, 1]), then reply with the code as "
-    "<answer>CODE</answer>."
+    "Somewhere in this photo there is a small box with a {length}-character code (capital letters and "
+    "digits). It is too small to read at the size you see: use the crop tool to zoom in ({bbox}), then "
+    "reply with the code as <answer>CODE</answer>."
 )
+"""The question; `{bbox}` says how the crop tool reads a box (`BBOX`)."""
+
+BBOX: dict[str, str] = {
+    "pixels": (
+        "bbox [x1, y1, x2, y2] in pixels of the {view_width}x{view_height} image you see, or normalized "
+        "to [0, 1]; the crop is cut from the {width}x{height} original"
+    ),
+    "relative1000": "bbox [x1, y1, x2, y2] on a 0-1000 scale across the image's width and height",
+    "relative": "bbox [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height",
+}
 
 
 def generate_tasks(
@@ -42,26 +66,53 @@ def generate_tasks(
     code_length: int = 4,
     long_side: int = DEFAULT_LONG_SIDE,
     photos: Sequence[str] = PHOTOS,
+    coordinates: Coordinates = "pixels",
+    overview_size: int = DEFAULT_OVERVIEW_SIZE,
+    overview_multiple: int = DEFAULT_OVERVIEW_MULTIPLE,
 ) -> list[Task]:
     """`num_tasks` VisualSearch tasks drawn from `seed` over the bundled `photos`.
 
-    Task `i` depends only on `(seed, i)`: asking for more tasks extends the list.
+    Task `i` depends only on `(seed, i)`: asking for more tasks extends the list. The question
+    states the crop tool's `coordinates` convention; with `"pixels"`, the pixels of the overview
+    the model is shown (`overview_size`, `overview_multiple`: `toolenv_vision.view_dims`), whose
+    size `context["overview"]` holds (`context["size"]` is the task image's, `context["box"]` the
+    code's box in its pixels).
 
     Raises:
-        ValueError: a non-positive count or code length, or a canvas too small for the code.
+        ValueError: a non-positive count or code length, a canvas too small for the code, or an
+            unknown convention.
     """
-    return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos)))
+    if coordinates not in COORDINATES:
+        raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
+    view = (overview_size, overview_multiple)
+    return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos), coordinates, view))
 
 
 @functools.lru_cache(maxsize=16)
-def _generate(num_tasks: int, seed: int, code_length: int, long_side: int, photos: tuple[str, ...]) -> tuple[Task, ...]:
+def _generate(
+    num_tasks: int,
+    seed: int,
+    code_length: int,
+    long_side: int,
+    photos: tuple[str, ...],
+    coordinates: str,
+    view: tuple[int, int],
+) -> tuple[Task, ...]:
     # Cached so that many env factory calls (a vector env) share one task list.
     if num_tasks < 1 or code_length < 1 or not photos:
         raise ValueError(f"need num_tasks >= 1, code_length >= 1 and photos, got {num_tasks}, {code_length}, {photos}")
-    return tuple(_task(seed, i, code_length, long_side, photos) for i in range(num_tasks))
+    return tuple(_task(seed, i, code_length, long_side, photos, coordinates, view) for i in range(num_tasks))
 
 
-def _task(seed: int, index: int, code_length: int, long_side: int, photos: tuple[str, ...]) -> Task:
+def _task(
+    seed: int,
+    index: int,
+    code_length: int,
+    long_side: int,
+    photos: tuple[str, ...],
+    coordinates: str,
+    view: tuple[int, int],
+) -> Task:
     rng = random.Random(f"toolenv-vision/VisualSearch:{seed}:{index}")  # str seeds hash deterministically
     photo = photos[rng.randrange(len(photos))]
     code = "".join(rng.choice(ALPHABET) for _ in range(code_length))
@@ -76,14 +127,18 @@ def _task(seed: int, index: int, code_length: int, long_side: int, photos: tuple
     dark, light = (20, 20, 20), (250, 250, 250)
     bg, fg = (dark, light) if brightness >= 128 else (light, dark)
     overlay = CodeOverlay(long_side=long_side, text=code, box=box, fg=fg, bg=bg)
+    vw, vh = view_dims(canvas.width, canvas.height, *view)
+    bbox = BBOX[coordinates].format(width=canvas.width, height=canvas.height, view_width=vw, view_height=vh)
     return Task(
         id=f"visualsearch-{seed}-{index}",
-        question=QUESTION.format(width=canvas.width, height=canvas.height, length=code_length),
+        question=QUESTION.format(length=code_length, bbox=bbox),
         answer=code,
         context={
             "image": photo,
             "render": overlay.model_dump(mode="json"),
             "box": list(box),
             "size": [canvas.width, canvas.height],
+            "overview": [vw, vh],
+            "coordinates": coordinates,
         },
     )
