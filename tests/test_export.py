@@ -161,3 +161,236 @@ def test_cli_with_an_invalid_line_writes_nothing(run_dir: Path, tmp_path: Path) 
     bad.write_text(lines[0] + "{not json}\n" + lines[1])
     assert main(["export", str(bad), "--out", str(tmp_path / "sft.jsonl")]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+# ---------------------------------------------------------------------- trajectories with images
+@toolenv.tool
+def snap(label: str) -> toolenv.ToolResult:
+    """Show a small picture."""
+    from PIL import Image
+
+    return toolenv.ToolResult(text=f"picture {label}", images=[toolenv.ToolImage.from_pil(Image.new("RGB", (40, 30)))])
+
+
+SNAP = '<tool_call>{"name": "snap", "arguments": {"label": "a"}}</tool_call>'
+
+
+class Snapper(Agent):
+    """A picture; a picture and a broken call in one turn; then the answer."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> str:
+        return [SNAP, SNAP + '<tool_call>{"name": "snap", "arguments": </tool_call>', "<answer>5</answer>"][
+            env_info.turn
+        ]
+
+
+@pytest.fixture(scope="module")
+def visual_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real `toolenv/VisualSearch-v0` rollout of its oracle: the overview in the prompt, a crop in a result."""
+    pytest.importorskip("toolenv_vision", reason="the vision plugin (plugins/vision)")
+    out = tmp_path_factory.mktemp("visual")
+    res = toolenv.rollout("toolenv/VisualSearch-v0", "oracle", n=2, out=out)
+    assert [t.success for t in res.trajectories] == [True, True]
+    return out
+
+
+def _visual(visual_run: Path) -> list[Trajectory]:
+    return read_trajectories(visual_run / "trajectories.jsonl")
+
+
+def test_chat_messages_put_a_results_images_in_a_user_message_not_the_tool_message(visual_run: Path) -> None:
+    """OpenAI's tool messages hold text only: the crop's image follows its tool message in a user message."""
+    first = _visual(visual_run)[0]
+    msgs = chat_messages(first, calls="structured")
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "user", "assistant"]
+    assert [p["type"] for p in msgs[1]["content"]] == ["image_url", "text"]  # the overview, then the question
+    assert msgs[3]["content"] == first.turns[0].results[0].text  # the crop's text, alone
+    assert msgs[3]["tool_call_id"] == msgs[2]["tool_calls"][0]["id"]
+    (image,) = msgs[4]["content"]
+    assert image["type"] == "image_url" and image["image_url"]["url"] == first.turns[0].results[0].images[0].data_url()
+
+
+def test_a_turns_images_and_its_unanswered_results_share_one_user_message(tmp_path: Path) -> None:
+    """Tool results with images and a parse error in one turn: the tool messages (text), then one user
+    message with every image of the turn, in order, and the error text; templates that want roles to
+    alternate see no two user messages in a row."""
+    res = toolenv.rollout(
+        lambda: toolenv.ToolEnv(tools=[snap], tasks=TASKS[:1], max_turns=4), Snapper(), out=tmp_path / "run"
+    )
+    (t,) = res.trajectories
+    msgs = chat_messages(t)
+    assert [m["role"] for m in msgs] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+    ]
+    assert msgs[3]["content"] == "picture a" and msgs[6]["content"] == "picture a"
+    assert [p["type"] for p in msgs[4]["content"]] == ["image_url"]
+    assert [p["type"] for p in msgs[7]["content"]] == ["image_url", "text"]
+    assert "not valid JSON" in msgs[7]["content"][1]["text"]
+    assert export_chat(res.trajectories, tmp_path / "sft.jsonl") == 1
+    (line,) = [json.loads(x) for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert [len(m["content"]) for m in line["messages"][3:8]] == [1, 1, 1, 1, 2]
+    assert line["messages"][7]["content"][0] == {"type": "image"} and len(line["images"]) == 2
+    assert line["images"][0] == line["images"][1]  # the same picture: one file, named twice
+
+
+def test_an_image_trajectory_is_written_in_trls_vision_layout(visual_run: Path, run_dir: Path, tmp_path: Path) -> None:
+    """Image placeholders only outside tool messages, as many as the `images` column names, the
+    files beside the export; a text-only trajectory in the same file keeps the plain layout."""
+    out = tmp_path / "sft" / "mixed.jsonl"
+    texts = read_trajectories(run_dir / "trajectories.jsonl")
+    visual_trajectories = _visual(visual_run)
+    assert export_chat([*texts[:1], *visual_trajectories], out, calls="structured") == 3
+    text, *visual = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "images" not in text and text["messages"] == chat_messages(texts[0], calls="structured")
+    for line, t in zip(visual, visual_trajectories, strict=True):
+        msgs = line["messages"]
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "user", "assistant"]
+        assert all(isinstance(m["content"], list) for m in msgs)
+        placeholders = [m["role"] for m in msgs for p in m["content"] if p["type"] == "image"]
+        assert placeholders == ["user", "user"] == ["user"] * len(line["images"])
+        assert msgs[1]["content"][0] == {"type": "image"} and msgs[1]["content"][1]["type"] == "text"
+        assert msgs[2]["content"] == [] and msgs[2]["tool_calls"][0]["function"]["name"] == "crop"
+        assert msgs[3]["content"] == [{"type": "text", "text": t.turns[0].results[0].text}]
+        assert msgs[4]["content"] == [{"type": "image"}]
+        shown = [*t.prompt_messages[1].images, *t.turns[0].results[0].images]  # the overview, the crop
+        assert [(out.parent / name).read_bytes() for name in line["images"]] == [im.data for im in shown]
+
+
+def _tiny_qwen3_vl() -> tuple[Any, Any, Any]:
+    """A real `Qwen3VLProcessor` (Pillow image processor, a small tokenizer trained here, TRL's
+    Qwen3-VL template), a tiny random Qwen3-VL config and its tokenizer: no download."""
+    transformers = pytest.importorskip("transformers", reason="the TRL checks need transformers (CI installs it)")
+    pil = pytest.importorskip(
+        "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl", reason="Qwen-VL's Pillow image processor"
+    )
+    from trl.chat_template_utils import qwen3_vl_chat_template
+
+    from toolenv.integrations.verl.tiny import byte_bpe_tokenizer
+
+    vision = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    corpus = ["You may call one or more functions: crop bbox units pixels answer code", '0123456789 [ ] { } , . " \n']
+    roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None}
+    tok = byte_bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *vision], corpus, "", roles)
+
+    class ImageQwen3VLProcessor(transformers.Qwen3VLProcessor):  # type: ignore[misc]
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kw: Any) -> None:
+            super().__init__(image_processor, tokenizer, None, **kw)
+
+    images = pil.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128)
+    processor = ImageQwen3VLProcessor(images, tok, chat_template=qwen3_vl_chat_template)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in vision}
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    return processor, config, tok
+
+
+@pytest.mark.parametrize("template", ["qwen3_vl", "qwen2_5_vl"])
+def test_trls_vision_collator_reads_the_export(visual_run: Path, tmp_path: Path, template: str) -> None:
+    """`load_chat` then TRL's own `DataCollatorForVisionLanguageModeling` (its `prepare_multimodal_messages`,
+    a real processor and chat template): both images of each row reach the pixels, each where it stands."""
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    from trl import chat_template_utils
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from toolenv.export import load_chat
+
+    processor, _, tok = _tiny_qwen3_vl()
+    out = tmp_path / "sft.jsonl"
+    trajectories = _visual(visual_run)
+    export_chat(trajectories, out, calls="structured", arguments="object")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(elsewhere)  # the file's image paths are relative to the file, not to the working directory
+        dataset = load_chat(out)
+    assert dataset.features["images"].feature.__class__.__name__ == "Image"
+    first = trajectories[0]
+    shown = [*first.prompt_messages[1].images, *first.turns[0].results[0].images]  # the overview, the crop
+    assert [im.tobytes() for im in dataset[0]["images"]] == [im.to_pil().tobytes() for im in shown]
+    chat_template = getattr(chat_template_utils, f"{template}_chat_template")
+    batch = DataCollatorForVisionLanguageModeling(processor, chat_template=chat_template)([dataset[0], dataset[1]])
+    assert batch["image_grid_thw"].shape[0] == 4  # two images per row
+    text = tok.decode(batch["input_ids"][0]).replace("<|image_pad|>", "")
+    marker = "<|vision_start|><|vision_end|>"
+    assert text.count(marker) == 2
+    prompt, after_crop = text.split(marker)[1], text.split(marker)[2]
+    assert prompt.startswith(first.prompt_messages[1].content[:40])
+    assert first.turns[0].results[0].text in prompt  # the crop's text, then its image
+    assert after_crop.startswith("<|im_end|>\n<|im_start|>assistant\n<answer>")
+
+
+def test_sft_trainer_trains_a_vision_model_on_the_export(visual_run: Path, tmp_path: Path) -> None:
+    """TRL's real `SFTTrainer` on the export with a tiny Qwen3-VL: it takes the vision path (the
+    `images` column) and the images reach the loss, whose gradient moves the vision tower."""
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    import os
+
+    import torch
+    import transformers
+    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from toolenv.export import load_chat
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    processor, config, _ = _tiny_qwen3_vl()
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(visual_run), "--out", str(out), "--calls", "structured", "--arguments", "object"]) == 0
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLForConditionalGeneration(config)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("model.visual.")}
+    assert before
+    args = SFTConfig(
+        output_dir=str(tmp_path / "train"),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        max_length=None,  # the tiny tokenizer makes long rows; a cut would cut image tokens
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=load_chat(out), processing_class=processor)
+    assert isinstance(trainer.data_collator, DataCollatorForVisionLanguageModeling)
+    result = trainer.train()
+    assert torch.isfinite(torch.tensor(result.training_loss))
+    moved = [n for n, p in model.named_parameters() if n in before and not torch.equal(before[n], p)]
+    assert moved, "the vision tower got no gradient: the images never reached the model"

@@ -8,6 +8,14 @@ conversational form that TRL's `SFTTrainer` and LLaMA-Factory's OpenAI-style dat
 Each turn becomes an assistant message, then the env's answer: a `tool` message per result
 that answers a call (with its call id) and one user message for what answers none (parse
 errors, "no tool call"), the layout verl's agent loop and the OpenAI agent use.
+
+Images never go into a tool message: the OpenAI chat format allows only text there, and
+TRL's `prepare_multimodal_messages` neither counts nor fills an image placeholder in one. A
+turn's result images go into one user message after its tool messages instead. In the file,
+a trajectory with images takes the layout of TRL's vision-language SFT: every content a list
+of parts, a `{"type": "image"}` placeholder where each image stands, and an `images` column
+naming the image files (in `images/` beside the file) in order of appearance. A trajectory
+without images keeps the plain layout.
 """
 
 from __future__ import annotations
@@ -16,12 +24,16 @@ import contextlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from toolenv.image_store import IMAGES_DIR, ImageStore
 from toolenv.trajectory import Trajectory, TurnRecord
-from toolenv.types import Message, reply_messages
+from toolenv.types import Message, ToolResult, reply_messages
 
-__all__ = ["ArgumentStyle", "CallStyle", "chat_messages", "export_chat"]
+if TYPE_CHECKING:
+    from datasets import Dataset  # type: ignore[import-untyped,unused-ignore]
+
+__all__ = ["ArgumentStyle", "CallStyle", "chat_messages", "export_chat", "load_chat"]
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
 #: same model family on its own format). `structured`: calls go into `tool_calls` and the
@@ -55,20 +67,71 @@ def _check(calls: str, arguments: str) -> None:
         raise ValueError(f"arguments must be 'json' or 'object', got {arguments!r}")
 
 
+def _reply(results: list[ToolResult]) -> list[Message]:
+    """The env's reply to a turn (`reply_messages`) with no image in a tool message: the tool
+    messages' images go, in order and before its own, into the user message that follows them
+    (one is added when every result answers a call)."""
+    out = reply_messages(results)
+    moved = [im for m in out if m.role == "tool" for im in m.images]
+    if not moved:
+        return out
+    tools = [Message(role="tool", content=m.content, name=m.name, tool_call_id=m.tool_call_id) for m in out[:-1]]
+    last = out[-1]
+    if last.role == "user":
+        return [*tools, Message(role="user", content=last.content, images=[*moved, *last.images])]
+    tools.append(Message(role="tool", content=last.content, name=last.name, tool_call_id=last.tool_call_id))
+    return [*tools, Message(role="user", images=moved)]
+
+
+def _episode(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle) -> list[Message | dict[str, Any]]:
+    """The prompt, then each turn (an OpenAI assistant dict) and the env's reply to it, but the last's."""
+    out: list[Message | dict[str, Any]] = list(trajectory.prompt_messages)
+    for i, turn in enumerate(trajectory.turns):
+        out.append(_assistant(turn, calls, arguments))
+        if i < len(trajectory.turns) - 1:
+            out.extend(_reply(turn.results))
+    return out
+
+
 def chat_messages(
     trajectory: Trajectory, *, calls: CallStyle = "text", arguments: ArgumentStyle = "json"
 ) -> list[dict[str, Any]]:
     """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
 
     The reply to the last turn is left out: the model never saw it, so it is nothing to learn from.
+    Images are `image_url` parts (data URLs) of user messages; a result's images follow its tool
+    message in a user message, since OpenAI's tool messages hold text only.
     """
     _check(calls, arguments)
-    out = [m.to_openai() for m in trajectory.prompt_messages]
-    for i, turn in enumerate(trajectory.turns):
-        out.append(_assistant(turn, calls, arguments))
-        if i < len(trajectory.turns) - 1:
-            out.extend(m.to_openai() for m in reply_messages(turn.results))
-    return out
+    return [m.to_openai() if isinstance(m, Message) else m for m in _episode(trajectory, calls, arguments)]
+
+
+def _parts(text: str, images: int) -> list[dict[str, Any]]:
+    """TRL's content parts: a placeholder per image, then the text (none when empty, so that a
+    template testing `message.content` sees an assistant turn with only calls as empty)."""
+    return [*({"type": "image"} for _ in range(images)), *([{"type": "text", "text": text}] if text else [])]
+
+
+def _shows_images(trajectory: Trajectory) -> bool:
+    """True when the model saw an image: in the prompt or in a reply (the last turn's has none)."""
+    return any(m.images for m in trajectory.prompt_messages) or any(
+        r.images for turn in trajectory.turns[:-1] for r in turn.results
+    )
+
+
+def _line(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, store: ImageStore) -> dict[str, Any]:
+    """A line's `messages` (and, for a trajectory with images, `images`: files relative to the export)."""
+    if not _shows_images(trajectory):
+        return {"messages": chat_messages(trajectory, calls=calls, arguments=arguments)}
+    messages: list[dict[str, Any]] = []
+    files: list[str] = []
+    for m in _episode(trajectory, calls, arguments):
+        if isinstance(m, Message):
+            files.extend(f"{IMAGES_DIR}/{store.put(im.data, im.mime)}" for im in m.images)
+            messages.append({**m.to_openai(), "content": _parts(m.content, len(m.images))})
+        else:
+            messages.append({**m, "content": _parts(m["content"], 0)})
+    return {"messages": messages, "images": files}
 
 
 def export_chat(
@@ -84,6 +147,10 @@ def export_chat(
     """Write one `{"messages": [...]}` line per kept trajectory (errors and empty episodes are
     never kept); returns how many lines were written.
 
+    A trajectory with images gets TRL's vision layout (content parts with `{"type": "image"}`
+    placeholders, an `images` column) and its images as files in `images/` beside `path`,
+    named by their hash (read the file with `load_chat`).
+
     Args:
         success_only: keep episodes that succeeded (reward at the run's success threshold, no error).
         min_reward: keep episodes whose reward is at least this.
@@ -94,6 +161,7 @@ def export_chat(
     _check(calls, arguments)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    store = ImageStore(target.parent / IMAGES_DIR)
     written = 0
     tmp = target.with_name(target.name + ".tmp")
     try:
@@ -103,7 +171,7 @@ def export_chat(
                     continue
                 if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
                     continue
-                line: dict[str, Any] = {"messages": chat_messages(t, calls=calls, arguments=arguments)}
+                line = _line(t, calls, arguments, store)
                 if tools:
                     line["tools"] = tools
                 line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
@@ -115,3 +183,21 @@ def export_chat(
             tmp.unlink()  # a failed write or rename leaves nothing behind either
         raise
     return written
+
+
+def load_chat(path: str | Path) -> Dataset:
+    """An export as a `datasets.Dataset` for TRL's `SFTTrainer`, its `images` (when it has any)
+    decoded as images: the file names the images relative to itself, which `datasets` alone
+    would look for in the working directory. Needs `datasets` (installed with TRL)."""
+    from datasets import Image, List, load_dataset  # type: ignore[import-untyped,unused-ignore]
+
+    source = Path(path)
+    dataset = load_dataset("json", data_files=str(source), split="train")
+    if "images" not in dataset.column_names:
+        return dataset
+    base = source.resolve().parent
+
+    def resolve(row: dict[str, Any]) -> dict[str, Any]:
+        return {"images": [str(base / name) for name in row["images"] or []]}
+
+    return dataset.map(resolve).cast_column("images", List(Image()))

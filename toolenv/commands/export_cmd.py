@@ -18,7 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", metavar="RUN", type=Path, nargs="+", help="run directories (runs/NAME) or trajectories.jsonl files"
     )
-    parser.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="the JSONL file to write (the images of trajectories that have any go to images/ beside it)",
+    )
     parser.add_argument("--success-only", action="store_true", help="keep only the episodes that succeeded")
     parser.add_argument("--min-reward", type=float, default=None, help="keep episodes with at least this reward")
     parser.add_argument(
