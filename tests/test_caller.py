@@ -465,3 +465,198 @@ async def test_a_tool_without_arguments_says_so_when_given_some() -> None:
     assert (
         results[0].text == "Invalid arguments for tool 'now': unknown argument(s) 'tz'. This tool takes no arguments."
     )
+
+
+async def test_closing_closes_every_tool_when_one_fails_and_raises_its_error() -> None:
+    """One tool's failing `close` left the tools after it open (their processes, their
+    connections) and stopped there: every tool must be closed, then the failure raised."""
+    closed: list[str] = []
+
+    def named(tool_name: str, fails: bool) -> toolenv.Tool:
+        class Closing(toolenv.Tool):
+            """Records its close."""
+
+            name = tool_name
+
+            class Args(BaseModel):
+                pass
+
+            async def close(self) -> None:
+                closed.append(tool_name)
+                if fails:
+                    raise RuntimeError(f"{tool_name} could not close")
+
+        return Closing()
+
+    caller = ToolCaller([named("a", False), named("b", True), named("c", True), named("d", False)])
+    with pytest.raises(RuntimeError, match="b could not close"):
+        await caller.aclose()
+    assert closed == ["a", "b", "c", "d"]
+
+
+class Gated(toolenv.Tool):
+    """Waits for its gate; counts the calls in flight across every instance (one backend)."""
+
+    name = "gated"
+    gate: asyncio.Event
+    in_flight = 0
+    peak = 0
+
+    class Args(BaseModel):
+        pass
+
+    async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+        cls = type(self)
+        cls.in_flight += 1
+        cls.peak = max(cls.peak, cls.in_flight)
+        try:
+            await cls.gate.wait()
+        finally:
+            cls.in_flight -= 1
+        return ToolResult(text="ok")
+
+
+async def test_the_concurrency_cap_holds_across_envs_that_each_made_their_own_tool() -> None:
+    """A plugin env makes its own tool object (`gym.make` per env, `tool_limits` copies it),
+    and limits were kept per tool object: a cap of 1 on the search tool of 4 envs let 4
+    calls at the server at once (a rate limit likewise let each env send its own rate).
+    Tools that share a `breaker_key` (one backend) must share the cap, like the breaker."""
+    Gated.gate, Gated.in_flight, Gated.peak = asyncio.Event(), 0, 0
+    tasks = [{"id": "t", "question": "q"}]
+    envs = [
+        toolenv.ToolEnv(tools=[Gated()], tasks=tasks, tool_limits={"gated": {"max_concurrency": 1}}) for _ in range(4)
+    ]
+    for e in envs:
+        await e.areset(seed=0)
+    action = '<tool_call>{"name": "gated", "arguments": {}}</tool_call>'
+    steps = asyncio.gather(*(e.astep(action) for e in envs))
+    for _ in range(50):  # let every step reach the tool or its cap
+        await asyncio.sleep(0)
+    Gated.gate.set()
+    outs = await steps
+    assert all(not r.is_error for o in outs for r in o[4]["tool_results"])
+    assert Gated.peak == 1
+
+
+async def test_unrelated_function_tools_with_one_name_do_not_share_a_circuit() -> None:
+    """Every `@tool` had the breaker key ("toolenv._tool", "FunctionTool", name): a failing
+    function opened the circuit of any other function tool of that name, in any env."""
+    from toolenv.breaker import reset_breakers
+
+    reset_breakers()
+
+    async def broken() -> str:
+        raise ConnectionError("backend down")
+
+    async def working() -> str:
+        return "ok"
+
+    a = toolenv.tool(name="lookup", breaker_threshold=1)(broken)
+    b = toolenv.tool(name="lookup", breaker_threshold=1)(working)
+    (ra,), _ = await ToolCaller([a]).invoke([ToolCall(name="lookup")], ctx())
+    (rb,), _ = await ToolCaller([b]).invoke([ToolCall(name="lookup")], ctx())
+    assert "backend down" in ra.text
+    assert rb.text == "ok"
+    reset_breakers()
+
+
+def test_event_loops_that_waited_for_a_shared_cap_are_freed() -> None:
+    """Caps are shared by every tool over one backend and live as long as the process; an
+    asyncio.Semaphore keeps the loop it first waited on, so each sync env's private loop
+    (or each `asyncio.run`) that waited for the cap would have been kept alive."""
+    import gc
+    import weakref
+
+    loops = []
+
+    async def one() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        caller = ToolCaller([Busy(max_concurrency=1)])  # a new tool object each time, as gym.make makes
+        out, _ = await caller.invoke([ToolCall(name="busy", id=str(i)) for i in range(3)], ctx())
+        assert [r.text for r in out] == ["ok"] * 3
+
+    for _ in range(5):
+        asyncio.run(one())
+    gc.collect()
+    assert [ref() for ref in loops] == [None] * 5
+
+
+async def test_a_caps_slot_is_never_lost_to_a_cancelled_waiter() -> None:
+    """Calls cancelled while they wait for the cap, or just as the slot is handed to them,
+    leave the slot to the next call: the cap neither shrinks nor overflows."""
+    from toolenv.caller import _Cap
+
+    cap = _Cap(1)
+    order: list[str] = []
+
+    async def hold(name: str, gate: asyncio.Event) -> None:
+        async with cap:
+            order.append(name)
+            await gate.wait()
+
+    gates = {n: asyncio.Event() for n in "abcd"}
+    tasks = {n: asyncio.ensure_future(hold(n, gates[n])) for n in "abcd"}
+    await turns(5)
+    assert order == ["a"]
+    tasks["b"].cancel()  # cancelled while waiting
+    await turns(5)
+    gates["a"].set()  # a's slot goes to c, the first still waiting
+    await asyncio.sleep(0)
+    tasks["c"].cancel()  # ... cancelled in the same turn it was handed the slot: it passes to d
+    await turns(5)
+    assert order == ["a", "d"]
+    gates["d"].set()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert tasks["b"].cancelled() and tasks["c"].cancelled()
+    assert cap.free == 1 and not cap.waiters
+    async with cap:  # free again, at once
+        pass
+
+
+async def turns(n: int) -> None:
+    """Let the loop's other tasks take `n` steps (no wall-clock wait)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_calls_overdue_after_a_stalled_loop_do_not_all_wake_for_every_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls whose slots passed while the loop was busy (a CPU-heavy step) woke together; one
+    went, and every other slept to the same next slot, woke again, and so on: n²/2 sleeps
+    (124,750 timers for 500 calls at 100/s after a 5 s stall). A call that misses the slot
+    must sleep until its own turn behind the calls ahead of it."""
+    from toolenv.caller import _RateLimit
+
+    limit = _RateLimit(1000.0)
+    n = 60
+    queued = [asyncio.ensure_future(limit.wait()) for _ in range(n)]
+    await asyncio.sleep(0)  # each has booked its slot
+    waits = record_sleeps(monkeypatch)
+    time.sleep(n / 1000)  # the loop is stalled until every slot has passed
+    await asyncio.gather(*queued)
+    monkeypatch.undo()
+    assert len(waits) <= 3 * n
+
+
+async def test_a_waiter_cancelled_as_the_slot_is_released_stays_cancelled() -> None:
+    """The slot is freed in the turn a waiter is cancelled, before the waiter runs again: the
+    waiter ends cancelled (not with an error of the cap's own), and the slot stays free."""
+    from toolenv.caller import _Cap
+
+    cap = _Cap(1)
+    gate = asyncio.Event()
+
+    async def hold() -> None:
+        async with cap:
+            await gate.wait()
+
+    first = asyncio.ensure_future(hold())
+    await turns(3)
+    second = asyncio.ensure_future(hold())
+    await turns(3)
+    gate.set()  # the holder wakes first and frees the slot...
+    second.cancel()  # ... then the waiter, cancelled in the same turn
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    assert results[0] is None and isinstance(results[1], asyncio.CancelledError)
+    assert cap.free == 1 and not cap.waiters

@@ -388,3 +388,27 @@ def test_shared_cache_from_a_config() -> None:
         shared_cache("ns", {"max_size": 10})
     with pytest.raises(ValueError, match="scope"):
         shared_cache("ns", {"scope": "everywhere"})
+
+
+async def test_infinities_and_nan_are_not_one_key_with_each_other_or_none() -> None:
+    """JSON has no infinity: the key's serialiser wrote inf, -inf and NaN as `null`, so
+    `x=1e400` (inf once parsed), `x=-1e400`, `x=NaN` and `x=None` shared one stored answer."""
+
+    class Sign(toolenv.Tool):
+        """The sign of a number."""
+
+        name = "sign"
+        cache = ResultCache(scope="shared")
+
+        class Args(BaseModel):
+            x: float | None
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> ToolResult:
+            return ToolResult(text=repr(args.x))
+
+    caller, task = ToolCaller([Sign()]), Task(id="t", question="q")
+    texts = []
+    for x in (float("inf"), float("-inf"), float("nan"), None, float("inf")):
+        (res,), _ = await caller.invoke_for([ToolCall(id="c", name="sign", arguments={"x": x})], task, "e", 0, {})
+        texts.append(res.text)
+    assert texts == ["inf", "-inf", "nan", "None", "inf"]

@@ -318,3 +318,80 @@ def test_flat_schema_of_a_recursive_model_stops_at_the_recursion() -> None:
     assert root["properties"]["children"]["items"] == {"type": "object"}  # the recursion, cut
     env = toolenv.ToolEnv(tools=[Tree()], tasks=[{"question": "q"}], parser="qwen3_xml")
     assert "root" in env.reset(seed=0)[0]
+
+
+@tool(timeout=7)
+def scaled(x: int, factor: int = 2) -> int:
+    """Multiply `x` by `factor` (a module-level function tool, as users write them)."""
+    return x * factor
+
+
+async def test_a_function_tool_pickles_as_trl_and_multiprocessing_send_it() -> None:
+    """`@tool` puts the tool where the function was, so pickle, which sends a function by its
+    module and name, found the tool there and refused: "Can't pickle <function scaled>: it's
+    not the same object as ...scaled". TRL's async trainer pickles `env_kwargs` (tools included)
+    into its rollout process. The copy must run the same function with the same settings."""
+    import pickle
+
+    from toolenv import ResultCache
+    from toolenv._tool import with_limits
+
+    (changed,) = with_limits([scaled], {"scaled": {"timeout": 3}})
+    changed.cache = ResultCache(maxsize=9)
+    for original in (scaled, changed):
+        copy = pickle.loads(pickle.dumps(original))
+        assert copy is not original
+        assert (copy.name, copy.description, copy.limits) == (original.name, original.description, original.limits)
+        assert copy.schema() == original.schema()
+        (res,), _ = await ToolCaller([copy]).invoke([ToolCall(name="scaled", arguments={"x": 21})], ctx())
+        assert res.text == "42"
+    assert pickle.loads(pickle.dumps(changed)).cache.maxsize == 9  # type: ignore[union-attr]
+    assert pickle.loads(pickle.dumps(scaled)).cache is None
+
+
+def test_a_function_tool_of_a_local_function_says_it_cannot_be_pickled() -> None:
+    import pickle
+
+    @tool
+    def local(x: int) -> int:
+        """Not importable."""
+        return x
+
+    with pytest.raises((pickle.PicklingError, AttributeError), match="local"):
+        pickle.dumps(local)
+
+
+def test_a_scripts_function_tool_still_goes_to_another_process_by_value(tmp_path: Path) -> None:
+    """A tool defined in the script being run (`__main__`) is not in the `__main__` of the
+    process that loads it (a Ray worker): cloudpickle sends such a function by value, and
+    must keep doing so rather than name `__main__.<function>` there."""
+    pytest.importorskip("cloudpickle")
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys
+            import cloudpickle
+            import toolenv
+
+            @toolenv.tool(timeout=3)
+            def add(a: int, b: int) -> int:
+                \"\"\"Add.\"\"\"
+                return a + b
+
+            worker = (
+                "import asyncio, pickle, sys, toolenv\\n"
+                "from toolenv.caller import ToolCaller\\n"
+                "t = pickle.loads(sys.stdin.buffer.read())\\n"
+                "call = toolenv.ToolCall(name='add', arguments={'a': 2, 'b': 3})\\n"
+                "out, _ = asyncio.run(ToolCaller([t]).invoke([call], toolenv.ToolContext(task=toolenv.Task())))\\n"
+                "print(out[0].text, t.limits.timeout)\\n"
+            )
+            done = subprocess.run([sys.executable, "-c", worker], input=cloudpickle.dumps(add), capture_output=True)
+            sys.stdout.write(done.stdout.decode() + done.stderr.decode())
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5 3.0", done.stdout

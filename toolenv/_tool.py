@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import copy
 import functools
+import importlib
 import inspect
 import os
 import queue
@@ -34,10 +35,16 @@ class ToolLimits(BaseModel):
 
     timeout: float | None = Field(default=30.0, gt=0, description="Seconds before a call is abandoned.")
     max_concurrency: int | None = Field(
-        default=None, ge=1, description="Calls in flight at once, across episodes (per event loop)."
+        default=None,
+        ge=1,
+        description="Calls in flight at once (per event loop), across the episodes of every tool with the same "
+        "breaker_key (one backend) and cap.",
     )
     rate_limit: float | None = Field(
-        default=None, gt=0, description="Calls per second (started 1/rate s apart), across episodes and event loops."
+        default=None,
+        gt=0,
+        description="Calls per second (started 1/rate s apart), across the episodes and event loops of every tool "
+        "with the same breaker_key (one backend) and rate.",
     )
     retries: int = Field(
         default=0, ge=0, description="Extra attempts after a timeout or a result marked retryable (not an exception)."
@@ -219,10 +226,94 @@ class FunctionTool(Tool):
                 out = await out
         return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else str(out))
 
+    def __copy__(self) -> FunctionTool:
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        return out
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FunctionTool:
+        out = memo[id(self)] = object.__new__(type(self))
+        out.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the function by its module and name, and the settings; the copy rebuilds the rest.
+
+        `@tool` leaves the tool where the function was, so pickle, which sends a function by
+        its module and name, found the tool there and refused the function (TRL's async
+        trainer pickles `env_kwargs`, tools included, into its rollout process).
+        """
+        fn: Any = self._fn
+        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+        # A script's functions (`__main__`) are another module in the process that loads them:
+        # pickled as they are, cloudpickle (Ray) sends them by value, as it always has.
+        if isinstance(module, str) and isinstance(qualname, str) and module != "__main__":
+            with contextlib.suppress(Exception):  # not importable there: pickle the function itself, or say why not
+                found = _lookup(module, qualname)
+                if isinstance(found, FunctionTool) and found._fn is fn:
+                    fn = _FunctionRef(module, qualname)
+        derived = _DERIVED.union(getattr(self._fn, "__dict__", ()))
+        extra = {k: v for k, v in self.__dict__.items() if k not in derived}
+        own_cache = self.__dict__.get("cache")
+        settings = (self.name, self.description, self.limits, own_cache, extra)
+        return (_rebuild_function_tool, (type(self), fn, *settings))
+
+    def breaker_key(self) -> Hashable:
+        """The class and name, and the function: two functions that share a name are two backends."""
+        fn = self._fn
+        code = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None) or repr(fn))
+        return (type(self).__module__, type(self).__qualname__, self.name, *code)
+
     async def __call__(self, **kwargs: Any) -> Any:
         """Call the underlying function directly (handy in tests)."""
         result = self._fn(**kwargs)
         return await result if inspect.isawaitable(result) else result
+
+
+# What `FunctionTool.__init__` derives from the function (rebuilt, not pickled).
+_DERIVED = frozenset(
+    {"_fn", "_is_async", "Args", "_ctx_param", "_positional", "name", "description", "limits", "cache"}
+    | {*functools.WRAPPER_ASSIGNMENTS, "__wrapped__", "__type_params__"}
+)
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _FunctionRef:
+    """Pickles as "the function of the `@tool` at module.qualname"."""
+
+    __slots__ = ("module", "qualname")
+
+    def __init__(self, module: str, qualname: str) -> None:
+        self.module, self.qualname = module, qualname
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_function_of, (self.module, self.qualname))
+
+
+def _function_of(module: str, qualname: str) -> Callable[..., Any]:
+    found = _lookup(module, qualname)
+    return found._fn if isinstance(found, FunctionTool) else found
+
+
+def _rebuild_function_tool(
+    cls: type[FunctionTool],
+    fn: Callable[..., Any],
+    name: str,
+    description: str,
+    limits: ToolLimits,
+    cache: ResultCache | None,
+    extra: dict[str, Any],
+) -> FunctionTool:
+    out = object.__new__(cls)  # a subclass's own __init__ may take other arguments; its attributes are in `extra`
+    FunctionTool.__init__(out, fn, name=name, description=description, limits=limits, cache=cache)
+    out.__dict__.update(extra)
+    return out
 
 
 class _Workers:

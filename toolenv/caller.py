@@ -7,6 +7,8 @@ Every failure (unknown tool, bad arguments, exception, timeout) becomes a
 from __future__ import annotations
 
 import asyncio
+import bisect
+import collections
 import contextlib
 import functools
 import logging
@@ -15,7 +17,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,69 +57,118 @@ class _RateLimit:
 
     A waiting call sleeps until its estimated slot (one interval after the latest call, per
     call waiting ahead of it), then takes the slot only if a full interval has passed since
-    the latest call went through; else it sleeps again. asyncio-throttle polls every 10 ms
-    instead, which held any rate near 100 calls/s. A call cancelled while it waits leaves the
-    queue, so later calls are not spaced behind it.
+    the latest call went through; else it sleeps until its turn behind the calls still
+    waiting ahead of it (not to the next slot, which every overdue call would wake for:
+    n²/2 timers after the loop stalls). asyncio-throttle polls every 10 ms instead, which
+    held any rate near 100 calls/s. A call cancelled while it waits leaves the queue, so
+    later calls are not spaced behind it.
     """
 
-    __slots__ = ("interval", "last", "lock", "waiting")
+    __slots__ = ("interval", "last", "lock", "queue", "tickets")
 
     def __init__(self, rate: float) -> None:
         self.interval = 1.0 / rate
         self.last = -self.interval  # when the latest call was let through
-        self.waiting = 0  # calls between booking and going through (or being cancelled)
+        self.tickets = 0  # handed out in arrival order
+        self.queue: list[int] = []  # tickets of the calls waiting (booked, not yet through), in order
         self.lock = threading.Lock()
 
     async def wait(self) -> None:
         """Return when this call may start."""
         with self.lock:
             now = time.monotonic()
-            at = max(now, self.last + self.interval * (self.waiting + 1))
-            self.waiting += 1
+            at = max(now, self.last + self.interval * (len(self.queue) + 1))
+            ticket = self.tickets
+            self.tickets += 1
+            self.queue.append(ticket)
         try:
             while True:
                 if at > now:
                     await asyncio.sleep(at - now)
                 with self.lock:
                     now = time.monotonic()
-                    at = self.last + self.interval
-                    if now >= at:
+                    due = self.last + self.interval
+                    if now >= due:
                         self.last = now
                         return
+                    at = due + self.interval * bisect.bisect_left(self.queue, ticket)
         finally:
             with self.lock:
-                self.waiting -= 1
+                del self.queue[bisect.bisect_left(self.queue, ticket)]
+
+
+class _Cap:
+    """One event loop's share of a concurrency cap: `asyncio.Semaphore`'s rule (first come,
+    first served), holding the loop only while calls wait for it. A Semaphore keeps the loop
+    it first waited on, and the caps live as long as the process: every sync env's private
+    loop that once waited for one would have stayed in memory."""
+
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, cap: int) -> None:
+        self.free = cap
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def __aenter__(self) -> None:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # handed the slot as it was cancelled
+                self._release()
+            else:
+                with contextlib.suppress(ValueError):  # a release already dropped it from the queue
+                    self.waiters.remove(waiter)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Hand the slot to the first call still waiting, else free it."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
 
 
 class _Limiter:
-    """Concurrency cap and rate limit of one tool: the rate is shared by every event loop, the
-    cap is kept per loop (an asyncio semaphore belongs to one loop, and the same tool object
+    """Concurrency cap and rate limit of one backend: the rate is shared by every event loop,
+    the cap is kept per loop (an asyncio future belongs to one loop, and the same tool object
     may serve a sync env's private loop and a vector env's loop)."""
 
-    __slots__ = ("limits", "rate", "semaphores")
+    __slots__ = ("cap", "caps", "rate")
 
-    def __init__(self, limits: ToolLimits) -> None:
-        self.limits = limits
-        self.rate = _RateLimit(limits.rate_limit) if limits.rate_limit else None
-        self.semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary()
-        )
+    def __init__(self, cap: int | None, rate: float | None) -> None:
+        self.cap = cap
+        self.rate = _RateLimit(rate) if rate else None
+        self.caps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Cap] = weakref.WeakKeyDictionary()
 
-    def semaphore(self) -> asyncio.Semaphore | None:
-        """The running loop's semaphore for the cap, or None without one."""
-        cap = self.limits.max_concurrency
+    def semaphore(self) -> _Cap | None:
+        """The running loop's share of the cap, or None without one."""
+        cap = self.cap
         if cap is None:
             return None
         loop = asyncio.get_running_loop()
-        found = self.semaphores.get(loop)
+        found = self.caps.get(loop)
         if found is None:
-            found = self.semaphores[loop] = asyncio.Semaphore(cap)
+            found = self.caps[loop] = _Cap(cap)
         return found
 
 
-# Limiters by tool object, each dropped when its tool dies (before its id can be reused by a
-# new tool, which must not inherit the old one's cap), and rebuilt if its limits change.
-_LIMITERS: dict[int, _Limiter] = {}
+# Limiters by what fails together (`Tool.breaker_key`, as circuit breakers are shared) and the
+# cap and rate: every env of a plugin makes its own tool object over one server (`gym.make`
+# per env, `tool_limits` on copies), and a limit per object let each env send its own rate
+# and cap. `_LIMITERS` finds a tool object's limiter at once; each entry is dropped when its
+# tool dies (before its id can be reused by a new tool), and looked up again if its limits change.
+_SHARED_LIMITERS: dict[Hashable, _Limiter] = {}
+_LIMITERS: dict[int, tuple[ToolLimits, _Limiter]] = {}
 _LIMITERS_LOCK = threading.Lock()
 
 
@@ -126,14 +177,21 @@ def _limiter(tool: Tool) -> _Limiter | None:
     if not (lim.max_concurrency or lim.rate_limit):
         return None
     found = _LIMITERS.get(id(tool))
-    if found is None or (found.limits is not lim and found.limits != lim):
-        with _LIMITERS_LOCK:
-            found = _LIMITERS.get(id(tool))
-            if found is None or (found.limits is not lim and found.limits != lim):
-                if found is None:
-                    weakref.finalize(tool, _LIMITERS.pop, id(tool), None)
-                found = _LIMITERS[id(tool)] = _Limiter(lim)
-    return found
+    if found is not None and found[0] is lim:
+        return found[1]
+    with _LIMITERS_LOCK:
+        limiter: _Limiter | None = None
+        try:
+            key: Hashable = (tool.breaker_key(), lim.max_concurrency, lim.rate_limit)
+            limiter = _SHARED_LIMITERS.get(key)
+            if limiter is None:
+                limiter = _SHARED_LIMITERS[key] = _Limiter(lim.max_concurrency, lim.rate_limit)
+        except Exception:  # noqa: BLE001 - a broken or unhashable breaker_key: limits of its own
+            limiter = _Limiter(lim.max_concurrency, lim.rate_limit)
+        if id(tool) not in _LIMITERS:
+            weakref.finalize(tool, _LIMITERS.pop, id(tool), None)
+        _LIMITERS[id(tool)] = (lim, limiter)
+    return limiter
 
 
 def truncate_middle(text: str, limit: int | None) -> tuple[str, bool]:
@@ -592,6 +650,16 @@ class ToolCaller:
                 _log.warning("tool %r failed to release episode %s", t.name, ctx.episode_id, exc_info=True)
 
     async def aclose(self) -> None:
-        """Close every tool."""
+        """Close every tool, even when one fails to; then raise the first failure (the
+        others are logged), so one broken `close` leaves no other tool's processes behind."""
+        first: Exception | None = None
         for t in self.tools.values():
-            await t.close()
+            try:
+                await t.close()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the other tools are closed
+                if first is None:
+                    first = exc
+                else:
+                    _log.warning("tool %r failed to close", t.name, exc_info=True)
+        if first is not None:
+            raise first

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import cachetools
 import pydantic_core
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from toolenv._tool import Tool, ToolContext
@@ -115,7 +116,10 @@ class ResultCache:
         """The key of a call, or None when its arguments (or, scoped by task, its task) cannot be
         serialised: it then runs uncached."""
         try:
-            encoded = pydantic_core.to_json(args)
+            # Dumped to Python first: a model's own JSON writes inf, -inf and NaN alike as `null`
+            # (one key for `x=1e400`, `x=-1e400` and `x=None`); plain values keep them apart.
+            data = type(args).__pydantic_serializer__.to_python(args) if isinstance(args, BaseModel) else args
+            encoded = pydantic_core.to_json(data, inf_nan_mode="constants")
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
             return None
         if self.scope == "task":
