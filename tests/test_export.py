@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tiny_vlm import tiny_qwen3_vl
 
 import toolenv
 from toolenv.agent import Agent, EnvInfo
@@ -264,63 +265,6 @@ def test_an_image_trajectory_is_written_in_trls_vision_layout(visual_run: Path, 
         assert [(out.parent / name).read_bytes() for name in line["images"]] == [im.data for im in shown]
 
 
-def _tiny_qwen3_vl() -> tuple[Any, Any, Any]:
-    """A real `Qwen3VLProcessor` (Pillow image processor, a small tokenizer trained here, TRL's
-    Qwen3-VL template), a tiny random Qwen3-VL config and its tokenizer: no download."""
-    transformers = pytest.importorskip("transformers", reason="the TRL checks need transformers (CI installs it)")
-    pil = pytest.importorskip(
-        "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl", reason="Qwen-VL's Pillow image processor"
-    )
-    from trl.chat_template_utils import qwen3_vl_chat_template
-
-    from toolenv.integrations.verl.tiny import byte_bpe_tokenizer
-
-    vision = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-    corpus = ["You may call one or more functions: crop bbox units pixels answer code", '0123456789 [ ] { } , . " \n']
-    roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None}
-    tok = byte_bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *vision], corpus, "", roles)
-
-    class ImageQwen3VLProcessor(transformers.Qwen3VLProcessor):  # type: ignore[misc]
-        def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kw: Any) -> None:
-            super().__init__(image_processor, tokenizer, None, **kw)
-
-    images = pil.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128)
-    processor = ImageQwen3VLProcessor(images, tok, chat_template=qwen3_vl_chat_template)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in vision}
-    config = transformers.Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "max_position_embeddings": 4096,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    return processor, config, tok
-
-
 @pytest.mark.parametrize("template", ["qwen3_vl", "qwen2_5_vl"])
 def test_trls_vision_collator_reads_the_export(visual_run: Path, tmp_path: Path, template: str) -> None:
     """`load_chat` then TRL's own `DataCollatorForVisionLanguageModeling` (its `prepare_multimodal_messages`,
@@ -331,7 +275,7 @@ def test_trls_vision_collator_reads_the_export(visual_run: Path, tmp_path: Path,
 
     from toolenv.export import load_chat
 
-    processor, _, tok = _tiny_qwen3_vl()
+    processor, _, tok = tiny_qwen3_vl()
     out = tmp_path / "sft.jsonl"
     trajectories = _visual(visual_run)
     export_chat(trajectories, out, calls="structured", arguments="object")
@@ -370,7 +314,7 @@ def test_sft_trainer_trains_a_vision_model_on_the_export(visual_run: Path, tmp_p
     from toolenv.export import load_chat
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    processor, config, _ = _tiny_qwen3_vl()
+    processor, config, _ = tiny_qwen3_vl()
     out = tmp_path / "sft.jsonl"
     assert main(["export", str(visual_run), "--out", str(out), "--calls", "structured", "--arguments", "object"]) == 0
     torch.manual_seed(0)

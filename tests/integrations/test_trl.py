@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import pytest
+from _tiny_vlm import tiny_qwen3_vl
 from pydantic import BaseModel, Field
 
 import toolenv
@@ -575,9 +576,6 @@ def test_grpo_counts_a_failed_tool_call_and_shows_the_model_its_error(trl_parts:
 
 
 # ---------------------------------------------------------------------- a vision model
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-
-
 @pytest.fixture(scope="module")
 def vlm_parts() -> Any:
     """A tiny random Qwen3-VL built here (no download), a real `Qwen3VLProcessor` for images (no video
@@ -587,57 +585,7 @@ def vlm_parts() -> Any:
     import torch
     import transformers
 
-    pil_processors = pytest.importorskip(
-        "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl", reason="Qwen-VL's Pillow image processor"
-    )
-    from trl.chat_template_utils import qwen3_vl_chat_template
-
-    from toolenv.integrations.verl.tiny import byte_bpe_tokenizer
-
-    corpus = ["You may call one or more functions: crop bbox units pixels answer code", '0123456789 [ ] { } , . " \n']
-    roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None}
-    tok = byte_bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>", *VISION_TOKENS], corpus, "", roles)
-
-    class ImageQwen3VLProcessor(transformers.Qwen3VLProcessor):  # type: ignore[misc]
-        def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kw: Any) -> None:
-            super().__init__(image_processor, tokenizer, None, **kw)
-
-    images = pil_processors.Qwen2VLImageProcessorPil(
-        patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128
-    )
-    processor = ImageQwen3VLProcessor(images, tok, chat_template=qwen3_vl_chat_template)  # TRL adds its parser
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    config = transformers.Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "max_position_embeddings": 4096,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
+    processor, config, tok = tiny_qwen3_vl()
 
     class ScriptedQwen3VL(transformers.Qwen3VLForConditionalGeneration):  # type: ignore[misc]
         """Writes `script(context, row)[turn]`, after a real forward pass over the inputs TRL generates
