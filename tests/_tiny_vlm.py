@@ -30,7 +30,11 @@ def tiny_qwen3_vl() -> tuple[Any, Any, Any]:
         def __init__(self, image_processor: Any = None, tokenizer: Any = None, **kw: Any) -> None:
             super().__init__(image_processor, tokenizer, None, **kw)
 
-    images = pil.Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=128 * 128)
+    # `size`, not min_pixels/max_pixels: transformers 5.10 writes those into the class's shared
+    # default, and every Qwen2-VL image processor made later in the process would shrink images.
+    images = pil.Qwen2VLImageProcessorPil(
+        patch_size=16, merge_size=2, size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128}
+    )
     processor = ImageQwen3VLProcessor(images, tok, chat_template=qwen3_vl_chat_template)
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     config = transformers.Qwen3VLConfig(

@@ -237,7 +237,11 @@ def test_the_overview_is_what_a_qwen25_vl_processor_feeds_the_model() -> None:
     """The processor resizes an image to sides that are multiples of 28 (`smart_resize`); the overview
     is made at that size, so the model's pixels are the overview's, which the question states."""
     qwen = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
-    processor = qwen.Qwen2VLImageProcessorPil()
+    # Qwen2.5-VL's own preprocessor settings, given explicitly: another test's processor may have
+    # changed the class's defaults (transformers 5.10 writes min_pixels/max_pixels into them).
+    processor = qwen.Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, size={"shortest_edge": 3136, "longest_edge": 12845056}
+    )
     env = make_visualsearch_env(num_tasks=12)
     sizes = set()
     for task in env.tasks:
