@@ -163,6 +163,10 @@ def _resolves(parts: list[str]) -> bool:
     for i in range(len(parts), 0, -1):
         try:
             obj: object = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] not in (parts[0], "toolenv"):
+                return True  # the module needs an optional dependency not installed here (verl, skyrl_gym)
+            continue
         except ImportError:
             continue
         for attr in parts[i:]:

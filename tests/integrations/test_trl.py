@@ -340,6 +340,9 @@ def visual_rows(n: int = 2) -> list[dict[str, Any]]:
 def test_dataset_rows_of_an_image_env_carry_the_prompt_images_as_trl_reads_them() -> None:
     """TRL's GRPOTrainer reads a row's `images` column and puts the images before the first user
     message's text (`prepare_multimodal_messages`); `datasets` must keep them as they were."""
+    pytest.importorskip(
+        "datasets", reason="TRL's dataloader rows need datasets (pip install toolenv[trl]); CI installs it"
+    )
     from datasets import Dataset
     from trl.data_utils import prepare_multimodal_messages
 
