@@ -975,6 +975,16 @@ async def test_a_reset_whose_answer_was_lost_is_sent_again_when_it_names_its_tas
 
 
 # ---------------------------------------------------------------------- stuck calls never keep a slot
+async def _wait_for_ever(started: Any, cancelled: Any) -> None:
+    """Set `started`, wait an hour (for ever, to a test), and set `cancelled` if cancelled."""
+    started.set()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 class _Stuck:
     """A tool that never returns (a backend that stopped answering, no timeout of its own), and
     records whether the server cancelled it: a stuck call must not hold its session's slot."""
@@ -990,12 +1000,7 @@ class _Stuck:
         @toolenv.tool(timeout=None)
         async def stuck() -> str:
             """Wait for ever."""
-            started.set()
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                cancelled.set()
-                raise
+            await _wait_for_ever(started, cancelled)
             return "woke"
 
         self.tool = stuck
@@ -1076,12 +1081,7 @@ async def test_a_reset_after_a_cancelled_reset_does_not_wait_for_that_reset() ->
     class SlowStart(toolenv.ToolEnv):
         async def arender_prompt(self, task: toolenv.Task) -> Any:
             if task.id == "t4":
-                started.set()
-                try:
-                    await asyncio.sleep(3600)
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
+                await _wait_for_ever(started, cancelled)
             return await super().arender_prompt(task)
 
     def factory() -> toolenv.ToolEnv:

@@ -76,6 +76,24 @@ class _Unanswered(toolenv.Reward):
         return -0.5 if episode.answer is None else 0.0
 
 
+def one_step_config(tmp_path: Path, *, batch: int, completion: int, **extra: Any) -> Any:
+    """A GRPOConfig for one CPU training step with groups of two, logging every step, saving nothing."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=batch,
+        num_generations=2,
+        max_steps=1,
+        max_completion_length=completion,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        **extra,
+    )
+
+
 def shown_box(task: dict[str, Any]) -> list[float]:
     """The code's box of a VisualSearch task in pixels of the overview the model sees (the crop
     tool's convention), from the task's box in the original image's pixels."""
@@ -453,23 +471,12 @@ def train_one_step(
     """One GRPO step of the scripted policy on `rows`, `batch` completions (2 per prompt), `factory`'s envs."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     root, tok, cls = trl_parts
     cls.script = staticmethod(script)
     model = cls.from_pretrained(root)
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=batch,
-        num_generations=2,
-        max_steps=1,
-        max_completion_length=256,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-    )
+    config = one_step_config(tmp_path, batch=batch, completion=256, learning_rate=1e-3)
     trainer = GRPOTrainer(
         model=model,
         processing_class=tok,
@@ -625,7 +632,7 @@ def test_grpo_trains_a_vision_model_on_visualsearch_with_the_crops_images(
     loss's forward pass, whose gradient moves the vision tower."""
     import torch
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     processor, config, cls = vlm_parts
@@ -648,18 +655,7 @@ def test_grpo_trains_a_vision_model_on_visualsearch_with_the_crops_images(
         processing_class=processor,
         train_dataset=Dataset.from_list(rows * 2),
         environment_factory=environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1}),
-        args=GRPOConfig(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=2,
-            num_generations=2,
-            max_steps=1,
-            max_completion_length=512,
-            learning_rate=1e-2,
-            logging_steps=1,
-            report_to=[],
-            use_cpu=True,
-            save_strategy="no",
-        ),
+        args=one_step_config(tmp_path, batch=2, completion=512, learning_rate=1e-2),
     )
     trainer.train()
     logged = trainer.state.log_history[0]
@@ -679,7 +675,7 @@ def test_grpo_mixes_an_image_env_and_a_text_env_in_one_vision_batch(vlm_parts: A
     """docs/trl.md: text rows given `images: []` train beside image rows, each with its own env."""
     import torch
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from toolenv.integrations.verl.demo import Calculator
 
@@ -711,17 +707,7 @@ def test_grpo_mixes_an_image_env_and_a_text_env_in_one_vision_batch(vlm_parts: A
         processing_class=processor,
         train_dataset=Dataset.from_list(vision + text),
         environment_factory=factories,
-        args=GRPOConfig(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=4,
-            num_generations=2,
-            max_steps=1,
-            max_completion_length=512,
-            logging_steps=1,
-            report_to=[],
-            use_cpu=True,
-            save_strategy="no",
-        ),
+        args=one_step_config(tmp_path, batch=4, completion=512),
     )
     trainer.train()
     logged = trainer.state.log_history[0]

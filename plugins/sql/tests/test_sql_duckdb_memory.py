@@ -101,6 +101,21 @@ def _one_worker(shop: Path) -> int:
     return pids[0]
 
 
+def _stopped_worker(shop: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, threading.Event]:
+    """A single worker, stopped (SIGSTOP), and an event set once a request has been sent to it."""
+    old = _one_worker(shop)
+    os.kill(old, signal.SIGSTOP)
+    sent = threading.Event()
+    real_send = duckdb_worker._Worker.send
+
+    def send(self: Any, request: tuple[Any, ...]) -> None:
+        real_send(self, request)
+        sent.set()
+
+    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    return old, sent
+
+
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -165,16 +180,7 @@ def test_a_worker_that_dies_mid_query_is_a_clear_error_and_is_replaced(
     shop: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed while it runs a query (as the kernel's OOM killer would): an SQLError about memory, not a hang."""
-    old = _one_worker(shop)
-    os.kill(old, signal.SIGSTOP)
-    sent = threading.Event()
-    real_send = duckdb_worker._Worker.send
-
-    def send(self: Any, request: tuple[Any, ...]) -> None:
-        real_send(self, request)
-        sent.set()
-
-    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    old, sent = _stopped_worker(shop, monkeypatch)
     outcome: list[BaseException | QueryResult] = []
 
     def query() -> None:
@@ -413,16 +419,7 @@ def test_the_wait_for_a_busy_worker_counts_against_the_timeout(
     """The timeout counts from the call, as the docs say (the caller waits at most timeout + 1 s):
     a query queued behind a stuck one gets a timeout error saying it never started. It used to
     wait for the stuck query's whole timeout, then run (12 queued 1 s queries took up to 6 s)."""
-    old = _one_worker(shop)
-    os.kill(old, signal.SIGSTOP)
-    sent = threading.Event()
-    real_send = duckdb_worker._Worker.send
-
-    def send(self: Any, request: tuple[Any, ...]) -> None:
-        real_send(self, request)
-        sent.set()
-
-    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    old, sent = _stopped_worker(shop, monkeypatch)
     thread, outcome = _in_thread(lambda: run_query(shop, "duckdb", COUNT, timeout=8))
     assert sent.wait(30)  # the stuck worker has the first query
     with pytest.raises(QueryTimeout, match=r"^The query did not start within 0.5 s: .*busy") as info:
@@ -439,16 +436,7 @@ async def test_cancelling_execute_stops_its_duckdb_query(
     """A cancelled `execute` (the tool's guard fired, the episode was cancelled, `asyncio.run`
     ended) kills the worker running its query: it used to run on for its whole timeout, holding
     the worker, and the interpreter's exit waited for the pool thread stuck on it."""
-    old = _one_worker(shop)
-    os.kill(old, signal.SIGSTOP)  # the query never finishes by itself
-    sent = threading.Event()
-    real_send = duckdb_worker._Worker.send
-
-    def send(self: Any, request: tuple[Any, ...]) -> None:
-        real_send(self, request)
-        sent.set()
-
-    monkeypatch.setattr(duckdb_worker._Worker, "send", send)
+    old, sent = _stopped_worker(shop, monkeypatch)  # the query never finishes by itself
     task = asyncio.ensure_future(execute(shop, "duckdb", COUNT, timeout=600))
     assert await asyncio.get_running_loop().run_in_executor(None, sent.wait, 30)  # the worker has it
     task.cancel()
