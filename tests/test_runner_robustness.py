@@ -286,3 +286,22 @@ def test_overwrite_clears_the_earlier_runs_images_and_nothing_else(tmp_path: Pat
     assert sorted(p.name for p in images.iterdir() if p != mine) == earlier  # this run's own, rewritten
     rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, overwrite=True)  # inline images now
     assert [p.name for p in images.iterdir()] == ["notes.txt"]
+
+
+def test_resume_reads_an_env_id_with_its_module_prefix_as_the_same_env(tmp_path: Path) -> None:
+    """`module:ns/Name-v0` is Gymnasium's way to say "import module, then make ns/Name-v0": the
+    same env as `ns/Name-v0`, so a run started one way resumes the other, and records the id."""
+    prefixed = f"rollout_example:{example.ENV_ID}"
+    first = rollout(prefixed, example.ScriptedAgent(), n=2, out=tmp_path)
+    assert {t.env_id for t in first.trajectories} == {example.ENV_ID}
+    assert json.loads((tmp_path / "run.json").read_text())["env_id"] == prefixed  # the command as given
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path)
+    assert (res.new, res.skipped) == (2, 2)
+    # A file written by an older version with the prefix in it resumes too.
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(path.read_text().replace(f'"env_id":"{example.ENV_ID}"', f'"env_id":"{prefixed}"'))
+    assert prefixed in path.read_text()
+    again = rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path)
+    assert again.new == 0
+    with pytest.raises(ValueError, match=r"holds trajectories of 'rollout_example:rollout_example/Calc-v0'"):
+        rollout("toolenv/Spider-v0", example.ScriptedAgent(), out=tmp_path)

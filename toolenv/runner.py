@@ -80,7 +80,7 @@ def _make_env(env: EnvSpec, env_kwargs: Mapping[str, Any]) -> tuple[ToolEnv, str
         if env.rpartition(":")[2] not in gym.registry:  # each call reads every entry point (~4 ms)
             toolenv._gym.register_envs()
         made = gym.make(env, **env_kwargs)
-        env_id = env
+        env_id = _bare_id(env)  # `module:ns/Name-v0` is `ns/Name-v0`, its module imported first
     else:
         if env_kwargs:
             raise ValueError("env_kwargs are only used with an env id; pass them to your factory instead")
@@ -399,9 +399,15 @@ def _who(agent: str, model: str | None) -> str:
     return f"agent {agent!r}" + (f" (model {model!r})" if model is not None else "")
 
 
+def _bare_id(env_id: str) -> str:
+    """A Gymnasium id without the `module:` Gymnasium imports before making it."""
+    return env_id.rpartition(":")[2]
+
+
 def _check_same_run(path: Path, previous: Trajectory, env_id: str, agent: Agent) -> None:
-    """Resuming is running the same command again: refuse a file of another env, agent or model."""
-    if env_id and previous.env_id != env_id:
+    """Resuming is running the same command again: refuse a file of another env, agent or model
+    (an id written with its module prefix, as earlier versions kept it, is the same env)."""
+    if env_id and _bare_id(previous.env_id) != env_id:
         raise ValueError(f"{path} holds trajectories of {previous.env_id!r}, not {env_id!r}")
     if (previous.agent, previous.model) != (agent.label, agent.model):
         theirs, ours = _who(previous.agent, previous.model), _who(agent.label, agent.model)
@@ -473,7 +479,7 @@ async def arollout(
     if output:
         output.write_config(
             {
-                "env_id": env_id,
+                "env_id": env if isinstance(env, str) else env_id,  # as given: a module prefix says what to import
                 "agent": the_agent.label,
                 "model": the_agent.model,
                 "episodes": len(work),
