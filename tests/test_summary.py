@@ -134,3 +134,36 @@ def test_cached_and_refused_calls_are_counted_and_shown() -> None:
     rows = dict(summary_rows(s))
     assert rows["calls answered by a cache"] == "2" and rows["calls refused (circuit open)"] == "2"
     assert "calls answered by a cache" not in dict(summary_rows(summarize(_trajectories())))
+
+
+def test_the_builder_keeps_eight_bytes_per_latency() -> None:
+    """A long run adds millions of latencies (one per turn and one per tool call); the builder
+    keeps each as a C double, not as a Python float object in a list (32 bytes each)."""
+    import tracemalloc
+
+    calls = ["search"] * 50
+    traj = Trajectory(
+        env_id="toolenv/A-v0",
+        agent="x",
+        task=Task(id="1", question="q"),
+        duration_s=1.0,
+        turns=[_turn(calls, 0, latencies=[0.001 * i for i in range(50)], agent_s=0.5) for _ in range(20)],
+    )
+    line = traj.model_dump_json()  # each episode read afresh, as a resume or a run makes them
+    builder = SummaryBuilder()
+    builder.add(traj)  # the first add allocates what every add shares
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            builder.add(Trajectory.model_validate_json(line))  # then dropped, as the runner does
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    kept = 100 * (20 * 50 + 20 + 2)  # tool latencies, agent latencies, a duration and a reward per episode
+    assert grown < 12 * kept, f"{grown / kept:.1f} bytes per latency kept"
+    summary = builder.build()
+    assert summary.tool_latency_s is not None and summary.tool_latency_s.count == 101 * 1000
+    assert summary.tool_latency_s.max == pytest.approx(0.049) and summary.agent_latency_s is not None
+    assert summary.agent_latency_s.count == 101 * 20 and summary.episode_latency_s is not None
+    assert summary.episode_latency_s.p50 == 1.0 and summary.episodes == 101
