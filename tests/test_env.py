@@ -351,3 +351,21 @@ def test_gymnasiums_episode_statistics_wrappers_work_on_toolenv_envs() -> None:
     assert list(infos["episode"]["l"]) == [1, 1] and list(infos["episode_stats"]["turns"]) == [1, 1]
     venv.close()
     env.close()
+
+
+def test_a_reset_with_native_tools_leaves_the_tools_to_the_chat_template() -> None:
+    """An agent that sends `tool_schemas()` as the API's `tools` (or through its chat template)
+    resets with `native_tools`: the prompt says how to answer, not the tools a second time."""
+    env = make(system_prompt="You are careful.", prompt_template="{instructions}\n\nQuestion: {question}\n")
+    full_obs, full = env.reset(seed=0)
+    assert '"name": "add"' in full["messages"][0].content and '"name": "add"' in full_obs
+    obs, info = env.reset(seed=0, options={"native_tools": True})
+    system = info["messages"][0]
+    assert system.role == "system"
+    assert system.content == "You are careful.\n\nWhen you know the final answer, write it as <answer>...</answer>."
+    assert "add" not in obs and obs.endswith(f"Question: {info['messages'][1].content}\n")
+    assert env.episode is not None and env.episode.messages[0].content == system.content  # what is recorded
+    obs, reward, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+    assert obs == "<tool_response>\n5\n</tool_response>"  # the env still reads and runs the calls
+    again_obs, again = env.reset(seed=0)  # the next reset without the option is as before
+    assert again["messages"][0].content == full["messages"][0].content and again_obs == full_obs

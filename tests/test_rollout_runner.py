@@ -420,3 +420,31 @@ def test_resume_after_a_complete_last_line_without_its_newline(tmp_path: Path) -
     assert (res.new, res.skipped, res.summary.episodes) == (2, 2, 4)
     keys = [t.key for t in read_trajectories(path, strict=True)]
     assert len(keys) == len(set(keys)) == 4
+
+
+class NativeCaller(Agent):
+    """An agent that hands the model the tools itself (as the API's `tools`): it reads the prompt it
+    is given, then answers."""
+
+    native_tools = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        self.seen.append(messages[0].content)
+        assert env_info.tool_schemas  # the tools still reach the agent, to send natively
+        return AgentAction(text="<answer>none</answer>")
+
+
+def test_an_agent_with_native_tools_gets_a_prompt_without_the_tools_text() -> None:
+    agent = NativeCaller()
+    res = rollout(example.ENV_ID, agent, n=2)
+    env = example.make_env()
+    full = env.render_prompt(env.tasks[0])[1][0].content
+    answer_only = env.parser.answer_instructions()
+    assert full != answer_only and answer_only
+    assert agent.seen and all(s.endswith(answer_only) and s != full for s in agent.seen)
+    assert all(t.prompt_messages[0].content in agent.seen for t in res.trajectories)  # recorded as sent
+    plain = rollout(example.ENV_ID, example.ScriptedAgent(), n=1)
+    assert plain.trajectories[0].prompt_messages[0].content == full

@@ -90,6 +90,10 @@ class Agent(abc.ABC):
     name: str = ""
     #: The model the agent runs, when it has one (recorded in trajectories).
     model: str | None = None
+    #: True when the agent gives the model the env's tools itself (`EnvInfo.tool_schemas` as the
+    #: API's `tools` or through the chat template): the runner then resets envs with
+    #: `native_tools`, so the prompt does not describe the tools a second time.
+    native_tools: bool = False
 
     def reset(self, task: Task) -> None:  # noqa: B027 - optional hook
         """Start an episode of `task`; called on the spawned copy before its first `act`."""

@@ -118,6 +118,7 @@ class ToolEnv(gym.Env[str, str]):
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
         self._instructions = self.parser.instructions(self.tools)
+        self._prompt_instructions = self._instructions  # what the latest reset asked for (`native_tools`)
         self._next_index = 0
         self._episode: Episode | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -173,8 +174,9 @@ class ToolEnv(gym.Env[str, str]):
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
-        """The first observation of `task` as text and as chat messages."""
-        system = "\n\n".join(p for p in (self.system_prompt, self._instructions) if p)
+        """The first observation of `task` as text and as chat messages (with only the parser's
+        answer instructions when the latest reset had `native_tools`)."""
+        system = "\n\n".join(p for p in (self.system_prompt, self._prompt_instructions) if p)
         if task.prompt is not None:
             return task.prompt, [Message(role="system", content=system), Message(role="user", content=task.prompt)]
         fields = _Fields(task.context)
@@ -191,13 +193,18 @@ class ToolEnv(gym.Env[str, str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`."""
+        """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`; and
+        `native_tools: True` when the agent gives the model the tools itself (`tool_schemas()`
+        through the chat template or the API's `tools`): the prompt then says only how to
+        answer, not the tools and call format again."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         if seed is not None and self.task_order == "sequential" and self.tasks:
             self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
         await self.aend_episode()
         self._episode, self._closed = None, False  # a reset failing below leaves no released episode to step
         task = self._pick_task(options or {})
+        native = bool((options or {}).get("native_tools"))
+        self._prompt_instructions = self.parser.answer_instructions() if native else self._instructions
         obs, messages = await self.arender_prompt(task)
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}

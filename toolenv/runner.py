@@ -183,7 +183,8 @@ async def run_episode(
         env_id=env_id, agent=agent.label, model=agent.model, task=task, sample=sample, seed=seed, started_at=_now()
     )
     try:
-        obs, info = await _within(deadline, env.areset(seed=seed, options={"task": task}))
+        options: dict[str, Any] = {"task": task, "native_tools": True} if agent.native_tools else {"task": task}
+        obs, info = await _within(deadline, env.areset(seed=seed, options=options))
     except _EpisodeTimeout:
         traj.error = _timed_out(timeout, "env reset")
         traj.duration_s = time.perf_counter() - start

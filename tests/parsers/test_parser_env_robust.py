@@ -200,3 +200,22 @@ def test_an_env_warns_of_tools_its_prompted_format_cannot_call() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             toolenv.ToolEnv(tools=tools, tasks=task, parser=parser, parser_kwargs=kwargs).close()
+
+
+@pytest.mark.parametrize("spec", parser_names())
+def test_answer_instructions_are_the_instructions_answer_part_without_the_tools(spec: str) -> None:
+    """What a prompt says when the chat template or the API lists the tools (native tool calling):
+    how to answer, in the words of the full instructions, and nothing about the tools."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"the (tags|codeblock) parser", UserWarning)
+        parser = toolenv.get_parser(spec).bind([add, search, python])
+    answer = parser.answer_instructions()
+    full = parser.instructions([add, search, python])
+    assert answer, spec  # every format here reads a final answer by default
+    assert answer in full and len(answer) < len(full), spec
+    assert not any(word in answer for word in ("add", "search", "python", "{", "function")), (spec, answer)
+    try:
+        without = toolenv.get_parser(spec, answer_tag=False)
+    except TypeError:  # the format always reads an answer
+        return
+    assert "<answer>" not in without.answer_instructions(), spec

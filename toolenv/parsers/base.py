@@ -14,9 +14,11 @@ from toolenv._schema import openai_schema
 from toolenv._tool import Tool
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_parsed
 
-__all__ = ["ActionParser", "get_parser", "parser_names"]
+__all__ = ["ANSWER_INSTRUCTION", "ActionParser", "get_parser", "parser_names"]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
+#: The sentence of the formats' instructions that says how to give the final answer.
+ANSWER_INSTRUCTION = "When you know the final answer, write it as <answer>...</answer>."
 
 
 class ActionParser(abc.ABC):
@@ -46,6 +48,13 @@ class ActionParser(abc.ABC):
     @abc.abstractmethod
     def instructions(self, tools: Sequence[Tool]) -> str:
         """The text that tells a model which tools exist and how to call them."""
+
+    def answer_instructions(self) -> str:
+        """How to give the final answer, the part of `instructions` that is not about the tools
+        (empty when the format reads no answer). It is the whole prompt text an env gives when
+        the chat template or the API lists the tools itself (native tool calling): the tools
+        described twice, the second time in another wording, only lengthen the prompt."""
+        return ANSWER_INSTRUCTION if getattr(self, "answer_tag", False) is True else ""
 
     @abc.abstractmethod
     def format_results(self, results: Sequence[ToolResult]) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolenv._tool import Tool
-from toolenv.parsers.base import ActionParser, register_parser
+from toolenv.parsers.base import ANSWER_INSTRUCTION, ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult
 
 __all__ = ["CodeBlockParser"]
@@ -102,8 +102,11 @@ class CodeBlockParser(ActionParser):
     def instructions(self, tools: Sequence[Tool]) -> str:
         return (
             "Write Python in a ```python fenced block to run it; its output comes back in an "
-            "```output block. When you know the final answer, write it as <answer>...</answer>."
+            f"```output block. {self.answer_instructions()}"
         )
+
+    def answer_instructions(self) -> str:
+        return ANSWER_INSTRUCTION
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(f"```output\n{r.text}\n```" for r in results)

@@ -164,15 +164,17 @@ class HarmonyParser(ActionParser):
 
     def instructions(self, tools: Sequence[Tool]) -> str:
         defs = "\n\n".join(_typescript(t.flat_schema()["function"]) for t in tools)
-        answer = " as <answer>...</answer>" if self.answer_tag else ""
         return (
             "# Tools\n\n## functions\n\nnamespace functions {\n\n"
             f"{defs}\n\n"
             "} // namespace functions\n\n"
             "Call a function with a message in the commentary channel addressed to=functions.NAME, "
-            "whose content is a JSON object of its arguments. "
-            f"Give the final answer in the final channel{answer}."
+            f"whose content is a JSON object of its arguments. {self.answer_instructions()}"
         )
+
+    def answer_instructions(self) -> str:
+        answer = " as <answer>...</answer>" if self.answer_tag else ""
+        return f"Give the final answer in the final channel{answer}."
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         out = []

@@ -427,8 +427,13 @@ class MuseGlimmerParser(SchemaBound, ActionParser):
             recipients = ", ".join(['"self"', *(f'"{ns}.*"' for ns in spaces), '"user"'])
             lines.append(f"{_INTRO}{meta}// Function schemas{schemas}{_EXAMPLE}\n\n# Valid recipients: {recipients}.")
         if self.answer_tag:
-            lines.append("When you know the final answer, write it as <answer>...</answer> in your message to=user.")
+            lines.append(self.answer_instructions())
         return "\n".join(lines)
+
+    def answer_instructions(self) -> str:
+        if not self.answer_tag:
+            return ""
+        return "When you know the final answer, write it as <answer>...</answer> in your message to=user."
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         out: list[str] = []

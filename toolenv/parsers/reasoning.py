@@ -117,6 +117,9 @@ class ReasoningParser(ActionParser):
     def instructions(self, tools: Sequence[Tool]) -> str:
         return self.inner.instructions(tools)
 
+    def answer_instructions(self) -> str:
+        return self.inner.answer_instructions()
+
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return self.inner.format_results(results)
 

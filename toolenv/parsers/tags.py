@@ -98,9 +98,11 @@ class TagParser(ActionParser):
         ]
         return (
             "You can use these tools by writing a tag; the result appears between "
-            f"{self.result_open} and {self.result_close}:\n" + "\n".join(lines) + "\n"
-            f"When you know the final answer, write it as <{self.answer_tag}>...</{self.answer_tag}>."
+            f"{self.result_open} and {self.result_close}:\n" + "\n".join(lines) + "\n" + self.answer_instructions()
         )
+
+    def answer_instructions(self) -> str:
+        return f"When you know the final answer, write it as <{self.answer_tag}>...</{self.answer_tag}>."
 
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
