@@ -339,3 +339,108 @@ async def test_a_reply_cut_by_max_new_tokens_is_marked(tiny_model: Path) -> None
     stops = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"), parser=parser)
     at_stop = await agent.act("", msgs, stops)
     assert at_stop.text.endswith("5.") and at_stop.metadata["finish_reason"] == "stop"
+
+
+async def test_logprobs_are_computed_as_generation_goes_and_no_vocab_sized_scores_are_kept(tiny_model: Path) -> None:
+    """The recorded log-probs are those of `generate`'s own scores (the distribution sampled
+    from, after temperature and top-p), but the vocab-sized score of each step is not kept
+    until the turn ends (1,000 tokens of a 150k vocab would be 600 MB)."""
+    import torch
+
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=24, temperature=0.8, top_p=0.9, seed=3)
+    vocab = agent.lm.config.vocab_size
+    real = agent.lm.generate
+    seen: dict[str, Any] = {}
+
+    def replayed(*args: Any, **kwargs: Any) -> Any:
+        state = torch.get_rng_state()
+        out = real(*args, **kwargs)
+        seen["kept"] = [s for s in (out.scores or ()) if s.numel() >= vocab]
+        # The reference: the same call again, same RNG state, without the agent's own criteria.
+        torch.set_rng_state(state)
+        kwargs.pop("stopping_criteria", None)
+        seen["ref"] = real(*args, **kwargs)
+        return out
+
+    agent.lm.generate = replayed
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    action = await agent.act("", [toolenv.Message(role="user", content="What is 2 + 3?")], info)
+    ref = seen["ref"]
+    ids = action.token_ids or []
+    assert ids and ref.sequences[0, -len(ids) :].tolist() == ids
+    expected = [float(torch.log_softmax(s[0].float(), dim=-1)[t]) for s, t in zip(ref.scores, ids, strict=True)]
+    assert action.logprobs == pytest.approx(expected, abs=1e-5)
+    assert seen["kept"] == []  # what generate returned holds no vocab-sized score
+    # Nothing vocab-sized reaches the action either.
+    assert all(not isinstance(v, torch.Tensor) for v in action.model_dump().values())
+
+
+async def test_a_cancelled_turn_stops_generating(tiny_model: Path) -> None:
+    """An `act` cancelled mid-generation (an episode timeout, a stopped run) stops the model at its
+    next token, rather than keeping the model's one worker busy to `max_new_tokens` while the
+    other episodes' turns wait behind it."""
+    import threading
+
+    import torch
+
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=300)
+    tok = agent.tokenizer
+    word = tok("answer", add_special_tokens=False)["input_ids"][0]
+    loop = asyncio.get_running_loop()
+    steps = [0]
+    cancelled_seen = threading.Event()
+    task: asyncio.Task[Any] | None = None
+
+    def hook(module: Any, args: Any, logits: torch.Tensor) -> torch.Tensor:
+        steps[0] += 1
+        if steps[0] == 5:  # mid-generation: cancel the turn, and go on once the loop has seen it
+            assert task is not None
+            loop.call_soon_threadsafe(task.cancel)
+            assert cancelled_seen.wait(timeout=30)  # a hang guard only
+        forced = torch.full_like(logits, -1e4)
+        forced[..., word] = 0.0  # never EOS
+        return forced
+
+    agent.lm.lm_head.register_forward_hook(hook)
+    lengths: list[int] = []
+    real = agent.lm.generate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        lengths.append(out.sequences.shape[1] - args[0].shape[1])
+        return out
+
+    agent.lm.generate = counted
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    msgs = [toolenv.Message(role="user", content="What is 2 + 3?")]
+    task = asyncio.create_task(agent.act("", msgs, info))
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    cancelled_seen.set()
+    agent.max_new_tokens = 3
+    after = await agent.act("", msgs, info)  # the model's worker runs it once the cancelled one has ended
+    assert len(after.token_ids or []) == 3
+    assert lengths[0] < 10  # stopped right after the cancellation, not at 300 tokens
+
+
+async def test_a_stop_string_ending_inside_a_token_ends_the_action(tiny_model: Path) -> None:
+    """`generate` stops on a token that runs past a stop string (`stop_strings` matches such
+    overhangs): the action ends at the stop string, as a server's does, and the turn counts as
+    stopped, not cut, even when that token was the last of the budget."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=4)
+    tok = agent.tokenizer
+    words = tok("The answer is 5.", add_special_tokens=False)["input_ids"]
+    assert [tok.decode([i]) for i in words[:4]] == ["Th", "e", " ", "an"]
+    _steer(agent, words)
+    parser = toolenv.parsers.get_parser("tags")
+    parser.stop = ("The a",)  # ends inside the token "an"
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"), parser=parser)
+    action = await agent.act("", [toolenv.Message(role="user", content="What is 2 + 3?")], info)
+    assert action.token_ids == words[:4]
+    assert action.text == "The a" and action.metadata["finish_reason"] == "stop"

@@ -4,7 +4,9 @@ The env's messages are rendered with the tokenizer's chat template (the env's
 tool schemas passed as `tools`, so Qwen/Hermes templates list them), the model
 generates until EOS (the tokenizer's or the generation config's) or one of the parser's
 stop strings, and the action carries the generated token ids and their log-probabilities —
-what an RL trainer needs — and a `finish_reason` (`length` when `max_new_tokens` ran out).
+what an RL trainer needs, computed token by token so that no vocab-sized scores are kept —
+and a `finish_reason` (`length` when `max_new_tokens` ran out). A cancelled `act` (an
+episode timeout) stops its generation at the next token.
 Formats written in special tokens (`parser.special_tokens`: Harmony, Mistral...) are
 decoded with those tokens kept, as vLLM and verl do for them.
 Generation runs in the model's own worker thread, one at a time per model, so the event
@@ -17,6 +19,7 @@ Needs the `transformers` extra and torch (install the build you want first).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +33,33 @@ __all__ = ["TransformersAgent"]
 
 #: Seeds of successive episodes lie this far apart (seed + episode * stride + turn).
 _EPISODE_STRIDE = 1 << 20
+
+
+@functools.cache
+def _step_watch_class() -> type[Any]:
+    """`_StepWatch`, built on first use: transformers is imported only by the agent."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class _StepWatch(StoppingCriteria):
+        """A stopping criterion that runs after each generated token: it keeps the chosen
+        token's log-prob under that step's scores (the distribution sampled from) and frees the
+        vocab-sized scores, which `generate` would otherwise hold for the whole reply (a 1,000-token
+        reply of a 150k vocab: 600 MB); and it stops generating once the turn is cancelled."""
+
+        def __init__(self, cancelled: threading.Event) -> None:
+            self.cancelled = cancelled
+            self.logprobs: list[torch.Tensor] = []  # 0-d, on the model's device: no sync per token
+
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            if scores:  # generate's tuple of the steps' scores so far; the last is this step's
+                step = scores[-1]
+                row = step[0].float()
+                self.logprobs.append(row[input_ids[0, -1]] - torch.logsumexp(row, dim=-1))
+                step.set_()  # empty it in place: the tuple generate returns holds no vocab-sized tensor
+            return torch.full((input_ids.shape[0],), self.cancelled.is_set(), device=input_ids.device)
+
+    return _StepWatch
 
 
 class TransformersAgent(Agent):
@@ -135,16 +165,24 @@ class TransformersAgent(Agent):
         )
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
-    def _generate(self, prompt: list[int], stop: tuple[str, ...], seed: int) -> tuple[list[int], list[float]]:
+    def _generate(
+        self, prompt: list[int], stop: tuple[str, ...], seed: int, cancelled: threading.Event
+    ) -> tuple[list[int], list[float] | None]:
+        from transformers import StoppingCriteriaList
+
         torch = self._torch
+        watch = _step_watch_class()(cancelled)
         with self._lock, torch.inference_mode():
             torch.manual_seed(seed)
             input_ids = torch.tensor([prompt], device=self.device)
             kwargs: dict[str, Any] = {
                 "max_new_tokens": self.max_new_tokens,
                 "do_sample": self.temperature > 0,
+                # Only so do stopping criteria receive each step's scores: `watch` keeps the
+                # chosen token's log-prob and frees the step's scores at once.
                 "return_dict_in_generate": True,
                 "output_scores": True,
+                "stopping_criteria": StoppingCriteriaList([watch]),
                 "pad_token_id": self.tokenizer.pad_token_id
                 if self.tokenizer.pad_token_id is not None
                 else self.tokenizer.eos_token_id,
@@ -160,26 +198,36 @@ class TransformersAgent(Agent):
                 kwargs.update(temperature=None, top_p=None, top_k=None)
             if stop:
                 kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
-            out = self.lm.generate(input_ids, **kwargs)
-        new = out.sequences[0, len(prompt) :].tolist()
-        logprobs = [
-            float(torch.log_softmax(score[0].float(), dim=-1)[tok]) for score, tok in zip(out.scores, new, strict=False)
-        ]
-        return new, logprobs
+            new: list[int] = self.lm.generate(input_ids, **kwargs).sequences[0, len(prompt) :].tolist()
+            logprobs: list[float] = torch.stack(watch.logprobs).tolist() if watch.logprobs else []
+        # One log-prob per generated token, or none rather than misaligned ones.
+        return new, logprobs if len(logprobs) == len(new) else None
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
         seed = self.seed + self._episode * _EPISODE_STRIDE + env_info.turn
         loop = asyncio.get_running_loop()
-        ids, logprobs = await loop.run_in_executor(self._executor, self._generate, prompt, env_info.stop, seed)
+        cancelled = threading.Event()
+        try:
+            ids, logprobs = await loop.run_in_executor(
+                self._executor, self._generate, prompt, env_info.stop, seed, cancelled
+            )
+        except asyncio.CancelledError:  # an episode timeout, a stopped run: free the model now
+            cancelled.set()  # generation stops at its next token (a queued one never starts)
+            raise
         # The closing EOS is not part of the action, unless it is a stop string the parser reads.
         ended = bool(ids) and ids[-1] in self._eos_ids
         text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in env_info.stop else ids
         keep = env_info.parser is not None and env_info.parser.special_tokens
         text = str(self.tokenizer.decode(text_ids, skip_special_tokens=not keep))
+        # `stop_strings` also stops on a token that runs past a stop string ("an" for "The a"):
+        # the action ends with the stop string, as a server's does. Generation stopped at the
+        # first one, so the earliest end is it.
+        ends = [text.find(s) + len(s) for s in env_info.stop if s in text]
+        text = text[: min(ends)] if ends else text
         # `length`: the budget ran out before EOS or a stop string (a half-written call), as
         # OpenAI-compatible servers report it.
-        at_stop = ended or any(str(self.tokenizer.decode(ids)).endswith(s) for s in env_info.stop)
+        at_stop = ended or bool(ends) or any(s in str(self.tokenizer.decode(ids)) for s in env_info.stop)
         cut = not at_stop and len(ids) >= self.max_new_tokens
         return AgentAction(
             text=text,
