@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
+from pydantic import BaseModel
 
 import toolenv
 from toolenv.agent import AgentAction, EnvInfo
@@ -33,6 +34,21 @@ async def hang(seconds: float) -> str:
     """Wait, as a tool stuck on a dead backend does (no timeout of its own)."""
     await asyncio.sleep(seconds)
     return "woke"
+
+
+class StuckClose(toolenv.Tool):
+    """Echo a word. Its `close` never returns, as a teardown stuck on a dead backend does."""
+
+    name = "echo"
+
+    class Args(BaseModel):
+        word: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=args.word)
+
+    async def close(self) -> None:
+        await asyncio.Event().wait()
 
 
 @toolenv.tool

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 
-from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, add, asgi_server, hang, make_env, serving
+from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, StuckClose, add, asgi_server, hang, make_env, serving
 
 import toolenv
 from toolenv.remote import RemoteEnvError, RemoteToolEnv, SessionGoneError
@@ -1156,3 +1156,34 @@ async def test_a_reset_the_server_rejected_keeps_the_session(url: str) -> None:
     sent = [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in transport.sent if "/sessions" in r.url.path]
     assert [m for m, _ in sent].count("POST") == 4 and sent[0] == ("POST", "sessions")  # create, 2 resets, a step
     assert sum(1 for m, p in sent if m == "POST" and p == "sessions") == 1 and sent[-1][0] == "DELETE"
+
+
+def test_a_delete_whose_env_close_hangs_answers_and_frees_the_slot(caplog: pytest.LogCaptureFixture) -> None:
+    """A tool whose `close` never returns: the DELETE is answered once the close timeout is
+    over, the slot is free for the next session, and the log names the session left behind."""
+    caplog.set_level(logging.ERROR, logger="toolenv.remote")
+    with (
+        serving(lambda: make_env(tools=[add, StuckClose()]), max_sessions=1, close_timeout=0.2) as u,
+        httpx.Client(base_url=u, timeout=60) as http,  # the timeout is a failure guard only
+    ):
+        session = http.post("/sessions").json()["session_id"]
+        assert http.delete(f"/sessions/{session}").status_code == 204
+        assert http.get("/health").json()["sessions"] == 0
+        again = http.post("/sessions")
+        assert again.status_code == 201
+        http.delete(f"/sessions/{again.json()['session_id']}")
+    assert f"the env of session {session} did not close within 0.2 s" in caplog.text
+
+
+async def test_an_expired_session_whose_env_close_hangs_frees_its_slot() -> None:
+    from toolenv.remote.sessions import SessionStore
+
+    store = SessionStore(lambda: make_env(tools=[add, StuckClose()]), max_sessions=1, ttl=60, close_timeout=0.2)
+    s = await store.create()
+    s.last_used = float("-inf")  # no request from its client for longer than the TTL
+    assert await store.reap() == 1
+    await asyncio.wait_for(asyncio.gather(*store._closers), 30)  # a failure guard: without the bound, for ever
+    assert len(store) == 0
+    await store.create()  # the slot is free again
+    await asyncio.wait_for(store.aclose(), 30)
+    assert len(store) == 0

@@ -95,6 +95,7 @@ def test_serve_runs_an_episode_and_stops_on_ctrl_c(server: tuple[subprocess.Pope
         (["toolenv/ToolEnv-v0", "--env-arg", "nope=1"], "toolenv serve: error: env 'toolenv/ToolEnv-v0' rejected"),
         (["toolenv/ToolEnv-v0", "--max-sessions", "0"], "toolenv serve: error: --max-sessions must be at least 1"),
         (["toolenv/ToolEnv-v0", "--env-arg", "oops"], "toolenv serve: error: argument --env-arg: expected KEY=VALUE"),
+        (["toolenv/ToolEnv-v0", "--log-level", "nope"], "toolenv serve: error: argument --log-level: invalid choice"),
     ],
 )
 def test_bad_arguments_are_one_line_and_nonzero(args: list[str], message: str) -> None:
@@ -248,3 +249,19 @@ async def test_a_stop_with_a_deleted_session_still_in_a_stuck_step_closes_and_ex
         err = await asyncio.to_thread(stop, proc)  # SIGINT; communicate(timeout=30) raises if it hangs
     assert proc.returncode == 0, err
     assert "closing the env of session" not in err, err
+
+
+def test_a_stop_ends_even_when_an_env_close_hangs() -> None:
+    """SIGTERM with a session whose env has a tool whose `close` never returns: the server closes
+    what it can within --close-timeout, names the session it left behind, and exits."""
+    proc, url = start("--close-timeout", "0.5", "--env-arg", 'tools=["_remote:add", "_remote:StuckClose"]')
+    try:
+        env = RemoteToolEnv(url)
+        env.reset(seed=0)  # a session: the env the server described itself with
+        session = env._session  # the id the server's log names
+        RemoteToolEnv(url).reset(seed=0)  # and one more, whose env was built for it
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # a failure guard: without the bound it never exits
+    assert f"the env of session {session} did not close within 0.5 s" in err, err
+    assert err.count("did not close within 0.5 s") == 2, err

@@ -8,6 +8,9 @@ import socket
 
 from toolenv.commands.rollout_cmd import _kv
 
+#: The log levels uvicorn knows (another one failed only after the server printed its URL).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
 #: Seconds a stop waits for steps in flight before cancelling them.
 DEFAULT_GRACEFUL_TIMEOUT = 30.0
 
@@ -16,7 +19,7 @@ HELP = "Serve an env over HTTP for RemoteToolEnv / toolenv/Remote-v0 clients (ne
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `toolenv serve`."""
-    from toolenv.remote.sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+    from toolenv.remote.sessions import DEFAULT_CLOSE_TIMEOUT, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 
     parser.add_argument("env_id", metavar="ENV_ID", help="a registered env id, e.g. toolenv/Spider-v0")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -53,7 +56,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on Ctrl-C or SIGTERM, wait this long for steps in flight, then cancel them and close "
         f"every session (default {DEFAULT_GRACEFUL_TIMEOUT:g})",
     )
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    parser.add_argument(
+        "--close-timeout",
+        type=float,
+        default=DEFAULT_CLOSE_TIMEOUT,
+        metavar="SECONDS",
+        help="wait this long for an env's close (a DELETE, an expiry, and the stop closing every session "
+        f"at once); one still running is then left behind, logged with its session (default {DEFAULT_CLOSE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="uvicorn log level (default warning)",
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -87,10 +104,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not args.graceful_timeout >= 0:
         raise ValueError(f"--graceful-timeout must be a number of seconds >= 0, got {args.graceful_timeout}")
+    if not args.close_timeout >= 0:
+        raise ValueError(f"--close-timeout must be a number of seconds >= 0, got {args.close_timeout}")
     if not args.session_ttl > 0:
         raise ValueError(f"--session-ttl must be a positive number of seconds, got {args.session_ttl}")
     factory = functools.partial(make_env, args.env_id, dict(args.env_arg))
-    app = create_app(factory, env_id=args.env_id, max_sessions=args.max_sessions, session_ttl=args.session_ttl)
+    app = create_app(
+        factory,
+        env_id=args.env_id,
+        max_sessions=args.max_sessions,
+        session_ttl=args.session_ttl,
+        close_timeout=args.close_timeout,
+    )
     sock = bind_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

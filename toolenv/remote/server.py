@@ -46,6 +46,7 @@ from toolenv.episode import Episode
 from toolenv.parsers.base import ActionParser
 from toolenv.parsers.reasoning import ReasoningParser
 from toolenv.remote.sessions import (
+    DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_TTL,
     MAX_KEY_LENGTH,
@@ -76,7 +77,14 @@ from toolenv.remote.wire import (
 )
 from toolenv.trajectory import fix_text
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_TTL", "create_app", "describe_env", "parser_spec"]
+__all__ = [
+    "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_TTL",
+    "create_app",
+    "describe_env",
+    "parser_spec",
+]
 
 log = logging.getLogger("toolenv.remote")
 
@@ -179,6 +187,7 @@ def create_app(
     env_id: str | None = None,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_ttl: float = DEFAULT_SESSION_TTL,
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
 ) -> Starlette:
     """An ASGI app serving envs built by `env_factory`, one per session.
 
@@ -193,6 +202,9 @@ def create_app(
         max_sessions: sessions alive at once; `POST /sessions` beyond it gets 429.
         session_ttl: seconds a session's client may go without a request before the session
             is closed, with its call in flight, if any, cancelled (its client is gone).
+        close_timeout: seconds closing one env (a DELETE, an expiry) may take, and the server's
+            stop closing all of them at once; a close still running then is cancelled and left
+            behind, logged with its session's id.
     """
     first = as_tool_env(env_factory())
     if env_id is None:
@@ -200,7 +212,9 @@ def create_app(
         env_id = getattr(spec, "id", "") or ""
     metadata = describe_env(first, env_id)
     task_list = TaskList.model_construct(tasks=list(first.tasks))
-    store = SessionStore(env_factory, max_sessions=max_sessions, ttl=session_ttl, spare=first)
+    store = SessionStore(
+        env_factory, max_sessions=max_sessions, ttl=session_ttl, spare=first, close_timeout=close_timeout
+    )
 
     async def create_session(request: Request) -> Response:
         key = request.headers.get(IDEMPOTENCY_KEY)

@@ -10,6 +10,10 @@ call or died) has that call cancelled, since nobody is left to read its answer; 
 free once the call has unwound. A call stuck for ever (a tool with no timeout on a dead
 backend) therefore holds its slot for the TTL at most, not for the life of the server.
 
+Closing an env (its tools' `release` and `close`) is bounded by `close_timeout`: a close
+still running then is cancelled and left behind, logged with its session's id, so a tool
+whose teardown hangs holds neither a DELETE, nor a slot, nor the server's stop.
+
 A create may carry a key (the client's `Idempotency-Key`, one per session it wants): a
 create sent again with the same key, because its answer was lost, gets the same session
 instead of a second one that would hold a slot until reaped. A key is kept as long as its
@@ -34,6 +38,7 @@ from typing import Any, TypeVar
 from toolenv.env import ToolEnv
 
 __all__ = [
+    "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_TTL",
     "MAX_KEY_LENGTH",
@@ -52,6 +57,8 @@ T = TypeVar("T")
 DEFAULT_MAX_SESSIONS = 128
 #: Seconds a session may sit unused: longer than a model's slowest turn, short enough to end a leak.
 DEFAULT_SESSION_TTL = 600.0
+#: Seconds closing one env may take (and a stop, closing all of them at once) before it is left behind.
+DEFAULT_CLOSE_TIMEOUT = 30.0
 #: Characters an idempotency key may have (a client sends 22: 128 random bits).
 MAX_KEY_LENGTH = 255
 
@@ -141,25 +148,36 @@ class SessionStore:
             closed, with its call in flight, if any, cancelled.
         spare: an env already built (the one the server described itself with): the first
             session gets it instead of building another.
+        close_timeout: seconds closing one env may take; a close still running then is
+            cancelled and left behind (logged), and its slot freed.
     """
 
     def __init__(
-        self, factory: Callable[[], Any], *, max_sessions: int, ttl: float, spare: ToolEnv | None = None
+        self,
+        factory: Callable[[], Any],
+        *,
+        max_sessions: int,
+        ttl: float,
+        spare: ToolEnv | None = None,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         if not ttl > 0:
             raise ValueError(f"session_ttl must be a positive number of seconds, got {ttl!r}")
+        if not close_timeout >= 0:
+            raise ValueError(f"close_timeout must be a number of seconds >= 0, got {close_timeout!r}")
         self.factory = factory
         self.max_sessions = max_sessions
         self.ttl = ttl
+        self.close_timeout = close_timeout
         self._spare = spare
         self._sessions: dict[str, Session] = {}
         self._keyed: dict[str, Session] = {}  # live sessions by idempotency key
         self._building: dict[str, asyncio.Future[None]] = {}  # keys whose env is being built: done when built or failed
         self._pending = 0  # sessions whose env is being built: they hold a slot already
         self._closing = 0  # ended (deleted, reaped) sessions whose env is not closed yet: they still hold a slot
-        self._closers: set[asyncio.Task[None]] = set()  # ended, closing (once their call in flight ends)
+        self._closers: dict[asyncio.Task[None], Session] = {}  # ended, closing (once their call in flight ends)
         self._reaper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -251,32 +269,52 @@ class SessionStore:
             return
         session.cancel(why)
         closer = asyncio.get_running_loop().create_task(self._close_when_free(session))
-        self._closers.add(closer)
-        closer.add_done_callback(self._closers.discard)
+        self._closers[closer] = session
+        closer.add_done_callback(self._forget_closer)
+
+    def _forget_closer(self, closer: asyncio.Task[None]) -> None:
+        self._closers.pop(closer, None)
 
     async def _close_when_free(self, session: Session) -> None:
         """Close a deleted session's env once no call holds its lock, then free its slot."""
         try:
             async with session.lock:
-                await _close(session)
+                await _close(session, self.close_timeout)
         finally:
             self._closing -= 1
 
     async def aclose(self) -> None:
-        """Close every session (server shutdown)."""
+        """Close every session (server shutdown): all at once, within `close_timeout`.
+
+        An env whose close is still running then, or a deleted session whose call in flight
+        has not unwound by then, is left behind, logged with its session's id: a stop ends
+        however a tool's teardown behaves.
+        """
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
         sessions, self._sessions, self._keyed = list(self._sessions.values()), {}, {}
-        for s in sessions:
-            await _close(s)
-        if self._closers:  # deleted, waiting for a call the server stopped (or still runs)
-            await asyncio.wait(self._closers)
         if self._spare is not None:
             spare, self._spare = self._spare, None
-            await _close(Session("spare", spare))
+            sessions.append(Session("spare", spare))
+        await asyncio.gather(*(_close(s, self.close_timeout) for s in sessions), self._wait_closers())
+
+    async def _wait_closers(self) -> None:
+        """Wait up to `close_timeout` for the deleted sessions still closing; give up on the rest."""
+        closers = dict(self._closers)
+        if not closers:
+            return
+        _, late = await asyncio.wait(set(closers), timeout=self.close_timeout)
+        for closer in late:
+            log.error(
+                "session %s did not close within %g s of the stop (its call in flight or its env's close "
+                "did not end): left behind",
+                closers[closer].id,
+                self.close_timeout,
+            )
+            closer.cancel()
 
     def _forget(self, session: Session) -> None:
         """Drop a session (and its key) from the store; closing its env is the caller's part."""
@@ -325,9 +363,29 @@ class SessionStore:
         return closed
 
 
-async def _close(session: Session) -> None:
-    """Close the env's tools; a failure is logged, never raised (the session is gone either way)."""
+async def _close(session: Session, timeout: float) -> None:
+    """Close the env's tools within `timeout` seconds; a failure is logged, never raised (the
+    session is gone either way). A close still running then is cancelled and left behind,
+    logged: one stuck teardown must not hold a DELETE, a slot, or the server's stop."""
+    closing = asyncio.ensure_future(session.env.aclose())
+    closing.add_done_callback(_retrieve)
     try:
-        await session.env.aclose()
-    except Exception:
-        log.exception("closing the env of session %s failed", session.id)
+        await asyncio.wait({closing}, timeout=timeout)
+    except asyncio.CancelledError:
+        closing.cancel()
+        raise
+    if not closing.done():
+        closing.cancel()  # not awaited: it may ignore the cancellation too
+        log.error(
+            "the env of session %s did not close within %g s (the close timeout): left behind, its close cancelled",
+            session.id,
+            timeout,
+        )
+    elif not closing.cancelled() and (exc := closing.exception()) is not None:
+        log.error("closing the env of session %s failed", session.id, exc_info=exc)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a left-behind close's outcome as seen (asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
