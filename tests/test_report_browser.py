@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,3 +150,41 @@ def test_a_page_in_many_data_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         img = page.locator("#detail img.tool-image")
         assert img.count() == 1 and img.evaluate("i => i.complete && i.naturalWidth") == 24
     assert problems == []
+
+
+def test_the_served_report_in_chromium(tmp_path: Path) -> None:
+    """`toolenv view --serve`: the list comes from rows.json, an episode from its own URL when
+    it is opened (its images with it); the filters work as in the self-contained page."""
+    import threading
+
+    from toolenv.commands.view_cmd import make_server
+    from toolenv.report.served import RunIndex
+
+    example = load_example("rollout_example")
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path)
+    server = make_server(RunIndex([tmp_path]), 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with _browser_page() as (page, problems):
+            page.goto(url)
+            rows = page.locator("#episode-list tbody tr")
+            rows.first.wait_for()
+            assert rows.count() == 4 and "(4 of 4 shown)" in page.inner_text("#count")
+            page.fill("#f-text", "color")
+            assert rows.count() == 1
+            rows.first.click()
+            detail = page.locator("#detail")
+            detail.locator("h3", has_text="task color").wait_for()
+            img = detail.locator("img.tool-image")
+            assert img.count() == 1 and img.evaluate("i => i.complete && i.naturalWidth") == 24
+            page.fill("#f-text", "price")
+            rows.first.click()
+            page.locator("#detail table.rows td", has_text="pear").wait_for()
+    finally:
+        server.shutdown()
+        server.server_close()
+    fetched = [p.removeprefix(f"request: {url}") for p in problems if p.startswith("request: ")]
+    assert fetched[:2] == ["", "rows.json"] and len(fetched) == 4, fetched  # the page, its rows, two episodes
+    assert all(re.fullmatch(r"episodes/[0-3]\.json", f) for f in fetched[2:]), fetched
+    assert [p for p in problems if not p.startswith("request: ")] == []

@@ -83,6 +83,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return bytes(resp.read())
+
+
 def test_view_serves_on_loopback(run_dir: Path) -> None:
     port = _free_port()
     proc = subprocess.Popen(
@@ -96,19 +101,120 @@ def test_view_serves_on_loopback(run_dir: Path) -> None:
         deadline = time.monotonic() + 60  # a loaded machine may take a while to start the server
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
-                    body = resp.read()
+                body = _get(f"http://127.0.0.1:{port}/")
                 break
             except OSError:
                 time.sleep(0.1)
-        assert b"report-data" in body, proc.stderr.read() if proc.poll() is not None and proc.stderr else body
-        with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/trajectories.jsonl", timeout=5)
-        assert info.value.code == 404
+        assert b'id="report-served"' in body, proc.stderr.read() if proc.poll() is not None and proc.stderr else body
+        # The page holds no episode: the list comes from rows.json, an episode from its own URL.
+        assert b'class="report-data"' not in body
+        rows = json.loads(_get(f"http://127.0.0.1:{port}/rows.json"))
+        assert sorted(r["task_id"] for r in rows) == ["color", "price", "sum-1", "sum-2"]
+        i = next(i for i, r in enumerate(rows) if r["task_id"] == "color")
+        got = json.loads(_get(f"http://127.0.0.1:{port}/episodes/{i}.json"))
+        assert got["episode"]["task"]["id"] == "color"
+        (image,) = [im for t in got["episode"]["turns"] for r in t["results"] for im in r["images"]]
+        assert image["file"] in got["images"]  # each image of the episode comes with it
+        for path in ("/trajectories.jsonl", "/episodes/4.json", "/episodes/-1.json"):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                _get(f"http://127.0.0.1:{port}{path}")
+            assert info.value.code == 404
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     assert (run_dir / "report.html").exists()
+
+
+class _CountingFile:
+    """A binary file that counts the bytes read from it (what a request of the server reads)."""
+
+    read_bytes = 0
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+
+    def __enter__(self) -> _CountingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fh.close()
+
+    def __iter__(self) -> Any:
+        for line in self.fh:
+            _CountingFile.read_bytes += len(line)
+            yield line
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.fh.read(n)
+        _CountingFile.read_bytes += len(data)
+        return bytes(data)
+
+    def readline(self, n: int = -1) -> bytes:
+        data = self.fh.readline(n)
+        _CountingFile.read_bytes += len(data)
+        return bytes(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fh, name)
+
+
+def test_a_served_episode_is_read_from_its_own_line_only(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`toolenv view --serve` of a large run: the page holds no episode, and a request for one
+    reads its own line of the run's file (by an index built once), not the file."""
+    import builtins
+    import threading
+
+    import toolenv.report.served as served
+    from toolenv.commands.view_cmd import make_server
+
+    lines = (run_dir / "trajectories.jsonl").read_text().splitlines()
+    big = tmp_path / "big" / "trajectories.jsonl"
+    big.parent.mkdir()
+    with big.open("w") as fh:
+        for i in range(300):
+            for line in lines:
+                fh.write(json.dumps({**json.loads(line), "sample": i}) + "\n")
+    size = big.stat().st_size
+    index = served.RunIndex([big.parent])
+    assert len(index) == 1200
+
+    opened: list[_CountingFile] = []
+
+    def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = _CountingFile(builtins.open(file, mode, *args, **kwargs))  # noqa: SIM115 - closed by its caller
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(served, "open", counting_open, raising=False)
+    _CountingFile.read_bytes = 0
+    server = make_server(index, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        page = _get(f"{url}/")
+        assert b'class="report-data"' not in page and len(page) < size / 10
+        rows = json.loads(_get(f"{url}/rows.json"))
+        assert len(rows) == 1200 and (rows[777]["task_id"], rows[777]["sample"]) == (
+            json.loads(lines[777 % 4])["task"]["id"],
+            777 // 4,
+        )
+        assert _CountingFile.read_bytes == 0 and not opened  # neither reads the run's file
+        # Every other line overwritten in place: a request that read (or parsed) them would fail.
+        raw = big.read_bytes().split(b"\n")
+        blanked = [line if k == 777 else b"{" + b" " * max(len(line) - 1, 0) for k, line in enumerate(raw[:-1])]
+        big.write_bytes(b"\n".join(blanked) + b"\n")
+        got = json.loads(_get(f"{url}/episodes/777.json"))
+        assert (got["episode"]["task"]["id"], got["episode"]["sample"]) == (rows[777]["task_id"], 777 // 4)
+        assert len(opened) == 1 and _CountingFile.read_bytes == len(raw[777]) + 1  # its line, newline included
+        with pytest.raises(urllib.error.HTTPError) as info:  # a line changed since: a 500 that says so
+            _get(f"{url}/episodes/778.json")
+        assert info.value.code == 500 and "changed since it was indexed" in info.value.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_view_missing_run_is_one_line(tmp_path: Path) -> None:

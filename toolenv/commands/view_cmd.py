@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import re
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolenv.report.served import RunIndex
 
 HELP = "Write a self-contained HTML report of a rollout directory; optionally serve it on 127.0.0.1."
+
+_EPISODE = re.compile(r"/episodes/(\d{1,12})\.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,24 +24,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help="where to write the HTML (default: the first RUN/report.html)")
     parser.add_argument("--title", help="page title")
-    parser.add_argument("--serve", action="store_true", help="serve the report on http://127.0.0.1:PORT/ until Ctrl-C")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="also serve the report on http://127.0.0.1:PORT/ until Ctrl-C, each episode read from the run "
+        "when it is opened",
+    )
     parser.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765; 0 picks a free one)")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Serves the one report file at `/` (and its own name); nothing else on disk is reachable."""
+    """Serves the report (`/`, or its file's name), its episode rows (`/rows.json`) and one
+    episode per request (`/episodes/N.json`, read from its line); nothing else on disk is reachable."""
 
-    def __init__(self, *args: Any, page: Path, **kwargs: Any) -> None:
-        self.page = page
+    def __init__(self, *args: Any, index: RunIndex, names: tuple[str, ...], **kwargs: Any) -> None:
+        self.index = index
+        self.names = names
         super().__init__(*args, **kwargs)
 
     def do_GET(self) -> None:
-        if self.path.split("?")[0] not in ("/", f"/{self.page.name}"):
+        path = self.path.split("?")[0]
+        if path in self.names:
+            self._send(self.index.page, "text/html; charset=utf-8")
+        elif path == "/rows.json":
+            self._send(self.index.rows, "application/json")
+        elif (m := _EPISODE.fullmatch(path)) and int(m.group(1)) < len(self.index):
+            try:
+                body = self.index.episode(int(m.group(1)))
+            except (OSError, ValueError) as exc:
+                self.send_error(500, str(exc))
+                return
+            self._send(body, "application/json")
+        else:
             self.send_error(404, "only the report is served here")
-            return
-        body = self.page.read_bytes()
+
+    def _send(self, body: bytes, content_type: str) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -44,10 +69,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve(page: Path, port: int) -> None:
-    """Serve `page` on 127.0.0.1 until interrupted."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), partial(_Handler, page=page))
-    print(f"serving {page} at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
+def make_server(index: RunIndex, port: int, name: str = "report.html") -> http.server.ThreadingHTTPServer:
+    """An HTTP server of `index`'s report on 127.0.0.1:`port` (0 picks a free one), not started."""
+    handler = partial(_Handler, index=index, names=("/", f"/{name}"))
+    return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+
+
+def serve(index: RunIndex, port: int, name: str = "report.html") -> None:
+    """Serve the report of `index` on 127.0.0.1 until interrupted."""
+    server = make_server(index, port, name)
+    print(f"serving {len(index)} episodes at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -66,5 +97,8 @@ def run(args: argparse.Namespace) -> int:
     page = build_report(args.run, args.out, title=args.title, warn=_warn)
     print(f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB)", flush=True)
     if args.serve:
-        serve(page, args.port)
+        from toolenv.report.served import RunIndex
+
+        index = RunIndex(args.run, title=args.title, warn=lambda _: None)  # build_report warned already
+        serve(index, args.port, page.name)
     return 0

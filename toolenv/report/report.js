@@ -1,15 +1,17 @@
 "use strict";
-(function () {
-  // The data comes in chunks, each one <script> (one string in the browser, and a browser's
-  // strings have a size limit): the episodes in order, each image in the chunk that first has it.
+(async function () {
+  const $ = (id) => document.getElementById(id);
+  // Served by `toolenv view --serve`, the page holds no episode: the list's rows come from
+  // rows.json and each episode from episodes/N.json when it is opened.
+  const served = $("report-served") !== null;
+  // Self-contained, the data comes in chunks, each one <script> (one string in the browser, and a
+  // browser's strings have a size limit): the episodes in order, each image in the chunk that first has it.
   const data = { episodes: [], images: {} };
   for (const script of document.querySelectorAll("script.report-data")) {
     const chunk = JSON.parse(script.textContent);
     for (const ep of chunk.episodes) data.episodes.push(ep);
     Object.assign(data.images, chunk.images);
   }
-  const episodes = data.episodes;
-  const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -27,29 +29,49 @@
   const toolErrors = (ep) => ep.turns.reduce((n, t) => n + t.results.filter((r) => r.is_error).length, 0);
   const toolCalls = (ep) => ep.turns.reduce((n, t) => n + t.parsed.tool_calls.length, 0);
   const status = (ep) => (ep.error ? "error" : ep.success ? "success" : ep.truncated ? "truncated" : "fail");
+  // One row per episode: what the list shows and filters on (as served.py's `_row` builds it).
+  const rowOf = (ep) => ({
+    task_id: ep.task.id,
+    sample: ep.sample,
+    env_id: ep.env_id,
+    reward: ep.reward,
+    turns: ep.turns.length,
+    calls: toolCalls(ep),
+    tool_errors: toolErrors(ep),
+    error: Boolean(ep.error),
+    success: ep.success,
+    truncated: ep.truncated,
+    text: [ep.task.id, ep.task.question, ep.answer || "", ep.error || ""].join(" "),
+  });
+  let rows;
+  if (served) {
+    const resp = await fetch("rows.json");
+    if (!resp.ok) throw new Error(`rows.json: ${resp.status} ${resp.statusText}`);
+    rows = await resp.json();
+  } else {
+    rows = data.episodes.map(rowOf);
+  }
+  for (const r of rows) r.hay = r.text.toLowerCase();
 
   // ------------------------------------------------------------------ list and filters
-  const envs = [...new Set(episodes.map((e) => e.env_id))].sort();
+  const envs = [...new Set(rows.map((r) => r.env_id))].sort();
   for (const env of envs) $("f-env").append(el("option", { value: env }, env || "(no id)"));
 
-  function matches(ep) {
+  function matches(r) {
     const min = parseFloat($("f-min").value);
     const max = parseFloat($("f-max").value);
-    if (!Number.isNaN(min) && ep.reward < min) return false;
-    if (!Number.isNaN(max) && ep.reward > max) return false;
+    if (!Number.isNaN(min) && r.reward < min) return false;
+    if (!Number.isNaN(max) && r.reward > max) return false;
     const env = $("f-env").value;
-    if (env && ep.env_id !== env) return false;
+    if (env && r.env_id !== env) return false;
     const st = $("f-status").value;
-    if (st === "success" && !ep.success) return false;
-    if (st === "fail" && ep.success) return false;
-    if (st === "error" && !ep.error) return false;
-    if (st === "tool-error" && toolErrors(ep) === 0) return false;
-    if (st === "clean" && (ep.error || toolErrors(ep) > 0)) return false;
+    if (st === "success" && !r.success) return false;
+    if (st === "fail" && r.success) return false;
+    if (st === "error" && !r.error) return false;
+    if (st === "tool-error" && r.tool_errors === 0) return false;
+    if (st === "clean" && (r.error || r.tool_errors > 0)) return false;
     const text = $("f-text").value.trim().toLowerCase();
-    if (text) {
-      const hay = [ep.task.id, ep.task.question, ep.answer || "", ep.error || ""].join(" ").toLowerCase();
-      if (!hay.includes(text)) return false;
-    }
+    if (text && !r.hay.includes(text)) return false;
     return true;
   }
 
@@ -60,29 +82,29 @@
     const body = document.querySelector("#episode-list tbody");
     body.replaceChildren();
     let shown = 0;
-    episodes.forEach((ep, i) => {
-      if (!matches(ep)) return;
+    rows.forEach((r, i) => {
+      if (!matches(r)) return;
       shown += 1;
       if (shown > MAX_ROWS) return;
-      const st = status(ep);
+      const st = status(r);
       const row = el(
         "tr",
         { "data-index": String(i), class: i === selected ? "selected" : "" },
         el("td", {}, i + 1),
-        el("td", {}, ep.task.id + (ep.sample ? ` #${ep.sample}` : "")),
-        el("td", {}, ep.env_id),
-        el("td", {}, fmt(ep.reward)),
-        el("td", {}, ep.turns.length),
-        el("td", {}, toolCalls(ep)),
-        el("td", {}, toolErrors(ep)),
+        el("td", {}, r.task_id + (r.sample ? ` #${r.sample}` : "")),
+        el("td", {}, r.env_id),
+        el("td", {}, fmt(r.reward)),
+        el("td", {}, r.turns),
+        el("td", {}, r.calls),
+        el("td", {}, r.tool_errors),
         el("td", { class: `status-${st}` }, st)
       );
       body.append(row);
     });
     $("count").textContent =
       shown > MAX_ROWS
-        ? `(${shown} of ${episodes.length} match; the first ${MAX_ROWS} listed, filter to narrow)`
-        : `(${shown} of ${episodes.length} shown)`;
+        ? `(${shown} of ${rows.length} match; the first ${MAX_ROWS} listed, filter to narrow)`
+        : `(${shown} of ${rows.length} shown)`;
   }
   // Text inputs re-filter as you type; a "change" on blur would rebuild the rows under a click.
   for (const id of ["f-min", "f-max", "f-text"]) $(id).addEventListener("input", renderList);
@@ -145,10 +167,25 @@
     return el("div", { class: `msg ${role} ${cls || ""}` }, el("div", { class: "role" }, role), ...children);
   }
 
-  function openEpisode(i) {
+  async function openEpisode(i) {
     selected = i;
-    const ep = episodes[i];
     const d = $("detail");
+    let ep = data.episodes[i];
+    if (served) {
+      renderList();
+      d.replaceChildren(el("p", { class: "muted" }, `Loading episode ${i + 1}…`));
+      try {
+        const resp = await fetch(`episodes/${i}.json`);
+        if (!resp.ok) throw new Error(`${resp.status} ${resp.statusText}`);
+        const got = await resp.json();
+        Object.assign(data.images, got.images);
+        ep = got.episode;
+      } catch (err) {
+        if (selected === i) d.replaceChildren(el("p", { class: "muted" }, `Could not load episode ${i + 1}: ${err.message}`));
+        return;
+      }
+      if (selected !== i) return; // another episode was opened meanwhile
+    }
     d.replaceChildren();
     d.append(el("h3", {}, `Episode ${i + 1}: task ${ep.task.id}`));
     const gold = ep.task.answer === null || ep.task.answer === undefined ? "–" : [].concat(ep.task.answer).join(" | ");
