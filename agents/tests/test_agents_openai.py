@@ -124,6 +124,22 @@ async def test_native_tool_calling_end_to_end(server: Server, monkeypatch: pytes
     assert assistant["content"] == "Let me add." and assistant["tool_calls"][0]["id"] == "srv_1"
     assert {"role": "tool", "tool_call_id": "srv_1", "content": "5"} in msgs
     assert SECRET not in traj.model_dump_json() and SECRET not in repr(agent(server))
+    # The tools go out as `tools` only: the system message says how to answer, not the tools again.
+    system = first["messages"][0]
+    assert system["role"] == "system" and '"name": "add"' not in system["content"]
+    assert system["content"] == make_env().parser.answer_instructions()
+    assert traj.prompt_messages[0].content == system["content"]  # the trajectory holds what was sent
+
+
+async def test_text_mode_prompts_describe_the_tools(server: Server) -> None:
+    done = {"choices": [{"index": 0, "text": "<answer>5</answer>", "finish_reason": "stop"}]}
+    server.script = [("json", 200, chat("<answer>5</answer>"), {}), ("json", 200, done, {})]
+    await arollout(make_env, agent(server, tool_calling="text"), n=1)
+    await arollout(make_env, agent(server, api="completions"), n=1)
+    assert [r["path"] for r in server.requests] == ["/v1/chat/completions", "/v1/completions"]
+    chat_body, completions_body = (r["body"] for r in server.requests)
+    assert "tools" not in chat_body and '"name": "add"' in chat_body["messages"][0]["content"]
+    assert '"name": "add"' in completions_body["prompt"]
 
 
 async def test_retries_429_500_and_malformed_json(server: Server) -> None:

@@ -147,6 +147,7 @@ class OpenAIAgent(Agent):
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         self.api = api
         self.tool_calling = tool_calling if api == "chat" else "text"
+        self.native_tools = self.tool_calling == "native"  # the prompt then leaves the tools to `tools`
         self.api_key_env = api_key_env
         self.sampling = {
             k: v
