@@ -41,6 +41,11 @@ class AgentAction(BaseModel):
 
     text: str = Field(description="The action text, in the env parser's format.")
     token_ids: list[int] | None = Field(default=None, description="Generated token ids, when known.")
+    prompt_token_ids: list[int] | None = Field(
+        default=None,
+        description="The prompt's token ids as the model read them this turn, when the agent records them "
+        "(a chat template may render earlier turns differently later: rendering the messages again is not the same).",
+    )
     logprobs: list[float] | None = Field(default=None, description="Log-probability of each generated token.")
     prompt_tokens: int | None = Field(default=None, description="Prompt length in tokens, when known.")
     completion_tokens: int | None = Field(default=None, description="Generated tokens, when known.")

@@ -258,6 +258,7 @@ async def run_episode(
                 completion_tokens=action.completion_tokens,
                 token_ids=action.token_ids,
                 logprobs=action.logprobs,
+                prompt_token_ids=action.prompt_token_ids,
                 agent_metadata=action.metadata,
             )
         )

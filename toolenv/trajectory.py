@@ -71,6 +71,7 @@ class TurnRecord(_Model):
     completion_tokens: int | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, description="The prompt as the model read it.")
     agent_metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -444,3 +444,26 @@ async def test_a_stop_string_ending_inside_a_token_ends_the_action(tiny_model: P
     action = await agent.act("", [toolenv.Message(role="user", content="What is 2 + 3?")], info)
     assert action.token_ids == words[:4]
     assert action.text == "The a" and action.metadata["finish_reason"] == "stop"
+
+
+async def test_prompt_token_ids_are_recorded_when_asked(tiny_model: Path) -> None:
+    """`record_prompt_ids=True`: each turn keeps the prompt's ids as the model read them (the
+    rendering of that turn's messages); by default only their count."""
+    from toolenv_agents.hf import TransformersAgent
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(
+            tools=[Add()], tasks=[{"id": "t", "question": "What is 2 + 3?", "answer": "5"}], max_turns=2
+        )
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=4, record_prompt_ids=True)
+    traj = (await arollout(env, agent, n=1)).trajectories[0]
+    assert traj.error is None and len(traj.turns) == 2
+    first, second = traj.turns
+    info = toolenv.agent.EnvInfo("", traj.task, tool_schemas=[Add().schema()])
+    assert first.prompt_token_ids == agent.prompt_ids(traj.prompt_messages, info)
+    assert first.prompt_tokens == len(first.prompt_token_ids)
+    assert second.prompt_token_ids is not None and second.prompt_tokens == len(second.prompt_token_ids)
+    assert second.prompt_tokens > first.prompt_tokens  # the first turn and its observation came in between
+    plain = (await arollout(env, TransformersAgent(tiny_model, max_new_tokens=4), n=1)).trajectories[0]
+    assert all(t.prompt_token_ids is None and t.prompt_tokens for t in plain.turns)

@@ -339,6 +339,7 @@ async def test_completions_mode_asks_for_and_keeps_token_ids(server: Server) -> 
                         "text": "<answer>5</answer>",
                         "finish_reason": "stop",
                         "token_ids": [11, 12, 13],
+                        "prompt_token_ids": [1, 2, 3, 4],
                         "logprobs": {"tokens": ["a", "b", "c"], "token_logprobs": [-0.5, -0.25, -0.125]},
                     }
                 ],
@@ -352,6 +353,19 @@ async def test_completions_mode_asks_for_and_keeps_token_ids(server: Server) -> 
     body = server.requests[0]["body"]
     assert body["return_token_ids"] is True and body["logprobs"] == 1
     assert turn.token_ids == [11, 12, 13] and turn.logprobs == [-0.5, -0.25, -0.125]
+    assert turn.prompt_token_ids == [1, 2, 3, 4]  # vLLM's prompt ids, on the choice in completions
+
+
+async def test_chat_mode_keeps_the_prompt_token_ids_vllm_returns(server: Server) -> None:
+    """vLLM (`return_token_ids`) puts the prompt's ids on a chat response, the reply's on its choice:
+    each turn records both, as the server rendered and generated them."""
+    reply = chat("<answer>5</answer>", token_ids=[7, 8])
+    reply["prompt_token_ids"] = [100, 101, 102]
+    server.script = [("json", 200, reply, {})]
+    res = await arollout(make_env, agent(server, return_token_ids=True), n=1)
+    turn = res.trajectories[0].turns[0]
+    assert server.requests[0]["body"]["return_token_ids"] is True
+    assert turn.prompt_token_ids == [100, 101, 102] and turn.token_ids == [7, 8]
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

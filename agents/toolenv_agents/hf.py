@@ -76,6 +76,10 @@ class TransformersAgent(Agent):
             different draws and a fresh agent with the same seed draws them again.
         tool_role: the role given to tool results (`"tool"`, or `"user"` for templates without it).
         dtype: torch dtype name (`"float32"`, `"bfloat16"`).
+        record_prompt_ids: record each turn's prompt token ids (`AgentAction.prompt_token_ids`)
+            as the model read them: what a trainer needs to score the exact tokens (a template
+            may render earlier turns differently later). Off by default: they repeat the whole
+            conversation every turn.
     """
 
     name = "transformers"
@@ -91,6 +95,7 @@ class TransformersAgent(Agent):
         seed: int = 0,
         tool_role: str = "tool",
         dtype: str = "float32",
+        record_prompt_ids: bool = False,
     ) -> None:
         try:
             import torch
@@ -107,6 +112,7 @@ class TransformersAgent(Agent):
         self.top_p = top_p
         self.seed = seed
         self.tool_role = tool_role
+        self.record_prompt_ids = record_prompt_ids
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         loaded: Any = AutoModelForCausalLM.from_pretrained(self.model, dtype=getattr(torch, dtype))
@@ -233,6 +239,7 @@ class TransformersAgent(Agent):
             text=text,
             token_ids=ids,
             logprobs=logprobs,
+            prompt_token_ids=prompt if self.record_prompt_ids else None,
             prompt_tokens=len(prompt),
             completion_tokens=len(ids),
             metadata={"finish_reason": "length" if cut else "stop"},

@@ -110,7 +110,8 @@ class OpenAIAgent(Agent):
         max_backoff: the cap of one retry delay, in seconds.
         max_concurrency: requests in flight at once across all episodes (also the pool size).
         logprobs: ask for per-token log-probabilities.
-        return_token_ids: ask vLLM for generated token ids (`return_token_ids`).
+        return_token_ids: ask vLLM for the token ids (`return_token_ids`): the generated ones and
+            the prompt's, as the server rendered it, recorded per turn.
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`).
     """
 
@@ -386,12 +387,15 @@ class OpenAIAgent(Agent):
     ) -> AgentAction:
         usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
         ids = choice.get("token_ids")
+        # vLLM's `return_token_ids`: the prompt's ids on the choice (completions) or the response (chat).
+        prompt_ids = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
         metadata: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), "attempts": attempts}
         if reasoning:
             metadata["reasoning"] = next(iter(reasoning.values()))
         return AgentAction(
             text=text,
             token_ids=[int(i) for i in ids] if isinstance(ids, list) else None,
+            prompt_token_ids=[int(i) for i in prompt_ids] if isinstance(prompt_ids, list) else None,
             logprobs=[float(x) for x in logprobs if x is not None] if isinstance(logprobs, list) else None,
             prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
             completion_tokens=usage.get("completion_tokens")
