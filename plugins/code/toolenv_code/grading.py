@@ -1,30 +1,59 @@
-"""Hidden-test grading: run a solution, then each test separately, and count the passes.
+"""Hidden-test grading: run a solution, then each test, and count the passes.
 
-All tests of one task run in one sandboxed process (one fork, not one per test),
-each under its own `SIGALRM` budget, so a test that hangs costs only itself and
-the count stays meaningful. The solution's own prints go to /dev/null; results
-come back on a duplicate of stdout as lines tagged with a random nonce, so a
-solution cannot pass by printing or by exiting early (unreported tests fail).
+Split grading (the default, `TestSpec.split_tests`). Each test that allows it is split, from the
+task alone, into probes (its calls of the solution: `f(x)` in `assert f(x) == [1, 2]`,
+`candidate(3)` in `assert abs(candidate(3) - 0.5) < 1e-6`) and the rest, which holds the
+expected values. The solution's sandboxed process runs the solution, the setup and then only
+the probes, each compiled on its own, and reports each probe's value as plain data (None,
+bools, numbers, str, bytes, `Fraction`, `Decimal` and lists, tuples, dicts and sets of them;
+a value that is not, say a generator or a NumPy array, is first widened through `list(...)`,
+`sorted(...)`, `.attr`, `[0]` or `()` where the test applies them to it, then converted as
+the in-process comparisons below convert it: a namedtuple to a tuple, a Counter to a dict,
+NumPy values to lists and numbers; a value still not plain data fails its test, saying so). The host decodes the values
+without evaluating anything (`toolenv_code._split.decode_value`), and the verdict comes from
+outside the solution's process: on the host when the test only compares probe values with
+literals (`==`, `<`, `in`, `and`, `not`, `abs(... - ...)`; ~99% of HumanEval's and MBPP's
+tests), else from a second sandboxed process that never holds the solution, where the test
+runs with each probe replaced by its value. Whatever the solution finds in its own process
+(frames, `gc`, the grader's result channel and nonce), the expected values of a split test are
+not there, and reporting anything but its own values does not pass it: it passes only by
+producing the right values. Of the shipped tasks, 1,128 of HumanEval's 1,133 tests split
+and all 2,922 of MBPP's.
 
-Reward hacks an RL policy can find are closed: the tests' comparisons run on plain
-data (an object whose `__eq__` returns True equals nothing), the tests see pristine
-builtins and the prompt's own helpers (a solution that redefines `set`, `abs` or the
-prompt's `encode_cyclic` does not change what the tests check), and the grader keeps
-its own references to what it uses and drops its source from `linecache`. It does not
-guard against code that walks the grader's frames or objects (`sys._getframe`, `gc`)
-or patches the modules the tests import; the sandbox, not the grader, protects the host.
+What stays in the solution's process (graded as before, below): tests that are not a run of
+simple statements and asserts (loops, `with`, `try`), that call the solution outside an assert
+(`f(x); assert x == [1, 3]`), hand it a variable they check afterwards (`assert f(x) == x`),
+pass one of its functions as a value (`check(candidate)`), or use it inside a comprehension or
+lambda; `TestReport.split` says which tests were split. The setup (`candidate = f`, MBPP's
+`test_setup_code`), the prompt and a split test's own statements that its probes need (their
+inputs) do run there; a probe's own arguments are visible to the solution, as its inputs are.
+
+In the solution's process, all tests run in one process (one fork, not one per test), each
+under its own `SIGALRM` budget (a test's probes share it), so a test that hangs costs only
+itself. The solution's own prints go to /dev/null; results come back on a duplicate of stdout
+as lines tagged with a random nonce, so a solution cannot pass by printing or exiting early
+(unreported tests fail). The tests' comparisons there run on plain data (an object whose
+`__eq__` returns True equals nothing), the tests see pristine builtins and the prompt's own
+helpers (a solution that redefines `set`, `abs` or the prompt's `encode_cyclic` does not change
+what the tests check), and the grader keeps its own references to what it uses and drops its
+source from `linecache`. For tests that are not split it does not guard against code that walks
+the grader's frames or objects (`sys._getframe`, `gc`) or patches the modules the tests import.
+The sandbox, not the grader, protects the host.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
 import functools
+import marshal
 import secrets
 import warnings
 
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolenv_code._split import decode_value, encode_value, split_tests
 from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
@@ -37,7 +66,9 @@ _MARKDOWN = MarkdownIt("zero").enable(["fence", "list"])
 #: Languages whose blocks are the answer's code (any case); untagged blocks count when none is tagged.
 _PYTHON_TAGS = frozenset({"python", "py", "python3", "py3"})
 
-_HARNESS = """\
+#: Both grading programs start with this: results go out on a duplicate of stdout, tagged
+#: with the nonce; every snippet runs under its own SIGALRM budget.
+_PRELUDE = """\
 import atexit as _atexit, builtins as _builtins, linecache as _linecache, operator as _operator, os as _os
 import signal as _signal, sys as _sys, time as _time, types as _types
 from collections import abc as _abc
@@ -47,8 +78,7 @@ import numbers as _numbers
 # builtins or modules. Functions defined from here on read builtins from this copy.
 __builtins__ = _B = dict(vars(_builtins))
 _linecache.clearcache()  # this program's source (nonce, tests) must not be readable by the solution
-_NONCE = {nonce!r}
-_ENTRY = frozenset({entry_points!r})
+_NONCE = _P["nonce"]
 _OUT = _os.dup(1)
 _null = _os.open(_os.devnull, _os.O_WRONLY)
 _os.dup2(_null, 1)
@@ -60,22 +90,14 @@ _getsignal, _setsignal, _SIGALRM, _SIG_IGN, _now = (
 _DEADLINE = [0.0]  # when the running snippet's time is up
 _THEIRS = [None]  # a SIGALRM handler the solution installed, for alarms it sets itself
 _modules = _sys.modules
-_OPS = {{
-    "==": _operator.eq, "!=": _operator.ne, "<": _operator.lt, "<=": _operator.le,
-    ">": _operator.gt, ">=": _operator.ge, "in": _operator.contains, "not in": _operator.contains,
-}}
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time rather than a built-in C type
-_ATOMS = (type(None), bool, int, float, complex, str, bytes)
-_COPY = ((int, int.__pos__), (float, float.__pos__), (complex, complex.__pos__),
-         (str, lambda x: str.__getitem__(x, slice(None))), (bytes, lambda x: bytes.__getitem__(x, slice(None))))
 
 
 class _TestTimeout(BaseException):
     pass
 
 
-class _Opaque(Exception):
-    pass
+class _ProbeFailed(Exception):
+    pass  # the trusted run: a probe that failed in the solution's process (its message as is)
 
 
 def _alarm(signum, frame):
@@ -89,6 +111,83 @@ def _alarm(signum, frame):
     raise _TestTimeout("test exceeded its time limit")
 
 
+_signal.signal(_signal.SIGALRM, _alarm)
+_M = _types.ModuleType("__main__")  # the solution runs as `__main__`, as a script would (pickle, doctest...)
+_modules["__main__"] = _M
+_G = vars(_M)
+_G["__builtins__"] = _builtins  # the real module (exec would hand it this program's copy)
+
+
+def _arm(limit):
+    # Our handler again, whatever the solution made of SIGALRM (ignored, a handler that
+    # returns): each snippet's time limit holds, so a test that hangs costs only itself.
+    current = _getsignal(_SIGALRM)
+    if current is not _alarm:
+        _THEIRS[0] = current
+        _setsignal(_SIGALRM, _alarm)
+    _DEADLINE[0] = _now() + limit
+    _setitimer(_ITIMER_REAL, limit)
+
+
+def _describe(exc):
+    if type(exc) is _ProbeFailed:
+        msg = exc.args[0]
+    else:
+        try:
+            msg = type(exc).__name__ + ": " + str(exc)
+        except BaseException:
+            msg = "an exception that cannot be shown"
+    return str.__getitem__(msg, slice(0, 300)) if isinstance(msg, str) else ""
+
+
+def _send(*fields):
+    _write(_OUT, (_NONCE + repr(fields) + "\\n").encode("utf-8", "backslashreplace"))
+
+
+def _run(kind, index, src, limit, namespace):
+    _arm(limit)
+    try:
+        exec(compile(src, "<" + kind + ">", "exec"), namespace)
+        ok, msg = True, ""
+    except BaseException as exc:
+        ok, msg = False, exc
+    finally:
+        _setitimer(_ITIMER_REAL, 0)
+    _send(kind, index, ok is True, "" if ok is True else _describe(msg))
+
+"""
+
+#: Every result is out: do not wait for threads, timers or exit handlers the solution left
+#: (the interpreter's exit would, up to the whole time budget). Without any, a normal exit
+#: is the faster one: the sandbox answers before the process is torn down.
+_EPILOGUE = """
+_threading = _modules.get("threading")
+if _exit_handlers() or (_threading is not None and _threading.active_count() > 1):
+    _exit(0)
+"""
+
+#: Run 1, in the solution's process: the solution, the setup, the tests that cannot be split
+#: (whole), and the probes of those that can. This program holds no expected value of a split test.
+_CANDIDATE = """\
+_ENTRY = frozenset(_P["entry_points"])
+_OPS = {
+    "==": _operator.eq, "!=": _operator.ne, "<": _operator.lt, "<=": _operator.le,
+    ">": _operator.gt, ">=": _operator.ge, "in": _operator.contains, "not in": _operator.contains,
+}
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made at run time rather than a built-in C type
+_ATOMS = (type(None), bool, int, float, complex, str, bytes)
+_COPY = ((int, int.__pos__), (float, float.__pos__), (complex, complex.__pos__),
+         (str, lambda x: str.__getitem__(x, slice(None))), (bytes, lambda x: bytes.__getitem__(x, slice(None))))
+_INF = float("inf")
+_VALUE_LIMIT = _P["value_limit"]  # characters of one probe's reported value
+_join, _repr, _hex = str.join, repr, hex
+_KINDS = [None, None]  # Fraction and Decimal, when the solution imported them
+
+
+class _Opaque(Exception):
+    pass
+
+
 def _plain(x):
     # x as plain data (exact builtin types only), so that comparing it runs no code of the
     # solution's: an object that claims to equal anything cannot pass. Conversions may call
@@ -100,7 +199,7 @@ def _plain(x):
         items = [_plain(v) for v in (tuple.__iter__(x) if issubclass(t, tuple) else list.__iter__(x))]
         return tuple(items) if issubclass(t, tuple) else items
     if issubclass(t, dict):
-        return {{_plain(k): _plain(v) for k, v in dict.items(x)}}
+        return {_plain(k): _plain(v) for k, v in dict.items(x)}
     if issubclass(t, (set, frozenset)):
         return frozenset(_plain(v) for v in (set.__iter__(x) if issubclass(t, set) else frozenset.__iter__(x)))
     for base, copy in _COPY:
@@ -157,68 +256,180 @@ def _compare(left, op, right):
     return (not result) if op == "not in" else result
 
 
-_signal.signal(_signal.SIGALRM, _alarm)
-_M = _types.ModuleType("__main__")  # the solution runs as `__main__`, as a script would (pickle, doctest...)
-_modules["__main__"] = _M
-_G = vars(_M)
-_G["__builtins__"] = _builtins  # the real module (exec would hand it this program's copy)
-
-
-def _run(kind, index, src, limit, namespace):
-    # Our handler again, whatever the solution made of SIGALRM (ignored, a handler that
-    # returns): each snippet's time limit holds, so a test that hangs costs only itself.
-    current = _getsignal(_SIGALRM)
-    if current is not _alarm:
-        _THEIRS[0] = current
-        _setsignal(_SIGALRM, _alarm)
-    _DEADLINE[0] = _now() + limit
-    _setitimer(_ITIMER_REAL, limit)
-    try:
-        exec(compile(src, "<" + kind + ">", "exec"), namespace)
-        ok, msg = True, ""
-    except BaseException as exc:
-        ok, msg = False, exc
-    finally:
-        _setitimer(_ITIMER_REAL, 0)
-    if not ok:
-        try:
-            msg = type(msg).__name__ + ": " + str(msg)
-        except BaseException:
-            msg = "an exception that cannot be shown"
-    msg = str.__getitem__(msg, slice(0, 300)) if isinstance(msg, str) else ""
-    _write(_OUT, (_NONCE + repr((kind, index, ok is True, msg)) + "\\n").encode("utf-8", "backslashreplace"))
-
-
 def _test_namespace(prefix):
     # What the tests see: the solution's names, but not ones that shadow a builtin (unless
     # the tests are about that name), then the prompt's own definitions again (helpers the
     # tests call must be the prompt's), with pristine builtins.
-    ns = {{k: v for k, v in _G.items() if k in _ENTRY or k not in _B}}
-    own = {{"__builtins__": _B, "__name__": "__main__"}}
+    ns = {k: v for k, v in _G.items() if k in _ENTRY or k not in _B}
+    own = {"__builtins__": _B, "__name__": "__main__"}
     try:
         exec(compile(prefix, "<prompt>", "exec"), own)
     except BaseException:
-        own = {{}}
+        own = {}
     ns.update((k, v) for k, v in own.items() if k not in _ENTRY)
     ns.update(__builtins__=_B, __name__="__main__", __toolenv_compare__=_compare)
     return ns
 
 
-def _main(solution, setup, prefix, tests, limit):
+def _enc(x, strict, out, depth):
+    # x as text the host decodes without evaluating it (toolenv_code._split.decode_value).
+    # strict: only exact builtin types (else _Opaque, and the probe may be widened);
+    # otherwise subclasses, NumPy values, dict views... are converted as _plain does.
+    if depth > 100:
+        raise _ProbeFailed("ValueError: the value is nested too deeply to report")
+    t = type(x)
+    if t is str or t is bytes or t is bool or x is None:
+        s = _repr(x)
+    elif t is int:
+        s = int.__repr__(x) if int.bit_length(x) <= 4096 else _hex(x)
+    elif t is float:
+        s = "nan" if x != x else "inf" if x == _INF else "-inf" if x == -_INF else float.__repr__(x)
+    elif t is complex:
+        out.append("complex(")
+        _enc(complex.real.__get__(x), True, out, depth + 1)
+        out.append(", ")
+        _enc(complex.imag.__get__(x), True, out, depth + 1)
+        s = ")"
+    elif t is list or t is tuple:
+        out.append("[" if t is list else "(")
+        for i, v in enumerate(list.__iter__(x) if t is list else tuple.__iter__(x)):
+            out.append(", " if i else "")
+            _enc(v, strict, out, depth + 1)
+        s = "]" if t is list else ("," if tuple.__len__(x) == 1 else "") + ")"
+    elif t is dict:
+        out.append("{")
+        for i, (k, v) in enumerate(dict.items(x)):
+            out.append(", " if i else "")
+            _enc(k, strict, out, depth + 1)
+            out.append(": ")
+            _enc(v, strict, out, depth + 1)
+        s = "}"
+    elif t is set or t is frozenset:
+        out.append("frozenset(" if t is frozenset else "" if len(x) else "set(")
+        out.append("{" if len(x) else "")
+        for i, v in enumerate(set.__iter__(x) if t is set else frozenset.__iter__(x)):
+            out.append(", " if i else "")
+            _enc(v, strict, out, depth + 1)
+        s = ("}" if len(x) else "") + (")" if t is frozenset or not len(x) else "")
+    elif t is _KINDS[0]:  # rebuilt from two ints on the other side, whatever this object is
+        n, d = x.numerator, x.denominator
+        if type(n) is not int or type(d) is not int:
+            raise _Opaque
+        s = "Fraction(" + int.__repr__(n) + ", " + int.__repr__(d) + ")"
+    elif t is _KINDS[1]:
+        text = x.__str__()
+        if type(text) is not str:
+            raise _Opaque
+        s = "Decimal(" + _repr(text) + ")"
+    elif strict:
+        raise _Opaque
+    else:
+        return _enc(_plain(x), True, out, depth)
+    out.append(s)
+    out[0] += len(s)
+    if out[0] > _VALUE_LIMIT:
+        raise _ProbeFailed("ValueError: the value is too large to report")
+
+
+def _encoded(x, strict):
+    # Whatever these are (the solution's own classes even), the other side gets a genuine
+    # Fraction or Decimal made from ints or a str.
+    _KINDS[0] = getattr(_modules.get("fractions"), "Fraction", None)
+    _KINDS[1] = getattr(_modules.get("decimal"), "Decimal", None)
+    out = [0]
+    _enc(x, strict, out, 0)
+    return _join("", out[1:])
+
+
+def _not_plain(x):
+    try:
+        name = str.__getitem__(type.__dict__["__name__"].__get__(type(x)), slice(0, 60))
+    except BaseException:
+        name = "?"
+    return ("TypeError: the result is a " + name + ", not plain data: the grader checks None, bools, "
+            "numbers, str, bytes and lists, tuples, dicts and sets of them")
+
+
+def _probe(index, context, probes, limit, namespace):
+    # The probes of a split test: each is evaluated on its own (a frame walk finds only its
+    # own code), widened through `list(...)`, `.attr`... while its value is not plain data,
+    # and reported as data. The test's expected side is not in this process.
+    reports = []
+    _arm(limit)
+    try:
+        if context:
+            exec(compile(context, "<test>", "exec"), namespace)
+        for k, levels in enumerate(probes):
+            level = 0
+            try:
+                v = eval(compile(levels[0], "<probe>", "eval"), namespace)
+                while True:
+                    try:
+                        text = _encoded(v, True)
+                        break
+                    except _Opaque:
+                        if level + 1 >= len(levels):
+                            try:
+                                text = _encoded(v, False)
+                            except _Opaque:
+                                raise _ProbeFailed(_not_plain(v)) from None
+                            break
+                    level += 1
+                    v = eval(compile(levels[level], "<probe>", "eval"), namespace, {"__toolenv_v__": v})
+                reports.append((k, level, True, text))
+            except _TestTimeout:
+                raise
+            except BaseException as exc:
+                reports.append((k, level, False, _describe(exc)))
+    except BaseException as exc:  # the context failed, or the test's time ran out
+        msg = _describe(exc)
+        reports.extend((k, 0, False, msg) for k in range(len(reports), len(probes)))
+    finally:
+        _setitimer(_ITIMER_REAL, 0)
+    for k, level, ok, text in reports:
+        _send("probe", index, k, level, ok is True, text)
+
+
+def _main(solution, setup, prefix, items, limit):
     _run("solution", -1, solution, limit, _G)
     _run("setup", -1, setup, limit, _G)
     namespace = _test_namespace(prefix)
-    for i, test in enumerate(tests):
-        _run("test", i, test, limit, namespace)
+    for index, whole, context, probes in items:
+        if probes is None:
+            _run("test", index, whole, limit, namespace)
+        else:
+            _probe(index, context, probes, limit, namespace)
 
 
-_main({solution!r}, {setup!r}, {prefix!r}, {tests!r}, {limit!r})
-# Every result is out: do not wait for threads, timers or exit handlers the solution left
-# (the interpreter's exit would, up to the whole time budget). Without any, a normal exit
-# is the faster one: the sandbox answers before the process is torn down.
-_threading = _modules.get("threading")
-if _exit_handlers() or (_threading is not None and _threading.active_count() > 1):
-    _exit(0)
+_main(_P["solution"], _P["setup"], _P["prefix"], _P["items"], _P["limit"])
+"""
+
+#: Run 2, a process that never holds the solution: the split tests with each probe replaced
+#: by the value it had in run 1 (plain data), after the prompt and the setup's trusted part.
+_TRUSTED = """\
+_ENTRY = frozenset(_P["entry_points"])
+_own = {"__builtins__": _builtins, "__name__": "__main__"}
+try:
+    exec(compile(_P["prefix"], "<prompt>", "exec"), _own)
+except BaseException:
+    _own = {}
+_G.update((k, v) for k, v in _own.items() if k not in _ENTRY and k not in ("__builtins__", "__name__"))
+_run("setup", -1, _P["setup"], _P["limit"], _G)
+_ERRORS = _P["errors"]
+_CURRENT = [0]
+
+
+def __toolenv_probe__(k):
+    key = (_CURRENT[0], k)
+    if key in _ERRORS:
+        raise _ProbeFailed(_ERRORS[key])
+    return _VALUES[key]
+
+
+_G["__toolenv_probe__"] = __toolenv_probe__
+for _index, _source in _P["tests"]:
+    _CURRENT[0] = _index
+    _run("test", _index, _source, _P["limit"], _G)
 """
 
 
@@ -238,6 +449,13 @@ class TestSpec(BaseModel):
         default_factory=list,
         description="The solution's names under test that the tests may see although they shadow a builtin.",
     )
+    split_tests: bool = Field(
+        default=True,
+        description="Check each test that allows it outside the solution's process (on the host, or in a "
+        "second sandboxed process), from the values its calls of the solution returned, so that the solution's "
+        "process never holds what it is checked against. False: every test runs in the solution's process, "
+        "where code that walks the grader's frames can forge the results.",
+    )
 
 
 class TestReport(BaseModel):
@@ -250,6 +468,10 @@ class TestReport(BaseModel):
     solution_error: str = ""
     messages: list[str] = Field(default_factory=list)
     timed_out: bool = False
+    split: list[bool] = Field(
+        default_factory=list,
+        description="Per test: graded outside the solution's process (its expected values were never in it).",
+    )
 
     @property
     def fraction(self) -> float:
@@ -290,9 +512,10 @@ def solution_source(answer: str, prefix: str = "") -> str:
     return prefix.rstrip("\n") + "\n\n" + code
 
 
-def _limits(spec: TestSpec) -> SandboxLimits:
-    total = min(spec.test_timeout * (len(spec.tests) + 2), max(MAX_TOTAL_SECONDS, 2 * spec.test_timeout)) + 2.0
-    return SandboxLimits(timeout=total, cpu_seconds=int(total) + 1, max_output_bytes=1 << 20)
+def _limits(spec: TestSpec, tests: int | None = None, output: int = 1 << 20) -> SandboxLimits:
+    count = len(spec.tests) if tests is None else tests
+    total = min(spec.test_timeout * (count + 2), max(MAX_TOTAL_SECONDS, 2 * spec.test_timeout)) + 2.0
+    return SandboxLimits(timeout=total, cpu_seconds=int(total) + 1, max_output_bytes=output)
 
 
 class _PlainComparisons(ast.NodeTransformer):
@@ -335,54 +558,184 @@ def _plain_test(source: str) -> str:
     return ast.unparse(ast.fix_missing_locations(_PlainComparisons().visit(tree)))
 
 
-def _program(answer: str, spec: TestSpec, nonce: str) -> str:
-    return _HARNESS.format(
-        nonce=nonce,
-        entry_points=sorted(spec.entry_points),
-        solution=solution_source(answer, spec.solution_prefix),
-        setup=spec.setup,
-        prefix=spec.solution_prefix,
-        tests=[_plain_test(t) for t in spec.tests],
-        limit=spec.test_timeout,
+#: Characters of one probe's reported value; a larger value fails its test.
+VALUE_LIMIT = 1 << 17
+#: Output of the solution's run: room for the probes' values.
+_FIRST_OUTPUT = 1 << 23
+
+
+@functools.cache
+def _compiled(kind: str) -> str:
+    """A grading program's code, compiled once here and sent marshalled (base64): compiling
+    its source in every sandbox run cost about as much as a run of a small test."""
+    source = _PRELUDE + (_CANDIDATE if kind == "candidate" else _TRUSTED) + _EPILOGUE
+    return base64.b64encode(marshal.dumps(compile(source, "<grader>", "exec"))).decode("ascii")
+
+
+def _launcher(kind: str, params: dict[str, object], head: str = "") -> str:
+    """The program a sandbox runs: its parameters as literals, then the grader's code (the
+    sandbox runs this interpreter, `sys.executable`, so the marshalled code fits it)."""
+    return (
+        f"_P = {params!r}\n{head}import marshal as _marshal_, binascii as _binascii_\n"
+        f"exec(_marshal_.loads(_binascii_.a2b_base64({_compiled(kind)!r})))\n"
     )
 
 
-def _result_line(text: str) -> tuple[str, int, bool, str] | None:
-    """A result line's `(kind, index, ok, message)`, or None when it is not one."""
-    try:
-        value = ast.literal_eval(text)
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        return None
-    if not (isinstance(value, tuple) and len(value) == 4):
-        return None
-    kind, index, ok, msg = value
-    if isinstance(kind, str) and type(index) is int and isinstance(ok, bool) and isinstance(msg, str):
-        return kind, index, ok, msg
-    return None
+def _nonce() -> str:
+    return f"@@toolenv-{secrets.token_hex(8)}@@"
 
 
-def _report(stdout: str, spec: TestSpec, nonce: str, timed_out: bool) -> TestReport:
-    passed = [False] * len(spec.tests)
-    messages = ["not run"] * len(spec.tests)
-    solution_error = ""
-    for line in stdout.splitlines():
-        if not line.startswith(nonce):
-            continue
-        parsed = _result_line(line[len(nonce) :])
-        if parsed is None:
-            continue
-        kind, index, ok, msg = parsed
-        if kind == "test" and 0 <= index < len(passed):
-            passed[index], messages[index] = bool(ok), msg
-        elif kind in ("solution", "setup") and not ok:
-            solution_error = msg
-    return TestReport(passed=passed, messages=messages, solution_error=solution_error, timed_out=timed_out)
+class _Results:
+    """What a run reported: `(kind, index, ok, message)` lines and the probes' values."""
+
+    def __init__(self, stdout: str, nonce: str) -> None:
+        self.lines: list[tuple[str, int, bool, str]] = []
+        self.probes: dict[tuple[int, int], tuple[int, bool, str]] = {}  # (test, probe): (level, ok, text)
+        # Longer lines are not the grader's (a value's repr is at most 4 times its size):
+        # parsing them could tie up the host.
+        longest = len(nonce) + 4 * VALUE_LIMIT + 1000
+        for line in stdout.splitlines():
+            if line.startswith(nonce) and len(line) <= longest:
+                self._read(line[len(nonce) :])
+
+    def _read(self, text: str) -> None:
+        try:
+            value = ast.literal_eval(text)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            return
+        if not isinstance(value, tuple):
+            return
+        if len(value) == 4:
+            kind, index, ok, msg = value
+            if isinstance(kind, str) and type(index) is int and isinstance(ok, bool) and isinstance(msg, str):
+                self.lines.append((kind, index, ok, msg))
+        elif len(value) == 6 and value[0] == "probe":
+            _, index, k, level, ok, msg = value
+            ints = type(index) is int and type(k) is int and type(level) is int
+            if ints and isinstance(ok, bool) and isinstance(msg, str):
+                self.probes[(index, k)] = (level, ok, msg)
 
 
-def _graded(result: ExecResult, spec: TestSpec, nonce: str) -> TestReport:
+def _checked(result: ExecResult) -> ExecResult:
     if result.error:  # the sandbox failed, not the solution: no report rather than a false zero
         raise RuntimeError(f"the sandbox failed: {result.error}")
-    return _report(result.stdout, spec, nonce, result.timed_out)
+    return result
+
+
+class _Grading:
+    """One grading: the solution's run (whole tests and probes), then the trusted run."""
+
+    def __init__(self, answer: str, spec: TestSpec) -> None:
+        self.spec = spec
+        n = len(spec.tests)
+        if spec.split_tests:
+            self.splits, self.trusted_setup = split_tests(
+                tuple(spec.tests), spec.setup, spec.solution_prefix, tuple(sorted(spec.entry_points))
+            )
+        else:
+            self.splits, self.trusted_setup = tuple(None for _ in spec.tests), ""
+        self.passed = [False] * n
+        self.messages = ["not run"] * n
+        self.solution_error = ""
+        self.timed_out = False
+        self.nonce = _nonce()
+        items: list[tuple[int, str, str, list[list[str]] | None]] = []
+        for i, (test, split) in enumerate(zip(spec.tests, self.splits, strict=True)):
+            if split is None:
+                items.append((i, _plain_test(test), "", None))
+            elif split.probes:
+                items.append((i, "", split.context, [list(p.levels) for p in split.probes]))
+        params = {
+            "nonce": self.nonce,
+            "entry_points": sorted(spec.entry_points),
+            "solution": solution_source(answer, spec.solution_prefix),
+            "setup": spec.setup,
+            "prefix": spec.solution_prefix,
+            "items": items,
+            "limit": spec.test_timeout,
+            "value_limit": VALUE_LIMIT,
+        }
+        self.first = _launcher("candidate", params)
+        self.first_limits = _limits(spec, output=_FIRST_OUTPUT)
+
+    def after_first(self, result: ExecResult) -> str | None:
+        """Read the solution's run; the trusted run's program, or None when no test needs it."""
+        self.timed_out = _checked(result).timed_out
+        results = _Results(result.stdout, self.nonce)
+        probes = results.probes
+        for kind, index, ok, msg in results.lines:
+            if kind == "test" and 0 <= index < len(self.passed) and self.splits[index] is None:
+                self.passed[index], self.messages[index] = ok, msg
+            elif kind in ("solution", "setup") and not ok:
+                self.solution_error = msg
+        values: list[str] = []
+        errors: dict[tuple[int, int], str] = {}
+        tests: list[tuple[int, str]] = []
+        for i, split in enumerate(self.splits):
+            if split is None:
+                continue
+            got: dict[int, object] = {}
+            failed: dict[int, str] = {}
+            levels: list[int] = []
+            verdict: tuple[bool, str] | None = None
+            for k, probe in enumerate(split.probes):
+                level, ok, text = probes.get((i, k), (-1, False, ""))
+                if not 0 <= level < len(probe.levels):
+                    verdict = (False, "not run")
+                    break
+                if ok:
+                    try:
+                        got[k] = decode_value(text)
+                    except ValueError:
+                        ok, text = False, "the grader could not read the value this call returned"
+                if not ok:
+                    failed[k] = text
+                    if probe.unconditional and verdict is None:  # the test fails whatever it expects
+                        verdict = (False, text)
+                levels.append(level)
+            if verdict is None and not any(levels):
+                verdict = split.decide(got, failed)
+            if verdict is not None:
+                self.passed[i], self.messages[i] = verdict
+                continue
+            values += (f"({i}, {k}): {encode_value(v)}" for k, v in got.items())
+            errors.update(((i, k), msg) for k, msg in failed.items())
+            tests.append((i, split.trusted_source(levels)))
+        self.second_count = len(tests)
+        if not tests:
+            return None
+        self.second_nonce = _nonce()
+        params = {
+            "nonce": self.second_nonce,
+            "entry_points": sorted(self.spec.entry_points),
+            "prefix": self.spec.solution_prefix,
+            "setup": self.trusted_setup,
+            "errors": errors,
+            "tests": tests,
+            "limit": self.spec.test_timeout,
+        }
+        # The values as source the host wrote from decoded plain data (nan and inf as names).
+        values_source = (
+            "from fractions import Fraction\nfrom decimal import Decimal\n"
+            'nan, inf = float("nan"), float("inf")\n_VALUES = {' + ", ".join(values) + "}\n"
+        )
+        return _launcher("trusted", params, values_source)
+
+    def after_second(self, result: ExecResult) -> None:
+        """Read the trusted run's verdicts."""
+        self.timed_out = _checked(result).timed_out or self.timed_out
+        for kind, index, ok, msg in _Results(result.stdout, self.second_nonce).lines:
+            if kind == "test" and 0 <= index < len(self.passed) and self.splits[index] is not None:
+                self.passed[index], self.messages[index] = ok, msg
+
+    def report(self) -> TestReport:
+        return TestReport(
+            passed=self.passed,
+            messages=self.messages,
+            solution_error=self.solution_error,
+            timed_out=self.timed_out,
+            split=[s is not None for s in self.splits],
+        )
 
 
 async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
@@ -391,13 +744,19 @@ async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = Non
     Raises:
         RuntimeError: the sandbox itself failed (its pool is closed, its server died twice).
     """
-    nonce = f"@@toolenv-{secrets.token_hex(8)}@@"
-    result = await (pool or get_pool()).arun(_program(answer, spec, nonce), _limits(spec))
-    return _graded(result, spec, nonce)
+    pool = pool or get_pool()
+    grading = _Grading(answer, spec)
+    second = grading.after_first(await pool.arun(grading.first, grading.first_limits))
+    if second is not None:
+        grading.after_second(await pool.arun(second, _limits(spec, grading.second_count)))
+    return grading.report()
 
 
 def run_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
     """`arun_tests`, blocking."""
-    nonce = f"@@toolenv-{secrets.token_hex(8)}@@"
-    result = (pool or get_pool()).run(_program(answer, spec, nonce), _limits(spec))
-    return _graded(result, spec, nonce)
+    pool = pool or get_pool()
+    grading = _Grading(answer, spec)
+    second = grading.after_first(pool.run(grading.first, grading.first_limits))
+    if second is not None:
+        grading.after_second(pool.run(second, _limits(spec, grading.second_count)))
+    return grading.report()

@@ -1,0 +1,271 @@
+"""Split grading: the solution's process never holds what its tests check it against.
+
+Each test that allows it is split into probes (the calls of the solution), run in the
+solution's process and reported as plain data, and the rest (the expected values), checked
+outside it. A solution that walks the grader's frames or objects can forge result lines or
+read the tests it finds there; these tests show it finds neither a way to pass nor the
+answers, and that every honest reference solution of HumanEval and MBPP still scores 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from toolenv import Task
+from toolenv_code._split import decode_value, encode_value, split_tests
+from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
+from toolenv_code.grading import TestSpec, run_tests
+
+SECRETS = TestSpec(tests=["assert answer(1) == 'secret-one'", "assert answer(2) == 'secret-two'"])
+
+#: Finds the grader's globals through the frames above the solution, then reports every
+#: test as passed (and every probe as True) on the grader's own descriptor, and exits.
+FRAME_FORGE = """
+import os, sys
+
+def _forge():
+    frame = sys._getframe(1)
+    while frame is not None and "_NONCE" not in frame.f_globals:
+        frame = frame.f_back
+    grader = frame.f_globals
+    count, f = 0, frame
+    while f is not None:  # the longest list in the grader's frames: its tests
+        count = max([count] + [len(v) for v in f.f_locals.values() if isinstance(v, list)])
+        f = f.f_back
+    for i in range(count):
+        for line in [("test", i, True, "")] + [("probe", i, k, 0, True, "True") for k in range(3)]:
+            os.write(grader["_OUT"], (grader["_NONCE"] + repr(line) + "\\n").encode())
+    os._exit(0)
+
+_forge()
+"""
+
+#: The same, finding the grader's globals among the objects the garbage collector tracks.
+GC_FORGE = """
+import gc, os
+
+def _forge():
+    grader = next(o for o in gc.get_objects() if isinstance(o, dict) and "_NONCE" in o and "_OUT" in o)
+    for i in range(50):
+        for line in [("test", i, True, "")] + [("probe", i, k, 0, True, "True") for k in range(3)]:
+            os.write(grader["_OUT"], (grader["_NONCE"] + repr(line) + "\\n").encode())
+    os._exit(0)
+
+_forge()
+"""
+
+#: Returns the expected value it reads from the code that called it.
+CALLER_READER = """
+import sys
+
+def answer(x):
+    consts = sys._getframe(1).f_code.co_consts
+    return next((c for c in consts if isinstance(c, str) and c.startswith("secret-")), None)
+"""
+
+#: Returns the expected value it finds in its own process's memory (the grader's test list).
+GC_READER = """
+import gc, re
+
+def answer(x):
+    for o in gc.get_objects():
+        if isinstance(o, (list, tuple, dict)):
+            for s in (o.values() if isinstance(o, dict) else o):
+                if isinstance(s, str) and f"answer({x})" in s:
+                    found = re.search(r"secret-[a-z]+", s)
+                    if found:
+                        return found.group(0)
+    return None
+"""
+
+
+def _spec(task: Task, **changes: object) -> TestSpec:
+    fields = {k: task.context[k] for k in TestSpec.model_fields if k in task.context}
+    return TestSpec.model_validate({**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    "hack",
+    [FRAME_FORGE, GC_FORGE, CALLER_READER, GC_READER],
+    ids=["frame-walk-forge", "gc-forge", "reads-caller-frame", "reads-gc-objects"],
+)
+def test_what_the_solution_finds_in_its_process_does_not_pass(hack: str) -> None:
+    report = run_tests(hack, SECRETS)
+    assert report.passed == [False, False] and report.split == [True, True], report.messages
+    # the same code passes when the tests run in the solution's process: the hacks are real
+    assert run_tests(hack, SECRETS.model_copy(update={"split_tests": False})).passed == [True, True]
+
+
+def test_a_frame_walk_forge_scores_zero_on_real_tasks() -> None:
+    he = next(t for t in humaneval_tasks() if t.id == "HumanEval/2")  # abs(candidate(3.5) - 0.5) < 1e-6
+    mbpp = next(t for t in mbpp_tasks() if t.id == "MBPP/11")
+    for task in (he, mbpp):
+        for forge in (FRAME_FORGE, GC_FORGE):
+            report = run_tests(forge, _spec(task))
+            assert report.fraction == 0.0 and all(report.split), (task.id, report.messages)
+
+
+def test_honest_answers_still_pass_and_the_reader_passes_only_the_honest_way() -> None:
+    honest = "def answer(x):\n    return {1: 'secret-one', 2: 'secret-two'}[x]"
+    report = run_tests(honest, SECRETS)
+    assert report.passed == [True, True] and report.split == [True, True]
+
+
+def test_every_reference_solution_scores_full_marks_and_most_tests_split() -> None:
+    """All 164 HumanEval and 974 MBPP reference solutions (~10-20 s on 2 cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks = humaneval_tasks() + mbpp_tasks()
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda t: run_tests(str(t.answer), _spec(t)), tasks))
+    assert [t.id for t, r in zip(tasks, reports, strict=True) if r.fraction != 1.0] == []
+    he, mb = reports[:164], reports[164:]
+    he_split = sum(sum(r.split) for r in he) / sum(len(r.split) for r in he)
+    mb_split = sum(sum(r.split) for r in mb) / sum(len(r.split) for r in mb)
+    assert he_split > 0.99 and mb_split == 1.0, (he_split, mb_split)
+
+
+def test_wrong_solutions_fail_the_same_tests_split_or_not() -> None:
+    """Answers that return a changed value get the same verdicts as the in-process grader's."""
+    wrap = (
+        "\n_orig_{n} = {n}\ndef {n}(*a, **k):\n    r = _orig_{n}(*a, **k)\n"
+        "    if isinstance(r, bool):\n        return not r\n"
+        "    if isinstance(r, int):\n        return r + 1\n"
+        "    if isinstance(r, float):\n        return r * 1.5 + 0.25\n"
+        "    return r[1:] if isinstance(r, (list, str, tuple)) else r\n"
+    )
+    tasks = humaneval_tasks()[::4] + mbpp_tasks()[::25]
+    for task in tasks:
+        wrong = str(task.answer) + "".join(wrap.format(n=n) for n in task.context["entry_points"])
+        split, whole = run_tests(wrong, _spec(task)), run_tests(wrong, _spec(task, split_tests=False))
+        assert split.passed == whole.passed, (task.id, split.messages, whole.messages)
+    assert run_tests("def has_close_elements(numbers, threshold):\n    return None", _spec(tasks[0])).fraction < 1
+
+
+def test_unsplittable_tests_run_whole_in_the_solution_s_process() -> None:
+    spec = TestSpec(
+        tests=[
+            "x = [3, 1]\nsort_in_place(x)\nassert x == [1, 3]",  # the solution's effect on a variable
+            "x = [2, 1]\nassert sort_in_place(x) == x",  # the same object on both sides
+            "for i in range(3):\n    assert double(i) == 2 * i",
+            "assert all(double(i) == 2 * i for i in range(3))",
+            "def check(f):\n    assert f(2) == 4\ncheck(double)",
+            "assert double(2) == 4",
+        ]
+    )
+    honest = "def sort_in_place(x):\n    x.sort()\n    return x\ndef double(x):\n    return 2 * x"
+    report = run_tests(honest, spec)
+    assert report.passed == [True] * 6, report.messages
+    assert report.split == [False, False, False, False, False, True]
+
+
+def test_values_cross_as_plain_data_with_their_types() -> None:
+    spec = TestSpec(
+        tests=[
+            "assert math.isnan(v('nan')) and v('inf') == float('inf') and v('-inf') < -1e308",
+            "assert math.copysign(1, v('-0.0')) == -1",
+            "assert v('set') == {1, 2} and isinstance(v('set'), set) and isinstance(v('frozenset'), frozenset)",
+            "assert v('complex') == 1 - 2j and v('big') == 3 ** 20000 and v('bytes') == b'\\x00\\xff'",
+            "assert v('fraction') == Fraction(1, 3) and v('decimal') == Decimal('0.1')",
+            "assert v('nested') == {'a': [(1, None), {True}], 'b': {}} and type(v('nested')['a'][0]) is tuple",
+            "assert list(v('generator')) == [0, 1] and sorted(v('keys')) == ['a', 'b'] and len(v('keys')) == 2",
+            "assert v('namedtuple') == (1, 2) and v('namedtuple').x == 1",
+            "assert v('generator') == [0, 1]",  # a generator is not a list: it fails, as it would in Python
+            "assert v('object') is not None",  # not plain data: fails with a message saying so
+        ],
+        setup="import math\nfrom fractions import Fraction\nfrom decimal import Decimal",
+    )
+    answer = """
+import collections, fractions, decimal
+P = collections.namedtuple("P", "x y")
+class Thing:
+    pass
+def v(kind):
+    return {
+        "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "-0.0": -0.0,
+        "set": {1, 2}, "frozenset": frozenset(), "complex": complex(1, -2), "big": 3 ** 20000,
+        "bytes": bytes([0, 255]), "fraction": fractions.Fraction(1, 3), "decimal": decimal.Decimal("0.1"),
+        "nested": {"a": [(1, None), {True}], "b": {}}, "generator": (i for i in range(2)),
+        "keys": {"a": 1, "b": 2}.keys(), "namedtuple": P(1, 2), "object": Thing(),
+    }[kind]
+"""
+    report = run_tests(answer, spec)
+    assert report.passed == [True] * 8 + [False, False], report.messages
+    assert all(report.split)
+    assert "not plain data" in report.messages[9] and "Thing" in report.messages[9]
+
+
+def test_a_failing_probe_fails_its_test_only_where_it_is_evaluated() -> None:
+    spec = TestSpec(
+        tests=[
+            "assert f(1) == 1 or f(0) == 0",  # f(0) raises, but is not reached
+            "assert f(0) == 0",
+            "assert g(2) == 4 and abs(f(4) - 0.25) < 1e-9",
+            "assert (f(2) if g(0) == 0 else f(0)) == 0.5",
+        ]
+    )
+    report = run_tests("def f(x):\n    return 1 / x\ndef g(x):\n    return x * x", spec)
+    assert report.passed == [True, False, True, True], report.messages
+    assert report.messages[1].startswith("ZeroDivisionError") and all(report.split)
+
+
+def test_split_tests_respects_what_the_test_needs() -> None:
+    (split, whole), trusted_setup = split_tests(
+        ("lst = [1, 2]\nexpected = sum(lst) * 2\nassert double_all(lst) == [2, 4] and expected == 6", "assert foo"),
+        "METADATA = {}\ncandidate = double_all\nHELPER = candidate",
+        "import math\n\ndef double_all(xs):\n    '''doc'''\n",
+        ("double_all",),
+    )
+    assert whole is None  # a name of the solution used as a value
+    assert split is not None and trusted_setup == "METADATA = {}"
+    assert split.context == "lst = [1, 2]"  # the probe's input, not the expected side
+    assert [p.levels for p in split.probes] == [("double_all(lst)",)]
+    assert split.trusted_source([0]).splitlines()[-1] == "assert __toolenv_probe__(0) == [2, 4] and expected == 6"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, -3, 2**5000, -0.0, math.inf, -math.inf, 1e-300, 1 + 2j, complex(math.nan, -math.inf), "é\x00'",
+     b"\xff", [1, (2,), {3: {4}}], (), set(), frozenset({1, frozenset()}), Fraction(-1, 3), Decimal("-1.5E+7")],
+)  # fmt: skip
+def test_plain_values_round_trip(value: object) -> None:
+    decoded = decode_value(encode_value(value))
+    assert type(decoded) is type(value) and repr(decoded) == repr(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["__import__('os')", "x", "f(1)", "[1, 2][0]", "(1).real", "{**{}}", "set([1])", "complex(1, real=2)",
+     "Decimal(1)", "frozenset([1])", "-'a'", "lambda: 1", "[" * 300 + "]" * 300, "1 +", "Fraction(1, 0)"],
+)  # fmt: skip
+def test_decoding_a_reported_value_evaluates_nothing(text: str) -> None:
+    with pytest.raises(ValueError, match="not a plain value"):
+        decode_value(text)
+
+
+def test_a_value_too_large_or_too_deep_to_report_fails_its_test_only() -> None:
+    spec = TestSpec(tests=["assert big() == 'x' * 10 ** 7", "assert deep() == []", "assert small() == 1"])
+    answer = (
+        "def big():\n    return 'x' * 10 ** 7\n"
+        "def deep():\n    v = []\n    for _ in range(150):\n        v = [v]\n    return v\n"
+        "def small():\n    return 1"
+    )
+    report = run_tests(answer, spec)
+    assert report.passed == [False, False, True], report.messages
+    assert "too large" in report.messages[0] and "too deeply" in report.messages[1]
+
+
+def test_a_value_other_tests_read_keeps_its_test_whole() -> None:
+    """A test that binds a variable another test reads: that binding has to run in the solution's
+    process (the other test runs whole there), so its expected value would be readable there too;
+    the test is not reported as split."""
+    spec = TestSpec(
+        tests=["expected = [1, 2]\nassert f(1) == expected", "assert f(2) == expected + [3]"],
+        entry_points=["f"],
+    )
+    report = run_tests("def f(n):\n    return [1, 2] if n == 1 else [1, 2, 3]", spec)
+    assert report.passed == [True, True] and report.split == [False, False]

@@ -1,0 +1,702 @@
+"""Split a hidden test into probes (what needs the solution) and the rest (what holds the answer).
+
+The grader runs the probes in the solution's process and sends their values back as plain
+data; the rest is checked on the host when it only compares them with literals (`Check`),
+else in a second process that never holds the solution. This module decides, from the task
+alone (never from the answer), which tests can be split and how, and encodes and decodes
+the probe values.
+
+A test splits when it is a run of simple statements (imports, assignments and expressions
+that do not use the solution, asserts) and every use of the solution inside its asserts is a
+call, an attribute or an item of a name the solution defines (`f(x)`, `candidate(3)`,
+`Solution().run(x)`, `mod.CONST`). Anything else (loops, `with`, a solution function passed
+as a value as in `check(candidate)`, a statement that calls the solution outside an assert as
+in `f(x); assert x == [1, 3]`, comprehensions and lambdas that use it) is left whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import functools
+import math
+import operator
+import symtable
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+__all__ = ["Probe", "SplitTest", "decode_value", "encode_value", "split_tests"]
+
+#: The name a climbed probe's source uses for the value of the expression it encloses.
+INNER = "__toolenv_v__"
+#: The name the trusted side calls to get a probe's value: `__toolenv_probe__(k)`.
+PROBE = "__toolenv_probe__"
+
+#: Builtins a probe may be handed to in the solution's process when its value is not plain
+#: data (`list(gen())`, `sorted(keys())`): one argument, nothing else revealed.
+_CONVERTERS = frozenset(
+    {"list", "tuple", "sorted", "set", "frozenset", "dict", "len", "sum", "min", "max", "any", "all", "bool"}
+    | {"int", "float", "str", "abs", "next"}
+)
+_BUILTINS = frozenset(dir(builtins))
+_STDLIB = frozenset(sys.stdlib_module_names)
+#: Nodes that hold a comparison or computation with the expected side: never climbed through.
+_SCOPED = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_UNSPLITTABLE = (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)
+
+Path = tuple[tuple[str, int | None], ...]
+
+
+class _Unsplittable(Exception):
+    """The test is graded whole, in the solution's process."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One use of the solution in a test, and the enclosing nodes it may be widened to."""
+
+    levels: tuple[str, ...]
+    """Source run in the solution's process: level 0 is the probe, level `l` the `l`-th
+    enclosing node with the previous level's value as `__toolenv_v__`."""
+    paths: tuple[Path, ...]
+    """Where each level's node sits in the test's tree."""
+    unconditional: bool
+    """Always evaluated when the test runs (not behind `and`/`or`/`if`): its error fails the test."""
+
+
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
+
+
+class _ProbeError(Exception):
+    """A probe the host check reads had failed in the solution's process."""
+
+
+#: What the host evaluates of a test: a function of the probes' values and errors.
+Expr = Callable[[dict[int, object], dict[int, str]], Any]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One assert the host can check on the probes' values without running any code: made
+    of literals, the probes, comparisons, `and`/`or`/`not`, `+`/`-` of numbers and `abs`."""
+
+    expr: Expr
+    message: str
+
+
+@dataclass(frozen=True)
+class SplitTest:
+    """A test split into probes and the trusted rest."""
+
+    tree: ast.Module
+    context: str
+    """The test's own statements that the probes need (imports, variables), run before them."""
+    probes: tuple[Probe, ...]
+    checks: tuple[Check, ...] | None = None
+    """The test as plain checks the host can make on the values (`assert f(x) == [1, 2]`), or None."""
+
+    def decide(self, values: dict[int, object], errors: dict[int, str]) -> tuple[bool, str] | None:
+        """The verdict from the probes' values without running code, when the test is plain checks.
+
+        Comparing plain data (builtin types, `Fraction`, `Decimal`) with a literal runs no code
+        of the solution's or the test's, so the trusted run is only needed for other tests.
+        """
+        if self.checks is None:
+            return None
+        for check in self.checks:
+            try:
+                ok = bool(check.expr(values, errors))
+            except _ProbeError as exc:
+                return False, str(exc)
+            except _Undecided:
+                return None
+            except (TypeError, ValueError, ArithmeticError, RecursionError, MemoryError) as exc:
+                return False, f"{type(exc).__name__}: {exc}"[:300]  # `<` between types, as the test would raise
+            if not ok:
+                return False, f"AssertionError: {check.message}"[:300]
+        return True, ""
+
+    def trusted_source(self, levels: list[int]) -> str:
+        """The test with probe `k`'s node at `levels[k]` replaced by `__toolenv_probe__(k)`."""
+        tree = copy.deepcopy(self.tree)
+        for k, (probe, level) in enumerate(zip(self.probes, levels, strict=True)):
+            *parent_path, (field, index) = probe.paths[level]
+            parent: ast.AST = tree
+            for name, i in parent_path:
+                parent = getattr(parent, name) if i is None else getattr(parent, name)[i]
+            call = ast.Call(ast.Name(PROBE, ast.Load()), [ast.Constant(k)], [])
+            if index is None:
+                setattr(parent, field, call)
+            else:
+                getattr(parent, field)[index] = call
+        return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _parse(source: str) -> ast.Module | None:
+    try:
+        with warnings.catch_warnings():  # dataset tests hold invalid escapes ("\\d") that warn
+            warnings.simplefilter("ignore")
+            return ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _loads(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _bound(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement binds."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    return {
+        n.id
+        for n in ast.walk(stmt)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)) and not _inside_scope(stmt, n)
+    }
+
+
+def _inside_scope(stmt: ast.stmt, target: ast.AST) -> bool:
+    """`target` is bound inside a comprehension or lambda of `stmt` (its own scope)."""
+    return any(
+        isinstance(n, _SCOPED) and any(m is target for m in ast.walk(n)) for n in ast.walk(stmt) if n is not stmt
+    )
+
+
+def _globals_used(stmt: ast.stmt) -> set[str]:
+    """Module-level names a statement reads, in its own code or in the functions it defines."""
+    try:
+        top = symtable.symtable(ast.unparse(stmt), "<setup>", "exec")
+    except (SyntaxError, ValueError, RecursionError):
+        return _loads(stmt)
+    names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        names |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
+        tables += table.get_children()
+    return names
+
+
+def _scope_locals(node: ast.AST) -> set[str]:
+    """Names bound by comprehensions and lambdas inside `node` (their own variables)."""
+    names: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Lambda):
+            a = n.args
+            names |= {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+        elif isinstance(n, ast.comprehension):
+            names |= {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
+    return names
+
+
+@dataclass
+class _Env:
+    """What the trusted side can resolve: builtins, the prompt's and the setup's trusted names."""
+
+    trusted: set[str]
+    tainted: set[str]
+    across: set[str]  # names some test binds: another test may rely on them
+    shadowed: set[str]  # builtin names the prompt, the setup or the test rebinds
+
+
+def _environment(setup: str, prefix: str, entry_points: tuple[str, ...]) -> tuple[_Env, str] | None:
+    """Classify the prompt's and the setup's names; the trusted part of the setup."""
+    tainted = set(entry_points)
+    prefix_tree = _parse(prefix) if prefix else ast.Module([], [])
+    setup_tree = _parse(setup) if setup else ast.Module([], [])
+    if setup_tree is None:
+        return None
+    prefix_names: set[str] = set()
+    for stmt in prefix_tree.body if prefix_tree is not None else []:
+        prefix_names |= _bound(stmt)
+    trusted = prefix_names - tainted
+    kept: list[ast.stmt] = []
+    for stmt in setup_tree.body:
+        used = _globals_used(stmt)
+        unknown = {n for n in used if n not in trusted and n not in _BUILTINS and n not in _STDLIB}
+        if used & tainted or unknown:
+            tainted |= _bound(stmt)
+            trusted -= _bound(stmt)
+        else:
+            kept.append(stmt)
+            trusted |= _bound(stmt) - tainted
+    shadowed = (prefix_names | {n for s in setup_tree.body for n in _bound(s)}) & _BUILTINS
+    env = _Env(trusted=trusted, tainted=tainted, across=set(), shadowed=shadowed)
+    return env, "\n".join(ast.unparse(s) for s in kept)
+
+
+class _Splitter:
+    """Find the probes of one test's asserts."""
+
+    def __init__(self, env: _Env, local: set[str]) -> None:
+        self.env = env
+        self.local = local  # names this test bound before the current statement
+        self.probes: list[tuple[list[ast.AST], list[Path], bool]] = []
+
+    def tainted(self, name: str, scoped: set[str]) -> bool:
+        if name in scoped:
+            return False
+        if name in self.local:
+            return False
+        if name in self.env.across:
+            raise _Unsplittable(f"uses {name}, which another test binds")
+        if name in self.env.tainted:
+            return True
+        return not (name in self.env.trusted or name in _BUILTINS or name in _STDLIB)
+
+    def dependent(self, node: ast.AST) -> bool:
+        """Whether `node` reads a name of the solution."""
+        scoped = _scope_locals(node)
+        return any(
+            isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and self.tainted(n.id, scoped)
+            for n in ast.walk(node)
+        )
+
+    def visit(self, node: ast.AST, path: Path, chain: list[ast.AST], conditional: bool) -> None:
+        """Find the probes under `node` (`chain`: its ancestors, innermost last)."""
+        if not self.dependent(node):
+            return
+        if isinstance(node, _SCOPED + _UNSPLITTABLE):
+            raise _Unsplittable("uses the solution inside a comprehension, a lambda or an assignment expression")
+        if isinstance(node, ast.Name):
+            raise _Unsplittable(f"uses {node.id} as a value")
+        if self.is_probe(node):
+            self.add_probe(node, path, chain, conditional)
+            return
+        for field, value in ast.iter_fields(node):
+            items = value if isinstance(value, list) else [value]
+            for i, child in enumerate(items):
+                if not isinstance(child, ast.AST):
+                    continue
+                later = conditional or _conditional(node, field, i)
+                index = i if isinstance(value, list) else None
+                self.visit(child, (*path, (field, index)), [*chain, node], later)
+
+    def is_probe(self, node: ast.AST) -> bool:
+        """A call of the solution, or an attribute or item of one of its names."""
+        if isinstance(node, ast.Call):
+            return self.dependent(node.func)
+        if isinstance(node, ast.Attribute):
+            return True  # its value is dependent, as the node is
+        if isinstance(node, ast.Subscript):
+            return self.dependent(node.value)
+        return False
+
+    def add_probe(self, node: ast.AST, path: Path, chain: list[ast.AST], conditional: bool) -> None:
+        levels, paths = [node], [path]
+        for parent in reversed(chain):
+            if not self.climbable(parent, levels[-1]):
+                break
+            levels.append(parent)
+            paths.append(paths[-1][:-1])
+        self.probes.append((levels, paths, not conditional))
+
+    def climbable(self, parent: ast.AST, child: ast.AST) -> bool:
+        """Whether a value that is not plain data may be widened to `parent` in the solution's
+        process: an attribute, a constant item, a call without arguments, or a converter builtin
+        applied to it alone. Never a comparison or an operator: those hold the expected side."""
+        if isinstance(parent, ast.Attribute):
+            return parent.value is child
+        if isinstance(parent, ast.Subscript):
+            return parent.value is child and _constant(parent.slice)
+        if isinstance(parent, ast.Call):
+            if parent.func is child:
+                return not parent.args and not parent.keywords
+            func = parent.func
+            return (
+                isinstance(func, ast.Name)
+                and func.id in _CONVERTERS
+                and func.id not in self.env.shadowed
+                and func.id not in self.local
+                and not self.env.tainted & {func.id}
+                and len(parent.args) == 1
+                and parent.args[0] is child
+                and not parent.keywords
+            )
+        return False
+
+
+def _constant(node: ast.AST) -> bool:
+    """A literal index or slice (`0`, `-1`, `1:3`, `'key'`): it reveals nothing of the answer."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _constant(node.operand)
+    if isinstance(node, ast.Slice):
+        return all(p is None or _constant(p) for p in (node.lower, node.upper, node.step))
+    if isinstance(node, ast.Tuple):
+        return all(_constant(e) for e in node.elts)
+    return False
+
+
+def _conditional(node: ast.AST, field: str, index: int) -> bool:
+    """Whether the child at `field[index]` of `node` may not be evaluated when `node` is."""
+    if isinstance(node, ast.BoolOp):
+        return index > 0
+    if isinstance(node, ast.IfExp):
+        return field != "test"
+    if isinstance(node, ast.Compare):  # `a < f(x) < g(y)`: g(y) only when the first comparison holds
+        return field == "comparators" and index > 0
+    return isinstance(node, ast.Assert) and field == "msg"
+
+
+_ARITHMETIC: dict[type[ast.operator], Callable[[Any, Any], Any]] = {ast.Add: operator.add, ast.Sub: operator.sub}
+_NUMBERS = (bool, int, float, complex, Fraction, Decimal)
+
+
+class _Undecided(Exception):
+    """The host leaves this test to the trusted run."""
+
+
+def _number(value: object) -> object:
+    """`value` when it is a number: `+` and `-` of anything else (lists, str) are left to the
+    trusted run, where they cannot tie up the host."""
+    if type(value) not in _NUMBERS:
+        raise _Undecided
+    return value
+
+
+def _expr(node: ast.AST, nodes: list[ast.AST], env: _Env, local: set[str]) -> Expr | None:
+    """`node` as a function of the probes' values, or None when it is not made of what the
+    host may evaluate (literals, probes, comparisons, `and`/`or`/`not`, `+`/`-`, `abs`)."""
+    if any(node is n for n in nodes):
+        k = next(i for i, n in enumerate(nodes) if n is node)
+
+        def probe(values: dict[int, object], errors: dict[int, str]) -> object:
+            if k in errors:
+                raise _ProbeError(errors[k])
+            return values[k]
+
+        return probe
+    try:
+        literal = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    else:
+        return lambda values, errors: literal
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        inner = _expr(node.operand, nodes, env, local)
+        if inner is None:
+            return None
+        if isinstance(node.op, ast.Not):
+            return lambda values, errors: not inner(values, errors)
+        return lambda values, errors: -_number(inner(values, errors))  # type: ignore[operator]
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        fn, left, right = (
+            _ARITHMETIC[type(node.op)],
+            _expr(node.left, nodes, env, local),
+            _expr(node.right, nodes, env, local),
+        )
+        if left is None or right is None:
+            return None
+        return lambda values, errors: fn(_number(left(values, errors)), _number(right(values, errors)))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "abs":
+        if "abs" in env.shadowed | env.tainted | local | env.trusted or len(node.args) != 1 or node.keywords:
+            return None
+        arg = _expr(node.args[0], nodes, env, local)
+        if arg is None:
+            return None
+        return lambda values, errors: abs(_number(arg(values, errors)))  # type: ignore[arg-type]
+    if isinstance(node, ast.BoolOp):
+        parts = [_expr(v, nodes, env, local) for v in node.values]
+        if any(p is None for p in parts):
+            return None
+        is_and = isinstance(node.op, ast.And)
+
+        def boolop(values: dict[int, object], errors: dict[int, str]) -> object:
+            result: object = None
+            for part in parts:
+                result = part(values, errors)  # type: ignore[misc]
+                if bool(result) != is_and:
+                    return result
+            return result
+
+        return boolop
+    if isinstance(node, ast.Compare):
+        operands = [_expr(v, nodes, env, local) for v in (node.left, *node.comparators)]
+        if any(p is None for p in operands):
+            return None
+        if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            sides = (node.left, *node.comparators)
+            if not all(any(n is s for n in nodes) or _singleton(s) for s in sides):
+                return None
+        ops = [_COMPARE[type(op)] for op in node.ops]
+
+        def compare(values: dict[int, object], errors: dict[int, str]) -> object:
+            left = operands[0](values, errors)  # type: ignore[misc]
+            for op, operand in zip(ops, operands[1:], strict=True):
+                right = operand(values, errors)  # type: ignore[misc]
+                if not op(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
+    return None
+
+
+def _singleton(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and (node.value is None or type(node.value) is bool)
+
+
+def _checks(tree: ast.Module, nodes: list[ast.AST], env: _Env) -> tuple[Check, ...] | None:
+    """The test as checks the host makes on the probes' values, or None when it is anything else."""
+    checks = []
+    for stmt in tree.body:
+        if not isinstance(stmt, ast.Assert):
+            return None
+        if stmt.msg is None:
+            message = ""
+        elif isinstance(stmt.msg, ast.Constant):
+            message = str(stmt.msg.value)
+        else:
+            return None
+        expr = _expr(stmt.test, nodes, env, set())
+        if expr is None:
+            return None
+        checks.append(Check(expr, message))
+    return tuple(checks)
+
+
+def _split_one(tree: ast.Module, env: _Env, shared: set[str]) -> tuple[str, list[Probe], tuple[Check, ...] | None]:
+    """Probes and context of one parsed test; raises `_Unsplittable`.
+
+    `shared`: names other tests read (what this test binds of them is run in the solution's
+    process too, where those tests may run whole). A standard module the test uses without
+    importing it (the solution's import, in the solution's process) is imported.
+    """
+    own = set().union(*(_bound(s) for s in tree.body)) if tree.body else set()
+    used = _loads(tree) - _scope_locals(tree) - own - env.trusted - env.tainted - env.across - _BUILTINS
+    tree.body[:0] = [ast.Import([ast.alias(name)]) for name in sorted(used & _STDLIB)]
+    local: set[str] = set()
+    statements: list[tuple[ast.stmt, set[str]]] = []  # context statements and the names they bind
+    found: list[tuple[list[ast.AST], list[Path], bool]] = []
+    handed: set[str] = set()  # the test's variables that a probe hands to the solution
+    for s, stmt in enumerate(tree.body):
+        splitter = _Splitter(env, local)
+        if isinstance(stmt, ast.Assert):
+            if stmt.msg is not None and splitter.dependent(stmt.msg):
+                stmt.msg = None  # a message that would call the solution: left out
+            splitter.visit(stmt.test, (("body", s), ("test", None)), [tree, stmt], False)
+            nodes = [levels[0] for levels, _, _ in splitter.probes]
+            handed |= {n for node in nodes for n in _loads(node)} & local
+            if _names_outside(stmt.test, nodes) & handed:
+                raise _Unsplittable("checks a variable that the solution was handed")
+            found += splitter.probes
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+                raise _Unsplittable("star import")
+            statements.append((stmt, _bound(stmt)))
+        elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Pass)):
+            if splitter.dependent(stmt):
+                raise _Unsplittable("a statement outside the asserts uses the solution")
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            for target in targets:
+                if target is not None and not all(
+                    isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store)) for n in ast.walk(target)
+                ):
+                    raise _Unsplittable("assigns to something other than a name")
+            if handed & _loads(stmt):
+                raise _Unsplittable("reads a variable after the solution may have changed it")
+            statements.append((stmt, _bound(stmt)))
+        else:
+            raise _Unsplittable(f"has a {type(stmt).__name__} statement")
+        local |= _bound(stmt)
+    for stmt, names in statements:  # run in the solution's process for the other tests' sake
+        if names & shared and not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            raise _Unsplittable("binds a variable other tests read: it would be in the solution's process")
+    needed = handed | (shared & local)
+    context: list[ast.stmt] = []
+    for stmt, names in reversed(statements):
+        if names & needed:
+            context.append(stmt)
+            needed |= _loads(stmt) - _scope_locals(stmt)
+    context.reverse()
+    probes = [
+        Probe(
+            levels=tuple(_level_source(levels, i) for i in range(len(levels))),
+            paths=tuple(paths),
+            unconditional=unconditional,
+        )
+        for levels, paths, unconditional in found
+    ]
+    checks = _checks(tree, [levels[0] for levels, _, _ in found], env)
+    return "\n".join(ast.unparse(s) for s in context), probes, checks
+
+
+def _names_outside(node: ast.AST, probes: list[ast.AST]) -> set[str]:
+    """Names `node` reads outside the probe subtrees."""
+    if any(node is p for p in probes):
+        return set()
+    names = {node.id} if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) else set()
+    for child in ast.iter_child_nodes(node):
+        names |= _names_outside(child, probes)
+    return names
+
+
+def _level_source(levels: list[ast.AST], i: int) -> str:
+    """Level `i` of a probe, with level `i - 1` as `__toolenv_v__`."""
+    if i == 0:
+        return ast.unparse(levels[0])
+    node = copy.copy(levels[i])
+    inner = levels[i - 1]
+    for field, value in ast.iter_fields(node):
+        if value is inner:
+            setattr(node, field, ast.Name(INNER, ast.Load()))
+        elif isinstance(value, list) and any(v is inner for v in value):
+            setattr(node, field, [ast.Name(INNER, ast.Load()) if v is inner else v for v in value])
+    return ast.unparse(node)
+
+
+@functools.lru_cache(maxsize=4096)
+def split_tests(
+    tests: tuple[str, ...], setup: str, prefix: str, entry_points: tuple[str, ...]
+) -> tuple[tuple[SplitTest | None, ...], str]:
+    """Each test split (None: graded whole, in the solution's process), and the setup's trusted part."""
+    found = _environment(setup, prefix, entry_points)
+    if found is None:
+        return tuple(None for _ in tests), ""
+    env, trusted_setup = found
+    trees = [_parse(t) for t in tests]
+    for tree in trees:
+        for stmt in tree.body if tree is not None else []:
+            if not isinstance(stmt, ast.Assert):
+                env.across |= _bound(stmt)
+    for tree in trees:
+        for stmt in tree.body if tree is not None else []:
+            env.shadowed |= _bound(stmt) & _BUILTINS
+    out: list[SplitTest | None] = []
+    for tree in trees:
+        if tree is None:
+            out.append(None)
+            continue
+        own = set().union(*(_bound(s) for s in tree.body)) if tree.body else set()
+        test_env = _Env(env.trusted, env.tainted, env.across - own, env.shadowed)
+        shared = set().union(*(_loads(t) for t in trees if t is not None and t is not tree))
+        try:
+            context, probes, checks = _split_one(tree, test_env, shared)
+        except (_Unsplittable, RecursionError, MemoryError):  # (a test nested too deeply stays whole)
+            out.append(None)
+            continue
+        out.append(SplitTest(tree=tree, context=context, probes=tuple(probes), checks=checks))
+    return tuple(out), trusted_setup
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+class _Bad(ValueError):
+    pass
+
+
+def decode_value(text: str) -> object:
+    """The plain data a probe's report encodes; `ValueError` for anything else.
+
+    The grammar: literals of None, bools, numbers, str and bytes, lists, tuples, dicts and
+    sets of them, `set()`, `frozenset({...})`, `complex(re, im)`, `Fraction(n, d)`,
+    `Decimal('...')`, and the names `nan` and `inf`. Nothing is evaluated.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+        return _decode(tree.body)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, ZeroDivisionError, ArithmeticError) as e:
+        raise ValueError(f"not a plain value: {type(e).__name__}") from None
+
+
+_ATOMS = (type(None), bool, int, float, str, bytes)
+_FRACTION_BITS = 1 << 14
+_DECIMAL_CHARS = 5000
+
+
+def _decode(node: ast.expr) -> object:
+    if isinstance(node, ast.Constant) and type(node.value) in _ATOMS:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _decode(node.operand)
+        if type(value) in (int, float):
+            return -value  # type: ignore[operator]
+        raise _Bad("minus on a non-number")
+    if isinstance(node, ast.Name) and node.id in ("nan", "inf"):
+        return float(node.id)
+    if isinstance(node, ast.List):
+        return [_decode(e) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_decode(e) for e in node.elts)
+    if isinstance(node, ast.Set):
+        return {_decode(e) for e in node.elts}
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise _Bad("** in a dict")
+        return {_decode(k): _decode(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        name = node.func.id
+        args: list[Any] = [_decode(a) for a in node.args]
+        types = [type(a) for a in args]
+        if name == "set" and not args:
+            return set()
+        if name == "frozenset" and types in ([], [set]):
+            return frozenset(*args)
+        if name == "complex" and len(args) == 2 and all(t in (int, float) for t in types):
+            return complex(args[0], args[1])
+        # (normalising a fraction of huge ints would tie up the host)
+        if name == "Fraction" and types == [int, int] and all(abs(a).bit_length() <= _FRACTION_BITS for a in args):
+            return Fraction(args[0], args[1])
+        if name == "Decimal" and types == [str] and len(args[0]) <= _DECIMAL_CHARS:
+            return Decimal(args[0])
+    raise _Bad(f"unexpected {type(node).__name__}")
+
+
+def encode_value(value: object) -> str:
+    """Source text for `value` (as `decode_value` returns it) in the same grammar."""
+    t = type(value)
+    if t is float:
+        f: float = value  # type: ignore[assignment]
+        if math.isnan(f):
+            return "nan"
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"
+        return repr(f)
+    if t in (type(None), bool, str, bytes):
+        return repr(value)
+    if t is int:
+        n: int = value  # type: ignore[assignment]
+        return hex(n) if n.bit_length() > 4096 else repr(n)
+    if t is complex:
+        c: complex = value  # type: ignore[assignment]
+        return f"complex({encode_value(c.real)}, {encode_value(c.imag)})"
+    if t is Fraction:
+        q: Fraction = value  # type: ignore[assignment]
+        return f"Fraction({encode_value(q.numerator)}, {encode_value(q.denominator)})"
+    if t is Decimal:
+        return f"Decimal({str(value)!r})"
+    if t is list:
+        return "[" + ", ".join(encode_value(v) for v in value) + "]"  # type: ignore[attr-defined]
+    if t is tuple:
+        items = [encode_value(v) for v in value]  # type: ignore[attr-defined]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if t is dict:
+        return "{" + ", ".join(f"{encode_value(k)}: {encode_value(v)}" for k, v in value.items()) + "}"  # type: ignore[attr-defined]
+    if t in (set, frozenset):
+        inner = "{" + ", ".join(encode_value(v) for v in value) + "}" if value else ""  # type: ignore[attr-defined]
+        return f"frozenset({inner})" if t is frozenset else (inner or "set()")
+    raise TypeError(f"not plain data: {t.__name__}")
