@@ -3,7 +3,10 @@
 For three snippets (trivial print, a 50 ms compute loop, a failing snippet) it
 measures sequential latency (median, p90) and throughput (executions per second
 with as many parallel callers as the pool has servers), prints a side-by-side
-table with ratios and writes bench/results/code.json.
+table with ratios and writes bench/results/code.json. A second table times the
+hidden-test grader on reference solutions, split (the default: the solution's
+process never holds the expected values) against every test run in the solution's
+process (`split_tests=False`), the two taking turns.
 
 Usage: python bench/bench_code.py [--quick]
 """
@@ -20,6 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from _common import parse_args, table, write
 
 from toolenv_code import get_pool, isolation_report
+from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
+from toolenv_code.grading import TestSpec, run_tests
+
+#: Reference solutions graded in the grading table: typical tasks, and one whose tests need the
+#: second (trusted) run because the host cannot decide them from plain comparisons.
+GRADED = ("HumanEval/0", "HumanEval/151", "MBPP/11", "MBPP/324")
 
 SNIPPETS = {
     "trivial": "print(1)",
@@ -53,6 +62,36 @@ def throughput(fn: Callable[[str], None], code: str, n: int, workers: int) -> fl
     return n / (time.perf_counter() - start)
 
 
+def grading_rows(rounds: int) -> list[dict[str, float | str]]:
+    """Median ms per grading of each GRADED reference solution, split and in-process, in turns."""
+    tasks = {t.id: t for t in [*humaneval_tasks(), *mbpp_tasks()] if t.id in GRADED}
+    rows: list[dict[str, float | str]] = []
+    for task_id in GRADED:
+        task = tasks[task_id]
+        fields = {k: v for k, v in task.context.items() if k in TestSpec.model_fields}
+        split, whole = TestSpec.model_validate(fields), TestSpec.model_validate({**fields, "split_tests": False})
+        answer = task.answers[0]
+        assert run_tests(answer, split).fraction == 1.0 and run_tests(answer, whole).fraction == 1.0, task_id
+        times: dict[str, list[float]] = {"split": [], "whole": []}
+        for _ in range(rounds):
+            for label, spec in (("split", split), ("whole", whole)):
+                start = time.perf_counter()
+                run_tests(answer, spec)
+                times[label].append((time.perf_counter() - start) * 1000)
+        report = run_tests(answer, split)
+        rows.append(
+            {
+                "task": task_id,
+                "tests": len(split.tests),
+                "split_tests": sum(report.split),
+                "split_ms": statistics.median(times["split"]),
+                "in_process_ms": statistics.median(times["whole"]),
+                "ratio": statistics.median(times["split"]) / statistics.median(times["whole"]),
+            }
+        )
+    return rows
+
+
 def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     n_lat, n_tp = (10, 10) if args.quick else (200, 200)
@@ -78,7 +117,17 @@ def main() -> int:
             "subprocess_per_s", "latency_ratio", "throughput_ratio"]  # fmt: skip
     header = ["snippet", "toolenv ms", "p90", "exec/s", "python -c ms", "p90", "exec/s", "latency x", "exec/s x"]
     table([[r["snippet"], *(float(r[k]) for k in keys)] for r in rows], header)
-    write("code", {"quick": args.quick, "workers": workers, "isolation": report.model_dump(), "rows": rows}, args.out)
+    grading = grading_rows(5 if args.quick else 60)
+    print("\ngrading a reference solution: split (the default) against every test in the solution's process")
+    table(
+        [[g["task"], g["tests"], g["split_tests"], g["split_ms"], g["in_process_ms"], g["ratio"]] for g in grading],
+        ["task", "tests", "split", "split ms", "in-process ms", "× in-process"],
+    )
+    write(
+        "code",
+        {"quick": args.quick, "workers": workers, "isolation": report.model_dump(), "rows": rows, "grading": grading},
+        args.out,
+    )
     return 0
 
 
