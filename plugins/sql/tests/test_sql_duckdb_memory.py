@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import decimal
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -176,11 +177,30 @@ def test_a_stuck_worker_is_killed_and_replaced(shop: Path) -> None:
     assert new != old
 
 
+@pytest.mark.parametrize(
+    ("signum", "message"),
+    [
+        (signal.SIGKILL, "DuckDB error: the query process was killed by signal 9 (SIGKILL) before it answered. Run"),
+        (signal.SIGTERM, "DuckDB error: the query process was killed by signal 15 (SIGTERM) before it answered. Run"),
+        # An abort is what an allocation that fails outside DuckDB's reach ends in: memory.
+        (
+            signal.SIGABRT,
+            "DuckDB error: the query needed more memory than a query may use (2 GiB) and was stopped."
+            " Select fewer or shorter values. (The query process was killed by signal 6 (SIGABRT).)",
+        ),
+    ],
+)
 def test_a_worker_that_dies_mid_query_is_a_clear_error_and_is_replaced(
-    shop: Path, monkeypatch: pytest.MonkeyPatch
+    shop: Path, monkeypatch: pytest.MonkeyPatch, signum: int, message: str
 ) -> None:
-    """Killed while it runs a query (as the kernel's OOM killer would): an SQLError about memory, not a hang."""
-    old, sent = _stopped_worker(shop, monkeypatch)
+    """Killed while it runs a query: an SQLError saying what happened, not a hang. Every death
+    used to be reported as the query needing too much memory, a kill from outside too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # the worker (started next) leaves no core file
+    try:
+        old, sent = _stopped_worker(shop, monkeypatch)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
     outcome: list[BaseException | QueryResult] = []
 
     def query() -> None:
@@ -192,11 +212,12 @@ def test_a_worker_that_dies_mid_query_is_a_clear_error_and_is_replaced(
     thread = threading.Thread(target=query)
     thread.start()
     assert sent.wait(30)
-    os.kill(old, signal.SIGKILL)
+    os.kill(old, signum)
+    os.kill(old, signal.SIGCONT)  # (a stopped process only gets SIGKILL)
     thread.join(30)
     (error,) = outcome
     assert isinstance(error, SQLError) and not isinstance(error, QueryTimeout)
-    assert str(error).startswith("DuckDB error: the query needed more memory than a query may use (2 GiB)")
+    assert str(error).startswith(message) and "\n" not in str(error)
     assert _gone(old)
     assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
     assert duckdb_worker.worker_pids() != [old]
@@ -595,3 +616,119 @@ def test_threads_sharing_one_worker_take_turns(shop: Path, one_worker_pool: Any)
     hog.join(120)
     assert not errors
     assert counts[1:] == [1, 1]  # served in turn, while the hog kept asking
+
+
+# ---------------------------------------------------------------------------- starting and dying
+
+
+def _hanging_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, start_timeout: float = 60.0) -> Path:
+    """New workers never say they are ready (a start stuck on a slow disk, a hung import); the
+    file returned gets each one's pid."""
+    pids = tmp_path / "starting.pids"
+    bootstrap = (
+        "import os, time\n"
+        f"with open({str(pids)!r}, 'a') as out:\n"
+        "    out.write(f'{os.getpid()}\\n')\n"
+        "time.sleep(600)\n"
+    )
+    monkeypatch.setattr(duckdb_worker, "_BOOTSTRAP", bootstrap)
+    monkeypatch.setattr(duckdb_worker, "_START_TIMEOUT", start_timeout)
+    return pids
+
+
+def _started_pids(pids: Path) -> list[int]:
+    """The pids written to `pids` (polled for up to 30 s until there is one)."""
+    for _ in range(600):
+        if pids.exists() and pids.read_text().endswith("\n"):
+            return [int(line) for line in pids.read_text().split()]
+        threading.Event().wait(0.05)
+    raise AssertionError("no worker started")
+
+
+def test_a_start_that_hangs_is_bounded_by_the_query_timeout_and_cleaned_up(
+    shop: Path, tmp_path: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new worker that never became ready held its caller 60 s, whatever the query's timeout:
+    now it waits the timeout (5 s at least, as a start takes 0.2-0.8 s), gets a timeout error,
+    and the stuck process and its spill folder are gone."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with monkeypatch.context() as patch:
+        pids = _hanging_starts(patch, tmp_path, start_timeout=20.0)  # (60 s, whatever the query's timeout)
+        with pytest.raises(QueryTimeout, match=r"^The query did not start within 5 s: .*process") as info:
+            run_query(shop, "duckdb", COUNT, timeout=0.5)
+        assert "\n" not in str(info.value)
+    (pid,) = _started_pids(pids)
+    assert _gone(pid) and list(scratch.iterdir()) == []
+    assert run_query(shop, "duckdb", COUNT, timeout=30).rows == [(500,)]  # the next start is a good one
+
+
+def test_a_timeout_shorter_than_a_start_still_gets_a_worker(shop: Path, one_worker_pool: Any) -> None:
+    """The start is given at least 5 s: bounded by a 0.1 s timeout, no worker would ever be ready."""
+    assert run_query(shop, "duckdb", COUNT, timeout=0.1).rows == [(500,)]
+    assert duckdb_worker.worker_pids()
+
+
+async def test_cancelling_execute_while_its_worker_starts_kills_the_start(
+    shop: Path, tmp_path: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tool's guard fired while a new worker started: the pool thread waited on for the start."""
+    loop = asyncio.get_running_loop()
+    with monkeypatch.context() as patch:
+        pids = _hanging_starts(patch, tmp_path)
+        task = asyncio.ensure_future(execute(shop, "duckdb", COUNT, timeout=600))
+        (pid,) = await loop.run_in_executor(None, _started_pids, pids)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await loop.run_in_executor(None, _wait_until_gone, pid)
+    res = await execute(shop, "duckdb", COUNT, timeout=30)
+    assert res.rows == [(500,)]
+
+
+def test_a_worker_killed_with_half_its_cap_resident_is_reported_as_memory(
+    shop: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed with much memory resident (what the kernel's out-of-memory killer picks): memory.
+    (The cap is lowered after the worker started, to where its peak counts as half of it.)"""
+    old, sent = _stopped_worker(shop, monkeypatch)
+    monkeypatch.setattr(duckdb_worker, "MEMORY_CAP", 2 * _kib(old, "VmHWM") * 1024)
+    thread, outcome = _in_thread(lambda: run_query(shop, "duckdb", COUNT, timeout=60))
+    assert sent.wait(30)
+    os.kill(old, signal.SIGKILL)
+    thread.join(30)
+    (error,) = outcome
+    assert isinstance(error, SQLError) and not isinstance(error, QueryTimeout)
+    message = str(error)
+    assert message.startswith("DuckDB error: the query needed more memory than a query may use")
+    assert message.endswith("(The query process was killed by signal 9 (SIGKILL).)")
+    monkeypatch.undo()
+    assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "message"),
+    [
+        (3, SQLError, r"^DuckDB error: the query process exited with code 3 before it answered"),
+        (duckdb_worker._WATCHDOG_EXIT, QueryTimeout, r"^The query ran longer than 30 s and was stopped"),
+    ],
+)
+def test_a_worker_that_exits_mid_query_gives_its_exit_code(
+    shop: Path, one_worker_pool: Any, monkeypatch: pytest.MonkeyPatch, code: int, error: type, message: str
+) -> None:
+    """... or, for the exit of its own watchdog (its query outlived the deadline), the timeout error."""
+    exits = (
+        "import os, sys\n"
+        "from multiprocessing.connection import Connection\n"
+        "conn = Connection(int(sys.argv[1]))\n"
+        "conn.recv()\n"
+        "conn.send(('ready', None))\n"
+        "conn.recv()\n"
+        f"os._exit({code})\n"
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(duckdb_worker, "_BOOTSTRAP", exits)
+        with pytest.raises(error, match=message):
+            run_query(shop, "duckdb", COUNT, timeout=30)
+    assert run_query(shop, "duckdb", COUNT, timeout=30).rows == [(500,)]

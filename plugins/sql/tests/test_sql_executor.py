@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,54 @@ def _child_query(path: str) -> list[list[tuple[int, ...]]]:
     inline = run_query(Path(path), "sqlite", "SELECT sum(i) FROM n").rows
     pooled = asyncio.run(execute(Path(path), "sqlite", "SELECT max(i) FROM n", inline_budget=0)).rows
     return [inline, pooled]
+
+
+@pytest.fixture
+def write_locked(numbers_db: Path) -> Iterator[sqlite3.Connection]:
+    """A writer holding an exclusive lock on `numbers_db` (one uncommitted row added), as an
+    `immutable=False` database that is being updated may have; `rollback()` releases it."""
+    writer = sqlite3.connect(numbers_db, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("INSERT INTO n VALUES (-1, 1)")
+    yield writer
+    writer.close()
+
+
+async def test_a_locked_database_does_not_block_the_event_loop(
+    numbers_db: Path, write_locked: sqlite3.Connection
+) -> None:
+    """SQLite's own busy wait (5 s by default) ran on the event loop, twice (the width probe,
+    then the query), whatever `inline_budget` and the query's timeout: every env of the process
+    froze for 10 s, and the query failed past its timeout. Now the wait for the lock is the
+    query's, on the pool: the writer's rollback, run by the loop just after the call, lets it run."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(execute(numbers_db, "sqlite", "SELECT count(*) FROM n", timeout=4, immutable=False))
+    loop.call_soon(write_locked.rollback)
+    res = await task
+    assert res.rows == [(1000,)]
+
+
+def test_a_lock_held_past_the_timeout_is_a_timeout_and_leaves_no_trace(
+    numbers_db: Path, write_locked: sqlite3.Connection
+) -> None:
+    """The width probe failed on the lock and its fallback (the smallest value cap) was kept for
+    the query text: once the lock was gone, a 100 kB value was refused as too big."""
+    sql = "SELECT printf('%.*c', 100000, 'x') AS s FROM n LIMIT 1"
+    with pytest.raises(SQLError, match=r"longer than 0.2 s"):
+        run_query(numbers_db, "sqlite", sql, timeout=0.2, immutable=False)
+    write_locked.rollback()
+    (row,) = run_query(numbers_db, "sqlite", sql, timeout=30, immutable=False).rows
+    assert len(row[0]) == 100_000
+
+
+async def test_a_relative_path_is_taken_from_the_working_directory(
+    numbers_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Path.as_uri()` refused a relative path: a ValueError escaped where an SQLError or a result is promised."""
+    monkeypatch.chdir(numbers_db.parent)
+    relative = Path(numbers_db.name)
+    assert run_query(relative, "sqlite", "SELECT count(*) FROM n").rows == [(1000,)]
+    assert (await execute(relative, "sqlite", "SELECT max(i) FROM n", inline_budget=0)).rows == [(999,)]
+    assert sqlite_uri(relative) == sqlite_uri(numbers_db)
+    with pytest.raises(SQLError, match="unable to open"):
+        run_query(Path("missing.sqlite"), "sqlite", "SELECT 1")

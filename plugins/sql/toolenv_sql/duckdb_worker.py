@@ -11,12 +11,15 @@ by 60-200 %. So every DuckDB query runs in one of a few long-lived worker proces
   `memory_limit` of a quarter of it (at most 512 MiB); an allocation past the cap
   fails inside the worker, which DuckDB reports as an "Out of Memory Error";
 * a query's timeout counts from its call (`executor._Call`): the caller waits for
-  a free worker until then (starting one does not count), then for the answer until
-  then + `_GRACE`, then SIGKILLs the worker and raises `QueryTimeout`; a worker that
-  dies gives an `SQLError` saying the query needed more memory than a query may
-  use. The next query starts a fresh worker. A worker also ends itself `_GRACE`
-  after that, should its caller be gone. A caller that gives up (a cancelled
-  `execute`) kills the worker running its query;
+  a free worker until then, then for the answer until then + `_GRACE`, then SIGKILLs
+  the worker and raises `QueryTimeout`. Starting a worker does not count, but may
+  take the query's timeout at most (5 s at least, `_START_MIN`): one that is not
+  ready by then is killed and the caller gets `QueryTimeout`. A worker that dies gives an
+  `SQLError` saying how (signal or exit code), or that the query needed more memory
+  than a query may use when it aborted or had half its cap resident. The next query
+  starts a fresh worker. A worker also ends itself `_GRACE` after that, should its
+  caller be gone. A caller that gives up (a cancelled `execute`) kills the worker
+  running its query, or being started for it;
 * `TOOLENV_SQL_DUCKDB_WORKERS` workers at most (default: min(4, CPUs)) are started
   lazily. They ignore SIGINT, are SIGKILLed at exit, leave when their pipe closes,
   and a forked child starts its own;
@@ -84,7 +87,12 @@ AVAILABLE = resource is not None and hasattr(resource, "RLIMIT_AS") and MEMORY_C
 # Seconds the caller waits past a query's timeout (the worker interrupts the query at the
 # timeout itself) before it kills the worker.
 _GRACE = 1.0
-# Seconds a new worker may take to start (import duckdb) before it is given up.
+# How a worker's watchdog ends it (`os._exit`): its query ran past the deadline.
+_WATCHDOG_EXIT = 70
+# Seconds a new worker may take to start: the query's timeout, but at least `_START_MIN`
+# (a start takes 0.2-0.8 s: a shorter timeout would never see a worker) and at most
+# `_START_TIMEOUT`. One not ready by then is killed.
+_START_MIN = 5.0
 _START_TIMEOUT = 60.0
 # Open databases a worker keeps (each is a DuckDB instance with its own buffer pool).
 _WORKER_CONNECTIONS = 8
@@ -124,6 +132,12 @@ def _not_started_error(timeout: float) -> QueryTimeout:
 
 def _cancelled_error() -> SQLError:
     return SQLError("The query was cancelled.")
+
+
+def _slow_start_error(wait: float) -> QueryTimeout:
+    return QueryTimeout(
+        f"The query did not start within {wait:g} s: a new DuckDB query process was not ready in time. Run it again."
+    )
 
 
 # ---------------------------------------------------------------------------- the worker side
@@ -207,7 +221,7 @@ class _Watchdog(threading.Thread):
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     _remove(self.spill)
-                    os._exit(70)
+                    os._exit(_WATCHDOG_EXIT)
                 self.cond.wait(None if left == math.inf else left)
 
     def arm(self, seconds: float) -> None:
@@ -243,19 +257,25 @@ class _WorkerDied(Exception):
     """The worker's pipe closed before it answered."""
 
 
+class _SlowStart(Exception):
+    """A new worker did not say it was ready in time."""
+
+
 class _Worker:
     """One worker process and the parent's end of its socket pair."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: _Call | None = None) -> None:
+        """Start a worker for `call`, which waits for it at most its timeout (within
+        `_START_MIN` and `_START_TIMEOUT`) and kills it should its caller give up meanwhile."""
         # DuckDB's temporary directory: made here (mode 0700), it is this worker's alone.
         self.spill = tempfile.mkdtemp(prefix="toolenv-sql-duckdb-")
         try:
-            self._start()
+            self._start(call)
         except BaseException:
             shutil.rmtree(self.spill, ignore_errors=True)
             raise
 
-    def _start(self) -> None:
+    def _start(self, call: _Call | None) -> None:
         parent_end, child_end = socket.socketpair()
         with parent_end, child_end:
             env = dict(os.environ)
@@ -272,15 +292,25 @@ class _Worker:
             except OSError as exc:
                 raise SQLError(f"DuckDB error: the query process could not start ({exc}).") from None
             self.conn = Connection(parent_end.detach())
+        wait = _START_TIMEOUT if call is None else min(_START_TIMEOUT, max(_START_MIN, call.timeout))
+        if call is not None:
+            call.on_cancel(self.stop)  # a caller that gives up does not wait for the start
         try:
             self.conn.send((sys.path, MEMORY_CAP, self.spill))
-            if not self.conn.poll(_START_TIMEOUT):
-                raise _WorkerDied(f"it did not start within {_START_TIMEOUT:g} s")
+            if not self.conn.poll(wait):
+                raise _SlowStart
             self.conn.recv()
-        except (_WorkerDied, EOFError, OSError) as exc:
+        except (_SlowStart, EOFError, OSError) as exc:
             self.kill()
+            if call is not None and call.cancelled:
+                raise _cancelled_error() from None
+            if isinstance(exc, _SlowStart):
+                raise _slow_start_error(wait) from None
             reason = str(exc) or f"{type(exc).__name__}; see its error output"
             raise SQLError(f"DuckDB error: the query process could not start ({reason}).") from None
+        finally:
+            if call is not None:
+                call.on_cancel(None)
 
     @property
     def pid(self) -> int:
@@ -307,6 +337,25 @@ class _Worker:
         if self.proc.returncode is None:
             with contextlib.suppress(OSError):
                 self.proc.send_signal(signal.SIGKILL)
+
+    def reap(self, wait: float) -> tuple[int, int]:
+        """Wait up to `wait` s for the process to end (then kill it) and reap it: its exit code
+        (-N: killed by signal N) and its peak resident memory in bytes (0 if unknown)."""
+        deadline = time.monotonic() + wait
+        delay = 0.0005
+        while True:
+            try:
+                pid, status, usage = os.wait4(self.pid, 0 if time.monotonic() > deadline else os.WNOHANG)
+            except ChildProcessError:  # reaped by `Popen` meanwhile, which knows its code
+                return self.proc.wait(), 0
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                return self.proc.returncode, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            if time.monotonic() > deadline:  # its pipe closed, yet it lives on: it goes now
+                self.stop()
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
 
     def kill(self) -> None:
         """Kill and reap the process, close its pipe and remove its spill folder."""
@@ -371,7 +420,7 @@ class _Pool:
             call.on_cancel(None)
         started = time.monotonic()
         try:
-            worker = _Worker()
+            worker = _Worker(call)
         finally:
             with self.cond:
                 self.starting -= 1
@@ -423,7 +472,7 @@ class _Pool:
                     raise _cancelled_error() from None
                 if self.closed:
                     raise SQLError("DuckDB error: the query processes were shut down.") from None
-                raise _death_error(worker) from None
+                raise _death_error(worker, call.timeout) from None
             finally:
                 call.on_cancel(None)
             if reply is None:
@@ -457,17 +506,26 @@ class _Pool:
             worker.stop()
 
 
-def _death_error(worker: _Worker) -> SQLError:
-    try:
-        code = worker.proc.wait(5)
-    except subprocess.TimeoutExpired:  # its pipe closed, yet it lives on: it goes now
-        worker.kill()
-        code = worker.proc.wait()
-    if code < 0 and code != -signal.SIGKILL:
-        # Killed by a signal (an abort from a failed allocation, a crash).
-        error = _memory_error()
-        return SQLError(f"{error} (The query process ended with signal {signal.Signals(-code).name}.)")
-    return _memory_error()
+def _death_error(worker: _Worker, timeout: float) -> SQLError:
+    """What ended a worker before it answered. Its own watchdog: the query's timeout. Memory,
+    when it aborted (what an allocation that failed outside DuckDB's reach ends in) or its
+    resident memory had reached half the cap (the kernel's out-of-memory killer); otherwise
+    the signal or exit code as it is (killed from outside, a crash)."""
+    code, peak = worker.reap(5)
+    if code == _WATCHDOG_EXIT:  # (its caller, late, had not killed it at the deadline + `_GRACE` yet)
+        return _timeout_error(timeout)
+    if code < 0:
+        number = -code
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"SIG{number}"
+        how = f"was killed by signal {number} ({name})"
+    else:
+        how = f"exited with code {code}"
+    if code == -signal.SIGABRT or peak >= MEMORY_CAP // 2:
+        return SQLError(f"{_memory_error()} (The query process {how}.)")
+    return SQLError(f"DuckDB error: the query process {how} before it answered. Run the query again.")
 
 
 _pool: _Pool | None = None

@@ -20,6 +20,7 @@ default); only one that outlives it is interrupted and re-run on the pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import os
@@ -59,6 +60,10 @@ _MAX_KEPT_BYTES = 16_000_000
 # sqlite3_limit() categories (C API constants; the sqlite3 module names them from Python 3.11 on).
 _SQLITE_LIMIT_LENGTH = 0
 _SQLITE_LIMIT_ATTACHED = 7
+_SQLITE_BUSY = 5
+# Seconds between tries while another connection holds a lock (doubling up to the max).
+_LOCK_PAUSE = 0.001
+_LOCK_PAUSE_MAX = 0.05
 
 _SQLITE_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
 # Without `Connection.setlimit` (Python 3.10) the value-size cap cannot be set, so the two
@@ -85,8 +90,9 @@ class QueryResult:
 
 
 def sqlite_uri(path: Path, *, immutable: bool = True) -> str:
-    """A read-only `file:` URI for `path` (percent-encoded, so a path cannot add URI parameters)."""
-    return path.as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+    """A read-only `file:` URI for `path` (percent-encoded, so a path cannot add URI parameters;
+    a relative path is taken from the working directory)."""
+    return Path(os.path.abspath(path)).as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
 
 
 def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
@@ -99,12 +105,23 @@ def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None
     return sqlite3.SQLITE_DENY
 
 
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """True when `exc` is SQLITE_BUSY: another connection holds a lock the query needs."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return bool(code & 0xFF == _SQLITE_BUSY)
+    return str(exc).startswith("database is locked")
+
+
 class _SQLiteConnection:
     """One read-only SQLite connection with a per-query deadline checked by the progress handler."""
 
     def __init__(self, path: Path, immutable: bool) -> None:
         self.deadline = math.inf
-        self.conn = sqlite3.connect(sqlite_uri(path, immutable=immutable), uri=True, isolation_level=None)
+        self._call: _Call | None = None  # the running query's call, whose caller may give up on it
+        # timeout=0: no busy wait inside SQLite, which sees neither the deadline nor a cancel and,
+        # inline, held the event loop (5 s by default); `run` waits for a lock instead.
+        self.conn = sqlite3.connect(sqlite_uri(path, immutable=immutable), uri=True, isolation_level=None, timeout=0)
         if hasattr(self.conn, "enable_load_extension"):  # absent when Python is built without it
             self.conn.enable_load_extension(False)
         setlimit = getattr(self.conn, "setlimit", None)  # Python >= 3.11
@@ -117,7 +134,13 @@ class _SQLiteConnection:
         self._widths: OrderedDict[str, int] = OrderedDict()  # SQL text → result columns
 
     def _past_deadline(self) -> int:
-        return 1 if time.monotonic() > self.deadline else 0
+        call = self._call
+        return 1 if time.monotonic() > self.deadline or (call is not None and call.cancelled) else 0
+
+    def interrupt(self) -> None:
+        """Stop the running query now (from any thread); it raises an "interrupted" error."""
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.interrupt()
 
     def _columns(self, sql: str) -> int:
         """How many columns `sql` returns, learnt without computing a row (`_MAX_COLUMNS` if unknown)."""
@@ -127,8 +150,12 @@ class _SQLiteConnection:
                 probe = self.conn.execute(f"SELECT * FROM (\n{_statement_body(sql)}\n) LIMIT 0")
                 width = len(probe.description or ()) or _MAX_COLUMNS
                 probe.close()
-            except (sqlite3.Error, sqlite3.Warning, OverflowError, ValueError):
-                width = _MAX_COLUMNS  # the real query then fails the same way, or runs with a small cap
+            except (sqlite3.Error, sqlite3.Warning, OverflowError, ValueError) as exc:
+                if isinstance(exc, sqlite3.OperationalError) and _locked(exc):
+                    raise  # `run` waits for the lock and asks again
+                # The real query then fails the same way, or runs with a small cap; not kept, as
+                # the failure may pass (the deadline).
+                return _MAX_COLUMNS
             self._widths[sql] = width
             while len(self._widths) > _WIDTHS_PER_CONNECTION:
                 self._widths.popitem(last=False)
@@ -140,16 +167,34 @@ class _SQLiteConnection:
             cap = min(_MAX_VALUE_BYTES, _MAX_ROW_BYTES // self._columns(sql))
             self._setlimit(_SQLITE_LIMIT_LENGTH, cap)
 
-    def run(self, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
+    def run(
+        self, sql: str, timeout: float, max_rows: int | None, count_all: bool, call: _Call | None = None
+    ) -> QueryResult:
+        """Run `sql` within `timeout` s, or until `call`'s caller gives up (the progress handler
+        sees it: a cancel that came before the query started still stops it)."""
         self.deadline = time.monotonic() + timeout
+        self._call = call
+        if call is not None:
+            call.on_cancel(self.interrupt)  # a caller that gives up frees this thread and connection at once
         try:
-            self._cap_values(sql)
-            cur = self.conn.execute(sql)
-            columns = [d[0] for d in cur.description or ()]
-            rows, count = _drain(cur, max_rows, count_all)  # one row at a time: no batch of big rows
-            cur.close()
+            pause = _LOCK_PAUSE
+            while True:
+                try:
+                    self._cap_values(sql)
+                    cur = self.conn.execute(sql)
+                    columns = [d[0] for d in cur.description or ()]
+                    rows, count = _drain(cur, max_rows, count_all)  # one row at a time: no batch of big rows
+                    cur.close()
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _locked(exc) or self._past_deadline():
+                        raise
+                # A writer holds a lock (a database updated meanwhile, `immutable=False`): wait
+                # for it until the deadline or a cancel.
+                time.sleep(max(0.0, min(pause, self.deadline - time.monotonic())))
+                pause = min(2 * pause, _LOCK_PAUSE_MAX)
         except sqlite3.OperationalError as exc:
-            if time.monotonic() > self.deadline or str(exc) == "interrupted":
+            if self._past_deadline() or str(exc) == "interrupted":
                 raise _timeout_error(timeout) from None
             raise _engine_error("SQLite", exc) from None
         # sqlite3.Warning is not an sqlite3.Error: Python 3.10 raises it for SQL text that
@@ -157,7 +202,10 @@ class _SQLiteConnection:
         except (sqlite3.Error, sqlite3.Warning, OverflowError, ValueError) as exc:
             raise _engine_error("SQLite", exc) from None
         finally:
+            if call is not None:
+                call.on_cancel(None)
             self.deadline = math.inf
+            self._call = None
         return QueryResult(columns, rows, count)
 
     def close(self) -> None:
@@ -199,7 +247,8 @@ def _duckdb_config() -> dict[str, str | int | float | list[str]]:
 
 
 class _DuckDBConnection:
-    """One read-only DuckDB connection; a timer thread interrupts a query at its deadline."""
+    """One read-only DuckDB connection; a watcher thread interrupts a query at its deadline, or
+    when its caller gives up."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -212,11 +261,28 @@ class _DuckDBConnection:
             self.conn = duckdb.connect(str(path), read_only=True, config=config)
         except duckdb.Error as exc:
             raise _engine_error("DuckDB", exc) from None
+        self._lock = threading.Lock()  # an interrupt lands only while its query's `run` lasts
 
-    def run(self, sql: str, timeout: float, max_rows: int | None, count_all: bool) -> QueryResult:
-        timer = threading.Timer(timeout, self.conn.interrupt)
-        timer.daemon = True
-        timer.start()
+    def _watch(self, timeout: float, stop: threading.Event, done: threading.Event) -> None:
+        """At the deadline or `stop`, interrupt until the query ends: DuckDB ignores an interrupt
+        that comes before the query started (a cancel just after the call, a tiny timeout)."""
+        stop.wait(timeout)
+        while True:
+            with self._lock:
+                if done.is_set():
+                    return
+                with contextlib.suppress(self._duckdb.Error):
+                    self.conn.interrupt()
+            done.wait(0.01)
+
+    def run(
+        self, sql: str, timeout: float, max_rows: int | None, count_all: bool, call: _Call | None = None
+    ) -> QueryResult:
+        """Run `sql` within `timeout` s, or until `call`'s caller gives up."""
+        stop, done = threading.Event(), threading.Event()
+        threading.Thread(target=self._watch, args=(timeout, stop, done), name="toolenv-sql-duckdb", daemon=True).start()
+        if call is not None:
+            call.on_cancel(stop.set)
         start = time.monotonic()
         try:
             cur = self.conn.execute(sql)
@@ -235,7 +301,11 @@ class _DuckDBConnection:
                 ) from None
             raise _engine_error("DuckDB", exc) from None
         finally:
-            timer.cancel()
+            if call is not None:
+                call.on_cancel(None)
+            with self._lock:
+                done.set()
+            stop.set()  # the watcher leaves
         return QueryResult(columns, rows, count)
 
     def close(self) -> None:
@@ -310,6 +380,10 @@ def _timeout_error(timeout: float) -> QueryTimeout:
     )
 
 
+def _cancelled_error() -> SQLError:
+    return SQLError("The query was cancelled.")
+
+
 def _not_started_error(timeout: float, what: str) -> QueryTimeout:
     return QueryTimeout(f"The query did not start within {timeout:g} s: {what} busy with other queries. Run it again.")
 
@@ -368,13 +442,16 @@ def _connection(path: Path, engine: str, immutable: bool) -> _Connection:
         # New thread, or a forked child: connections must not cross fork, so start afresh.
         cache = _local.connections = OrderedDict()
         _local.pid = os.getpid()
-    key = (engine, str(path), immutable)
+    name = str(path)
+    if not os.path.isabs(name):  # (the working directory may change between calls)
+        name = os.path.abspath(name)
+    key = (engine, name, immutable)
     conn = cache.get(key)
     if conn is not None:
         cache.move_to_end(key)
         return conn
     try:
-        conn = _DuckDBConnection(path) if engine == "duckdb" else _SQLiteConnection(path, immutable)
+        conn = _DuckDBConnection(Path(name)) if engine == "duckdb" else _SQLiteConnection(Path(name), immutable)
     except sqlite3.Error as exc:
         raise _engine_error("SQLite", exc) from None
     cache[key] = conn
@@ -398,8 +475,9 @@ def run_query(
 
     Args:
         timeout: seconds before the query is interrupted, counted from this call (time spent
-            waiting for a free DuckDB worker counts; a DuckDB query gets 1 s more before its
-            worker is killed).
+            waiting for a free DuckDB worker counts, starting a new one does not but is given
+            up after `timeout`, 5 s at least; a DuckDB query gets 1 s more before its worker
+            is killed).
         max_rows: rows kept in the result (None keeps all).
         count_all: count every row (True) or stop one row past `max_rows`.
         immutable: open SQLite with `immutable=1` (no locking; the file must not change meanwhile).
@@ -415,7 +493,7 @@ def _run(
 ) -> QueryResult:
     """`run_query` within what is left of `call`'s time."""
     if call.cancelled:
-        raise SQLError("The query was cancelled.")
+        raise _cancelled_error()
     if engine == "duckdb":
         from toolenv_sql import duckdb_worker
 
@@ -425,8 +503,10 @@ def _run(
     if left <= 0:  # it waited its whole time for a pool thread
         raise _not_started_error(call.timeout, "every query thread was")
     try:
-        return _connection(path, engine, immutable).run(sql, left, max_rows, count_all)
+        return _connection(path, engine, immutable).run(sql, left, max_rows, count_all, call)
     except QueryTimeout:
+        if call.cancelled:
+            raise _cancelled_error() from None
         raise _timeout_error(call.timeout) from None
 
 
@@ -471,9 +551,11 @@ async def execute(
     seconds; past that it is interrupted and run on the shared worker pool with
     the rest of its `timeout`. `inline_budget=0` always uses the pool. The timeout
     counts from this call: time spent waiting for a pool thread or a DuckDB worker
-    counts too (starting a worker does not), so a DuckDB query ends within `timeout`
-    + 1 s (a SQLite one within `timeout`). Cancelling the call stops its DuckDB query
-    (its worker is killed; SQLite queries end at their deadline).
+    counts too, so a SQLite query ends within `timeout` and a DuckDB one within
+    `timeout` + 1 s, plus the start of a new worker if it needs one (which does not
+    count, but is given up after `timeout`, 5 s at least). Cancelling the call stops its query at
+    once: a SQLite query is interrupted, a DuckDB worker running (or starting for) it
+    is killed, so neither holds a pool thread any longer.
     """
     call = _Call(timeout)
     if engine == "sqlite" and inline_budget > 0:
