@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, SummaryBuilder, summarize
 from toolenv.trajectory import CallStats, Trajectory, TurnRecord
 from toolenv.types import ParsedAction, Task, ToolCall, ToolResult
@@ -167,3 +168,38 @@ def test_the_builder_keeps_eight_bytes_per_latency() -> None:
     assert summary.tool_latency_s.max == pytest.approx(0.049) and summary.agent_latency_s is not None
     assert summary.agent_latency_s.count == 101 * 20 and summary.episode_latency_s is not None
     assert summary.episode_latency_s.p50 == 1.0 and summary.episodes == 101
+
+
+def _sampled(task: str, sample: int, success: bool, env_id: str = "toolenv/A-v0") -> Trajectory:
+    return Trajectory(
+        env_id=env_id, agent="x", task=Task(id=task, question="q"), sample=sample, success=success, duration_s=1.0
+    )
+
+
+def test_pass_at_k_is_the_unbiased_estimate_over_tasks() -> None:
+    """With several samples per task, pass@k (Chen et al., 2021): per task 1 - C(n-c, k)/C(n, k),
+    averaged over tasks, for k = 1, 2, 4, ... up to the fewest samples a task has, and that count."""
+    import math
+
+    outcomes = {"a": [True, False, False, False, False], "b": [False] * 5, "c": [True, True, False, True, False]}
+    trajs = [_sampled(t, i, ok) for t, oks in outcomes.items() for i, ok in enumerate(oks)]
+    summary = summarize(trajs)
+
+    def expected(k: int) -> float:
+        per_task = [1 - math.comb(5 - sum(oks), k) / math.comb(5, k) for oks in outcomes.values()]
+        return sum(per_task) / len(per_task)
+
+    assert list(summary.pass_at_k) == ["1", "2", "4", "5"]
+    for k in (1, 2, 4, 5):
+        assert summary.pass_at_k[str(k)] == pytest.approx(expected(k))
+    assert summary.pass_at_k["1"] == pytest.approx(summary.success_rate)  # pass@1 is the success rate here
+    assert summary.pass_at_k["5"] == pytest.approx(2 / 3)  # two of three tasks solved at least once
+    # A task run once more than the others counts with its own n; k stops at the fewest samples.
+    summary = summarize([*trajs, _sampled("a", 5, True)])
+    assert list(summary.pass_at_k) == ["1", "2", "4", "5"]
+    one_more = 1 - math.comb(6 - 2, 2) / math.comb(6, 2)
+    assert summary.pass_at_k["2"] == pytest.approx((one_more + 0 + (1 - math.comb(2, 2) / math.comb(5, 2))) / 3)
+    # The same task id in two envs is two tasks; one sample per task gives no pass@k.
+    assert summarize([_sampled("a", 0, True), _sampled("a", 0, False, "toolenv/B-v0")]).pass_at_k == {}
+    rows = dict(summary_rows(summary))
+    assert rows["pass@k"] == ", ".join(f"pass@{k} {summary.pass_at_k[k]:.1%}" for k in ("1", "2", "4", "5"))

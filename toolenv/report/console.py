@@ -87,6 +87,7 @@ def summary_rows(s: Summary) -> list[tuple[str, str]]:
         ("episodes", str(s.episodes)),
         ("mean reward", f"{s.mean_reward:.4f} (std {s.std_reward:.4f})"),
         ("success rate", f"{s.success_rate:.1%}"),
+        *([("pass@k", ", ".join(f"pass@{k} {v:.1%}" for k, v in s.pass_at_k.items()))] if s.pass_at_k else []),
         ("turns / episode", f"{s.mean_turns:.2f}"),
         ("tool calls / episode", f"{s.tool_calls_per_episode:.2f}"),
         ("tool error rate", f"{s.tool_error_rate:.1%}"),

@@ -47,6 +47,11 @@ class Summary(BaseModel):
     mean_reward: float = 0.0
     std_reward: float = 0.0
     success_rate: float = 0.0
+    pass_at_k: dict[str, float] = Field(
+        default_factory=dict,
+        description="With several samples per task: the unbiased pass@k (Chen et al., 2021), averaged over "
+        "tasks, for k = 1, 2, 4, ... up to the fewest samples a task has, and that number.",
+    )
     mean_turns: float = 0.0
     tool_calls_per_episode: float = 0.0
     tool_error_rate: float = Field(default=0.0, description="Error results (failed calls, parse errors) / all results.")
@@ -95,6 +100,7 @@ class SummaryBuilder:
         self._tool_latencies: array[float] = array("d")
         self._prompt_tokens: int | None = None
         self._completion_tokens: int | None = None
+        self._tasks: dict[tuple[str, str], list[int]] = {}  # (env id, task id) -> [samples, successes]
 
     def add(self, traj: Trajectory) -> None:
         """Count one trajectory in."""
@@ -103,6 +109,9 @@ class SummaryBuilder:
         self._agents.add(traj.agent)
         self._rewards.append(traj.reward)
         self._successes += traj.success
+        counts = self._tasks.setdefault((traj.env_id, traj.task.id), [0, 0])
+        counts[0] += 1
+        counts[1] += traj.success
         self._episode_errors += traj.error is not None
         self._truncated += traj.truncated
         self._durations.append(traj.duration_s)
@@ -145,6 +154,7 @@ class SummaryBuilder:
             mean_reward=float(rewards.mean()),
             std_reward=float(rewards.std()),
             success_rate=self._successes / n,
+            pass_at_k=_pass_at_k(list(self._tasks.values())),
             mean_turns=self._turns / n,
             tool_calls_per_episode=self._calls / n,
             tool_error_rate=self._result_errors / self._results if self._results else 0.0,
@@ -162,6 +172,22 @@ class SummaryBuilder:
             wall_time_s=wall_time_s,
             interrupted=interrupted,
         )
+
+
+def _pass_at_k(tasks: list[list[int]]) -> dict[str, float]:
+    """Mean over tasks of `1 - C(n - c, k) / C(n, k)` (n samples, c successes), as a product
+    (Chen et al.'s stable form; the binomials of large n overflow a float)."""
+    fewest = min((n for n, _ in tasks), default=0)
+    if fewest < 2:
+        return {}
+    ks = sorted({*(1 << i for i in range(fewest.bit_length()) if 1 << i <= fewest), fewest})
+
+    def estimate(n: int, c: int, k: int) -> float:
+        if n - c < k:
+            return 1.0
+        return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+    return {str(k): sum(estimate(n, c, k) for n, c in tasks) / len(tasks) for k in ks}
 
 
 def summarize(trajs: Iterable[Trajectory], *, wall_time_s: float | None = None, interrupted: bool = False) -> Summary:
