@@ -467,3 +467,27 @@ async def test_prompt_token_ids_are_recorded_when_asked(tiny_model: Path) -> Non
     assert second.prompt_tokens > first.prompt_tokens  # the first turn and its observation came in between
     plain = (await arollout(env, TransformersAgent(tiny_model, max_new_tokens=4), n=1)).trajectories[0]
     assert all(t.prompt_token_ids is None and t.prompt_tokens for t in plain.turns)
+
+
+async def test_a_hermes_call_reaches_the_env_when_the_tokenizer_made_its_markers_special(tiny_model: Path) -> None:
+    """This tokenizer marks `<tool_call>` special (some fine-tunes do; Qwen's do not): decoding the
+    reply without special tokens left the env no call to run. The markers stay; the EOS goes."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=60)
+    tok = agent.tokenizer
+    assert "<tool_call>" in tok.all_special_tokens or any(
+        t.special for t in tok.added_tokens_decoder.values() if t.content == "<tool_call>"
+    )
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    _steer(agent, [*tok(call, add_special_tokens=False)["input_ids"], tok.eos_token_id])
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(
+            tools=[Add()], tasks=[{"id": "t", "question": "2+3?", "answer": "5"}], parser="hermes", max_turns=1
+        )
+
+    traj = (await arollout(env, agent, n=1)).trajectories[0]
+    turn = traj.turns[0]
+    assert traj.error is None and turn.action == call
+    assert [c.name for c in turn.parsed.tool_calls] == ["add"] and turn.results[0].text == "5"

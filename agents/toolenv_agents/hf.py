@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message
 
 __all__ = ["TransformersAgent"]
@@ -224,8 +225,11 @@ class TransformersAgent(Agent):
         # The closing EOS is not part of the action, unless it is a stop string the parser reads.
         ended = bool(ids) and ids[-1] in self._eos_ids
         text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in env_info.stop else ids
-        keep = env_info.parser is not None and env_info.parser.special_tokens
-        text = str(self.tokenizer.decode(text_ids, skip_special_tokens=not keep))
+        text = (
+            reply_text(env_info.parser, self.tokenizer, text_ids)  # the markers kept if the tokenizer made them special
+            if env_info.parser is not None
+            else str(self.tokenizer.decode(text_ids, skip_special_tokens=True))
+        )
         # `stop_strings` also stops on a token that runs past a stop string ("an" for "The a"):
         # the action ends with the stop string, as a server's does. Generation stopped at the
         # first one, so the earliest end is it.

@@ -521,3 +521,24 @@ async def test_a_stop_string_turn_whose_observation_overflows_ends_on_the_models
         rm_scores.unsqueeze(0), torch.zeros_like(rm_scores).unsqueeze(0), mask, gamma=1.0, lam=1.0
     )
     assert returns[0, 0].item() == -1.0
+
+
+async def test_a_call_whose_markers_the_tokenizer_made_special_is_read(tiny_tokenizer, make_loop):
+    """A tokenizer that marks `<tool_call>` special (some fine-tunes do; Qwen's do not): the reply
+    was decoded without special tokens, and the env found no call in any turn."""
+    import copy
+
+    from tokenizers import AddedToken
+
+    from .conftest import ScriptedServer
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    markers = [AddedToken(m, special=True, normalized=False) for m in ("<tool_call>", "</tool_call>")]
+    tokenizer.add_special_tokens({"additional_special_tokens": markers})
+    assert tokenizer.decode(tokenizer.encode(CALL, add_special_tokens=False), skip_special_tokens=True) != CALL
+    server = ScriptedServer(tokenizer, [CALL, "The answer is <answer>42</answer>"])
+    loop = make_loop(server, tokenizer=tokenizer)
+    out = await loop.run({"temperature": 1.0}, **await _row())
+    assert [m["role"] for m in loop.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert loop.messages[2]["content"] == CALL  # the markers kept, the closing <|im_end|> not
+    assert out.extra_fields["reward_extra_info"]["tool_calls"] == 1.0 and out.reward_score == 1.0

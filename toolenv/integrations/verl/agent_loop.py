@@ -37,6 +37,7 @@ from toolenv.integrations.verl._turns import (
 )
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
 from toolenv.parsers import ActionParser, detect_parser, template_mismatch
+from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message, Task, ToolResult, reply_messages
 
 __all__ = ["OBSERVATION_ROLES", "STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
@@ -328,8 +329,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 logprobs = list(lps)
             assistant_turns += 1
 
-            # Formats written in special tokens (Harmony) keep them; the others read plain text.
-            text = tokenizer.decode(new_ids, skip_special_tokens=not env.parser.special_tokens)
+            # Formats written in special tokens (Harmony) keep them, and so do formats whose markers
+            # this tokenizer made special; the others read plain text.
+            text = reply_text(env.parser, tokenizer, new_ids)
             if inline and assistant_turns > 1:  # one assistant message: this reply continues it
                 messages[-1] = {"role": "assistant", "content": messages[-1]["content"] + text}
             else:
