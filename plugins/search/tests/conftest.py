@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -36,8 +38,15 @@ def free_port() -> int:
 def bm25_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real uvicorn server with the bundled BM25 index, in a thread; yields its base URL."""
     backend = BM25Backend(cache_dir=tmp_path_factory.mktemp("server-cache"))
+    with serve_app(create_app(backend)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 in a thread; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(backend), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -45,9 +54,17 @@ def bm25_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("test retrieval server did not start")
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def app_server() -> Callable[[Any], contextlib.AbstractContextManager[str]]:
+    """`serve_app` for tests that need a server of their own settings."""
+    return serve_app
 
 
 @dataclass

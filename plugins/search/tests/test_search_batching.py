@@ -9,7 +9,7 @@ import pytest
 
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.batching import Batcher
-from toolenv_search.http_backend import HTTPBackend
+from toolenv_search.http_backend import _CLIENTS, HTTPBackend
 
 
 class Recorder:
@@ -84,3 +84,19 @@ async def test_http_batch_is_one_request(bad_server: Any) -> None:
     assert bad_server.bodies == [{"queries": ["q0", "q1", "q2", "q3"], "topk": 3, "return_scores": True}]
     for b in backends:
         await b.aclose()
+
+
+async def test_batched_backends_close_their_shared_client(bm25_server: str) -> None:
+    """The last backend to close closes the loop's pool, whichever backend's batcher sent the requests.
+
+    The batcher sends through the first backend; a search after that backend closed
+    counted it as a user again, so the pool was never closed.
+    """
+    first, second = HTTPBackend(bm25_server, batch_wait=0.01), HTTPBackend(bm25_server, batch_wait=0.01)
+    await asyncio.gather(first.search(["VIVA Poland"], 1), second.search(["Pete Doherty"], 1))
+    client = _CLIENTS[asyncio.get_running_loop()][(second.timeout, second.max_connections)].client
+    await first.aclose()
+    [[hit]] = await second.search(["Jonny Craig singer"], 1)
+    assert hit.title == "Jonny Craig"
+    await second.aclose()
+    assert client.is_closed

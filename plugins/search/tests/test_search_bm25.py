@@ -160,3 +160,22 @@ def test_index_needs_neither_scipy_nor_numba(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[0] == "numpy VIVA Media"
+
+
+async def test_tied_scores_rank_in_corpus_order(tmp_path: Path) -> None:
+    """Equal scores go to the earlier passage (Lucene's doc-id order), the same for every topk.
+
+    bm25s leaves ties to numpy's argpartition/argsort (or jax when installed), whose order
+    differs between machines and versions; a rerun elsewhere then saw other passages.
+    """
+    corpus = tmp_path / "ties.jsonl"
+    rows = [{"id": f"p{i}", "text": "apple pie" if i % 3 == 0 else f"cherry tart w{i}"} for i in range(3000)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    backend = BM25Backend(corpus, cache_dir=tmp_path / "cache")
+    apples = [f"p{i}" for i in range(0, 3000, 3)]
+    for topk in (1, 3, 7, 50, 1000, 3000):
+        [hits] = await backend.search(["apple"], topk)
+        assert [h.id for h in hits] == apples[:topk]
+    # A better match still comes first; the tie below it keeps corpus order.
+    [hits] = await backend.search(["apple tart w7"], 4)
+    assert [h.id for h in hits] == ["p7", "p0", "p3", "p6"]

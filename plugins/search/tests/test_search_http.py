@@ -16,11 +16,12 @@ import httpx
 import pytest
 
 from toolenv import Task, ToolCall, ToolCaller, ToolContext
-from toolenv_search.backend import SearchError
+from toolenv_search.backend import Passage, SearchError
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.envs import hotpotqa_oracle, make_hotpotqa_env
 from toolenv_search.http_backend import HTTPBackend
 from toolenv_search.protocol import parse_result
+from toolenv_search.server import create_app
 from toolenv_search.tool import SearchTool, format_passages
 
 
@@ -334,3 +335,98 @@ def test_nq_open_questions_are_answered_through_a_wikipedia_retriever(tmp_path: 
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_served_topk_is_what_the_request_asks_or_a_one_line_refusal(
+    bm25_server: str, app_server: Any, tmp_path: Path
+) -> None:
+    """A `topk` the request model accepts (up to 1,000, as documented) is served in full, never cut to 100."""
+    [hits] = httpx.post(bm25_server + "/retrieve", json={"queries": ["American film"], "topk": 150}).json()["result"]
+    assert len(hits) == 150
+    # A server capped lower says so in one line instead of answering with fewer passages.
+    with app_server(create_app(BM25Backend(cache_dir=tmp_path), max_topk=5)) as url:
+        ok = httpx.post(url + "/retrieve", json={"queries": ["American film"], "topk": 5})
+        assert len(ok.json()["result"][0]) == 5
+        refused = httpx.post(url + "/retrieve", json={"queries": ["American film"], "topk": 6})
+        assert refused.status_code == 422
+        assert refused.json() == {"error": "invalid request: topk: at most 5 on this server, got 6"}
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_serve_search_binds_ipv6_hosts() -> None:
+    """`--host ::1` (or `::`) binds as uvicorn would; it failed with "Address family for hostname not supported"."""
+    from toolenv_search.serve_cmd import bind_socket
+
+    with bind_socket("::1", 0) as listener:
+        assert listener.family == socket.AF_INET6
+        with socket.create_connection(("::1", listener.getsockname()[1])):
+            accepted, _ = listener.accept()
+            accepted.close()
+
+
+def test_serve_search_port_0_reports_the_port_it_serves(tmp_path: Path) -> None:
+    """`--port 0` picks a free port; the "serving ..." line gives that port, not 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolenv.cli", "serve-search", "--port", "0"],
+        env={**os.environ, "TOOLENV_CACHE_DIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while not line.startswith("serving "):
+            line = proc.stderr.readline()
+            assert line, "serve-search exited before serving"
+        url = line.split(" on ", 1)[1].strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/retrieve")
+        assert not url.startswith("http://127.0.0.1:0/")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(url.removesuffix("/retrieve") + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve-search did not come up"
+                time.sleep(0.1)
+        assert health.json() == {"status": "ok", "backend": "bm25"}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+
+
+class _FailingBackend:
+    name = "failing"
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        raise SearchError("no cached web results for 'q' (offline mode)")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_server_error_reports_the_servers_reason(app_server: Any, bad_server: Any) -> None:
+    """A 5xx names the server and gives the reason its body carries (ours: `error`, FastAPI's: `detail`)."""
+    with app_server(create_app(_FailingBackend())) as url:
+        backend = HTTPBackend(url, retries=0)
+        with pytest.raises(SearchError) as info:
+            await backend.search(["q"], 3)
+        await backend.aclose()
+    assert str(info.value) == (
+        f"the retrieval server at {url}/retrieve answered HTTP 500: no cached web results for 'q' (offline mode)"
+    )
+    bad_server.modes = ["500"]
+    backend = HTTPBackend(bad_server.url, retries=0)
+    with pytest.raises(SearchError, match=r"answered HTTP 500: index exploded$"):
+        await backend.search(["q"], 3)
+    await backend.aclose()

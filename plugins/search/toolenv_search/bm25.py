@@ -62,20 +62,33 @@ class BM25Index:
         """Top passages per query, best first; passages that share no term with the query are left out."""
         if not queries:
             return []
-        k = max(1, min(topk, len(self.passages)))
         tokens = bm25s.tokenize(
             queries, stopwords=self.stopwords, stemmer=self.stemmer, return_ids=False, show_progress=False
         )
-        docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
         out: list[list[Passage]] = []
-        for row_docs, row_scores in zip(np.asarray(docs), np.asarray(scores), strict=True):
-            hits = []
-            for doc, score in zip(row_docs.tolist(), row_scores.tolist(), strict=True):
-                if score <= 0.0:
-                    continue
-                hits.append(self.passages[int(doc)].model_copy(update={"score": float(score)}))
-            out.append(hits)
+        for query_tokens in tokens:
+            if not query_tokens:
+                out.append([])
+                continue
+            scores = np.asarray(self.retriever.get_scores(query_tokens))
+            out.append(
+                [self.passages[int(doc)].model_copy(update={"score": float(scores[doc])}) for doc in _top(scores, topk)]
+            )
         return out
+
+
+def _top(scores: np.ndarray[Any, Any], k: int) -> list[int]:
+    """Positions of the `k` best positive scores, best first; a tie goes to the earlier passage.
+
+    As Lucene's doc-id order: bm25s leaves ties to numpy's argpartition/argsort (or jax
+    when it is installed), whose order differs between machines and versions.
+    """
+    hits = np.flatnonzero(scores > 0.0)  # ascending positions
+    if len(hits) > k >= 1:
+        kth = np.partition(scores[hits], len(hits) - k)[len(hits) - k]
+        hits = hits[scores[hits] >= kth]  # the top k and everything tied with the k-th
+    order = np.argsort(-scores[hits], kind="stable")[: max(k, 1)]
+    return [int(i) for i in hits[order]]
 
 
 def _build(passages: list[Passage], stemmer: Any, stopwords: str, k1: float, b: float) -> Any:

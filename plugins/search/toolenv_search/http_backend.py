@@ -11,6 +11,7 @@ all backends with the same settings in a loop go out together in one request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import weakref
@@ -79,7 +80,8 @@ class HTTPBackend:
         self.max_batch = max_batch
         self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self, *, register: bool = True) -> httpx.AsyncClient:
+        """The loop's shared client; `register` counts this backend as one of its users (once per loop)."""
         loop = asyncio.get_running_loop()
         per_loop = _CLIENTS.setdefault(loop, {})
         key = (self.timeout, self.max_connections)
@@ -92,7 +94,7 @@ class HTTPBackend:
                 ),
             )
             shared = per_loop[key] = _SharedClient(client)
-        if loop not in self._loops:
+        if register and loop not in self._loops:
             self._loops.add(loop)
             shared.users += 1
         return shared.client
@@ -109,7 +111,9 @@ class HTTPBackend:
                 f"could not reach the retrieval server at {self.url} ({type(exc).__name__}: {exc})", retryable=True
             ) from None
         if resp.status_code >= 500:
-            raise SearchError(f"the retrieval server answered HTTP {resp.status_code}", retryable=True)
+            raise SearchError(
+                f"the retrieval server at {self.url} answered HTTP {resp.status_code}{_reason(resp)}", retryable=True
+            )
         if resp.status_code >= 400:
             raise SearchError(f"the retrieval server refused the request: HTTP {resp.status_code} {resp.text[:200]}")
         try:
@@ -136,12 +140,15 @@ class HTTPBackend:
         )
         batcher = per_loop.get(key)
         if batcher is None:
-            batcher = per_loop[key] = Batcher(self._send, wait=self.batch_wait, max_batch=self.max_batch)
+            # It sends for every backend with these settings: through the pool, never as this backend's user
+            # (one that closed would count again, and the pool would outlive its last user).
+            send = functools.partial(self._send, register=False)
+            batcher = per_loop[key] = Batcher(send, wait=self.batch_wait, max_batch=self.max_batch)
         return await batcher.submit(queries, topk)
 
-    async def _send(self, queries: list[str], topk: int) -> list[list[Passage]]:
+    async def _send(self, queries: list[str], topk: int, *, register: bool = True) -> list[list[Passage]]:
         """One POST, retrying transient failures with backoff."""
-        client = self._client()
+        client = self._client(register=register)
         body = {"queries": queries, "topk": topk, "return_scores": True}
         # A hand-written loop: httpx's own transport retries cover connect errors only, not 5xx or read timeouts.
         attempt = 0
@@ -181,3 +188,16 @@ class HTTPBackend:
 
     def __repr__(self) -> str:
         return f"<HTTPBackend url={self.url!r}>"
+
+
+def _reason(resp: httpx.Response) -> str:
+    """`: <why>` from an error body (`{"error": ...}` from ours, `{"detail": ...}` from FastAPI's), else ""."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return ""
+    why = body.get("error", body.get("detail")) if isinstance(body, dict) else None
+    if not isinstance(why, str) or not why.strip():
+        return ""
+    why = " ".join(why.split())
+    return f": {why if len(why) <= 200 else why[:197] + '...'}"

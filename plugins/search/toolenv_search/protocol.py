@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolenv_search.backend import Passage
 from toolenv_search.corpus import passage_from_record
 
-__all__ = ["RetrieveRequest", "document_of", "parse_result"]
+__all__ = ["MAX_REQUEST_TOPK", "RetrieveRequest", "document_of", "parse_result"]
+
+MAX_REQUEST_TOPK = 1000  # the largest `topk` a request may ask for
 
 
 class RetrieveRequest(BaseModel):
@@ -26,7 +28,7 @@ class RetrieveRequest(BaseModel):
     # As Search-R1's server: an empty list (a training step in which no rollout searched)
     # gets an empty result, no cap on a rollout batch, and a `topk` of 0 means the default.
     queries: list[str]
-    topk: int | None = Field(default=None, ge=0, le=1000)
+    topk: int | None = Field(default=None, ge=0, le=MAX_REQUEST_TOPK)
     return_scores: bool = False
 
 

@@ -27,7 +27,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     uvicorn sets TCP_NODELAY only on sockets it binds itself; without it each small
     response waits about 40 ms for a delayed ACK (measured: 45 ms vs 1.5 ms a request).
     """
-    sock = socket.create_server((host, port))
+    # As uvicorn picks the family: a host with a colon is IPv6 (`::1`, `::`).
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -39,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from toolenv_search.backend import SearchBackend
     from toolenv_search.backends import make_backend
     from toolenv_search.bm25 import BM25Backend
+    from toolenv_search.protocol import MAX_REQUEST_TOPK
     from toolenv_search.server import create_app
 
-    if args.topk < 1:
-        raise ValueError(f"--topk must be at least 1, got {args.topk}")
+    if not 1 <= args.topk <= MAX_REQUEST_TOPK:
+        raise ValueError(f"--topk must be between 1 and {MAX_REQUEST_TOPK}, got {args.topk}")
     backend: SearchBackend
     if args.backend == "bm25":
         backend = bm25 = BM25Backend(args.corpus, cache_dir=args.cache_dir, stemmer=args.stemmer)
@@ -55,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         backend = make_backend(args.backend)
     # Bind before serving so that a busy port is one readable error line, not a uvicorn log.
     sock = bind_socket(args.host, args.port)
-    print(f"serving {args.backend} on http://{args.host}:{args.port}/retrieve", file=sys.stderr, flush=True)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    port = sock.getsockname()[1]  # the one picked for --port 0
+    print(f"serving {args.backend} on http://{host}:{port}/retrieve", file=sys.stderr, flush=True)
     config = uvicorn.Config(create_app(backend, default_topk=args.topk), log_level=args.log_level)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -16,13 +16,16 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from toolenv_search.backend import SearchBackend, SearchError
-from toolenv_search.protocol import RetrieveRequest, document_of
+from toolenv_search.protocol import MAX_REQUEST_TOPK, RetrieveRequest, document_of
 
 __all__ = ["create_app"]
 
 
-def create_app(backend: SearchBackend, *, default_topk: int = 3, max_topk: int = 100) -> Starlette:
-    """An ASGI app serving `backend` at `/retrieve` (and `/health`)."""
+def create_app(backend: SearchBackend, *, default_topk: int = 3, max_topk: int = MAX_REQUEST_TOPK) -> Starlette:
+    """An ASGI app serving `backend` at `/retrieve` (and `/health`).
+
+    A request's `topk` above `max_topk` is refused (HTTP 422), never silently cut short.
+    """
 
     async def retrieve(request: Request) -> JSONResponse:
         try:
@@ -32,7 +35,11 @@ def create_app(backend: SearchBackend, *, default_topk: int = 3, max_topk: int =
             return JSONResponse({"error": f"invalid request: {detail}"}, status_code=422)
         if not req.queries:
             return JSONResponse({"result": []})
-        topk = min(req.topk or default_topk, max_topk)
+        topk = req.topk or default_topk
+        if topk > max_topk:
+            return JSONResponse(
+                {"error": f"invalid request: topk: at most {max_topk} on this server, got {topk}"}, status_code=422
+            )
         try:
             hits = await backend.search(req.queries, topk)
         except SearchError as exc:
