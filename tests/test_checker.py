@@ -66,5 +66,26 @@ def test_tool_without_description_fails_schema_check() -> None:
             pass
 
     (schema, bad_args) = check_tool(Nameless())
-    assert not schema.ok and "must be non-empty letters" in schema.message
+    assert not schema.ok and "must be 1 to 64 ASCII letters" in schema.message
     assert bad_args.ok  # unknown arguments are rejected by the caller
+
+
+def test_tool_names_the_openai_api_refuses_fail_the_schema_check() -> None:
+    """OpenAI's function names match `^[a-zA-Z0-9_-]{1,64}$`: a non-ASCII letter or a 65th
+    character is refused by the API (and by vLLM's OpenAI server), so the check says so."""
+
+    def named(name: str) -> toolenv.Tool:
+        class Named(toolenv.Tool):
+            """A tool."""
+
+            class Args(BaseModel):
+                pass
+
+        Named.name = name
+        return Named()
+
+    for bad in ("raíz_cuadrada", "x" * 65, "²"):
+        (schema, _) = check_tool(named(bad))
+        assert not schema.ok and "must be 1 to 64 ASCII letters, digits, '_' or '-'" in schema.message, bad
+    (schema, _) = check_tool(named("get-weather_2" + "x" * 51))  # 64 characters
+    assert schema.ok, schema.message

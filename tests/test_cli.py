@@ -162,3 +162,20 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(
     monkeypatch.setattr(list_cmd, "run", run)
     assert main(["list"]) == 2
     assert capsys.readouterr().err == "toolenv list: error: [Errno 32] Broken pipe (a socket)\n"
+
+
+def test_doctor_reports_a_plugin_whose_report_is_not_a_dict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `toolenv.doctor` plugin that returns something other than a dict (it forgot its `return`)
+    is reported as broken, as one that raises is; the other reports are still shown."""
+    (tmp_path / "doctor_plug.py").write_text("def none():\n    pass\n\ndef good():\n    return {'isolation': 'ok'}\n")
+    info = tmp_path / "doctor_plug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: doctor-plug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[toolenv.doctor]\nforgetful = doctor_plug:none\nfine = doctor_plug:good\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "forgetful:\n  error: the report is NoneType, not a dict\n" in out
+    assert "fine:\n  isolation: ok\n" in out

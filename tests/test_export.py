@@ -338,3 +338,135 @@ def test_sft_trainer_trains_a_vision_model_on_the_export(visual_run: Path, tmp_p
     assert torch.isfinite(torch.tensor(result.training_loss))
     moved = [n for n, p in model.named_parameters() if n in before and not torch.equal(before[n], p)]
     assert moved, "the vision tower got no gradient: the images never reached the model"
+
+
+# ---------------------------------------------------------------------- the tools the model saw
+def test_cli_adds_the_tools_of_an_env_or_a_file(run_dir: Path, tmp_path: Path) -> None:
+    """`--tools` puts the schemas the model was given on every line: an env's `tool_schemas()`
+    (the env made from its id) or a JSON file of schemas."""
+    import gymnasium as gym
+
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(run_dir), "--out", str(out), "--tools", "toolenv/Chinook-v0"]) == 0
+    env = gym.make("toolenv/Chinook-v0").unwrapped
+    expected = env.tool_schemas()  # type: ignore[attr-defined]
+    env.close()
+    assert [json.loads(x)["tools"] for x in out.read_text().splitlines()] == [expected, expected]
+    schemas = tmp_path / "tools.json"
+    schemas.write_text(json.dumps([add.schema()]))
+    assert main(["export", str(run_dir), "--out", str(out), "--tools", str(schemas)]) == 0
+    assert [json.loads(x)["tools"] for x in out.read_text().splitlines()] == [[add.schema()], [add.schema()]]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "--tools: no file named"),
+        ("{not json", "--tools: {path} is not valid JSON"),
+        ('{"name": "add"}', "--tools: {path} must hold a list of OpenAI function schemas"),
+        ('[{"name": "add"}]', "--tools: {path} must hold a list of OpenAI function schemas"),
+    ],
+)
+def test_cli_tools_that_are_not_schemas_are_one_line_and_write_nothing(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, why: str
+) -> None:
+    path = tmp_path / "tools.json"
+    if content is not None:
+        path.write_text(content)
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(run_dir), "--out", str(out), "--tools", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("toolenv export: error: " + why.format(path=path)) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_an_export_with_tools_renders_to_what_a_transformers_model_read(tmp_path: Path) -> None:
+    """A real `TransformersAgent` run (it gives the template the env's tools) recording its prompt
+    ids: the export with `--tools`, rendered by the same chat template, is the text the model read
+    at its last turn, then its last action."""
+    pytest.importorskip("toolenv_agents.hf", reason="the reference agents (agents/)")
+    pytest.importorskip("transformers", reason="the transformers agent needs transformers")
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(build_tiny_qwen2(tmp_path), max_new_tokens=12, record_prompt_ids=True)
+    run = tmp_path / "run"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=3), agent, out=run)
+    (schemas := tmp_path / "tools.json").write_text(json.dumps([add.schema()]))
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(run), "--out", str(out), "--tools", str(schemas)]) == 0
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    (t,) = read_trajectories(run / "trajectories.jsonl")
+    assert len(t.turns) == 3 and t.turns[-1].prompt_token_ids
+    tok = agent.tokenizer
+    prompt = tok.apply_chat_template(
+        line["messages"][:-1], tools=line["tools"], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt == tok.decode(t.turns[-1].prompt_token_ids)
+    whole = tok.apply_chat_template(line["messages"], tools=line["tools"], tokenize=False)
+    assert whole == prompt + t.turns[-1].action + "<|im_end|>\n"
+
+
+# ---------------------------------------------------------------------- token-level export
+class Tokens(Agent):
+    """Records token ids as a server would: turn 1's prompt continues turn 0's prompt and
+    completion; turn 2's does not (a template that re-renders an earlier turn)."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> toolenv.AgentAction:
+        turn = env_info.turn
+        prompt = [[1, 2, 3], [1, 2, 3, 10, 11, 4, 5], [1, 2, 9, 12, 6]][turn]
+        ids = [[10, 11], [12, 13, 14], [15]][turn]
+        logprobs = [[-0.5, -0.25], [-1.0, float("-inf"), -0.125], None][turn]
+        text = ['<tool_call>{"name": "add", "arguments": </tool_call>', CALL, "<answer>5</answer>"][turn]
+        return toolenv.AgentAction(text=text, token_ids=ids, logprobs=logprobs, prompt_token_ids=prompt)
+
+
+def test_token_export_writes_exact_ids_with_a_loss_mask(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--format tokens`: per trajectory the exact ids the model read and wrote, with a mask on the
+    generated ones (TRL's pre-tokenized `input_ids`/`assistant_masks`) and their logprobs; a turn
+    whose prompt does not continue the sequence so far starts a new row; trajectories without ids
+    are left out, counted in a warning."""
+    run = tmp_path / "run"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS, max_turns=4), Tokens(), out=run)
+    text_run = tmp_path / "text"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=4), Scripted(), out=text_run)
+    out = tmp_path / "tokens.jsonl"
+    assert main(["export", str(run), str(text_run), "--out", str(out), "--format", "tokens", "--success-only"]) == 0
+    captured = capsys.readouterr()
+    assert f"wrote 1 of 3 trajectories to {out}" in captured.out
+    assert captured.err.count("\n") == 1 and "1 kept trajectory has no token ids" in captured.err
+    first, second = [json.loads(x) for x in out.read_text().splitlines()]
+    assert first["input_ids"] == [1, 2, 3, 10, 11, 4, 5, 12, 13, 14]
+    assert first["assistant_masks"] == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+    assert first["logprobs"] == [None, None, None, -0.5, -0.25, None, None, -1.0, None, -0.125]  # -inf: null
+    assert first["metadata"] == {"task_id": "right", "sample": 0, "reward": 1.0, "env_id": "", "turns": [0, 1]}
+    assert second == {
+        "input_ids": [1, 2, 9, 12, 6, 15],
+        "assistant_masks": [0, 0, 0, 0, 0, 1],
+        "logprobs": None,  # the turn's logprobs are unknown
+        "metadata": {"task_id": "right", "sample": 0, "reward": 1.0, "env_id": "", "turns": [2, 2]},
+    }
+
+
+def test_token_export_loads_as_trls_pretokenized_dataset(tmp_path: Path) -> None:
+    """The rows are what TRL's `SFTTrainer` takes as already tokenized: its labels mask the prompt."""
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    from datasets import load_dataset
+
+    run = tmp_path / "run"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=4), Tokens(), out=run)
+    out = tmp_path / "tokens.jsonl"
+    assert toolenv.export.export_tokens(read_trajectories(run / "trajectories.jsonl"), out) == 1
+    dataset = load_dataset("json", data_files=str(out), split="train")
+    assert dataset[0]["input_ids"] == [1, 2, 3, 10, 11, 4, 5, 12, 13, 14]
+    assert dataset[0]["assistant_masks"] == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+
+
+def test_cli_refuses_to_write_over_a_runs_trajectories(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--out` naming the trajectories being read would replace the run with its export: refused."""
+    path = run_dir / "trajectories.jsonl"
+    before = path.read_bytes()
+    assert main(["export", str(run_dir), "--out", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"toolenv export: error: --out {path} is the trajectories file of a run being exported\n"
+    assert path.read_bytes() == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,10 +41,16 @@ def _walk(node: Any) -> list[dict[str, Any]]:
     return []
 
 
+#: The function names the OpenAI API (and servers that follow it) accept.
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 def check_tool_schema(tool: Tool) -> None:
     """The tool has a name, a description, and schemas that serialise and flatten."""
-    if not tool.name or not tool.name.replace("_", "").replace("-", "").isalnum():
-        raise CheckFailed(f"tool name {tool.name!r} must be non-empty letters, digits, '_' or '-'")
+    if not _TOOL_NAME.fullmatch(tool.name or ""):
+        raise CheckFailed(
+            f"tool name {tool.name!r} must be 1 to 64 ASCII letters, digits, '_' or '-' (the OpenAI API's pattern)"
+        )
     if not tool.description.strip():
         raise CheckFailed(f"tool {tool.name!r} has no description (set `description` or a docstring)")
     schema = tool.schema()

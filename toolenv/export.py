@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,7 +34,15 @@ from toolenv.types import Message, ToolResult, reply_messages
 if TYPE_CHECKING:
     from datasets import Dataset  # type: ignore[import-untyped,unused-ignore]
 
-__all__ = ["ArgumentStyle", "CallStyle", "chat_messages", "export_chat", "load_chat"]
+__all__ = [
+    "ArgumentStyle",
+    "CallStyle",
+    "chat_messages",
+    "export_chat",
+    "export_tokens",
+    "load_chat",
+    "token_rows",
+]
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
 #: same model family on its own format). `structured`: calls go into `tool_calls` and the
@@ -134,6 +143,43 @@ def _line(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, st
     return {"messages": messages, "images": files}
 
 
+def _kept(t: Trajectory, success_only: bool, min_reward: float | None) -> bool:
+    """Whether the filters keep `t` (errors and empty episodes are never kept)."""
+    if t.error is not None or not t.turns:
+        return False
+    return not ((success_only and not t.success) or (min_reward is not None and t.reward < min_reward))
+
+
+def _metadata(t: Trajectory) -> dict[str, Any]:
+    return {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
+
+
+def _write_lines(
+    trajectories: Iterable[Trajectory],
+    target: Path,
+    keep: Callable[[Trajectory], bool],
+    lines: Callable[[Trajectory], list[dict[str, Any]] | None],
+) -> int:
+    """Write `lines(t)` for each kept trajectory (None: it has none to give) to `target`, whole or
+    not at all; returns how many trajectories gave lines."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for t in trajectories:
+                if not keep(t) or (out := lines(t)) is None:
+                    continue
+                fh.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in out)
+                written += 1
+        tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed write or rename leaves nothing behind either
+        raise
+    return written
+
+
 def export_chat(
     trajectories: Iterable[Trajectory],
     path: str | Path,
@@ -160,29 +206,89 @@ def export_chat(
     """
     _check(calls, arguments)
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     store = ImageStore(target.parent / IMAGES_DIR)
-    written = 0
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            for t in trajectories:
-                if t.error is not None or not t.turns:
-                    continue
-                if (success_only and not t.success) or (min_reward is not None and t.reward < min_reward):
-                    continue
-                line = _line(t, calls, arguments, store)
-                if tools:
-                    line["tools"] = tools
-                line["metadata"] = {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-                written += 1
-        tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a failed write or rename leaves nothing behind either
-        raise
-    return written
+
+    def lines(t: Trajectory) -> list[dict[str, Any]]:
+        line = _line(t, calls, arguments, store)
+        if tools:
+            line["tools"] = tools
+        line["metadata"] = _metadata(t)
+        return [line]
+
+    return _write_lines(trajectories, target, lambda t: _kept(t, success_only, min_reward), lines)
+
+
+def _finite(logprobs: list[float]) -> list[float | None]:
+    """Log-probs as JSON numbers (a non-finite one, which JSON has no number for, as null)."""
+    return [lp if math.isfinite(lp) else None for lp in logprobs]
+
+
+def token_rows(trajectory: Trajectory) -> list[dict[str, Any]] | None:
+    """The trajectory as the exact token ids the model read and wrote, or None when a turn lacks
+    `prompt_token_ids` or `token_ids` (the agent did not record them).
+
+    A row is `input_ids`, `assistant_masks` (1 on generated tokens: the loss mask) and `logprobs`
+    (per input id, null where not generated; null altogether when a turn of the row has none that
+    fit). A turn whose prompt continues the row so far (the previous prompt and completion, then
+    the env's reply) extends it; one that does not (a template that re-renders an earlier turn,
+    e.g. drops its reasoning) starts a new row, so no row trains on tokens the model never read.
+    """
+    if any(t.prompt_token_ids is None or t.token_ids is None for t in trajectory.turns):
+        return None
+    rows: list[dict[str, Any]] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] | None = []
+    first = last = 0
+    for turn in trajectory.turns:
+        prompt, completion = turn.prompt_token_ids or [], turn.token_ids or []
+        if not ids or prompt[: len(ids)] != ids:
+            if ids:
+                rows.append(_token_row(trajectory, ids, mask, logprobs, first, last))
+            ids, mask, logprobs, first = [], [], [], turn.index
+        last = turn.index
+        fresh = prompt[len(ids) :]
+        ids += [*fresh, *completion]  # lists of this row only: a new row starts new lists
+        mask += [0] * len(fresh) + [1] * len(completion)
+        if logprobs is not None and turn.logprobs is not None and len(turn.logprobs) == len(completion):
+            logprobs += [None] * len(fresh) + _finite(turn.logprobs)
+        else:
+            logprobs = None
+    rows.append(_token_row(trajectory, ids, mask, logprobs, first, last))
+    return rows
+
+
+def _token_row(
+    t: Trajectory, ids: list[int], mask: list[int], logprobs: list[float | None] | None, first: int, last: int
+) -> dict[str, Any]:
+    return {
+        "input_ids": ids,
+        "assistant_masks": mask,
+        "logprobs": logprobs,
+        "metadata": {**_metadata(t), "turns": [first, last]},
+    }
+
+
+def export_tokens(
+    trajectories: Iterable[Trajectory],
+    path: str | Path,
+    *,
+    success_only: bool = False,
+    min_reward: float | None = None,
+    on_missing: Callable[[Trajectory], None] | None = None,
+) -> int:
+    """Write each kept trajectory as exact token ids (`token_rows`), for exact-token SFT (TRL's
+    `SFTTrainer` takes `input_ids` with `assistant_masks` as already tokenized) or offline RL.
+    Returns how many trajectories were written; one whose agent recorded no token ids is left
+    out and given to `on_missing`. Filters as `export_chat`'s."""
+
+    def rows(t: Trajectory) -> list[dict[str, Any]] | None:
+        out = token_rows(t)
+        if out is None and on_missing is not None:
+            on_missing(t)
+        return out
+
+    return _write_lines(trajectories, Path(path), lambda t: _kept(t, success_only, min_reward), rows)
 
 
 def load_chat(path: str | Path) -> Dataset:

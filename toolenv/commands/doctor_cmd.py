@@ -46,9 +46,12 @@ def collect() -> dict[str, Any]:
     }
     for ep in metadata.entry_points(group="toolenv.doctor"):
         try:
-            report["reports"][ep.name] = ep.load()()
+            rep = ep.load()()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
-            report["reports"][ep.name] = {"error": f"{type(exc).__name__}: {exc}"}
+            rep = {"error": f"{type(exc).__name__}: {exc}"}
+        if not isinstance(rep, dict):  # so is one that returns no report
+            rep = {"error": f"the report is {type(rep).__name__}, not a dict"}
+        report["reports"][ep.name] = rep
     return report
 
 
