@@ -80,6 +80,11 @@ class ToolEnv(gym.Env[str, str]):
         parser_kwargs: passed to the parser factory when `parser` is a name.
         tool_limits: `ToolLimits` fields to change, by tool name (`"*"`: every tool), e.g.
             `{"search": {"timeout": 10, "retries": 2}}`; the env steps copies of those tools.
+        answer_tool_rewrites: phrases of the system prompt or the questions that say to write the
+            final answer (or a tool call) as text, each mapped to its wording for a model that gets
+            the tools from its chat template and gives the answer by calling a tool, named where the
+            wording says `{answer_tool}`. TRL's rows use them (`toolenv.integrations.trl`): TRL does
+            not show the env the model's last message, so an answer written as text is lost there.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
@@ -98,6 +103,7 @@ class ToolEnv(gym.Env[str, str]):
         parser_kwargs: Mapping[str, Any] | None = None,
         render_mode: str | None = None,
         tool_limits: Mapping[str, Mapping[str, Any]] | None = None,
+        answer_tool_rewrites: Mapping[str, str] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
@@ -115,6 +121,7 @@ class ToolEnv(gym.Env[str, str]):
         self.prompt_template = _checked_template(prompt_template)
         self.task_order = task_order
         self.render_mode = render_mode
+        self.answer_tool_rewrites: dict[str, str] = dict(answer_tool_rewrites or {})
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
         self._instructions = self.parser.instructions(self.tools)

@@ -32,6 +32,8 @@ from ..conftest import TASKS, Add
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
 ANSWERED = "Your answer is recorded; the episode is over."
+#: What `reset` puts before the question for a row without a prompt (the system message `dataset_rows` writes).
+NOTE = "Give your final answer by calling the `answer` tool.\n\n"
 
 
 class Search(toolenv.Tool):
@@ -218,11 +220,11 @@ def test_a_failed_call_raises_for_trls_failure_count_after_the_env_recorded_it()
 def test_reset_reads_the_task_from_json_dict_id_or_columns() -> None:
     env = environment_factory(make_env)()
     task = {"id": "x", "question": "7+1?", "answer": "8", "context": {"k": 1}}
-    assert env.reset(task=json.dumps(task)) == "7+1?"  # no prompt column: the question is the prompt
+    assert env.reset(task=json.dumps(task)) == NOTE + "7+1?"  # no prompt column: the note and question are
     assert env.env.episode is not None and env.env.episode.task.context == {"k": 1}
     env.reset(task=task, prompt=[{"role": "user", "content": "7+1?"}])
     assert env.env.episode.task.id == "x"
-    assert env.reset(task_id="t3") == "Capital of France?"
+    assert env.reset(task_id="t3") == NOTE + "Capital of France?"
     env.reset(question="9+1?", answer="10")
     assert env.answer(answer="10") and env.get_reward() == 1.0
     with pytest.raises(ValueError, match="names no task"):
@@ -243,12 +245,12 @@ def test_reset_reads_rows_as_a_datasets_table_fills_them(tmp_path: Path) -> None
             {"task": {"id": "b", "question": "3+3?", "answer": "6", "context": {"k": 1}}},
         ]
     )
-    assert [env.reset(**row) for row in tasks] == ["2+2?", "3+3?"]
+    assert [env.reset(**row) for row in tasks] == [NOTE + "2+2?", NOTE + "3+3?"]
     assert env.env.episode is not None and env.env.episode.task.context == {"k": 1}
     lines = tmp_path / "rows.jsonl"  # one row by id, one by its own columns
     lines.write_text('{"task_id": "t2"}\n{"question": "9+1?", "answer": "10"}\n')
     mixed = datasets.Dataset.from_json(str(lines), cache_dir=str(tmp_path / "cache"))
-    assert [env.reset(**row) for row in mixed] == ["10+4?", "9+1?"]
+    assert [env.reset(**row) for row in mixed] == [NOTE + "10+4?", NOTE + "9+1?"]
     assert env.answer(answer="10") and env.get_reward() == 1.0
 
 
@@ -268,7 +270,7 @@ async def test_calls_from_a_thread_that_runs_an_event_loop() -> None:
     """GRPOTrainer calls reset, the tools and get_reward on its own thread; in Jupyter or Colab
     that thread runs an event loop, where a sync ToolEnv call cannot run its coroutine."""
     env = environment_factory(make_env)()
-    assert env.reset(task_id="t1") == "2+3?"
+    assert env.reset(task_id="t1") == NOTE + "2+3?"
     assert env.add(a=2, b=3) == "5"
     assert env.answer(answer="5") == "Your answer is recorded; the episode is over."
     assert env.get_reward() == 1.0
@@ -369,13 +371,14 @@ def test_dataset_rows_of_an_image_env_carry_the_prompt_images_as_trl_reads_them(
         _, info = env.reset(options={"task_id": json.loads(rows[0]["task"])["id"]})
     overview = info["messages"][-1].images[0].to_pil()
     assert [len(r["images"]) for r in rows] == [1, 1]
-    assert rows[0]["prompt"][-1] == {"role": "user", "content": info["messages"][-1].content}
+    question = info["messages"][-1].content.replace(" as <answer>CODE</answer>", " by calling the `answer` tool")
+    assert rows[0]["prompt"][-1] == {"role": "user", "content": question}  # the answer given with the tool
     stored = Dataset.from_list(rows)[0]  # what TRL's dataloader hands the trainer
     assert stored["images"][0].tobytes() == overview.tobytes()  # the same pixels, not re-encoded
     messages = prepare_multimodal_messages(stored["prompt"], images=stored["images"])
     user = messages[-1]["content"]
     assert [part["type"] for part in user] == ["image", "text"] and user[0]["image"].size == overview.size
-    assert user[1]["text"] == info["messages"][-1].content
+    assert user[1]["text"] == question
     factory = environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 2})
     assert factory().reset(**stored) is None  # the row's prompt (and images) are the prompt
 
@@ -386,7 +389,8 @@ def test_reset_without_a_prompt_returns_the_task_image_and_question_as_blocks() 
     env = environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1})()
     image, text = env.reset(task_id=task["id"])
     assert image["type"] == "image" and max(image["image"].size) == 448  # the overview the env shows
-    assert text == {"type": "text", "text": task["question"]}
+    question = task["question"].replace(" as <answer>CODE</answer>", " by calling the `answer` tool")
+    assert text == {"type": "text", "text": NOTE + question}
 
 
 def test_the_crop_tools_image_reaches_trls_async_tool_loop_as_its_text(trl_parts: Any) -> None:

@@ -23,6 +23,8 @@ MBPP_INSTRUCTIONS = (
     "You may run code to test your ideas. When you are done, give the complete solution code as your final "
     "answer inside <answer>...</answer>; a ```python block inside the answer is fine."
 )
+#: The instructions' answer format for a model that answers through a tool (TRL's rows).
+ANSWER_TOOL_REWRITES = {" inside <answer>...</answer>": " by calling the `{answer_tool}` tool"}
 
 
 #: MBPP tasks whose reference solution needs far more than the default per-test time

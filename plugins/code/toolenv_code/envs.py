@@ -6,7 +6,7 @@ from typing import Any
 
 from toolenv import Task, ToolEnv
 from toolenv_code import reward as _reward  # noqa: F401 - registers "tests_passed"
-from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
+from toolenv_code.datasets import ANSWER_TOOL_REWRITES, humaneval_tasks, mbpp_tasks
 from toolenv_code.sandbox import SandboxLimits
 from toolenv_code.tool import PythonTool
 
@@ -33,6 +33,7 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     parser = overrides.pop("parser", "codeblock")
     overrides.setdefault("reward", "tests_passed")
     overrides.setdefault("max_turns", 4)
+    overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return ToolEnv(tools=tools, tasks=tasks, parser=parser, **overrides)
 
 

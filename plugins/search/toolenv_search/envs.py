@@ -43,6 +43,16 @@ TOOL_CALL_PROMPT = (
     "without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
 
+#: The instructions of both prompts for a model that calls the search tool and gives the answer through a tool
+#: (TRL's rows): the env's `answer_tool_rewrites`, the question that follows kept as it is.
+ANSWER_TOOL_REWRITES = dict.fromkeys(
+    (SEARCH_R1_PROMPT.partition("Question: ")[0], TOOL_CALL_PROMPT.partition("Question: ")[0]),
+    "Answer the given question. Reason step by step. If you find you lack some knowledge, call the search tool; "
+    "its results come back as tool responses. You can search as many times as you want. "
+    "If you find no further external knowledge needed, give the answer by calling the `{answer_tool}` tool, "
+    "without detailed illustrations (for example, Beijing). ",
+)
+
 
 def _gold_titles(row: Mapping[str, Any]) -> list[str]:
     titles: list[str] = []
@@ -171,6 +181,7 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
         parts["tool_call_penalty"] = (ToolCallPenalty(-abs(per_search)), 1.0)
     overrides.setdefault("prompt_template", "{question}" if tags else "{instructions}\n\n{question}")
     overrides.setdefault("max_turns", 5)
+    overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return ToolEnv(tools=[tool], tasks=tasks, parser=parser, reward=WeightedSum(parts), **overrides)
 
 

@@ -28,6 +28,8 @@ SYSTEM_PROMPT = (
     "the data first. Give your final answer as one SQL query in the database's dialect inside "
     "<answer>...</answer>; it is scored by whether it returns the same rows as the reference query."
 )
+#: `SYSTEM_PROMPT`'s answer format for a model that answers through a tool (TRL's rows).
+ANSWER_TOOL_REWRITES = {" inside <answer>...</answer>": " by calling the `{answer_tool}` tool"}
 
 # Options consumed here (the rest go to ToolEnv).
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
@@ -58,6 +60,7 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
     opts.setdefault("system_prompt", SYSTEM_PROMPT)
+    opts.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     opts.setdefault("prompt_template", "{instructions}\n\n{question}\n")
     return ToolEnv(tasks=tasks, **opts)
 

@@ -22,7 +22,13 @@ from toolenv import Message, Task, ToolEnv, ToolImage, load_tasks
 from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool, box_in, view_dims
 from toolenv_vision.images import ImageRefError, resolve_image
 from toolenv_vision.render import task_image
-from toolenv_vision.tasks import DEFAULT_LONG_SIDE, DEFAULT_OVERVIEW_MULTIPLE, DEFAULT_OVERVIEW_SIZE, generate_tasks
+from toolenv_vision.tasks import (
+    ANSWER_TOOL_REWRITES,
+    DEFAULT_LONG_SIDE,
+    DEFAULT_OVERVIEW_MULTIPLE,
+    DEFAULT_OVERVIEW_SIZE,
+    generate_tasks,
+)
 
 __all__ = [
     "DEFAULT_OVERVIEW_MULTIPLE",
@@ -146,6 +152,7 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
         tasks = tasks[: int(limit)]
     overrides.setdefault("tools", [crop])
     overrides.setdefault("max_turns", 4)
+    overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return VisualSearchEnv(tasks=tasks, image_root=image_root, **overrides)
 
 

@@ -49,6 +49,9 @@ QUESTION = (
 )
 """The question; `{bbox}` says how the crop tool reads a box (`BBOX`)."""
 
+ANSWER_TOOL_REWRITES = {" as <answer>CODE</answer>": " by calling the `{answer_tool}` tool"}
+"""The question's answer format for a model that answers through a tool (TRL's rows)."""
+
 BBOX: dict[str, str] = {
     "pixels": (
         "bbox [x1, y1, x2, y2] in pixels of the {view_width}x{view_height} image you see, or normalized "

@@ -6,7 +6,8 @@ chat template writes, and scores the rollout with the object's `get_reward()`. H
 each such object holds a `ToolEnv` episode:
 
 - `reset(**row)` starts an episode on the row's task (`task` as JSON or a dict,
-  `task_id`, or the row's own `question`/`answer`/... columns);
+  `task_id`, or the row's own `question`/`answer`/... columns), and for a row without a
+  prompt returns the text `dataset_rows` would have put in it;
 - one method per toolenv tool, with the tool's argument schema as type hints and a
   Google-style docstring, so TRL's chat template shows the model the tool it knows;
   a call is one env step, so toolenv validates, limits, truncates and records it; a
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import pickle
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -59,6 +61,9 @@ Args:
 Returns:
     A confirmation.
 """
+
+#: The text-format answer tag a TRL prompt must not tell the model to write.
+_OPEN_ANSWER = "<answer>"
 
 _TASK_FIELDS = ("id", "question", "prompt", "answer", "context", "metadata")
 
@@ -112,8 +117,9 @@ class TRLEnvironment:
 
     # TRL calls `reset(**row)` with every column of the dataset row, `prompt` included.
     def reset(self, **row: Any) -> str | list[dict[str, Any]] | None:
-        """Start an episode on the row's task. A row without a prompt gets the question back (TRL adds
-        it to the prompt), as content blocks `[image..., text]` when the task's prompt has images."""
+        """Start an episode on the row's task. A row without a prompt gets back the text `dataset_rows`
+        would have put in its prompt (the system message's, then the question), which TRL adds to the
+        prompt's empty user message; as content blocks `[image..., text]` when the task's prompt has images."""
         task = _row_task(row)
         options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
         _, info = _LOOP.run(self.env.areset(options=options))
@@ -122,12 +128,12 @@ class TRLEnvironment:
         self.last_info = info
         if row.get("prompt"):
             return None
-        episode = self._episode()
-        question = episode.task.prompt or episode.task.question
+        system, question = _prompt_texts(self.env, self._episode().task, self._answer_tool)
+        text = f"{system}\n\n{question}" if system else question
         images = [im for m in info["messages"] for im in m.images]
         if images:
-            return [*_image_blocks(images), {"type": "text", "text": question}]
-        return question
+            return [*_image_blocks(images), {"type": "text", "text": text}]
+        return text
 
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first."""
@@ -176,6 +182,21 @@ class TRLEnvironment:
     def _answer(self, answer: str) -> str:
         obs, info = self._step(ParsedAction(answer=str(answer)))
         return self._failed(obs) if info is None else "Your answer is recorded; the episode is over."
+
+
+def _prompt_texts(env: ToolEnv, task: Task, answer_tool: str | None) -> tuple[str, str]:
+    """(system message, question) of `task` for a model shown the tools by its chat template. With an
+    answer tool, the env's `answer_tool_rewrites` turn what its prompt says about writing the answer
+    (or a call) as text into giving it through that tool, and the system message ends by saying so:
+    TRL shows the env no reply text, so a model told to write `<answer>...</answer>` would score 0."""
+    system, question = env.system_prompt or "", task.prompt or task.question
+    if not answer_tool:
+        return system, question
+    for phrase, wording in env.answer_tool_rewrites.items():
+        wording = wording.replace("{answer_tool}", answer_tool)
+        system, question = system.replace(phrase, wording), question.replace(phrase, wording)
+    note = f"Give your final answer by calling the `{answer_tool}` tool."
+    return (f"{system}\n\n{note}" if system else note), question
 
 
 def _row_task(row: Mapping[str, Any]) -> Task | None:
@@ -414,13 +435,19 @@ def dataset_rows(
     A row has a conversational `prompt` (the env's system prompt, then the task's
     question) and the `task` as JSON, which `reset` reads back. The env's text-format
     instructions are left out: TRL's chat template shows the tools. With `answer_tool`,
-    the system message ends by saying to answer through that tool. With `environment`,
+    the env's `answer_tool_rewrites` reword what its system prompt and questions say about
+    writing the answer (or a call) as text, the system message ends by saying to answer
+    through that tool, and a prompt that still says `<answer>` is warned of (TRL shows the
+    env no reply text: such an answer scores nothing). With `environment`,
     rows carry TRL's `environment` column, which picks a factory when
     `environment_factory` is a dict (several envs in one run).
 
     A task whose prompt has images (`toolenv/VisualSearch-v0`'s overview) also gets TRL's
     `images` column: the images as PIL images, in order, which `GRPOTrainer` shows a
     vision model before the question (its `prepare_multimodal_messages`).
+
+    Warns:
+        UserWarning: a task's prompt still says to write `<answer>...</answer>`.
 
     Raises:
         ValueError: `n` is below 1 or the env has no tasks.
@@ -431,15 +458,14 @@ def dataset_rows(
     try:
         if not made.tasks:
             raise ValueError(f"the env {env_id or env!r} has no tasks to make rows of")
-        system = made.system_prompt or ""
-        if answer_tool:
-            note = f"Give your final answer by calling the `{answer_tool}` tool."
-            system = f"{system}\n\n{note}" if system else note
-        rows = []
+        rows, unread = [], []
         for task in made.tasks[:n]:
             _, messages = made.render_prompt(task)
+            system, question = _prompt_texts(made, task, answer_tool)
+            if answer_tool and _OPEN_ANSWER in system + question:
+                unread.append(task.id)
             prompt = [{"role": "system", "content": system}] if system else []
-            prompt.append({"role": "user", "content": task.prompt or task.question})
+            prompt.append({"role": "user", "content": question})
             row: dict[str, Any] = {
                 "prompt": prompt,
                 "task": json.dumps(task.model_dump(mode="json"), ensure_ascii=False),
@@ -450,6 +476,14 @@ def dataset_rows(
             if environment is not None:
                 row["environment"] = environment
             rows.append(row)
+        if unread:
+            warnings.warn(
+                f"the prompt of {len(unread)} task(s) of {env_id or env!r} (first {unread[0]!r}) still says to write "
+                f"the answer as {_OPEN_ANSWER}...</answer>, which TRL does not show the env: the answer must come "
+                f"through the `{answer_tool}` tool. Give the env answer_tool_rewrites for that phrase.",
+                UserWarning,
+                stacklevel=2,
+            )
         return rows
     finally:
         made.close()
