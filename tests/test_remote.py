@@ -191,6 +191,20 @@ def test_rollout_through_remote_envs_equals_local(url: str) -> None:
     assert any(turn.results and turn.results[0].images for t in remote.trajectories for turn in t.turns)
 
 
+def test_an_agent_with_native_tools_gets_the_same_prompt_remotely(url: str) -> None:
+    """`native_tools` (the prompt leaves the tools to the chat template) crosses the wire as a
+    reset option: the served env renders the same system message a local one does."""
+
+    class Native(Scripted):
+        native_tools = True
+
+    local = toolenv.rollout(lambda: make_env(), Native(), n=1)
+    remote = toolenv.rollout(lambda: RemoteToolEnv(url), Native(), n=1)
+    system = remote.trajectories[0].prompt_messages[0].content
+    assert system == local.trajectories[0].prompt_messages[0].content
+    assert '"name": "add"' not in system and system.endswith(make_env().unwrapped.parser.answer_instructions())
+
+
 def test_rollout_by_env_id_takes_the_servers_tasks(url: str, tmp_path: Any) -> None:
     res = toolenv.rollout("toolenv/Remote-v0", Scripted(), env_kwargs={"url": url}, n=2, out=tmp_path / "run")
     assert sorted(t.task.id for t in res.trajectories) == ["t1", "t2"]  # listed as they finished
