@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import sys
+import time
 import weakref
 import zlib
 from typing import Any
@@ -24,9 +25,18 @@ try:  # mcp 2.x
     from mcp.server.mcpserver import Context
     from mcp.server.mcpserver import MCPServer as FastMCP
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.shared.exceptions import MCPError
+
+    def protocol_error(code: int, message: str) -> Exception:
+        return MCPError(code, message)
 except ImportError:  # mcp 1.x
     from mcp.server.fastmcp import Context, FastMCP  # type: ignore[no-redef, attr-defined, unused-ignore]
     from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef, import-not-found, unused-ignore]
+    from mcp.shared.exceptions import McpError  # type: ignore[attr-defined, unused-ignore]
+
+    def protocol_error(code: int, message: str) -> Exception:
+        return McpError(types.ErrorData(code=code, message=message))  # type: ignore[no-any-return, unused-ignore]
+
 
 refuse = os.environ.get("MCP_TEST_REFUSE_IF")
 if refuse and os.path.exists(refuse):
@@ -153,6 +163,35 @@ def recall(ctx: Context) -> str:  # type: ignore[type-arg, unused-ignore]
     """The values this session remembered, as a JSON list."""
     _count()
     return json.dumps(_memory(ctx))
+
+
+BARRIERS: dict[str, tuple[list[int], asyncio.Event]] = {}
+
+
+@app.tool()
+async def barrier(key: str, n: int) -> str:
+    """Return once `n` calls with this `key` are in flight at once (how many a client runs concurrently)."""
+    arrived, all_in = BARRIERS.setdefault(key, ([0], asyncio.Event()))
+    arrived[0] += 1
+    if arrived[0] >= n:
+        all_in.set()
+    await all_in.wait()
+    return f"{n} in"
+
+
+@app.tool()
+def refuse(code: int, message: str) -> str:
+    """Answer with a JSON-RPC error of this code (mcp 2.x sends it as such; 1.x as an isError result)."""
+    _count()
+    raise protocol_error(code, message)
+
+
+@app.tool()
+async def hog(seconds: float) -> str:
+    """Block the server's event loop (a busy loop, a blocking call): it answers nothing meanwhile."""
+    _count()
+    time.sleep(seconds)
+    return f"hogged {seconds}"
 
 
 def main(argv: list[str]) -> None:

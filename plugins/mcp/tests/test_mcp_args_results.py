@@ -277,3 +277,34 @@ def test_properties_named_in_top_level_combinators_are_arguments() -> None:
     assert arguments_of(model.model_validate(sent)) == sent  # before: every one an "unknown argument"
     assert errors(model, {"path": "p", "size": 1}) == [(("size",), "unknown argument")]
     assert errors(model, {"mode": "w"}) == [(("path",), "Field required")]
+
+
+def test_a_schema_that_is_a_ref_to_its_definitions_names_its_arguments() -> None:
+    """Pydantic writes a recursive model's schema as `{"$ref": "#/$defs/Node", "$defs": ...}`,
+    and servers that publish `Model.model_json_schema()` as the input schema send just that.
+    Every argument was "unknown" (the tool "takes no arguments"), and the parameters the
+    model read were `{"properties": {}}`: the tool could not be called at all."""
+    from pydantic import BaseModel
+
+    from toolenv_mcp import MCPServer, MCPTool
+
+    class Node(BaseModel):
+        name: str
+        children: list[Node] = []
+
+    schema = Node.model_json_schema()
+    assert set(schema) == {"$ref", "$defs"}  # what Pydantic gives: no top-level `properties`
+    model = args_model("tree", schema)
+    sent = {"name": "root", "children": [{"name": "leaf"}]}
+    assert arguments_of(model.model_validate(sent)) == sent
+    assert errors(model, {"name": "r", "size": 1}) == [(("size",), "unknown argument")]
+    assert errors(model, {"children": []}) == [(("name",), "Field required")]
+    tool = MCPTool(MCPServer(name="s", command="python"), {"name": "tree", "inputSchema": schema})
+    try:
+        params = tool.schema()["function"]["parameters"]
+        assert params["type"] == "object" and set(params["properties"]) == {"name", "children"}
+        assert params["required"] == ["name"]
+        flat = tool.flat_schema()["function"]["parameters"]
+        assert set(flat["properties"]) == {"name", "children"} and flat["required"] == ["name"]
+    finally:
+        tool._drop()

@@ -204,3 +204,44 @@ def test_a_restarted_http_server_gets_a_new_session(restartable_http: Any) -> No
         asyncio.run(more[0].close())
     finally:
         env.close()
+
+
+async def test_results_over_a_megabyte_come_back_over_http(http_url: str) -> None:
+    """A screenshot or a page of text is often over 1 MiB: the MCP SDK's default cap on one
+    SSE event. Such a result failed as "closed the connection ... (did it crash?)", and the
+    session (an episode's state with it) was thrown away; over stdio it came back whole."""
+    from toolenv import Task, ToolContext
+
+    [echo] = await amcp_tools(MCPServer(name="web", url=http_url), include=["echo"])
+    try:
+        conn = echo._conn
+        assert conn is not None
+        big = "x" * (3 * 1024 * 1024)
+        result = await echo.run(echo.Args.model_validate({"text": big}), ToolContext(Task()))
+        assert not result.is_error, result.text
+        assert result.text == big
+        starts = conn.starts
+        small = await echo.run(echo.Args.model_validate({"text": "hi"}), ToolContext(Task()))
+        assert (small.text, conn.starts) == ("hi", starts)  # the same session: it was never lost
+    finally:
+        await echo.close()
+
+
+async def test_more_than_a_hundred_calls_in_flight_over_http(http_url: str) -> None:
+    """Streamable HTTP answers each call on a connection of its own, and httpx pools at most
+    100 per client: the 101st call waited for a free one (a vector env of 128 episodes ran
+    100 at a time), and one that waited 30 s for it failed the whole session, every call
+    in flight with it, as "closed the connection ... (did it crash?)". Over stdio no such cap."""
+    from toolenv import Task, ToolCall, ToolCaller, ToolContext
+
+    tools = await amcp_tools(MCPServer(name="web", url=http_url), include=["barrier", "add"], timeout=20)
+    try:
+        caller = ToolCaller(tools)
+        calls = [ToolCall(name="barrier", arguments={"key": "hundred", "n": 120}) for _ in range(120)]
+        results, _ = await caller.invoke(calls, ToolContext(Task()))  # each returns once all 120 have arrived
+        assert {r.text for r in results} == {"120 in"}
+        [added], _ = await caller.invoke([ToolCall(name="add", arguments={"a": 1, "b": 2})], ToolContext(Task()))
+        assert added.text == "3"
+    finally:
+        for t in tools:
+            await t.close()

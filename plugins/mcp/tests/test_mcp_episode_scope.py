@@ -261,3 +261,18 @@ def test_an_episodes_http_session_the_server_forgot_is_reported_then_replaced(re
         assert ask(env, "remember", value="b") == "ok" and json.loads(ask(env, "recall")) == ["b"]
     finally:
         env.close()
+
+
+def test_an_episodes_http_session_survives_a_server_error_with_code_32000(http_url: str) -> None:
+    """Over HTTP the MCP SDK gives -32000 to a call whose response stream broke, and servers
+    use it for their own errors; one such refusal threw the episode's session (its state) away."""
+    srv = MCPServer(name="web", url=http_url, scope="episode")
+    env = ToolEnv(tools=mcp_tools(srv, include=["remember", "recall", "refuse"]), tasks=TASKS, max_turns=10)
+    try:
+        env.reset(seed=0)
+        assert ask(env, "remember", value="kept") == "ok"
+        refused = ask(env, "refuse", code=-32000, message="not now")
+        assert "not now" in refused and "closed the connection" not in refused
+        assert json.loads(ask(env, "recall")) == ["kept"]
+    finally:
+        env.close()

@@ -18,7 +18,23 @@ from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
 from toolenv.checker import check_tool_rejects_bad_arguments, check_tool_schema
 from toolenv_mcp import MCPServer, MCPServerError, MCPTool, amcp_tools, connection, mcp_tools
 
-ALL = ["add", "echo", "fail", "sleep", "image", "structured", "resources", "die", "pid", "calls", "remember", "recall"]
+ALL = [
+    "add",
+    "echo",
+    "fail",
+    "sleep",
+    "image",
+    "structured",
+    "resources",
+    "die",
+    "pid",
+    "calls",
+    "remember",
+    "recall",
+    "barrier",
+    "refuse",
+    "hog",
+]
 Factory = Callable[..., MCPServer]
 
 
@@ -71,11 +87,15 @@ def test_include_exclude_and_prefix(server: MCPServer) -> None:
     tools = mcp_tools(server, include=["add", "e*"], prefix="calc_")
     assert [t.name for t in tools] == ["calc_add", "calc_echo"]
     assert [t.mcp_name for t in tools] == ["add", "echo"]
-    others = mcp_tools(server, exclude=["die", "s*", "calc_[ae]*", "re[mc]*"], prefix="calc_")  # MCP or prefixed
+    others = mcp_tools(
+        server, exclude=["die", "s*", "calc_[ae]*", "re[mcf]*", "barrier", "hog"], prefix="calc_"
+    )  # MCP or prefixed
     assert [t.name for t in others] == ["calc_fail", "calc_image", "calc_resources", "calc_pid", "calc_calls"]
     named = mcp_tools(server, include="add", prefix_server_names=True)
     assert [t.name for t in named] == ["calc__add"]
-    with pytest.raises(ValueError, match=r"include='ad' matches no MCP tool \(the servers have: add, calls, die"):
+    with pytest.raises(
+        ValueError, match=r"include='ad' matches no MCP tool \(the servers have: add, barrier, calls, die"
+    ):
         mcp_tools(server, include=["ad"])
     with pytest.raises(ValueError, match="exclude='nope' matches no MCP tool"):
         mcp_tools(server, exclude=["nope"])
@@ -145,6 +165,23 @@ async def test_a_failing_tool_is_an_error_observation(server: MCPServer) -> None
         await close(tools)
 
 
+async def test_a_server_error_with_code_32000_is_a_refusal_not_a_crash(fresh_server: Factory, procs: Any) -> None:
+    """JSON-RPC leaves -32000 to servers ("Server error"), and the MCP SDK also gives it to
+    calls whose connection closed. A server refusing a call with it was taken for dead: the
+    call read "closed the connection ... (did it crash?)" and the next call killed the
+    process (and every call in flight on it) to start another, its state lost."""
+    tools = await amcp_tools(fresh_server(), include=["refuse", "pid", "add"])
+    try:
+        first = await pid_of(tools)
+        refused = await call(tools, "refuse", code=-32000, message="too busy, try later")
+        assert refused.is_error and "too busy, try later" in refused.text
+        assert "closed the connection" not in refused.text
+        assert await pid_of(tools) == first and procs.alive(first)
+        assert (await call(tools, "add", a=1, b=2)).text == "3"
+    finally:
+        await close(tools)
+
+
 async def test_a_hanging_call_times_out_and_the_server_keeps_serving(server: MCPServer) -> None:
     tools = await amcp_tools(server, include=["sleep", "add"], timeout=0.5)
     assert tools[0].limits.timeout == 0.5
@@ -155,6 +192,42 @@ async def test_a_hanging_call_times_out_and_the_server_keeps_serving(server: MCP
         assert hung.is_error and hung.retryable and hung.text.startswith("Tool 'sleep' timed out after 0.5 s")
         assert (await call(tools, "add", a=4, b=4)).text == "8"
         assert (await call(tools, "sleep", seconds=0)).text == "slept 0.0"
+    finally:
+        await close(tools)
+
+
+async def test_a_wedged_server_is_replaced_after_a_call_times_out(
+    fresh_server: Factory, procs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose event loop is stuck (a model's input sent a tool into a busy loop)
+    answers nothing, not even the cancellation of the timed-out call: every later call of
+    every episode timed out too, for good. Now the session is pinged after a call is
+    cancelled, and one that does not answer is stopped; the next call starts a new server."""
+    monkeypatch.setattr(connection, "PING_TIMEOUT", 1.0)
+    tools = await amcp_tools(fresh_server(), include=["hog", "pid", "add"], timeout=0.5)
+    try:
+        first = await pid_of(tools)
+        hung = await call(tools, "hog", seconds=3600)
+        assert hung.is_error and "timed out after 0.5 s" in hung.text
+        deadline = time.monotonic() + 15
+        # A call sent before the ping's verdict (1 s) meets the stuck server too; none after it.
+        while (added := await call(tools, "add", a=1, b=2)).is_error:
+            assert "timed out" in added.text or "closed the connection" in added.text
+            assert time.monotonic() < deadline, "every call still meets the stuck server"
+        assert added.text == "3"
+        assert await pid_of(tools) != first and procs.wait_gone(first)
+    finally:
+        await close(tools)
+
+
+async def test_a_slow_call_that_times_out_leaves_a_healthy_server_alone(fresh_server: Factory) -> None:
+    """The ping after a timed-out call is answered: the server and its calls in flight go on."""
+    tools = await amcp_tools(fresh_server(), include=["sleep", "pid", "add"], timeout=0.5)
+    try:
+        first = await pid_of(tools)
+        assert "timed out" in (await call(tools, "sleep", seconds=30)).text
+        assert (await call(tools, "add", a=2, b=2)).text == "4"
+        assert await pid_of(tools) == first
     finally:
         await close(tools)
 

@@ -10,6 +10,7 @@ arguments never reach the server.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -18,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Self
 
-__all__ = ["MCPArgs", "accepts_extra_arguments", "args_model", "arguments_of"]
+__all__ = ["MCPArgs", "accepts_extra_arguments", "args_model", "arguments_of", "resolved"]
 
 _MAX_ERRORS = 5
+_MAX_REF_HOPS = 8
 
 
 class MCPArgs(BaseModel):
@@ -67,6 +69,7 @@ def accepts_extra_arguments(schema: Mapping[str, Any]) -> bool:
     about it (as with toolenv's own tools), so only an explicit `additionalProperties`
     (true or a schema) or `patternProperties` opens the model.
     """
+    schema = resolved(schema, schema)
     extra = schema.get("additionalProperties")
     return extra is True or isinstance(extra, dict) or bool(schema.get("patternProperties"))
 
@@ -111,14 +114,35 @@ def _property_names(schema: Mapping[str, Any]) -> list[str]:
     """The argument names the schema defines: its `properties`, and those of its top-level
     `allOf` / `anyOf` / `oneOf` branches (a schema composed of parts names them there)."""
     names: dict[str, None] = {}
-    branches = [schema]
+    root = resolved(schema, schema)
+    branches = [root]
     for key in ("allOf", "anyOf", "oneOf"):
-        found = schema.get(key)
-        branches += [b for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
+        found = root.get(key)
+        branches += [resolved(schema, b) for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
     for branch in branches:
         props = branch.get("properties")
         names.update(dict.fromkeys(props) if isinstance(props, Mapping) else {})
     return list(names)
+
+
+def resolved(schema: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`node` (a part of `schema`) with its local `$ref` followed: the target's keys, and its own beside them.
+
+    Pydantic writes the schema of a recursive model as `{"$ref": "#/$defs/Node", "$defs": ...}`:
+    its arguments are those of the target. Refs that are not local JSON pointers stay as they are.
+    """
+    for _ in range(_MAX_REF_HOPS):  # a ref to a ref, ...; a cycle of refs names nothing
+        ref = node.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return node
+        target: Any = schema
+        for part in ref[1:].split("/")[1:]:
+            key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+            target = target.get(key) if isinstance(target, Mapping) else None
+        if not isinstance(target, Mapping):
+            return node
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
 
 
 def _field_name(prop: str, taken: Mapping[str, Any]) -> str:

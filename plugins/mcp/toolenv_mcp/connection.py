@@ -13,14 +13,16 @@ when a tool closes). The process-wide connection then only serves the tool listi
 
 Faults: a server whose connection ends while idle is restarted by the next call; one
 that dies during a call fails that call with `MCPConnectionLost` (its outcome is
-unknown) and is restarted by the next. An episode's own server that died between calls
-fails the next call too (its state is gone, which the model should hear), and the call
-after that starts a new one. An HTTP server that answers 404 to the session (it restarted)
-gets a new session, the request sent again (it was not run); for an episode's connection
-that is reported instead, as its state is gone. A server that cannot start fails with
-`MCPServerError`, and is not tried again for a second (for episode connections: by any
-episode), so a vector env of a thousand episodes does not spawn a thousand doomed
-processes at once.
+unknown) and is restarted by the next. So is one that does not answer a ping after a
+call was cancelled (it is stuck) or after a -32000 error (the SDK's code for a closed
+connection, and a server's own for its errors). An episode's own server that died
+between calls fails the next call too (its state is gone, which the model should hear),
+and the call after that starts a new one. An HTTP server that answers 404 to the session
+(it restarted) gets a new session, the request sent again (it was not run); for an
+episode's connection that is reported instead, as its state is gone. A server that
+cannot start fails with `MCPServerError`, and is not tried again for a second (for
+episode connections: by any episode), so a vector env of a thousand episodes does not
+spawn a thousand doomed processes at once.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ import atexit
 import concurrent.futures
 import contextlib
 import functools
+import inspect
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -52,10 +56,14 @@ _log = logging.getLogger("toolenv.mcp")
 CONNECTION_CLOSED = -32000
 #: Seconds a failed start is reported again before the next attempt.
 RESTART_COOLDOWN = 1.0
+#: Seconds a session has to answer a ping, after a -32000 error or a cancelled call, to count as alive.
+PING_TIMEOUT = 10.0
 #: Seconds to wait for sessions (and their processes) to end on close and at exit.
 CLOSE_TIMEOUT = 10.0
 _MAX_PAGES = 1000
 _SESSION_HEADER = "mcp-session-id"
+#: Idle HTTP connections kept open per session (httpx's default).
+_HTTP_KEEPALIVE = 20
 
 
 class _StartFailure:
@@ -97,6 +105,7 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[Any] | None = None
+        self._checking: asyncio.Task[None] | None = None  # the ping after a cancelled request
         self._failures = failures if failures is not None else _StartFailure()
         self._ending: set[asyncio.Task[None]] = set()
 
@@ -167,16 +176,70 @@ class Connection:
             generation = self.starts
             try:
                 return await request(session)
+            except asyncio.CancelledError:  # the caller gave up (its timeout): is the server stuck?
+                self._suspect(session, generation)
+                raise
             except Exception as exc:  # classified and reworded below
                 if attempt == 0 and self.episode is None and self._expired == generation:
                     continue
-                raise self._failed(exc, generation, during) from exc
+                gone = await self._gone(exc, session, generation)
+                raise self._failed(exc, generation, during, gone=gone) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _failed(self, exc: Exception, generation: int, during: str) -> Exception:
-        """The error to raise for `exc`: connection loss is marked for a restart, the rest passes."""
+    async def _gone(self, exc: Exception, session: Any, generation: int) -> bool:
+        """Whether `exc` means the session is gone, rather than the server refusing the request.
+
+        JSON-RPC leaves -32000 to servers for errors of their own, and the MCP SDK gives the
+        same code to requests whose connection closed (or, over HTTP, whose response stream
+        broke). So that code alone proves nothing: a session that still answers a ping is alive.
+        """
+        if generation != self.starts or self._lost:
+            return True
+        if not is_connection_error(exc):
+            return False
+        if error_code(exc) != CONNECTION_CLOSED:
+            return True  # the transport itself failed (end of stream, refused connection, ...)
+        try:
+            await asyncio.wait_for(session.send_ping(), PING_TIMEOUT)
+        except Exception:  # noqa: BLE001 - no answer, whatever the reason: the session is gone
+            return True
+        return generation != self.starts or self._lost
+
+    def _suspect(self, session: Any, generation: int) -> None:
+        """Ping the session after a request was cancelled, unless a ping is on its way already.
+
+        A server whose event loop is stuck (a busy loop, a blocking call) answers nothing,
+        not even the cancellation: every later call of every episode would time out too.
+        One that does not answer the ping within `PING_TIMEOUT` is given up: calls in flight
+        on it fail as after a crash, and the next call starts a new one.
+        """
+        checking = self._checking
+        if self.closed or self._lost or generation != self.starts or (checking is not None and not checking.done()):
+            return
+        self._checking = asyncio.get_running_loop().create_task(self._check(session, generation))
+        self._checking.add_done_callback(_retrieve)
+
+    async def _check(self, session: Any, generation: int) -> None:
+        try:
+            await asyncio.wait_for(session.send_ping(), PING_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - no answer, whatever the reason
+            if generation != self.starts or self._lost or self.closed:
+                return
+            _log.warning(
+                "MCP server %r did not answer a ping within %g s after a call was cancelled (%s): "
+                "it is stuck, and replaced on the next call",
+                self.label,
+                PING_TIMEOUT,
+                describe(exc),
+            )
+            self._lost = True
+            if self.episode is None:  # an episode's is retired by its next call, which reports the loss
+                self._retire()
+
+    def _failed(self, exc: Exception, generation: int, during: str, *, gone: bool) -> Exception:
+        """The error to raise for `exc`: connection loss (`gone`) is marked for a restart, the rest passes."""
         current = generation == self.starts  # else a newer session replaced this one meanwhile
-        if is_connection_error(exc) or not current or self._lost:
+        if gone:
             if current:
                 self._lost = True
                 if self.episode is not None:  # reported now: the next call starts a new one
@@ -204,6 +267,9 @@ class Connection:
         """The open session, starting (or restarting) it when there is none."""
         if self.closed:
             raise MCPServerError(f"MCP server {self.label!r}: its connection was closed")
+        checking = self._checking
+        if checking is not None and not checking.done():  # the session is suspected of being stuck
+            await asyncio.shield(checking)
         if self._session is not None and not self._lost:
             return self._session
         if self.episode is not None and self._session is not None:  # the episode's server died while idle
@@ -308,6 +374,8 @@ class Connection:
     async def aclose(self) -> None:
         """Close the session for good; for stdio, the process is gone when this returns."""
         self.closed = True
+        if self._checking is not None:
+            self._checking.cancel()
         starting = self._starting
         if starting is not None:
             starting.cancel()
@@ -380,18 +448,42 @@ async def _open_transport(
     else:
         from mcp.client.streamable_http import streamable_http_client
 
-        # The SDK's own client factory (its timeouts): mcp 1.x builds on httpx, 2.x on httpx2.
-        from mcp.shared._httpx_utils import create_mcp_http_client
-
         async def watch(response: Any) -> None:
             if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
                 on_expired()
 
-        client = create_mcp_http_client(headers=dict(server.headers) or None)
+        client = _http_client(server.headers)
         client.event_hooks["response"].append(watch)
         client = await stack.enter_async_context(client)
-        streams = await stack.enter_async_context(streamable_http_client(str(server.url), http_client=client))
+        options: dict[str, Any] = {}
+        if "max_sse_event_size" in inspect.signature(streamable_http_client).parameters:
+            # mcp 2.x caps one SSE event at 1 MiB and fails a larger result as a lost
+            # connection; stdio and JSON responses have no cap (`max_output_chars` bounds
+            # what the model reads), so neither does a result streamed as SSE.
+            options["max_sse_event_size"] = None
+        streams = await stack.enter_async_context(
+            streamable_http_client(str(server.url), http_client=client, **options)
+        )
     return streams[0], streams[1]  # mcp 1.x adds a third item (a session-id getter)
+
+
+def _http_client(headers: Mapping[str, str]) -> Any:
+    """The HTTP client of a streamable HTTP session: the MCP SDK's own (httpx for mcp 1.x,
+    httpx2 for 2.x; its headers and redirect rule), with no cap on connections and no read timeout.
+
+    Each request in flight holds a connection (its answer streams back on it), and httpx
+    pools at most 100 per client: the 101st concurrent call waited for a free one, and a
+    wait past the SDK's 30 s pool timeout, like a read past its 300 s read timeout, failed
+    the whole session, with every call in flight. A call is bounded by its tool's
+    `timeout`; bound the calls in flight with `max_concurrency`.
+    """
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    sdk = create_mcp_http_client(headers=dict(headers) or None)  # never opened: only its settings are used
+    http = sys.modules[type(sdk).__module__.partition(".")[0]]
+    timeout = http.Timeout(sdk.timeout.connect, read=None, write=sdk.timeout.write, pool=sdk.timeout.pool)
+    limits = http.Limits(max_connections=None, max_keepalive_connections=_HTTP_KEEPALIVE)
+    return type(sdk)(headers=sdk.headers, follow_redirects=sdk.follow_redirects, timeout=timeout, limits=limits)
 
 
 # ---------------------------------------------------------------------- errors
@@ -404,11 +496,15 @@ def root_cause(exc: BaseException) -> BaseException:
         exc = next((e for e in inner if not isinstance(e, asyncio.CancelledError)), inner[0])
 
 
+def error_code(exc: BaseException) -> Any:
+    """The JSON-RPC error code `exc` carries (an MCP SDK error), else None."""
+    return getattr(getattr(root_cause(exc), "error", None), "code", None)
+
+
 def is_connection_error(exc: BaseException) -> bool:
-    """True when `exc` says the connection is gone (rather than the server refusing a request)."""
+    """True when `exc` may say the connection is gone (-32000 may also be the server's own error)."""
     exc = root_cause(exc)
-    code = getattr(getattr(exc, "error", None), "code", None)
-    if code == CONNECTION_CLOSED:
+    if error_code(exc) == CONNECTION_CLOSED:
         return True
     broken = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError, EOFError)
     return isinstance(exc, broken) or type(exc).__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")

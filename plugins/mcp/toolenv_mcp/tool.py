@@ -23,7 +23,7 @@ from typing import Any, Union
 from toolenv import Tool, ToolContext, ToolLimits, ToolResult
 from toolenv._schema import strip_titles
 from toolenv_mcp import loop
-from toolenv_mcp.args import args_model, arguments_of
+from toolenv_mcp.args import args_model, arguments_of, resolved
 from toolenv_mcp.config import MCPServer, load_servers
 from toolenv_mcp.connection import (
     Connection,
@@ -328,7 +328,7 @@ def _safe(name: str) -> str:
 
 def _parameters(schema: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters part of the function schema: the input schema without auto-generated titles."""
-    params: dict[str, Any] = strip_titles(dict(schema))
+    params: dict[str, Any] = strip_titles(dict(resolved(schema, schema)))  # a top-level `$ref`: its target
     params.setdefault("type", "object")
     params.setdefault("properties", {})
     params.setdefault("required", [])
