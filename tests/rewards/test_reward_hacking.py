@@ -53,3 +53,13 @@ def test_an_empty_answer_scores_no_partial_format_reward() -> None:
 def test_a_real_answer_still_earns_the_format_reward() -> None:
     assert _components([CALL, "<answer>5</answer>"], {"format": 1.0})["format"] == 1.0
     assert _components(["<answer>0</answer>"], {"format": 1.0})["format"] == 1.0
+
+
+@pytest.mark.parametrize("empty", ["<answer></answer>", "<answer> \n</answer>"])
+def test_an_empty_answer_does_not_dodge_the_answer_avoidance_penalty(empty: str) -> None:
+    """An empty answer ends the episode but answers nothing: without this, a policy learns to
+    write `<answer></answer>` instead of running out of turns and escapes the penalty."""
+    reward = {"answer_avoidance_penalty": 1.0, "penalties": 1.0}
+    assert _components([empty], reward) == {"answer_avoidance_penalty": -1.0, "penalties": -1.0}
+    assert _components([CALL, "<answer>5</answer>"], reward) == {"answer_avoidance_penalty": 0.0, "penalties": 0.0}
+    assert _components([CALL] * 4, reward) == {"answer_avoidance_penalty": -1.0, "penalties": -1.0}

@@ -61,3 +61,44 @@ def test_step_raises_it_and_a_rollout_records_it_as_the_episodes_error(tmp_path:
     assert all("reward component 'turn_reward' is nan" in (t.error or "") for t in written)
     again = toolenv.rollout(make, Answers(), out=tmp_path)
     assert (again.new, again.skipped) == (0, 3)  # resume skips them instead of rerunning them forever
+
+
+class Numpy32(Reward):
+    name = "np"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        import numpy as np
+
+        return np.float32(0.5)  # type: ignore[return-value]  # what a reward computed with numpy returns
+
+
+class ReturnsNone(Reward):
+    name = "forgot_return"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        return None  # type: ignore[return-value]
+
+
+def test_a_numpy_scalar_component_is_reported_as_a_float() -> None:
+    """`info["reward_components"]` goes to JSON (trajectories, the remote env, loggers): a numpy
+    float32 from a user's reward is not JSON serialisable, so each part's value is a float."""
+    import json
+
+    env = toolenv.ToolEnv(tools=[], tasks=[{"question": "q", "answer": "a"}], reward=[(Numpy32(), 1.0), ("em", 1.0)])
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step("<answer>a</answer>")
+    env.close()
+    assert type(info["reward_components"]["np"]) is float and reward == 1.5
+    assert json.loads(json.dumps(info["reward_components"])) == {"np": 0.5, "exact_match": 1.0}
+
+
+def test_a_reward_that_returns_no_number_is_an_error_naming_it() -> None:
+    env = toolenv.ToolEnv(tools=[], tasks=[{"question": "q", "answer": "a"}], reward=[(ReturnsNone(), 1.0)])
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match=r"reward component 'forgot_return' is None; a reward must be a number"):
+        env.step("<answer>a</answer>")
+    turn_none = WeightedSum([(TurnReward(lambda ep, t: None, name="per_step"), 1.0)])  # type: ignore[arg-type,return-value]
+    env = toolenv.ToolEnv(tools=[], tasks=[{"question": "q", "answer": "a"}], reward=turn_none, max_turns=3)
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="reward component 'per_step' is None"):
+        env.step("no action")

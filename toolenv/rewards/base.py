@@ -19,6 +19,7 @@ __all__ = [
     "Reward",
     "RewardSpec",
     "WeightedSum",
+    "as_reward",
     "get_reward",
     "record_reward_info",
     "register_reward",
@@ -113,11 +114,30 @@ class WeightedSum(Reward):
         # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
         components = dict.fromkeys(self.parts, 0.0)
         for k, r in self._per_turn:
-            components[k] = await r.turn(episode, turn)
+            v = await r.turn(episode, turn)
+            components[k] = v if type(v) is float else as_reward(k, v)
         return components
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
-        return {k: await r.final(episode) for k, (r, _) in self.parts.items()}
+        components = {}
+        for k, (r, _) in self.parts.items():
+            v = await r.final(episode)
+            components[k] = v if type(v) is float else as_reward(k, v)
+        return components
+
+
+def as_reward(name: str, value: object) -> float:
+    """A reward function's `value` as a float (a numpy or torch scalar is not JSON serialisable).
+
+    Raises:
+        TypeError: `value` is not a number (e.g. None from a missing `return`); the message names `name`.
+    """
+    if isinstance(value, str | bytes) or value is None:
+        raise TypeError(f"reward component {name!r} is {value!r}; a reward must be a number")
+    try:
+        return float(value)  # type: ignore[arg-type]  # int, bool, numpy and torch scalars
+    except (TypeError, ValueError):
+        raise TypeError(f"reward component {name!r} is {value!r}; a reward must be a number") from None
 
 
 def _weight(name: str, value: object) -> float:

@@ -2,9 +2,10 @@
 
 The judge sees the question, the gold answers and the prediction and replies with
 a score or a yes/no verdict. It never raises: a failed call (HTTP error after the
-retries, timeout, unreadable reply) scores 0 and the reason is kept in the
-episode's reward info (`reward_info(episode)[name]`). The API key is read from
-an environment variable at call time and never stored, logged or reported.
+retries, timeout, unreadable reply) scores 0, the reason is kept in the
+episode's reward info (`reward_info(episode)[name]`) and a warning is logged at the
+1st, 10th, 100th ... failure. The API key is read from an environment variable at
+call time and never stored, logged or reported.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import random
 import re
+import string
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import cachetools
@@ -29,6 +32,8 @@ if TYPE_CHECKING:  # httpx is imported on first use so that `import toolenv` sta
     import httpx
 
 __all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeError", "LLMJudge", "parse_judgement"]
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_JUDGE_PROMPT = """You are grading an answer to a question against the gold answer(s).
 
@@ -56,6 +61,11 @@ _WORDS = r"(yes|no|correct|incorrect|true|false)\b"
 _LEADING_VERDICT = re.compile(r"\W*" + _WORDS, re.IGNORECASE)
 _VERDICT = re.compile(r"(\bnot\s+|n['\u2019]t\s+)?\b" + _WORDS, re.IGNORECASE)
 _POSITIVE = frozenset({"yes", "correct", "true"})
+# A quoted span: "…", “…”, ‘…’, `…`, or '…' that no letter touches (an apostrophe is no quote).
+_QUOTED = re.compile(r"\"[^\"\n]*\"|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|`[^`\n]*`|(?<!\w)'[^'\n]*'(?!\w)")
+_EDGE_PUNCT = " \t.,;:!?"
+# What `parse_judgement` reads past the first word: text without any of these hides no verdict.
+_READABLE = re.compile(r"\b(?:yes|no|correct|incorrect|true|false|score|rating|grade)\b", re.IGNORECASE)
 
 
 class JudgeError(Exception):
@@ -76,7 +86,36 @@ def _fraction(num: str, den: str | None) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
-def parse_judgement(text: str) -> float | None:
+def _contains(haystack: str, needle: str) -> bool:
+    """True when `needle` occurs in `haystack` as whole words (both case-folded, spaces collapsed)."""
+    return re.search(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", haystack) is not None
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _unmention(text: str, mentions: Iterable[str]) -> str:
+    """`text` without what it quotes of `mentions` that reads as a verdict or score: each quoted
+    span whose words come from a mention, and each verbatim copy of a whole mention."""
+    unique = {_fold(m.replace("*", "")) for m in mentions}  # as the reply: Markdown bold dropped
+    folded = sorted((f for f in unique if _READABLE.search(f)), key=len, reverse=True)
+    if not folded:
+        return text
+
+    def quoted(m: re.Match[str]) -> str:
+        inner = _fold(m.group()[1:-1]).strip(_EDGE_PUNCT)
+        hides = _READABLE.search(inner) and any(_contains(f, inner) for f in folded)
+        return " " if hides else m.group()
+
+    text = _QUOTED.sub(quoted, text)
+    for f in folded:
+        words = r"\s+".join(map(re.escape, f.split()))
+        text = re.sub(r"(?<!\w)" + words + r"(?!\w)", " ", text, flags=re.IGNORECASE)
+    return text
+
+
+def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
     """A score in [0, 1] from a judge reply, or None when the reply gives none.
 
     Understood, in this order: a reply that starts with a yes/no (correct/incorrect,
@@ -86,18 +125,46 @@ def parse_judgement(text: str) -> float | None:
     bold is ignored. A reasoning model's `<think>…</think>` is skipped (an unclosed one runs
     to the end of the reply, and text before a `</think>` that no `<think>` opens is
     reasoning too, as vLLM's reasoning parsers read it).
+
+    `mentions` are texts the judge may quote (`LLMJudge` passes the prediction and the gold
+    answers): past the first word, a score or verdict inside a quote of one of them, or in a
+    verbatim copy of one, is not read, so a policy that answers "Correct" or "Score: 1" earns
+    nothing from a judge that restates the prediction before its verdict.
     """
     text = split_reasoning(text)[1].replace("*", "")
     lead = _LEADING_VERDICT.match(text)
     if lead:
         return 1.0 if lead.group(1).lower() in _POSITIVE else 0.0
-    m = _SCORE.search(text) or _NUMBER.match(text)
+    text = text if _NUMBER.match(text) else _unmention(text, mentions)  # a bare number is the judge's own
+    m = _NUMBER.match(text) or _SCORE.search(text)
     if m:
         return _fraction(m.group(1), m.group(2))
     v = _VERDICT.search(text)
     if v:
         return float((v.group(2).lower() in _POSITIVE) != bool(v.group(1)))
     return None
+
+
+_PROMPT_FIELDS = ("question", "gold", "prediction")
+
+
+def _check_prompt(prompt: str) -> None:
+    """Refuse a prompt the judge cannot fill, or one without the prediction.
+
+    Raises:
+        ValueError: a field other than `{question}`, `{gold}` and `{prediction}`, a malformed
+            template, or no `{prediction}` (every answer would get the same verdict).
+    """
+    try:
+        prompt.format_map(dict.fromkeys(_PROMPT_FIELDS, ""))
+        fields = {re.split(r"[.\[]", f, maxsplit=1)[0] for _, f, _, _ in string.Formatter().parse(prompt) if f}
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+        raise ValueError(
+            "the judge's prompt must be a str.format template using only {question}, {gold} and {prediction}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    if "prediction" not in fields:
+        raise ValueError("the judge's prompt has no {prediction}: the judge would never see the answer")
 
 
 def _ends_in_reasoning(text: str) -> bool:
@@ -129,7 +196,8 @@ class LLMJudge(Reward):
             (default: `$TOOLENV_JUDGE_BASE_URL`, else vLLM's local default).
         model: the model name the server serves (default: `$TOOLENV_JUDGE_MODEL`).
         api_key_env: name of the environment variable holding the API key (None: no key).
-        prompt: a `str.format` template with `{question}`, `{gold}` and `{prediction}`.
+        prompt: a `str.format` template with `{prediction}` and optionally `{question}` and
+            `{gold}`; any other field is refused here (it would fail every episode).
         system: an optional system message.
         timeout: seconds for one HTTP request (connect, send, and each wait for reply bytes);
             waiting for a free connection of the shared pool is not counted.
@@ -168,6 +236,7 @@ class LLMJudge(Reward):
             raise ValueError(f"retries must be >= 0, got {retries}")
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        _check_prompt(prompt)
         base = base_url or os.environ.get("TOOLENV_JUDGE_BASE_URL") or "http://127.0.0.1:8000/v1"
         self.url = base.rstrip("/") + "/chat/completions"
         self.model = model or os.environ.get("TOOLENV_JUDGE_MODEL") or "judge"
@@ -183,6 +252,9 @@ class LLMJudge(Reward):
         self.name = name
         self._replies: cachetools.LRUCache[str, str] | None = cachetools.LRUCache(cache_size) if cache_size else None
         self._pending: dict[str, asyncio.Task[tuple[str, int]]] = {}
+        #: Judgements that scored 0 for a failure (HTTP, an unreadable reply, no verdict).
+        self.failures = 0
+        self._next_warning = 1
 
     def __repr__(self) -> str:
         return f"<LLMJudge {self.name!r} model={self.model!r} url={self.url!r}>"
@@ -201,31 +273,40 @@ class LLMJudge(Reward):
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def final(self, episode: Episode) -> float:
-        if episode.answer is None:
+        if episode.answer is None or not episode.answer.strip():  # `<answer></answer>` answers nothing
             record_reward_info(episode, self.name, score=0.0, error=None, reply=None, attempts=0, skipped="no answer")
             return 0.0
         try:
             reply, attempts, cached = await self._ask(self.build_messages(episode))
         except JudgeError as exc:
-            record_reward_info(episode, self.name, score=0.0, error=str(exc), reply=None, attempts=exc.attempts)
-            return 0.0
+            return self._fail(episode, str(exc), None, exc.attempts)
         except Exception as exc:  # noqa: BLE001 - a judge failure must not end the training step
-            error = f"{type(exc).__name__}: {exc}"
-            record_reward_info(episode, self.name, score=0.0, error=error, reply=None, attempts=0)
-            return 0.0
-        score = parse_judgement(reply)
+            return self._fail(episode, f"{type(exc).__name__}: {exc}", None, 0)
+        score = parse_judgement(reply, mentions=[episode.answer, *episode.task.answers])
         if score is None:
             error = (
                 "the judge's reply ends inside its <think> reasoning: raise max_tokens"
                 if _ends_in_reasoning(reply)
                 else "the judge's reply holds no score or yes/no verdict"
             )
-            record_reward_info(episode, self.name, score=0.0, error=error, reply=reply[:500], attempts=attempts)
-            return 0.0
+            return self._fail(episode, error, reply[:500], attempts)
         record_reward_info(
             episode, self.name, score=score, error=None, reply=reply[:500], attempts=attempts, cached=cached
         )
         return score
+
+    def _fail(self, episode: Episode, error: str, reply: str | None, attempts: int) -> float:
+        """Score 0, keep why in reward info, and log it at the 1st, 10th, 100th ... failure: the
+        trajectories do not keep reward info, and a judge that is down zeroes every reward."""
+        record_reward_info(episode, self.name, score=0.0, error=error, reply=reply, attempts=attempts)
+        self.failures += 1
+        if self.failures >= self._next_warning:
+            self._next_warning *= 10
+            plural = "" if self.failures == 1 else "s"
+            _log.warning(
+                "judge %r failed (%d failure%s so far; each scores 0): %s", self.name, self.failures, plural, error
+            )
+        return 0.0
 
     async def _ask(self, messages: list[dict[str, str]]) -> tuple[str, int, bool]:
         """`complete`, through the reply cache: (reply, attempts, whether another call's reply)."""

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from toolenv.episode import Episode, Turn
-from toolenv.rewards.base import Reward, register_reward
+from toolenv.rewards.base import Reward, as_reward, register_reward
 
 __all__ = [
     "ActionPenalties",
@@ -88,14 +88,16 @@ class InvalidCallPenalty(Reward):
 
 
 class AnswerAvoidancePenalty(Reward):
-    """`penalty` when the episode ran out of turns without an answer (reported on the last step)."""
+    """`penalty` when the episode ended without a non-empty answer (reported on the last step):
+    it ran out of turns, or answered `<answer></answer>`, which would otherwise dodge the penalty."""
 
     def __init__(self, penalty: float = -1.0, *, name: str = "answer_avoidance_penalty") -> None:
         self.penalty = penalty
         self.name = name
 
     async def final(self, episode: Episode) -> float:
-        return self.penalty if episode.answer is None else 0.0
+        answer = episode.answer
+        return self.penalty if answer is None or not answer.strip() else 0.0
 
 
 class ActionPenalties(Reward):
@@ -155,7 +157,7 @@ class TurnReward(Reward):
         value = self.fn(episode, turn)
         if inspect.isawaitable(value):
             value = await value
-        return float(value)
+        return as_reward(self.name, value)
 
 
 register_reward("tool_call_penalty", ToolCallPenalty)
