@@ -369,3 +369,26 @@ def test_a_reset_with_native_tools_leaves_the_tools_to_the_chat_template() -> No
     assert obs == "<tool_response>\n5\n</tool_response>"  # the env still reads and runs the calls
     again_obs, again = env.reset(seed=0)  # the next reset without the option is as before
     assert again["messages"][0].content == full["messages"][0].content and again_obs == full_obs
+
+
+@pytest.mark.parametrize("copier", ["pickle", "deepcopy"])
+def test_an_env_copies_with_and_without_an_episode(copier: str) -> None:
+    """A sync `reset` makes the env's private event loop, which cannot be pickled or deep-copied:
+    copying an env mid-episode (to branch a rollout, or to send it to a worker) used to fail."""
+    import copy
+    import pickle
+
+    def clone(env: ToolEnv) -> ToolEnv:
+        return pickle.loads(pickle.dumps(env)) if copier == "pickle" else copy.deepcopy(env)  # type: ignore[no-any-return]
+
+    env = make()
+    fresh = clone(env)
+    assert fresh.reset(options={"task_id": "t1"})[0] == env.reset(options={"task_id": "t1"})[0]
+    env.step(CALL)
+    branch = clone(env)
+    assert branch.episode is not None and len(branch.episode.turns) == 1
+    assert branch.step("<answer>5</answer>")[1:3] == (1.0, True)  # the copy goes on from the same turn...
+    assert env.episode is not None and not env.episode.terminated  # ...and leaves the original where it was
+    assert env.step("<answer>4</answer>")[1:3] == (0.0, True)
+    for e in (env, fresh, branch):
+        e.close()

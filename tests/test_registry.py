@@ -204,3 +204,124 @@ def test_gym_registration_works_in_either_import_order() -> None:
     for a, b in [("toolenv", "gymnasium"), ("gymnasium", "toolenv")]:
         out = subprocess.run([sys.executable, "-c", code.format(a=a, b=b)], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "True"
+
+
+@pytest.fixture(scope="module")
+def clashing_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Env plugins Gymnasium cannot register as named, and two that claim the same id."""
+    tmp = tmp_path_factory.mktemp("clashing")
+    wheels = [
+        build_wheel(
+            tmp,
+            "odd-names",
+            {"odd_names": PLUGIN},
+            {"toolenv.envs": {"Odd Name-v0": "odd_names:make_env", "Clash": "odd_names:make_env"}},
+        ),
+        build_wheel(tmp, "clash-v", {"clash_v": PLUGIN}, {"toolenv.envs": {"Clash-v0": "clash_v:make_env"}}),
+        build_wheel(tmp, "twin-one", {"twin_one": PLUGIN}, {"toolenv.envs": {"Twin-v0": "twin_one:make_env"}}),
+        build_wheel(tmp, "twin-two", {"twin_two": PLUGIN}, {"toolenv.envs": {"Twin-v0": "twin_two:make_env"}}),
+        build_wheel(tmp, "fine-env", {"fine_env": PLUGIN}, {"toolenv.envs": {"Fine-v0": "fine_env:make_env"}}),
+        build_wheel(
+            tmp,
+            "broken-env",
+            {"broken_env": "raise ImportError('missing dependency frobnicate')\n"},
+            {"toolenv.envs": {"Broken-v0": "broken_env:make_env"}},
+        ),
+    ]
+    target = tmp / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target)]
+    subprocess.run([*cmd, *map(str, wheels)], check=True)
+    return target
+
+
+@pytest.mark.parametrize("order", ["toolenv, gymnasium", "gymnasium, toolenv"])
+def test_an_env_plugin_gymnasium_refuses_is_warned_of_not_fatal(clashing_site: Path, order: str) -> None:
+    """A plugin's env name Gymnasium cannot register (not an id, or unversioned next to a
+    versioned one) used to raise out of `import gymnasium` (or `import toolenv`) itself."""
+    res = run_py(
+        clashing_site,
+        f"""
+        import json, warnings
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            import {order}
+        import gymnasium as gym
+        env = gym.make("toolenv/Fine-v0")
+        env.reset(seed=0)
+        print(json.dumps({{
+            "ids": sorted(i for i in gym.registry if i.startswith("toolenv/")),
+            "warnings": [str(w.message) for w in caught],
+        }}))
+        """,
+    )
+    assert "toolenv/Fine-v0" in res["ids"] and "toolenv/ToolEnv-v0" in res["ids"]
+    warned = "\n".join(res["warnings"])
+    assert "'Odd Name-v0'" in warned and "odd-names 1.0" in warned
+    assert "Clash" in warned
+
+
+def test_an_env_id_two_distributions_claim_is_refused_by_name_at_make(clashing_site: Path) -> None:
+    """Two plugins advertising the same env name: `gym.make` used to pick one silently (the
+    first by distribution name); now it says which distributions clash, as `load_tool` does."""
+    res = run_py(
+        clashing_site,
+        """
+        import json, toolenv, gymnasium as gym
+        errors = []
+        for make in (lambda: gym.make("toolenv/Twin-v0"), lambda: gym.make_vec("toolenv/Twin-v0", num_envs=2)):
+            try:
+                make()
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        print(json.dumps(errors))
+        """,
+    )
+    assert len(res) == 2
+    for error in res:
+        assert error.startswith("PluginError") and "provided by 2 distributions" in error
+        assert "twin-one 1.0" in error and "twin-two 1.0" in error
+
+
+def test_unreadable_entry_points_do_not_break_importing_gymnasium(tmp_path: Path) -> None:
+    """Registration runs inside `import gymnasium` (or `import toolenv`): a distribution whose
+    entry_points.txt cannot be parsed used to make that import itself fail."""
+    info = tmp_path / "bad_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[toolenv.envs]\nthis line has no equals sign\n")
+    for order in ("toolenv, gymnasium", "gymnasium, toolenv"):
+        res = run_py(
+            tmp_path,
+            f"""
+            import json, warnings
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import {order}
+            import gymnasium as gym
+            print(json.dumps([[str(w.message) for w in caught], "toolenv/ToolEnv-v0" in gym.registry]))
+            """,
+        )
+        assert any("could not register its envs with Gymnasium" in w for w in res[0]), res
+        assert res[1]  # the core ids are registered before the plugins are listed
+
+
+def test_an_env_plugin_that_fails_to_import_is_a_plugin_error_naming_its_distribution(clashing_site: Path) -> None:
+    """docs/plugins.md: an entry point that fails to import gives a `PluginError` naming the
+    distribution. `gym.make` used to import the plugin itself and raise the bare ImportError."""
+    res = run_py(
+        clashing_site,
+        """
+        import json, toolenv, gymnasium as gym
+        errors = []
+        for make in (lambda: gym.make("toolenv/Broken-v0"), lambda: gym.make_vec("toolenv/Broken-v0", num_envs=2)):
+            try:
+                make()
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        env = gym.make("toolenv/Fine-v0")
+        print(json.dumps({"errors": errors, "fine": env.reset(seed=0)[1]["task_id"]}))
+        """,
+    )
+    assert len(res["errors"]) == 2 and res["fine"] == "a"
+    for error in res["errors"]:
+        assert error.startswith("PluginError") and "broken-env 1.0" in error and "frobnicate" in error

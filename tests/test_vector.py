@@ -228,3 +228,85 @@ def test_render_gives_each_envs_frame() -> None:
     frames = venv.render()
     assert frames is not None and len(frames) == 2 and all("[user]" in f for f in frames)  # type: ignore[operator]
     venv.close()
+
+
+def test_a_vector_env_copies_mid_episode() -> None:
+    """The vector env's private event loop (made by the first sync `reset`) cannot be pickled
+    or deep-copied; the copies go on from the same turn, each on its own loop."""
+    import copy
+    import pickle
+
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS, task_order="sequential")] * 2)
+    venv.reset(seed=0)
+    venv.step(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'] * 2)
+    for branch in (copy.deepcopy(venv), pickle.loads(pickle.dumps(venv))):
+        _, rewards, terms, *_ = branch.step(["<answer>5</answer>", "<answer>6</answer>"])
+        assert list(rewards) == [1.0, 0.0] and terms.all()
+        branch.close()
+    assert all(e.episode is not None and not e.episode.terminated for e in venv.envs)
+    venv.close()
+
+
+def test_make_vec_max_episode_steps_truncates_and_scores_each_episode() -> None:
+    """Gymnasium gives a vector entry point `max_episode_steps` (`make_vec(..., max_episode_steps=N)`
+    or the spec's); it used to reach `ToolEnv(...)` and fail there. It truncates each episode at
+    its Nth step as the env's own `max_turns` would: scored, tools released, end info included."""
+    venv = gym.make_vec(
+        "toolenv/ToolEnv-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        max_episode_steps=2,
+        tools=[Add()],
+        tasks=TASKS[:1],
+        max_turns=10,
+        reward={"exact_match": 1.0, "answer_avoidance_penalty": 0.5},
+    )
+    assert isinstance(venv, ToolVectorEnv)
+    venv.reset(seed=0)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    _, rewards, terms, truncs, infos = venv.step([call, call])
+    assert not truncs.any()
+    _, rewards, terms, truncs, infos = venv.step([call, "<answer>5</answer>"])
+    assert list(terms) == [False, True] and list(truncs) == [True, False]
+    assert all(e.episode is not None and e.episode.released for e in venv.envs)
+    final = venv.envs[0].episode.final_components  # type: ignore[union-attr]
+    assert final is not None and final["answer_avoidance_penalty"] == -1.0 and rewards[0] == -0.5
+    assert infos["_episode_stats"].all() and list(infos["episode_stats"]["turns"]) == [2, 2]
+    assert infos["reward_components"]["answer_avoidance_penalty"][0] == -1.0
+    obs, rewards, terms, truncs, _ = venv.step(["x", "x"])  # next-step autoreset of both
+    assert all("Question: 2+3?" in o for o in obs) and not rewards.any()
+    for _ in range(2):
+        _, _, _, truncs, _ = venv.step(["hmm", "hmm"])
+    assert truncs.all()  # counted again from the reset
+    venv.close()
+    unlimited = gym.make_vec("toolenv/ToolEnv-v0", num_envs=1, max_episode_steps=-1, tools=[Add()], tasks=TASKS)
+    assert isinstance(unlimited, ToolVectorEnv) and unlimited.max_episode_steps is None  # as in `gym.make`
+    unlimited.close()
+
+
+def test_close_closes_every_env_when_one_fails_to() -> None:
+    """One env whose tool fails to close used to stop `close` there: the envs after it kept
+    their tools (processes, connections) open. Now all are closed and the first failure raised."""
+
+    class Stuck(_Gate):
+        async def close(self) -> None:
+            await super().close()
+            raise OSError("cannot close")
+
+    gates = [Stuck(), _Gate(), _Gate()]
+    venv = ToolVectorEnv([lambda g=g: toolenv.ToolEnv(tools=[g], tasks=TASKS) for g in gates])  # type: ignore[misc]
+    venv.reset(seed=0)
+    with pytest.raises(OSError, match="cannot close"):
+        venv.close()
+    assert [g.closed for g in gates] == [1, 1, 1]
+
+
+def test_specs_serialise_to_json_and_back() -> None:
+    """`EnvSpec.to_json` refuses callables; the vector entry point used to be a `functools.partial`,
+    so no toolenv env's spec (`env.spec.to_json()`, for an experiment's record) could be written."""
+    from gymnasium.envs.registration import EnvSpec
+
+    text = gym.spec("toolenv/ToolEnv-v0").to_json()
+    venv = gym.make_vec(EnvSpec.from_json(text), num_envs=2, tools=[Add()], tasks=TASKS)
+    assert isinstance(venv, ToolVectorEnv) and len(venv.reset(seed=0)[0]) == 2
+    venv.close()

@@ -274,15 +274,7 @@ class ToolEnv(gym.Env[str, str]):
         }
         if ep.terminated or ep.truncated:
             await self.aend_episode()
-            info["answer"] = ep.answer
-            info["reward_info"] = {k: dict(v) for k, v in ep.reward_info.items()}
-            # Not "episode": Gymnasium's RecordEpisodeStatistics writes that key and refuses it taken.
-            info["episode_stats"] = {
-                "return": sum(t.reward for t in ep.turns),
-                "turns": len(ep.turns),
-                "tool_calls": ep.tool_calls,
-                "tool_errors": ep.tool_errors,
-            }
+            info.update(end_info(ep))
         return obs, turn.reward, ep.terminated, ep.truncated, info
 
     def _episode_to_step(self) -> Episode:
@@ -373,6 +365,13 @@ class ToolEnv(gym.Env[str, str]):
             if loop is not None:
                 loop.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The env without its private event loop, which cannot be pickled or deep-copied
+        (the copy makes its own on its first sync call)."""
+        state = self.__dict__.copy()
+        state["_loop"] = None
+        return state
+
     def render(self) -> str | None:
         """The episode so far as text (render_mode="ansi")."""
         if self.render_mode != "ansi" or self._episode is None:
@@ -388,6 +387,21 @@ class ToolEnv(gym.Env[str, str]):
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI function schemas of the env's tools (for native tool calling)."""
         return [t.schema() for t in self.tools]
+
+
+def end_info(ep: Episode) -> dict[str, Any]:
+    """The keys a step's info adds when `ep` has ended: `answer`, `reward_info`, `episode_stats`."""
+    return {
+        "answer": ep.answer,
+        "reward_info": {k: dict(v) for k, v in ep.reward_info.items()},
+        # Not "episode": Gymnasium's RecordEpisodeStatistics writes that key and refuses it taken.
+        "episode_stats": {
+            "return": sum(t.reward for t in ep.turns),
+            "turns": len(ep.turns),
+            "tool_calls": ep.tool_calls,
+            "tool_errors": ep.tool_errors,
+        },
+    }
 
 
 def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResult]) -> list[Message]:

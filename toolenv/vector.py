@@ -8,6 +8,7 @@ in the same loop and all tool calls of all episodes overlap.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
@@ -17,11 +18,12 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from toolenv import _aio
-from toolenv.env import ToolEnv
+from toolenv.env import ToolEnv, end_info
 
 __all__ = ["ToolVectorEnv", "batch_infos"]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 def batch_infos(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -84,11 +86,18 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     truncations are NumPy arrays; infos follow Gymnasium's dict-of-arrays layout.
     An exception in one env's step cancels the other envs' steps and is raised;
     call `reset` before stepping again.
+
+    `max_episode_steps` (what `gym.make_vec` gives a vector entry point) truncates an
+    episode at that step as its env's own `max_turns` would: final reward scored, tools
+    released, the end's info keys included (Gymnasium's `TimeLimit` only sets the flag).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], ToolEnv]]) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], ToolEnv]], *, max_episode_steps: int | None = None) -> None:
         if not env_fns:
             raise ValueError("ToolVectorEnv needs at least one env")
+        if max_episode_steps is not None and not (isinstance(max_episode_steps, int) and max_episode_steps > 0):
+            raise ValueError(f"max_episode_steps must be a positive int or None, got {max_episode_steps!r}")
+        self.max_episode_steps = max_episode_steps
         self.envs: list[ToolEnv] = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
         first = self.envs[0]
@@ -99,14 +108,29 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.render_mode = first.render_mode
         self._needs_reset = np.zeros(self.num_envs, dtype=bool)
+        self._elapsed = [0] * self.num_envs  # steps since each env's reset
         self._obs: list[str] = [""] * self.num_envs  # each env's latest observation
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def from_entry_point(cls, entry_point: str, num_envs: int = 1, **kwargs: Any) -> ToolVectorEnv:
-        """Build `num_envs` envs from a `"module:factory"` string (Gymnasium's vector entry point)."""
-        factory = metadata.EntryPoint("env", entry_point, "toolenv.envs").load()
-        return cls([lambda: factory(**kwargs) for _ in range(num_envs)])
+    def from_entry_point(
+        cls,
+        entry_point: str | Callable[..., ToolEnv],
+        num_envs: int = 1,
+        *,
+        max_episode_steps: int | None = None,
+        **kwargs: Any,
+    ) -> ToolVectorEnv:
+        """Build `num_envs` envs from an env factory or its `"module:factory"` string (Gymnasium's
+        vector entry point); `max_episode_steps=-1` means no limit, as in `gym.make`."""
+        factory = (
+            metadata.EntryPoint("env", entry_point, "toolenv.envs").load()
+            if isinstance(entry_point, str)
+            else entry_point
+        )
+        if max_episode_steps == -1:
+            max_episode_steps = None
+        return cls([lambda: factory(**kwargs) for _ in range(num_envs)], max_episode_steps=max_episode_steps)
 
     # ------------------------------------------------------------------ async API
     async def areset(
@@ -130,6 +154,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         for i, (obs, info) in zip(which, results, strict=True):
             self._obs[i] = obs
             self._needs_reset[i] = False
+            self._elapsed[i] = 0
             infos.append((i, info))
         return tuple(self._obs), _batch(infos, self.num_envs)
 
@@ -140,13 +165,23 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         if len(actions) != self.num_envs:
             raise ValueError(f"got {len(actions)} actions for {self.num_envs} envs")
 
+        limit = self.max_episode_steps
+
         async def one(i: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
             env = self.envs[i]
             if self._needs_reset[i]:
                 obs, info = await env.areset()
+                self._elapsed[i] = 0
                 return obs, 0.0, False, False, info
             obs, reward, term, trunc, info = await env.astep(action)
-            return obs, float(reward), term, trunc, info
+            self._elapsed[i] += 1
+            if limit is None or term or trunc or self._elapsed[i] < limit:
+                return obs, float(reward), term, trunc, info
+            final = await env.atruncate()  # the time limit: scored and released like `max_turns`
+            ep = env.episode
+            if ep is not None and ep.turns:
+                info = {**info, "reward_components": dict(ep.turns[-1].reward_components), **end_info(ep)}
+            return obs, float(reward) + final, term, True, info
 
         results = await _aio.gather_all(one(i, a) for i, a in enumerate(actions))
         rewards = np.array([r[1] for r in results], dtype=np.float64)
@@ -157,10 +192,20 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         return tuple(self._obs), rewards, terms, truncs, batch_infos([r[4] for r in results])
 
     async def aclose(self) -> None:
-        """Close every sub-env's tools (after this, `close` has nothing left to do)."""
+        """Close every sub-env's tools (after this, `close` has nothing left to do), also when
+        one fails to; then raise the first failure (the others are logged)."""
+        first: Exception | None = None
         for e in self.envs:
-            await e.aclose()
+            try:
+                await e.aclose()
+            except Exception as exc:  # noqa: BLE001 - raised below, after the other envs are closed
+                if first is None:
+                    first = exc
+                else:
+                    _log.warning("an env of the vector env failed to close", exc_info=True)
         self.closed = True
+        if first is not None:
+            raise first
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
@@ -180,6 +225,12 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self, actions: Sequence[str]
     ) -> tuple[tuple[str, ...], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]]:
         return self._run(self.astep(actions))  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The vector env without its private event loop, which cannot be pickled or deep-copied."""
+        state = self.__dict__.copy()
+        state["_loop"] = None
+        return state
 
     def render(self) -> tuple[Any, ...] | None:
         """Each sub-env's `render()`: the episode so far as text (`render_mode="ansi"`), else None."""
