@@ -8,10 +8,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -146,6 +147,24 @@ async def gather_all(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def close_each(
+    items: Iterable[T], close: Callable[[T], Awaitable[object]], describe: Callable[[T], str], log: logging.Logger
+) -> None:
+    """`await close(item)` for every item, even when one fails; then raise the first failure
+    (the others are logged), so one broken close leaves nothing else open."""
+    first: Exception | None = None
+    for item in items:
+        try:
+            await close(item)
+        except Exception as exc:  # raised below, after the others are closed
+            if first is None:
+                first = exc
+            else:
+                log.warning("%s failed to close", describe(item), exc_info=True)
+    if first is not None:
+        raise first
 
 
 _helper: concurrent.futures.ThreadPoolExecutor | None = None

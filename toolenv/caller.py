@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from toolenv import _aio
 from toolenv._tool import Tool, ToolContext, ToolLimits
 from toolenv.breaker import breaker_for
 from toolenv.deadlines import Deadline
@@ -652,14 +653,4 @@ class ToolCaller:
     async def aclose(self) -> None:
         """Close every tool, even when one fails to; then raise the first failure (the
         others are logged), so one broken `close` leaves no other tool's processes behind."""
-        first: Exception | None = None
-        for t in self.tools.values():
-            try:
-                await t.close()
-            except Exception as exc:  # noqa: BLE001 - raised below, after the other tools are closed
-                if first is None:
-                    first = exc
-                else:
-                    _log.warning("tool %r failed to close", t.name, exc_info=True)
-        if first is not None:
-            raise first
+        await _aio.close_each(self.tools.values(), lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)

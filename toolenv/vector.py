@@ -194,18 +194,10 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     async def aclose(self) -> None:
         """Close every sub-env's tools (after this, `close` has nothing left to do), also when
         one fails to; then raise the first failure (the others are logged)."""
-        first: Exception | None = None
-        for e in self.envs:
-            try:
-                await e.aclose()
-            except Exception as exc:  # noqa: BLE001 - raised below, after the other envs are closed
-                if first is None:
-                    first = exc
-                else:
-                    _log.warning("an env of the vector env failed to close", exc_info=True)
-        self.closed = True
-        if first is not None:
-            raise first
+        try:
+            await _aio.close_each(self.envs, lambda e: e.aclose(), lambda e: "an env of the vector env", _log)
+        finally:
+            self.closed = True
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:

@@ -40,13 +40,15 @@ def one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-@pytest.fixture
-def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, list[BaseException | None]]]:
-    """An event set when a SQLite query starts, and how each query ended (None: it returned)."""
+def _record_runs(
+    monkeypatch: pytest.MonkeyPatch, connection: type[Any]
+) -> tuple[threading.Event, list[BaseException | None], list[Any]]:
+    """Wrap `connection.run`: an event set when a query starts, how each query ended (None: it
+    returned) and the connections used."""
     started = threading.Event()
     ended: list[BaseException | None] = []
     used: list[Any] = []
-    real_run = executor._SQLiteConnection.run
+    real_run = connection.run
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         used.append(self)
@@ -59,7 +61,14 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, lis
         ended.append(None)
         return result
 
-    monkeypatch.setattr(executor._SQLiteConnection, "run", run)
+    monkeypatch.setattr(connection, "run", run)
+    return started, ended, used
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, list[BaseException | None]]]:
+    """An event set when a SQLite query starts, and how each query ended (None: it returned)."""
+    started, ended, used = _record_runs(monkeypatch, executor._SQLiteConnection)
     yield started, ended
     for conn in used:  # should a test fail, its runaway query must not outlive it
         with contextlib.suppress(sqlite3.Error):
@@ -98,23 +107,7 @@ async def test_cancelling_execute_stops_an_in_process_duckdb_query(
     monkeypatch.setattr(duckdb_worker, "AVAILABLE", False)
     path = tmp_path / "empty.duckdb"
     duckdb.connect(str(path)).close()
-    started = threading.Event()
-    ended: list[BaseException | None] = []
-    used: list[Any] = []
-    real_run = executor._DuckDBConnection.run
-
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        used.append(self)
-        started.set()
-        try:
-            result = real_run(self, *args, **kwargs)
-        except BaseException as exc:
-            ended.append(exc)
-            raise
-        ended.append(None)
-        return result
-
-    monkeypatch.setattr(executor._DuckDBConnection, "run", run)
+    started, ended, used = _record_runs(monkeypatch, executor._DuckDBConnection)
     loop = asyncio.get_running_loop()
     runaway = "SELECT count(*) FROM range(1000000000000) a WHERE a.range % 7 = 3"
     task = asyncio.ensure_future(execute(path, "duckdb", runaway, timeout=600))
