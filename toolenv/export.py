@@ -45,8 +45,9 @@ __all__ = [
 ]
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
-#: same model family on its own format). `structured`: calls go into `tool_calls` and the
-#: content keeps the rest, so the target model's chat template writes the calls in its own
+#: same model family on its own format); calls the model gave as the API's `tool_calls` (native
+#: tool calling) stay `tool_calls`, as it wrote them. `structured`: calls go into `tool_calls` and
+#: the content keeps the rest, so the target model's chat template writes the calls in its own
 #: format (train one family on another's rollouts).
 CallStyle = Literal["text", "structured"]
 #: How a structured call's arguments are written. `json`: a JSON string, as the OpenAI spec
@@ -55,9 +56,17 @@ CallStyle = Literal["text", "structured"]
 ArgumentStyle = Literal["json", "object"]
 
 
+def _native(turn: TurnRecord) -> bool:
+    """Whether the model gave the turn's calls as the API's `tool_calls` (the `openai` agent's
+    native mode records how many): its action is then the agent's rendering of them in the env's
+    format, not text the model wrote."""
+    count = turn.agent_metadata.get("native_tool_calls")
+    return isinstance(count, int) and count > 0
+
+
 def _assistant(turn: TurnRecord, calls: CallStyle, arguments: ArgumentStyle) -> dict[str, Any]:
     parsed = turn.parsed
-    if calls == "text" or not parsed.tool_calls:
+    if not parsed.tool_calls or (calls == "text" and not _native(turn)):
         return {"role": "assistant", "content": turn.action}
     content = parsed.text
     if parsed.answer is not None:

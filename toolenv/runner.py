@@ -420,7 +420,16 @@ def _check_same_run(path: Path, previous: Trajectory, env_id: str, agent: Agent)
 
 
 def _redact(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in kwargs.items()}
+    """`kwargs` for run.json, a value whose name suggests a secret as `***`. A number, a bool or
+    None is no secret: `max_tokens` or `return_token_ids` names a setting worth keeping."""
+    return {
+        k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) and not _plain(v) else v) for k, v in kwargs.items()
+    }
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is a number, a bool or None (which no key or token is)."""
+    return value is None or isinstance(value, (bool, int, float))
 
 
 # ---------------------------------------------------------------------- the runner
