@@ -269,3 +269,99 @@ def test_a_value_other_tests_read_keeps_its_test_whole() -> None:
     )
     report = run_tests("def f(n):\n    return [1, 2] if n == 1 else [1, 2, 3]", spec)
     assert report.passed == [True, True] and report.split == [False, False]
+
+
+#: Reads the expected value from the test's own variables, which it finds in its caller's globals.
+CONTEXT_READER = """
+import sys
+
+def answer(x):
+    names = sys._getframe(1).f_globals
+    if "cases" in names:
+        return dict(names["cases"])[x]
+    return names.get("expected")
+"""
+
+
+def test_the_expected_side_is_not_computed_in_the_solution_s_process() -> None:
+    """A probe's input computed from a variable that also holds the expected value (a table of
+    cases, or the expected value itself): that variable would be in the solution's process, so
+    the test is not split; one whose expected value is computed from the input still is."""
+    spec = TestSpec(
+        tests=[
+            "cases = [(1, 'secret-one'), (2, 'secret-two')]\nx = cases[0][0]\nassert answer(x) == cases[0][1]",
+            "expected = 'secret-three'\nn = len(expected)\nassert answer(n) == expected",
+            "a, b = 2, 'secret-two'\nassert answer(a) == b",
+            "nums = [1, 2]\nwant = sum(nums)\nassert total(nums) == want",
+        ]
+    )
+    report = run_tests(CONTEXT_READER + "\ndef total(xs):\n    return sum(xs)", spec)
+    assert report.split == [False, False, False, True], report.messages
+    assert report.passed[3]
+
+
+def test_the_expected_side_is_not_read_from_the_setup() -> None:
+    """The setup runs in the solution's process: a test that checks against a value or a
+    function the setup binds is not split (one that only hands such a value to the solution is)."""
+    spec = TestSpec(
+        tests=["assert answer(1) == EXPECTED[1]", "assert answer(2) == want(2)", "assert answer(len(INPUTS)) == 'two'"],
+        setup="EXPECTED = {1: 'secret-one'}\ndef want(n):\n    return 'secret-two'\nINPUTS = [0, 0]",
+    )
+    reader = (
+        "import sys\ndef answer(x):\n    g = sys._getframe(1).f_globals\n"
+        "    return g['EXPECTED'][1] if x == 1 else g['want'](2) if x == 2 else None"
+    )
+    report = run_tests(reader, spec)
+    assert report.split == [False, False, True], report.messages
+    assert report.passed == [True, True, False]  # (graded whole, the reader passes: as documented)
+
+
+#: Distinct ints that all hash alike (hash(n) is n modulo 2**61 - 1): a set of many of them takes
+#: quadratic time to build, which a reported value must not cost the host.
+COLLIDING = [i * (2**61 - 1) for i in range(1, 41)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{" + ", ".join(map(str, COLLIDING)) + "}",
+        "frozenset({" + ", ".join(map(str, COLLIDING)) + "})",
+        "{" + ", ".join(f"{n}: 0" for n in COLLIDING) + "}",
+        "[1, {" + ", ".join(f"({n}, 1.5)" for n in COLLIDING) + "}]",
+    ],
+    ids=["set", "frozenset", "dict", "nested"],
+)
+def test_a_value_crafted_to_collide_in_a_hash_table_is_not_decoded(text: str) -> None:
+    with pytest.raises(ValueError, match="not a plain value"):
+        decode_value(text)
+
+
+def test_sets_and_dicts_of_ordinary_values_still_decode() -> None:
+    assert decode_value("{-1, -2, 0, 1, 2**61 - 1}".replace("2**61 - 1", str(2**61 - 1))) == {-1, -2, 0, 1, 2**61 - 1}
+    assert len(decode_value("{" + ", ".join(map(str, range(5000))) + "}")) == 5000  # type: ignore[arg-type]
+
+
+def test_a_forged_report_line_is_read_with_the_same_guards() -> None:
+    from toolenv_code.grading import _Results
+
+    nonce = "@@n@@"
+    colliding = "{" + ", ".join(map(str, COLLIDING)) + "}"
+    lines = [("probe", 0, 0, 0, True, "1"), ("test", 1, True, ""), ("solution", -1, False, "boom")]
+    stdout = "\n".join(nonce + repr(line) for line in lines)
+    stdout += f"\n{nonce}{colliding}\n{nonce}('probe', 0, 1, 0, True, {colliding})\n{nonce}__import__('os')"
+    results = _Results(stdout, nonce)
+    assert results.probes == {(0, 0): (0, True, "1")}
+    assert results.lines == [("test", 1, True, ""), ("solution", -1, False, "boom")]
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+def test_the_function_a_prompt_declares_is_the_solution_s_without_entry_points(split: bool) -> None:
+    """A HumanEval-style spec that leaves `entry_points` out: the function the prompt only
+    declares (signature and docstring) is the one the answer writes, and the tests see the
+    answer's; a helper the prompt defines stays the prompt's."""
+    prefix = 'def helper(x):\n    return x\n\ndef add(a, b):\n    """Add a and b."""\n'
+    spec = TestSpec(tests=["assert add(1, 2) == 3", "assert helper(add(2, 2)) == 4"], solution_prefix=prefix)
+    spec.split_tests = split
+    assert run_tests("    return helper(a) + b\n", spec).passed == [True, True]
+    hack = "def helper(x):\n    return 4\n\ndef add(a, b):\n    return 3\n"
+    assert run_tests(hack, spec).passed == [True, False]

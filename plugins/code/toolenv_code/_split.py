@@ -11,7 +11,9 @@ that do not use the solution, asserts) and every use of the solution inside its 
 call, an attribute or an item of a name the solution defines (`f(x)`, `candidate(3)`,
 `Solution().run(x)`, `mod.CONST`). Anything else (loops, `with`, a solution function passed
 as a value as in `check(candidate)`, a statement that calls the solution outside an assert as
-in `f(x); assert x == [1, 3]`, comprehensions and lambdas that use it) is left whole.
+in `f(x); assert x == [1, 3]`, comprehensions and lambdas that use it, an expected side that
+reads what the setup binds or a variable the probes' inputs come from, both of which are in
+the solution's process) is left whole.
 """
 
 from __future__ import annotations
@@ -217,6 +219,7 @@ class _Env:
     tainted: set[str]
     across: set[str]  # names some test binds: another test may rely on them
     shadowed: set[str]  # builtin names the prompt, the setup or the test rebinds
+    hidden: set[str]  # names the setup binds (it runs in the solution's process): not for the expected side
 
 
 def _environment(setup: str, prefix: str, entry_points: tuple[str, ...]) -> tuple[_Env, str] | None:
@@ -241,7 +244,8 @@ def _environment(setup: str, prefix: str, entry_points: tuple[str, ...]) -> tupl
             kept.append(stmt)
             trusted |= _bound(stmt) - tainted
     shadowed = (prefix_names | {n for s in setup_tree.body for n in _bound(s)}) & _BUILTINS
-    env = _Env(trusted=trusted, tainted=tainted, across=set(), shadowed=shadowed)
+    hidden = {n for s in setup_tree.body if not isinstance(s, (ast.Import, ast.ImportFrom)) for n in _bound(s)}
+    env = _Env(trusted=trusted, tainted=tainted, across=set(), shadowed=shadowed, hidden=hidden)
     return env, "\n".join(ast.unparse(s) for s in kept)
 
 
@@ -492,6 +496,7 @@ def _split_one(tree: ast.Module, env: _Env, shared: set[str]) -> tuple[str, list
     statements: list[tuple[ast.stmt, set[str]]] = []  # context statements and the names they bind
     found: list[tuple[list[ast.AST], list[Path], bool]] = []
     handed: set[str] = set()  # the test's variables that a probe hands to the solution
+    checked: set[str] = set()  # the test's names its asserts read outside the probes (the expected side)
     for s, stmt in enumerate(tree.body):
         splitter = _Splitter(env, local)
         if isinstance(stmt, ast.Assert):
@@ -500,8 +505,10 @@ def _split_one(tree: ast.Module, env: _Env, shared: set[str]) -> tuple[str, list
             splitter.visit(stmt.test, (("body", s), ("test", None)), [tree, stmt], False)
             nodes = [levels[0] for levels, _, _ in splitter.probes]
             handed |= {n for node in nodes for n in _loads(node)} & local
-            if _names_outside(stmt.test, nodes) & handed:
+            outside = _names_outside(stmt.test, nodes)
+            if outside & handed:
                 raise _Unsplittable("checks a variable that the solution was handed")
+            checked |= outside
             found += splitter.probes
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
@@ -532,6 +539,16 @@ def _split_one(tree: ast.Module, env: _Env, shared: set[str]) -> tuple[str, list
             context.append(stmt)
             needed |= _loads(stmt) - _scope_locals(stmt)
     context.reverse()
+    # The expected side may be computed from a probe's input (`expected = sum(lst)`), but not
+    # read from another variable the context binds (`x = cases[0][0]` puts `cases`, answers
+    # and all, in the solution's process; `n = len(expected)` puts `expected` there), nor from
+    # what the setup binds: both are in the solution's process.
+    for stmt, names in reversed(statements):
+        if names & checked:
+            checked |= _loads(stmt) - _scope_locals(stmt)
+    in_context = {n for stmt in context if not isinstance(stmt, (ast.Import, ast.ImportFrom)) for n in _bound(stmt)}
+    if (in_context - handed) & checked or (env.hidden - local) & checked:
+        raise _Unsplittable("checks a value that is in the solution's process (the setup's, or its inputs')")
     probes = [
         Probe(
             levels=tuple(_level_source(levels, i) for i in range(len(levels))),
@@ -591,7 +608,7 @@ def split_tests(
             out.append(None)
             continue
         own = set().union(*(_bound(s) for s in tree.body)) if tree.body else set()
-        test_env = _Env(env.trusted, env.tainted, env.across - own, env.shadowed)
+        test_env = _Env(env.trusted, env.tainted, env.across - own, env.shadowed, env.hidden - own)
         shared = set().union(*(_loads(t) for t in trees if t is not None and t is not tree))
         try:
             context, probes, checks = _split_one(tree, test_env, shared)
@@ -626,6 +643,21 @@ def decode_value(text: str) -> object:
 _ATOMS = (type(None), bool, int, float, str, bytes)
 _FRACTION_BITS = 1 << 14
 _DECIMAL_CHARS = 5000
+#: Most items of one set or dict that may share a hash. Numbers hash alike on purpose
+#: (`hash(n) == n % (2**61 - 1)`): a set of many such ints takes quadratic time to build
+#: (seconds for one reported value), and reported values are decoded on the host.
+_SAME_HASH = 8
+
+
+def _hashed(items: list[Any]) -> list[Any]:
+    """`items`, unless too many of them share a hash to go in a set or dict cheaply."""
+    counts: dict[int, int] = {}
+    for item in items:
+        h = hash(item)  # (TypeError for an unhashable item, as the set would raise)
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > _SAME_HASH:
+            raise _Bad("items crafted to share a hash")
+    return items
 
 
 def _decode(node: ast.expr) -> object:
@@ -643,11 +675,12 @@ def _decode(node: ast.expr) -> object:
     if isinstance(node, ast.Tuple):
         return tuple(_decode(e) for e in node.elts)
     if isinstance(node, ast.Set):
-        return {_decode(e) for e in node.elts}
+        return set(_hashed([_decode(e) for e in node.elts]))
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise _Bad("** in a dict")
-        return {_decode(k): _decode(v) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
+        keys = _hashed([_decode(k) for k in node.keys])  # type: ignore[arg-type]
+        return dict(zip(keys, [_decode(v) for v in node.values], strict=True))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
         name = node.func.id
         args: list[Any] = [_decode(a) for a in node.args]

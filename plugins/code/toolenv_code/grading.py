@@ -23,8 +23,10 @@ and all 2,922 of MBPP's.
 What stays in the solution's process (graded as before, below): tests that are not a run of
 simple statements and asserts (loops, `with`, `try`), that call the solution outside an assert
 (`f(x); assert x == [1, 3]`), hand it a variable they check afterwards (`assert f(x) == x`),
-pass one of its functions as a value (`check(candidate)`), or use it inside a comprehension or
-lambda; `TestReport.split` says which tests were split. The setup (`candidate = f`, MBPP's
+pass one of its functions as a value (`check(candidate)`), use it inside a comprehension or
+lambda, or whose expected side reads what the setup binds or a variable the probes' inputs are
+computed from (`x = cases[0][0]`: `cases` would be in the solution's process);
+`TestReport.split` says which tests were split. The setup (`candidate = f`, MBPP's
 `test_setup_code`), the prompt and a split test's own statements that its probes need (their
 inputs) do run there; a probe's own arguments are visible to the solution, as its inputs are.
 
@@ -447,7 +449,9 @@ class TestSpec(BaseModel):
     test_timeout: float = Field(default=5.0, gt=0, description="Wall-clock seconds allowed per test.")
     entry_points: list[str] = Field(
         default_factory=list,
-        description="The solution's names under test that the tests may see although they shadow a builtin.",
+        description="The solution's names under test: the tests see the solution's although they shadow a "
+        "builtin or a name of the prompt. The functions the prompt only declares (a signature and a docstring, "
+        "as HumanEval's) are added.",
     )
     split_tests: bool = Field(
         default=True,
@@ -599,9 +603,9 @@ class _Results:
                 self._read(line[len(nonce) :])
 
     def _read(self, text: str) -> None:
-        try:
-            value = ast.literal_eval(text)
-        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        try:  # (not `ast.literal_eval`: a forged line's set of colliding ints would tie up the host)
+            value = decode_value(text)
+        except ValueError:
             return
         if not isinstance(value, tuple):
             return
@@ -622,15 +626,39 @@ def _checked(result: ExecResult) -> ExecResult:
     return result
 
 
+def _is_stub(stmt: ast.stmt) -> bool:
+    """A definition whose body is only a docstring, `pass` or `...`: a signature to complete."""
+    if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return all(
+        isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in stmt.body
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _entry_points(names: tuple[str, ...], prefix: str) -> tuple[str, ...]:
+    """The names under test: `names`, and the functions the prompt only declares (HumanEval's
+    signature and docstring), which the answer writes: the tests must see the answer's."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = ast.parse(prefix).body if prefix else []
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        body = []
+    declared = {s.name for s in body if _is_stub(s)}  # type: ignore[attr-defined]
+    return tuple(sorted(set(names) | declared))
+
+
 class _Grading:
     """One grading: the solution's run (whole tests and probes), then the trusted run."""
 
     def __init__(self, answer: str, spec: TestSpec) -> None:
         self.spec = spec
+        self.entry_points = _entry_points(tuple(spec.entry_points), spec.solution_prefix)
         n = len(spec.tests)
         if spec.split_tests:
             self.splits, self.trusted_setup = split_tests(
-                tuple(spec.tests), spec.setup, spec.solution_prefix, tuple(sorted(spec.entry_points))
+                tuple(spec.tests), spec.setup, spec.solution_prefix, self.entry_points
             )
         else:
             self.splits, self.trusted_setup = tuple(None for _ in spec.tests), ""
@@ -647,7 +675,7 @@ class _Grading:
                 items.append((i, "", split.context, [list(p.levels) for p in split.probes]))
         params = {
             "nonce": self.nonce,
-            "entry_points": sorted(spec.entry_points),
+            "entry_points": list(self.entry_points),
             "solution": solution_source(answer, spec.solution_prefix),
             "setup": spec.setup,
             "prefix": spec.solution_prefix,
@@ -707,7 +735,7 @@ class _Grading:
         self.second_nonce = _nonce()
         params = {
             "nonce": self.second_nonce,
-            "entry_points": sorted(self.spec.entry_points),
+            "entry_points": list(self.entry_points),
             "prefix": self.spec.solution_prefix,
             "setup": self.trusted_setup,
             "errors": errors,
