@@ -355,3 +355,99 @@ def test_mcp_page_example_runs() -> None:
     code = _python_blocks("plugins/mcp.md")[0]
     scope = _run(code, "plugins/mcp.md")
     assert scope["obs"] == _commented(code, "obs")
+
+
+def _command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each `toolenv` command's argument parser, as `toolenv COMMAND --help` shows it."""
+    from toolenv.cli import _modules
+
+    parsers = {}
+    for command, target in _modules().items():
+        parser = argparse.ArgumentParser(prog=f"toolenv {command}")
+        importlib.import_module(target.split(":")[0]).add_arguments(parser)
+        parsers[command] = parser
+    return parsers
+
+
+def _docs_text() -> str:
+    return "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+
+
+def test_every_command_option_is_documented() -> None:
+    """Every long option of every `toolenv` command is named somewhere in the README or docs (a
+    new flag is findable, not only in `--help`)."""
+    text = _docs_text()
+    missing = [
+        f"toolenv {command} {option}"
+        for command, parser in _command_parsers().items()
+        for option in parser._option_string_actions
+        if option.startswith("--") and option != "--help" and not re.search(rf"{re.escape(option)}(?![\w-])", text)
+    ]
+    assert not missing, f"options no page names: {missing}"
+
+
+def test_docs_show_the_commands_defaults() -> None:
+    """A synopsis that shows an option with a value (`[--close-timeout 30]`, `[--host 127.0.0.1]`,
+    not a placeholder such as `[--port P]`) shows that option's default."""
+    parsers = _command_parsers()
+    commands = "|".join(re.escape(c) for c in sorted(parsers, key=len, reverse=True))
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text().replace("\\\n", " ")
+        for command, rest in re.findall(rf"toolenv ({commands})\b([^`\n]*)", text):
+            for option, value in re.findall(r"\[(--[a-z][\w-]*) ([^\]\s|…]+)\]", rest):
+                if value.isupper() or value.startswith(("K=", "{")):
+                    continue  # a placeholder (SECONDS, K=V ...)
+                action = parsers[command]._option_string_actions.get(option)
+                if action is None or action.default is None:
+                    continue  # an unknown option is the test above's; no default: an example value (f.html)
+                default = action.default
+                same = float(value) == default if isinstance(default, (int, float)) else str(default) == value
+                if not same:
+                    wrong.append(f"{page.relative_to(ROOT)}: toolenv {command} {option} {value} (default {default})")
+    assert not wrong, f"defaults the docs show wrong: {wrong}"
+
+
+def test_agents_page_gives_the_reference_agents_arguments() -> None:
+    """docs/agents.md: the `openai` agent's table names exactly its constructor's arguments, with
+    their defaults where the table gives one, and the `transformers` agent's text names all of its."""
+    import inspect
+
+    from toolenv_agents.openai_compat import OpenAIAgent
+
+    page = (ROOT / "docs" / "agents.md").read_text()
+    section = page.split("### `openai`")[1].split("| argument | default | meaning |")[1].split("\n\n")[0]
+    params = {n: p.default for n, p in inspect.signature(OpenAIAgent).parameters.items()}
+    rows = re.findall(r"^\| ((?:`\w+`(?:, )?)+) \| ([^|]*) \|", section, re.M)
+    named, wrong = set(), []
+    words = {"server": None, "off": False, "–": None}
+    for names_cell, defaults_cell in rows:
+        names = re.findall(r"`(\w+)`", names_cell)
+        named.update(names)
+        defaults = [d.strip() for d in defaults_cell.split(",")]
+        if len(defaults) != len(names):
+            defaults = defaults * len(names) if len(defaults) == 1 else [""] * len(names)
+        for name, shown in zip(names, defaults):
+            if name not in params:
+                wrong.append(f"{name}: not an argument")
+                continue
+            if shown in words:
+                expected: object = words[shown]
+            elif re.fullmatch(r"[\d.]+", shown):
+                expected = float(shown)
+            elif re.fullmatch(r"`\w+`", shown):
+                expected = shown.strip("`")
+            else:
+                continue  # prose (`$OPENAI_BASE_URL` or OpenAI)
+            actual = params[name]
+            if shown == "–" and actual is inspect.Parameter.empty:
+                continue  # required
+            if actual != expected and not (actual is None and expected is False):
+                wrong.append(f"{name}: shown {shown!r}, default {actual!r}")
+    assert not wrong and named == set(params), (wrong, sorted(set(params) - named))
+    hf = pytest.importorskip("toolenv_agents.hf")
+    section = page.split("### `transformers`")[1].split("### ")[0]
+    unnamed = [
+        n for n in inspect.signature(hf.TransformersAgent).parameters if n != "model" and f"`{n}`" not in section
+    ]
+    assert not unnamed, f"transformers agent arguments docs/agents.md does not name: {unnamed}"
