@@ -430,3 +430,15 @@ async def test_a_server_error_reports_the_servers_reason(app_server: Any, bad_se
     with pytest.raises(SearchError, match=r"answered HTTP 500: index exploded$"):
         await backend.search(["q"], 3)
     await backend.aclose()
+
+
+def test_serve_search_bad_log_level_is_refused_before_serving() -> None:
+    """It printed "serving ..." and then `error: 'bogus'`: the level is checked with the arguments now."""
+    out = subprocess.run(
+        [sys.executable, "-m", "toolenv.cli", "serve-search", "--log-level", "bogus", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "serving" not in out.stdout
+    assert out.stderr.strip().splitlines()[-1].startswith("toolenv serve-search: error: argument --log-level")

@@ -6,6 +6,8 @@ import argparse
 import socket
 import sys
 
+from toolenv.commands.serve_cmd import LOG_LEVELS
+
 HELP = "Serve a local search backend (BM25 by default) over the Search-R1 retrieval API (POST /retrieve, GET /health)."
 
 
@@ -18,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     parser.add_argument("--topk", type=int, default=3, help="passages per query when a request gives no topk")
-    parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+    parser.add_argument(
+        "--log-level", default="warning", type=str.lower, choices=LOG_LEVELS, help="uvicorn log level (default warning)"
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
