@@ -180,7 +180,11 @@ def test_a_stuck_worker_is_killed_and_replaced(shop: Path) -> None:
 @pytest.mark.parametrize(
     ("signum", "message"),
     [
-        (signal.SIGKILL, "DuckDB error: the query process was killed by signal 9 (SIGKILL) before it answered. Run"),
+        (
+            signal.SIGKILL,
+            "DuckDB error: the query process was killed by signal 9 (SIGKILL) (out of memory on this machine, "
+            "or stopped from outside) before it answered. Run",
+        ),
         (signal.SIGTERM, "DuckDB error: the query process was killed by signal 15 (SIGTERM) before it answered. Run"),
         # An abort is what an allocation that fails outside DuckDB's reach ends in: memory.
         (
@@ -687,22 +691,23 @@ async def test_cancelling_execute_while_its_worker_starts_kills_the_start(
     assert res.rows == [(500,)]
 
 
-def test_a_worker_killed_with_half_its_cap_resident_is_reported_as_memory(
+def test_a_worker_started_from_a_large_process_and_killed_is_not_called_out_of_memory(
     shop: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGKILLed with much memory resident (what the kernel's out-of-memory killer picks): memory.
-    (The cap is lowered after the worker started, to where its peak counts as half of it.)"""
+    """A worker's `ru_maxrss` counts the resident memory of the process it was forked from (Linux
+    keeps the larger across exec), so a worker of a large trainer or test process looked as if it
+    had filled half its cap, and any kill was reported as a memory error (CI's full suite, with
+    torch loaded). The cap is lowered, after the worker started, to twice this process's peak."""
     old, sent = _stopped_worker(shop, monkeypatch)
-    monkeypatch.setattr(duckdb_worker, "MEMORY_CAP", 2 * _kib(old, "VmHWM") * 1024)
+    monkeypatch.setattr(duckdb_worker, "MEMORY_CAP", 2 * _kib("self", "VmHWM") * 1024)
     thread, outcome = _in_thread(lambda: run_query(shop, "duckdb", COUNT, timeout=60))
     assert sent.wait(30)
-    os.kill(old, signal.SIGKILL)
+    os.kill(old, signal.SIGTERM)
+    os.kill(old, signal.SIGCONT)
     thread.join(30)
     (error,) = outcome
     assert isinstance(error, SQLError) and not isinstance(error, QueryTimeout)
-    message = str(error)
-    assert message.startswith("DuckDB error: the query needed more memory than a query may use")
-    assert message.endswith("(The query process was killed by signal 9 (SIGKILL).)")
+    assert str(error).startswith("DuckDB error: the query process was killed by signal 15 (SIGTERM) before it answered")
     monkeypatch.undo()
     assert run_query(shop, "duckdb", COUNT).rows == [(500,)]
 

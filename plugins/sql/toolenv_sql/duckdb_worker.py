@@ -16,7 +16,7 @@ by 60-200 %. So every DuckDB query runs in one of a few long-lived worker proces
   take the query's timeout at most (5 s at least, `_START_MIN`): one that is not
   ready by then is killed and the caller gets `QueryTimeout`. A worker that dies gives an
   `SQLError` saying how (signal or exit code), or that the query needed more memory
-  than a query may use when it aborted or had half its cap resident. The next query
+  than a query may use when it aborted. The next query
   starts a fresh worker. A worker also ends itself `_GRACE` after that, should its
   caller be gone. A caller that gives up (a cancelled `execute`) kills the worker
   running its query, or being started for it;
@@ -338,19 +338,19 @@ class _Worker:
             with contextlib.suppress(OSError):
                 self.proc.send_signal(signal.SIGKILL)
 
-    def reap(self, wait: float) -> tuple[int, int]:
+    def reap(self, wait: float) -> int:
         """Wait up to `wait` s for the process to end (then kill it) and reap it: its exit code
-        (-N: killed by signal N) and its peak resident memory in bytes (0 if unknown)."""
+        (-N: killed by signal N)."""
         deadline = time.monotonic() + wait
         delay = 0.0005
         while True:
             try:
-                pid, status, usage = os.wait4(self.pid, 0 if time.monotonic() > deadline else os.WNOHANG)
+                pid, status = os.waitpid(self.pid, 0 if time.monotonic() > deadline else os.WNOHANG)
             except ChildProcessError:  # reaped by `Popen` meanwhile, which knows its code
-                return self.proc.wait(), 0
+                return self.proc.wait()
             if pid:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
-                return self.proc.returncode, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+                return self.proc.returncode
             if time.monotonic() > deadline:  # its pipe closed, yet it lives on: it goes now
                 self.stop()
             else:
@@ -508,10 +508,12 @@ class _Pool:
 
 def _death_error(worker: _Worker, timeout: float) -> SQLError:
     """What ended a worker before it answered. Its own watchdog: the query's timeout. Memory,
-    when it aborted (what an allocation that failed outside DuckDB's reach ends in) or its
-    resident memory had reached half the cap (the kernel's out-of-memory killer); otherwise
-    the signal or exit code as it is (killed from outside, a crash)."""
-    code, peak = worker.reap(5)
+    when it aborted (what an allocation that failed outside DuckDB's reach ends in); otherwise
+    the signal or exit code as it is (killed from outside, a crash; a SIGKILL may also be the
+    system's out-of-memory killer, which nothing here can tell apart: the worker's `ru_maxrss`
+    counts the memory of the process it was forked from, so a worker of a large trainer would
+    look as if it had filled its cap)."""
+    code = worker.reap(5)
     if code == _WATCHDOG_EXIT:  # (its caller, late, had not killed it at the deadline + `_GRACE` yet)
         return _timeout_error(timeout)
     if code < 0:
@@ -523,9 +525,10 @@ def _death_error(worker: _Worker, timeout: float) -> SQLError:
         how = f"was killed by signal {number} ({name})"
     else:
         how = f"exited with code {code}"
-    if code == -signal.SIGABRT or peak >= MEMORY_CAP // 2:
+    if code == -signal.SIGABRT:
         return SQLError(f"{_memory_error()} (The query process {how}.)")
-    return SQLError(f"DuckDB error: the query process {how} before it answered. Run the query again.")
+    maybe = " (out of memory on this machine, or stopped from outside)" if code == -signal.SIGKILL else ""
+    return SQLError(f"DuckDB error: the query process {how}{maybe} before it answered. Run the query again.")
 
 
 _pool: _Pool | None = None
