@@ -65,6 +65,19 @@ def _record_runs(
     return started, ended, used
 
 
+async def _cancel_when_started(
+    task: asyncio.Future[Any], started: threading.Event, one_thread: ThreadPoolExecutor
+) -> None:
+    """Cancel `task` once its query runs, see the cancel raised, and wait until the pool's one
+    thread is free again (bounded only so that a failure does not hang)."""
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, started.wait, 30)  # it runs on the pool's one thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(loop.run_in_executor(one_thread, lambda: None), 60)
+
+
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, list[BaseException | None]]]:
     """An event set when a SQLite query starts, and how each query ended (None: it returned)."""
@@ -82,14 +95,8 @@ async def test_cancelling_execute_stops_its_sqlite_query(
     query running to its own timeout, holding a pool thread and its connection: with enough
     cancelled episodes every thread was busy. Now the query is interrupted at once."""
     started, ended = runs
-    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(execute(numbers_db, "sqlite", RUNAWAY, timeout=600, inline_budget=0))
-    assert await loop.run_in_executor(None, started.wait, 30)  # it runs on the pool's one thread
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    # The thread is free again (waiting for it is bounded only so that a failure does not hang).
-    await asyncio.wait_for(loop.run_in_executor(one_thread, lambda: None), 60)
+    await _cancel_when_started(task, started, one_thread)
     (stopped,) = ended
     assert isinstance(stopped, SQLError)
     # The same thread and connection answer the next query.
@@ -108,15 +115,10 @@ async def test_cancelling_execute_stops_an_in_process_duckdb_query(
     path = tmp_path / "empty.duckdb"
     duckdb.connect(str(path)).close()
     started, ended, used = _record_runs(monkeypatch, executor._DuckDBConnection)
-    loop = asyncio.get_running_loop()
     runaway = "SELECT count(*) FROM range(1000000000000) a WHERE a.range % 7 = 3"
     task = asyncio.ensure_future(execute(path, "duckdb", runaway, timeout=600))
     try:
-        assert await loop.run_in_executor(None, started.wait, 30)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await asyncio.wait_for(loop.run_in_executor(one_thread, lambda: None), 60)
+        await _cancel_when_started(task, started, one_thread)
         (stopped,) = ended
         assert isinstance(stopped, SQLError)
         res = await execute(path, "duckdb", "SELECT 42", timeout=30)
