@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -29,9 +29,12 @@ __all__ = [
     "dump_line",
     "invalid_line_message",
     "iter_trajectory_file",
+    "kept_lines",
     "load_trajectory_file",
     "read_trajectories",
 ]
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 
@@ -312,9 +315,19 @@ def iter_trajectory_file(path: str | Path, *, on_partial: Callable[[int], None] 
     """`load_trajectory_file` one trajectory at a time, so a run of any size reads in flat
     memory: the number of a partial last line goes to `on_partial`, and the ValueErrors
     come when the iteration reaches the line (or the end of a file that held none)."""
+    return kept_lines(path, iter_trajectory_lines(path), on_partial)
+
+
+def kept_lines(
+    path: str | Path, lines: Iterable[tuple[int, T | None, str]], on_partial: Callable[[int], None] | None = None
+) -> Iterator[T]:
+    """The rule every reader of a run's file keeps, over `(line number, value or None when the
+    line is invalid, raw line)`: an invalid line is a ValueError unless it is the partial last
+    line a killed write leaves (its number goes to `on_partial`), and so is a file with no
+    valid line."""
     partial: int | None = None
     seen = False
-    for lineno, traj, line in iter_trajectory_lines(path):
+    for lineno, traj, line in lines:
         if traj is None:
             if line.endswith("\n"):
                 raise ValueError(invalid_line_message(path, lineno, line))

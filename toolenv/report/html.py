@@ -61,6 +61,12 @@ def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
     if not file.is_file():
         raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
 
+    return iter_trajectory_file(file, on_partial=partial_line_warning(file, warn)), file.parent
+
+
+def partial_line_warning(file: Path, warn: Callable[[str], None] | None) -> Callable[[int], None]:
+    """What a reader of `file` does with a partial last line: tell `warn`, or warn."""
+
     def partial(lineno: int) -> None:
         message = f"{file}:{lineno}: left out a partial last line (a run killed mid-write; resuming reruns it)"
         if warn is None:
@@ -68,7 +74,7 @@ def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
         else:
             warn(message)
 
-    return iter_trajectory_file(file, on_partial=partial), file.parent
+    return partial
 
 
 def _charts(rewards: Sequence[float], turns: Sequence[float], summary: Summary) -> list[str]:

@@ -10,16 +10,15 @@ built once, in one pass over the file, keeps.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
-from toolenv.report.html import _ImageTable, _json_for_script, _page_parts
+from toolenv.report.html import _ImageTable, _json_for_script, _page_parts, partial_line_warning
 from toolenv.report.summary import SummaryBuilder
-from toolenv.trajectory import Trajectory, invalid_line_message
+from toolenv.trajectory import Trajectory, kept_lines
 
 __all__ = ["ROW_TEXT_CHARS", "RunIndex"]
 
@@ -137,11 +136,15 @@ class RunIndex:
 
 
 def _scan(file: Path, warn: Callable[[str], None] | None) -> Iterator[tuple[_Line, Trajectory]]:
-    """Each trajectory of `file` with where its line is, read as `iter_trajectory_file` reads:
-    a partial last line is left out with a warning, any other invalid line is an error."""
+    """Each trajectory of `file` with where its line is, kept as `iter_trajectory_file` keeps
+    them (`kept_lines`): read in bytes here, for the offsets."""
+    return kept_lines(file, _lines(file), partial_line_warning(file, warn))
+
+
+def _lines(file: Path) -> Iterator[tuple[int, tuple[_Line, Trajectory] | None, str]]:
+    """Each non-blank line of `file`: its number, where it is with its trajectory (None when it is
+    not one) and, for an invalid line, its text."""
     context = {IMAGE_STORE: ImageStore(file.parent / IMAGES_DIR)}
-    seen = False
-    partial: int | None = None
     offset = 0
     with open(file, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -151,20 +154,6 @@ def _scan(file: Path, warn: Callable[[str], None] | None) -> Iterator[tuple[_Lin
             try:
                 traj = Trajectory.model_validate_json(raw, context=context)
             except ValueError:
-                if raw.endswith(b"\n"):
-                    raise ValueError(
-                        invalid_line_message(file, lineno, raw.decode("utf-8", "surrogateescape"))
-                    ) from None
-                partial = lineno
+                yield lineno, None, raw.decode("utf-8", "surrogateescape")
                 continue
-            seen = True
-            yield _Line(file, start, len(raw)), traj
-    if not seen:
-        extra = f" (only a partial line {partial}, from a run killed mid-write)" if partial else ""
-        raise ValueError(f"{file} holds no trajectories{extra}")
-    if partial is not None:
-        message = f"{file}:{partial}: left out a partial last line (a run killed mid-write; resuming reruns it)"
-        if warn is None:
-            warnings.warn(message, stacklevel=2)
-        else:
-            warn(message)
+            yield lineno, (_Line(file, start, len(raw)), traj), ""
