@@ -448,3 +448,52 @@ def test_an_agent_with_native_tools_gets_a_prompt_without_the_tools_text() -> No
     assert all(t.prompt_messages[0].content in agent.seen for t in res.trajectories)  # recorded as sent
     plain = rollout(example.ENV_ID, example.ScriptedAgent(), n=1)
     assert plain.trajectories[0].prompt_messages[0].content == full
+
+
+class Deciding(Agent):
+    """Decides native tool calling per env from its parser, against its class-level `native_tools`."""
+
+    def __init__(self, native: bool) -> None:
+        self.native_tools = not native  # the method, not the attribute, is what counts
+        self.native = native
+        self.asked: list[object] = []
+        self.seen: list[str] = []
+
+    def uses_native_tools(self, parser: Any) -> bool:
+        self.asked.append(parser)
+        return self.native
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        self.seen.append(messages[0].content)
+        return AgentAction(text="<answer>none</answer>")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_runner_asks_the_agent_with_the_envs_parser(native: bool) -> None:
+    agent = Deciding(native)
+    envs: list[Any] = []
+
+    def make() -> Any:
+        envs.append(example.make_env())
+        return envs[-1]
+
+    rollout(make, agent, n=2)
+    env = example.make_env()
+    full = env.render_prompt(env.tasks[0])[1][0].content
+    answer_only = env.parser.answer_instructions()
+    assert agent.seen and all(s.endswith(answer_only) and s != full for s in agent.seen) is native
+    assert all(s == full for s in agent.seen) is not native
+    parsers = {id(e.unwrapped.parser) for e in envs}
+    assert agent.asked and all(id(p) in parsers for p in agent.asked)
+
+
+def test_an_agent_failing_to_decide_native_tools_ends_only_its_episode() -> None:
+    class Broken(Deciding):
+        def uses_native_tools(self, parser: Any) -> bool:
+            raise RuntimeError("no tokenizer")
+
+    res = rollout(example.ENV_ID, Broken(True), n=2)
+    assert [t.error for t in res.trajectories] == [
+        "agent failed to say how it sends the tools: RuntimeError: no tokenizer"
+    ] * 2
+    assert all(not t.turns for t in res.trajectories)

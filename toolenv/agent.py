@@ -88,7 +88,7 @@ class Agent(abc.ABC):
     """Base class of agents.
 
     Subclasses implement `act`; they may override `reset` (per-episode state),
-    `spawn` (what is shared between concurrent episodes) and `aclose`.
+    `spawn` (what is shared between concurrent episodes), `uses_native_tools` and `aclose`.
     """
 
     #: A short label recorded in trajectories (defaults to the class name).
@@ -96,9 +96,18 @@ class Agent(abc.ABC):
     #: The model the agent runs, when it has one (recorded in trajectories).
     model: str | None = None
     #: True when the agent gives the model the env's tools itself (`EnvInfo.tool_schemas` as the
-    #: API's `tools` or through the chat template): the runner then resets envs with
-    #: `native_tools`, so the prompt does not describe the tools a second time.
+    #: API's `tools` or through the chat template): what `uses_native_tools` answers by default.
     native_tools: bool = False
+
+    def uses_native_tools(self, parser: ActionParser | None) -> bool:
+        """Whether the agent gives the model the tools itself in an env whose calls `parser` reads.
+
+        The runner asks before each reset and, when True, resets with `native_tools`, so the
+        prompt says only how to answer instead of describing the tools a second time. The
+        default is `native_tools`; override to decide per env (the `transformers` agent does
+        so when its chat template writes calls in the parser's format).
+        """
+        return self.native_tools
 
     def reset(self, task: Task) -> None:  # noqa: B027 - optional hook
         """Start an episode of `task`; called on the spawned copy before its first `act`."""

@@ -183,7 +183,13 @@ async def run_episode(
         env_id=env_id, agent=agent.label, model=agent.model, task=task, sample=sample, seed=seed, started_at=_now()
     )
     try:
-        options: dict[str, Any] = {"task": task, "native_tools": True} if agent.native_tools else {"task": task}
+        native = agent.uses_native_tools(env.parser)
+    except Exception as exc:  # noqa: BLE001 - recorded in the trajectory
+        traj.error = _error("agent failed to say how it sends the tools", exc)
+        traj.duration_s = time.perf_counter() - start
+        return traj
+    try:
+        options: dict[str, Any] = {"task": task, "native_tools": True} if native else {"task": task}
         obs, info = await _within(deadline, env.areset(seed=seed, options=options))
     except _EpisodeTimeout:
         traj.error = _timed_out(timeout, "env reset")

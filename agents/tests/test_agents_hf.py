@@ -118,10 +118,12 @@ async def test_generates_with_chat_template_tokens_and_logprobs(tiny_model: Path
     # The action is the decoded generation (special tokens dropped).
     text_ids = [i for i in turn.token_ids if i not in agent.tokenizer.all_special_ids]
     assert turn.action == agent.tokenizer.decode(text_ids, skip_special_tokens=True)
-    # The prompt is the chat template with the env's tools and messages.
+    # The prompt is the chat template with the env's messages. This template writes no tool calls,
+    # so it gets no tools: the env's system message describes them, once.
     ids = agent.prompt_ids(traj.prompt_messages, toolenv.agent.EnvInfo("", traj.task, tool_schemas=[Add().schema()]))
     rendered = agent.tokenizer.decode(ids)
-    assert rendered.startswith("<|im_start|>system\nTools:") and '"name": "add"' in rendered
+    assert rendered.startswith(f"<|im_start|>system\n{traj.prompt_messages[0].content}<|im_end|>")
+    assert rendered.count('"name": "add"') == 1 and "Tools:" not in rendered
     assert rendered.endswith("<|im_start|>assistant") and "What is 2 + 3?" in rendered
     assert turn.prompt_tokens == len(ids)
 
@@ -491,3 +493,112 @@ async def test_a_hermes_call_reaches_the_env_when_the_tokenizer_made_its_markers
     turn = traj.turns[0]
     assert traj.error is None and turn.action == call
     assert [c.name for c in turn.parsed.tool_calls] == ["add"] and turn.results[0].text == "5"
+
+
+class Search(toolenv.Tool):
+    """Look a phrase up in the encyclopedia."""
+
+    name = "search"
+
+    class Args(BaseModel):
+        query: str
+
+    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
+        return toolenv.ToolResult(text="Paris is in France.")
+
+
+def _real_template(name: str) -> str:
+    """A model family's real chat template, as TRL ships it (no download)."""
+    trl = pytest.importorskip("trl", reason="the real chat templates come with trl (pip install toolenv[trl])")
+    return (Path(trl.__file__).parent / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+async def _first_prompt(agent: Any, tool: toolenv.Tool, parser: str) -> tuple[str, str, str, toolenv.ToolEnv]:
+    """The system message the env sent, the whole prompt the model read for one turn, and the
+    env's system message with its full instructions (the tools and how to call them)."""
+
+    def env() -> toolenv.ToolEnv:
+        task = {"id": "t", "question": "Q?", "answer": "A"}
+        return toolenv.ToolEnv(tools=[tool], tasks=[task], parser=parser, max_turns=1)
+
+    traj = (await arollout(env, agent, n=1)).trajectories[0]
+    assert traj.error is None and traj.turns[0].prompt_token_ids is not None
+    fresh = env()
+    full = fresh.render_prompt(fresh.tasks[0])[1][0].content
+    return traj.prompt_messages[0].content, agent.tokenizer.decode(traj.turns[0].prompt_token_ids), full, fresh
+
+
+async def test_a_template_writing_the_parsers_format_gets_the_tools_once(tiny_model: Path) -> None:
+    """Qwen2.5's template writes `<tool_call>` JSON, which `hermes` reads: the tools go to the
+    template and the env's prompt only says how to answer, so the model sees each tool once."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2, record_prompt_ids=True)
+    agent.tokenizer.chat_template = _real_template("qwen2_5")
+    system, rendered, full, env = await _first_prompt(agent, Add(), "hermes")
+    assert system == env.parser.answer_instructions() != full
+    assert "# Tools" in rendered and rendered.count("Add two integers.") == 1  # the template's block only
+    assert agent.uses_native_tools(env.parser)
+
+
+async def test_a_template_writing_another_format_gets_no_tools(tiny_model: Path) -> None:
+    """Search-R1's `tags` parser reads `<search>...</search>`, which Qwen's template does not write:
+    the template gets no tools (it would teach `<tool_call>` JSON) and the env keeps its own
+    instructions, so the model is taught one call format, the env's."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2, record_prompt_ids=True)
+    agent.tokenizer.chat_template = _real_template("qwen2_5")
+    system, rendered, full, env = await _first_prompt(agent, Search(), "tags")
+    assert system == full and "<search>" in system
+    assert "# Tools" not in rendered and "<tool_call>" not in rendered
+    assert rendered.count("Look a phrase up in the encyclopedia.") == 1
+    assert not agent.uses_native_tools(env.parser)
+
+
+async def test_a_template_without_tool_calls_gets_no_tools(tiny_model: Path) -> None:
+    """A template that lists tools but cannot write a call (this tiny one) has no format of its own
+    to teach: the env's instructions describe the tools, once."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2, record_prompt_ids=True)
+    system, rendered, full, env = await _first_prompt(agent, Add(), "hermes")
+    assert system == full
+    assert "Tools:" not in rendered and rendered.count("Add two integers.") == 1
+    assert not agent.uses_native_tools(env.parser)
+
+
+@pytest.mark.parametrize("forced", [True, False])
+async def test_native_tools_can_be_forced_either_way(tiny_model: Path, forced: bool) -> None:
+    """`native_tools=True` / `False` overrides the template check, for the prompt and the template alike."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2, record_prompt_ids=True, native_tools=forced)
+    agent.tokenizer.chat_template = _real_template("qwen2_5")
+    # The check would say the opposite: tags is not Qwen's format, hermes is.
+    system, rendered, full, env = await _first_prompt(agent, Search(), "tags" if forced else "hermes")
+    assert agent.uses_native_tools(env.parser) is forced
+    assert ("# Tools" in rendered) is forced
+    assert system == (env.parser.answer_instructions() if forced else full) != ""
+    assert rendered.count("Look a phrase up in the encyclopedia.") == 1
+
+
+async def test_the_template_check_runs_once_per_parser(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision is cached per parser and shared by the spawned copies: not re-rendered per turn."""
+    import toolenv_agents.hf as hf
+
+    agent = hf.TransformersAgent(tiny_model, max_new_tokens=2)
+    agent.tokenizer.chat_template = _real_template("qwen2_5")
+    calls: list[str] = []
+    check = hf.template_mismatch
+
+    def counted(parser: Any, tokenizer: Any) -> str | None:
+        calls.append(parser.name)
+        return check(parser, tokenizer)
+
+    monkeypatch.setattr(hf, "template_mismatch", counted)
+    hermes, tags = toolenv.parsers.get_parser("hermes"), toolenv.parsers.get_parser("tags")
+    for twin in (agent, agent.spawn(), agent.spawn()):
+        assert twin.uses_native_tools(hermes) and not twin.uses_native_tools(tags)
+        assert twin.uses_native_tools(toolenv.parsers.get_parser("hermes"))
+    assert sorted(calls) == ["hermes", "tags"]

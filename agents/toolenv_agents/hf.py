@@ -1,7 +1,11 @@
 """The `transformers` agent: a local Hugging Face causal LM with its chat template.
 
-The env's messages are rendered with the tokenizer's chat template (the env's
-tool schemas passed as `tools`, so Qwen/Hermes templates list them), the model
+The env's messages are rendered with the tokenizer's chat template. The env's tool schemas
+go to the template as `tools` (native tool calling: the env's prompt then only says how to
+answer) when the template writes tool calls in the format the env's parser reads (Qwen's and
+`hermes`); otherwise (Search-R1's `tags`, a template without tool calls) the template gets no
+tools and the env's prompt teaches its own format, so the model sees one description of the
+tools and one call format. The model
 generates until EOS (the tokenizer's or the generation config's) or one of the parser's
 stop strings, and the action carries the generated token ids and their log-probabilities —
 what an RL trainer needs, computed token by token so that no vocab-sized scores are kept —
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.parsers import detect_parser, template_mismatch
+from toolenv.parsers.base import ActionParser
 from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message
 
@@ -81,6 +87,11 @@ class TransformersAgent(Agent):
             as the model read them: what a trainer needs to score the exact tokens (a template
             may render earlier turns differently later). Off by default: they repeat the whole
             conversation every turn.
+        native_tools: give the env's tools to the chat template and leave the env's prompt only
+            the answer instructions (True), or give the template no tools and let the env's prompt
+            describe them and its call format (False). None (the default) decides per env: native
+            when the template writes tool calls that the env's parser reads
+            (`toolenv.parsers.template_mismatch`), checked once per parser.
     """
 
     name = "transformers"
@@ -97,6 +108,7 @@ class TransformersAgent(Agent):
         tool_role: str = "tool",
         dtype: str = "float32",
         record_prompt_ids: bool = False,
+        native_tools: bool | None = None,
     ) -> None:
         try:
             import torch
@@ -114,6 +126,10 @@ class TransformersAgent(Agent):
         self.seed = seed
         self.tool_role = tool_role
         self.record_prompt_ids = record_prompt_ids
+        self.force_native_tools = native_tools
+        # The template check's verdicts by parser (type, name), shared by spawned copies; the key
+        # None: whether the template writes tool calls at all.
+        self._native: dict[tuple[type[ActionParser], str] | None, bool] = {}
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         loaded: Any = AutoModelForCausalLM.from_pretrained(self.model, dtype=getattr(torch, dtype))
@@ -136,6 +152,22 @@ class TransformersAgent(Agent):
         assert isinstance(twin, TransformersAgent)
         twin._episode = next(self._episodes)
         return twin
+
+    def uses_native_tools(self, parser: ActionParser | None) -> bool:
+        """True when the chat template writes tool calls in `parser`'s format (or in any format a
+        parser reads, without a parser), or as `native_tools` forces: the runner then resets the
+        env with `native_tools` and `prompt_ids` gives the template the tools, one decision for both.
+        """
+        if self.force_native_tools is not None:
+            return self.force_native_tools
+        if None not in self._native:  # a template without tool calls has no format of its own to teach
+            self._native[None] = detect_parser(self.tokenizer) is not None
+        if parser is None or not self._native[None]:
+            return self._native[None]
+        key = (type(parser), parser.name)
+        if key not in self._native:
+            self._native[key] = template_mismatch(parser, self.tokenizer) is None
+        return self._native[key]
 
     def _chat(self, messages: list[Message]) -> list[dict[str, Any]]:
         """The messages as chat-template dicts. A turn's tool results keep their call id and tool
@@ -163,10 +195,12 @@ class TransformersAgent(Agent):
         return out
 
     def prompt_ids(self, messages: list[Message], env_info: EnvInfo) -> list[int]:
-        """The chat-templated prompt, as token ids."""
+        """The chat-templated prompt, as token ids; the env's tools go to the template when
+        `uses_native_tools(env_info.parser)`."""
+        native = self.uses_native_tools(env_info.parser)
         rendered = self.tokenizer.apply_chat_template(
             self._chat(messages),
-            tools=list[Any](env_info.tool_schemas) or None,
+            tools=(list[Any](env_info.tool_schemas) or None) if native else None,
             add_generation_prompt=True,
             tokenize=False,
         )
