@@ -527,3 +527,47 @@ async def test_text_mode_sends_every_stop_string(server: Server) -> None:
     res = await arollout(lambda: env, agent(server, tool_calling="text"), n=1)
     assert res.trajectories[0].reward == 1.0
     assert server.requests[0]["body"]["stop"] == ["</search>", "</sql>", "</python>", "</browse>", "</calc>"]
+
+
+def _chat_lp(values: list[Any]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: one entry per token, a None value written as `"logprob": null`."""
+    return {"content": [v if v is None or isinstance(v, str) else {"token": "t", "logprob": v} for v in values]}
+
+
+@pytest.mark.parametrize(
+    ("api", "logprobs", "why"),
+    [
+        ("chat", _chat_lp([-0.5, {"token": "<tool_call>", "logprob": None}, -0.125]), "1 of 3 token log-probs"),
+        ("chat", _chat_lp([-0.5, None, -0.125]), "1 of 3 token log-probs"),
+        ("chat", {"content": None}, "no log-probs"),
+        ("chat", None, "no log-probs"),
+        ("chat", _chat_lp([-0.5, -0.25]), "2 log-probs for 3 token ids"),
+        ("completions", {"tokens": ["a", "b", "c"], "token_logprobs": [-0.5, None, -0.125]}, "1 of 3 token log-probs"),
+        ("completions", None, "no log-probs"),
+    ],
+)
+async def test_log_probs_with_nulls_are_dropped_whole_and_say_why(
+    server: Server, api: str, logprobs: Any, why: str
+) -> None:
+    """A null log-prob (a server's for a special or tool-call token), a null `logprobs`, or as many
+    log-probs as token ids: dropping only the nulls would shift every later log-prob onto the wrong
+    token id, which an RL trainer trains on silently. The turn keeps none, and its metadata says why."""
+    fields = {"token_ids": [11, 12, 13], "logprobs": logprobs}
+    if api == "chat":
+        reply = chat("<answer>5</answer>", **fields)
+    else:
+        reply = {"choices": [{"text": "<answer>5</answer>", "finish_reason": "stop", **fields}]}
+    server.script = [("json", 200, reply, {})]
+    res = await arollout(make_env, agent(server, api=api, return_token_ids=True, logprobs=True), n=1)
+    turn = res.trajectories[0].turns[0]
+    assert turn.token_ids == [11, 12, 13] and turn.logprobs is None
+    assert why in turn.agent_metadata["logprobs_dropped"]
+
+
+async def test_log_probs_aligned_with_the_token_ids_are_kept(server: Server) -> None:
+    reply = chat("<answer>5</answer>", token_ids=[11, 12, 13], logprobs=_chat_lp([-0.5, -0.25, 0]))
+    server.script = [("json", 200, reply, {})]
+    res = await arollout(make_env, agent(server, return_token_ids=True, logprobs=True), n=1)
+    turn = res.trajectories[0].turns[0]
+    assert turn.token_ids == [11, 12, 13] and turn.logprobs == [-0.5, -0.25, 0.0]
+    assert "logprobs_dropped" not in turn.agent_metadata

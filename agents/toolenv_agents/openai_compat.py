@@ -109,7 +109,9 @@ class OpenAIAgent(Agent):
         backoff: first retry delay in seconds (doubling, with jitter).
         max_backoff: the cap of one retry delay, in seconds.
         max_concurrency: requests in flight at once across all episodes (also the pool size).
-        logprobs: ask for per-token log-probabilities.
+        logprobs: ask for per-token log-probabilities. A turn keeps them only when every generated
+            token has one (as many as its token ids, when known); else it keeps none and its
+            metadata says why (`logprobs_dropped`), never a shorter list that would misalign them.
         return_token_ids: ask vLLM for the token ids (`return_token_ids`): the generated ones and
             the prompt's, as the server rendered it, recorded per turn.
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`).
@@ -392,11 +394,15 @@ class OpenAIAgent(Agent):
         metadata: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), "attempts": attempts}
         if reasoning:
             metadata["reasoning"] = next(iter(reasoning.values()))
+        token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
+        kept, dropped = _aligned_logprobs(logprobs, token_ids)
+        if dropped is not None and self.logprobs:
+            metadata["logprobs_dropped"] = dropped
         return AgentAction(
             text=text,
-            token_ids=[int(i) for i in ids] if isinstance(ids, list) else None,
+            token_ids=token_ids,
             prompt_token_ids=[int(i) for i in prompt_ids] if isinstance(prompt_ids, list) else None,
-            logprobs=[float(x) for x in logprobs if x is not None] if isinstance(logprobs, list) else None,
+            logprobs=kept,
             prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
             completion_tokens=usage.get("completion_tokens")
             if isinstance(usage.get("completion_tokens"), int)
@@ -445,10 +451,27 @@ def _with_stop(text: str, choice: dict[str, Any], stops: tuple[str, ...]) -> str
 
 
 def _chat_logprobs(choice: dict[str, Any]) -> list[Any] | None:
+    """One entry per token of a chat choice's `logprobs.content`, None where a token has no log-prob."""
     lp = choice.get("logprobs")
     if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        return [t.get("logprob") for t in lp["content"] if isinstance(t, dict)]
+        return [t.get("logprob") if isinstance(t, dict) else None for t in lp["content"]]
     return None
+
+
+def _aligned_logprobs(values: Any, token_ids: list[int] | None) -> tuple[list[float] | None, str | None]:
+    """(log-probs, None): one per generated token, as many as `token_ids` when known; else (None, why).
+
+    Servers send a null log-prob for some tokens (special or tool-call tokens, some backends), or
+    null `logprobs` for a choice. Leaving out only the nulls would shift every later log-prob onto
+    the wrong token, which an RL trainer would train on without a sign: the turn keeps none instead."""
+    if not isinstance(values, list):
+        return None, "the reply has no log-probs"
+    missing = sum(1 for v in values if isinstance(v, bool) or not isinstance(v, (int, float)))
+    if missing:
+        return None, f"{missing} of {len(values)} token log-probs are null or not numbers"
+    if token_ids is not None and len(values) != len(token_ids):
+        return None, f"{len(values)} log-probs for {len(token_ids)} token ids"
+    return [float(v) for v in values], None
 
 
 def _decode_call(raw: Any, index: int) -> dict[str, Any]:

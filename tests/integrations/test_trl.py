@@ -831,3 +831,108 @@ def test_a_batch_of_1024_environments_holds_no_event_loop_each() -> None:
         assert env.add(a=2, b=3) == "5"
     assert all(env.get_reward() == 0.0 for env in envs)
     assert _open_fds() - fds < 16 and threading.active_count() - threads < 8
+
+
+# ---------------------------------------------------------------------- what the episode records
+def _as_chat(messages: list[toolenv.Message]) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.content} for m in messages]
+
+
+def rewritten_env() -> toolenv.ToolEnv:
+    """An env whose system prompt and question say to write `<answer>`, reworded for TRL's answer tool."""
+    from toolenv.integrations.verl.demo import Calculator
+
+    return toolenv.ToolEnv(
+        tools=[Calculator()],
+        tasks=[{"id": "q", "question": "What is 6 * 7? Reply inside <answer>...</answer>.", "answer": "42"}],
+        system_prompt="Be exact. Reply inside <answer>...</answer>.",
+        answer_tool_rewrites={"inside <answer>...</answer>": "with the `{answer_tool}` tool"},
+    )
+
+
+def test_the_episode_records_the_prompt_trl_shows_not_the_envs_text_prompt() -> None:
+    """The episode's (and reset info's) prompt messages are the row's prompt, as TRL shows it the model:
+    the system message reworded for the answer tool, not the env's text-format instructions. A row
+    without a prompt records TRL's one user message holding what `reset` returned."""
+    rows = dataset_rows(rewritten_env)
+    env = environment_factory(rewritten_env)()
+    assert env.reset(**rows[0]) is None
+    ep = env.env.episode
+    assert ep is not None and _as_chat(ep.messages) == rows[0]["prompt"]
+    assert _as_chat(env.last_info["messages"]) == rows[0]["prompt"]
+    assert "<answer>" not in ep.messages[0].content and "<tool_call>" not in ep.messages[0].content
+    env.calculator(expression="6 * 7")
+    env.answer(answer="42")
+    assert [m.role for m in ep.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert env.get_reward() == 1.0
+
+    shown = env.reset(task_id="q")  # TRL appends it to its empty user message
+    assert isinstance(shown, str) and "<answer>" not in shown
+    assert _as_chat(env.env.episode.messages) == [{"role": "user", "content": shown}]
+    env.reset(task_id="q", prompt=[{"role": "user", "content": "my own prompt"}])
+    assert _as_chat(env.env.episode.messages) == [{"role": "user", "content": "my own prompt"}]
+
+
+@pytest.mark.parametrize("rows_kind", ["dataset_rows", "task_id"])
+def test_grpo_episodes_record_the_prompt_the_model_was_shown(trl_parts: Any, tmp_path: Path, rows_kind: str) -> None:
+    """Under TRL's real GRPOTrainer, the recorded prompt messages rendered with the chat template and
+    the env's tools are exactly the first prompt the policy generated from."""
+    rows = dataset_rows(rewritten_env) if rows_kind == "dataset_rows" else [{"task_id": "q"}]
+    first_prompts: list[str] = []
+
+    def script(text: str, i: int) -> list[str]:
+        if text.count("<|im_start|>assistant") == 1:
+            first_prompts.append(text)
+        return [CALL.format(name="answer", args='{"answer": "42"}'), "Done."]
+
+    trainer, logged = train_one_step(trl_parts, tmp_path, environment_factory(rewritten_env), script, rows * 2)
+    assert logged["reward"] == 1.0 and first_prompts
+    _, tok, _ = trl_parts
+    for env in trainer.environments:
+        ep = env.env.episode
+        prompt = ep.messages[: next(i for i, m in enumerate(ep.messages) if m.role == "assistant")]
+        tools = list(tool_methods(env).values())
+        rendered = tok.apply_chat_template(_as_chat(prompt), tools=tools, add_generation_prompt=True, tokenize=False)
+        assert "<answer>" not in rendered
+        assert any(text.endswith(rendered) for text in first_prompts), (rendered, first_prompts[0])
+
+
+def test_an_image_tasks_recorded_prompt_holds_the_image_trl_shows() -> None:
+    """TRL puts a row's `images` in its first user message, and `reset`'s blocks in its one user message:
+    the episode records the question TRL shows there with the overview image."""
+    pytest.importorskip("datasets", reason="the rows are read back through datasets (TRL needs it)")
+    from datasets import Dataset
+
+    stored = Dataset.from_list(visual_rows(1))[0]
+    env = environment_factory("toolenv/VisualSearch-v0", env_kwargs={"limit": 1})()
+    assert env.reset(**stored) is None
+    ep = env.env.episode
+    assert ep is not None and _as_chat(ep.messages) == stored["prompt"]
+    assert [len(m.images) for m in ep.messages] == [0, 1]
+    assert ep.messages[1].images[0].to_pil().tobytes() == stored["images"][0].tobytes()
+    image, text = env.reset(task_id=json.loads(stored["task"])["id"])
+    (user,) = env.env.episode.messages
+    assert user.role == "user" and user.content == text["text"] and len(user.images) == 1
+    assert user.images[0].to_pil().tobytes() == image["image"].tobytes()
+    own = env.reset(task=stored["task"], prompt=[{"role": "user", "content": "Find it."}], images=[image["image"]] * 2)
+    assert own is None and [len(m.images) for m in env.env.episode.messages] == [2]
+
+
+def test_a_few_shot_prompt_is_recorded_with_its_calls() -> None:
+    """A row's own conversational prompt (a worked example with a call) is recorded as TRL shows it."""
+    prompt = [
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]},
+        {"role": "tool", "name": "add", "content": "2"},
+        {"role": "user", "content": [{"type": "text", "text": "2+3?"}]},
+    ]
+    env = environment_factory(make_env)()
+    assert env.reset(task_id="t1", prompt=prompt) is None
+    messages = env.env.episode.messages
+    assert [(m.role, m.content) for m in messages] == [
+        ("user", "1+1?"),
+        ("assistant", ""),
+        ("tool", "2"),
+        ("user", "2+3?"),
+    ]
+    assert [(c.name, c.arguments) for c in messages[1].tool_calls or []] == [("add", {"a": 1})]

@@ -28,6 +28,7 @@ class, which TRL logs the env's reward under, uniquely.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import threading
@@ -41,7 +42,7 @@ from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import tool_signature
 from toolenv.runner import EnvSpec, _make_env
-from toolenv.types import ParsedAction, Task, ToolCall, ToolImage, ToolResult
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, new_message
 
 __all__ = [
     "ANSWER_DOC",
@@ -119,21 +120,29 @@ class TRLEnvironment:
     def reset(self, **row: Any) -> str | list[dict[str, Any]] | None:
         """Start an episode on the row's task. A row without a prompt gets back the text `dataset_rows`
         would have put in its prompt (the system message's, then the question), which TRL adds to the
-        prompt's empty user message; as content blocks `[image..., text]` when the task's prompt has images."""
+        prompt's empty user message; as content blocks `[image..., text]` when the task's prompt has images.
+
+        The episode's prompt messages (and `last_info["messages"]`) are then what TRL shows the model: the
+        row's prompt, or that one user message, not the env's own text prompt with its call format."""
         task = _row_task(row)
         options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
         _, info = _LOOP.run(self.env.areset(options=options))
         self._return = 0.0
         self._calls = 0
+        rendered = [im for m in info["messages"] for im in m.images]
+        prompt = row.get("prompt")
+        out: str | list[dict[str, Any]] | None = None
+        if prompt:
+            shown = _shown_messages(prompt, _row_images(row, rendered))
+        else:
+            system, question = _prompt_texts(self.env, self._episode().task, self._answer_tool)
+            text = f"{system}\n\n{question}" if system else question
+            out = [*_image_blocks(rendered), {"type": "text", "text": text}] if rendered else text
+            shown = [new_message("user", text, images=list(rendered))]
+        self._episode().messages[:] = shown
+        info["messages"] = list(shown)
         self.last_info = info
-        if row.get("prompt"):
-            return None
-        system, question = _prompt_texts(self.env, self._episode().task, self._answer_tool)
-        text = f"{system}\n\n{question}" if system else question
-        images = [im for m in info["messages"] for im in m.images]
-        if images:
-            return [*_image_blocks(images), {"type": "text", "text": text}]
-        return text
+        return out
 
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first."""
@@ -197,6 +206,72 @@ def _prompt_texts(env: ToolEnv, task: Task, answer_tool: str | None) -> tuple[st
         system, question = system.replace(phrase, wording), question.replace(phrase, wording)
     note = f"Give your final answer by calling the `{answer_tool}` tool."
     return (f"{system}\n\n{note}" if system else note), question
+
+
+def _tool_image(image: Any) -> ToolImage | None:
+    """A prompt image as toolenv keeps it (a PIL image or a ToolImage; None for a path or URL)."""
+    if isinstance(image, ToolImage):
+        return image
+    return ToolImage.from_pil(image) if hasattr(image, "save") and hasattr(image, "size") else None
+
+
+def _row_images(row: Mapping[str, Any], rendered: list[ToolImage]) -> list[ToolImage]:
+    """The images TRL puts in a row's prompt: its `images` column (or `image`). As many as the env
+    rendered are those `dataset_rows` wrote there (the same pixels), kept without encoding them again."""
+    images = row.get("images")
+    if images is None and row.get("image") is not None:
+        images = [row["image"]]
+    if not images:
+        return []
+    if len(images) == len(rendered):
+        return list(rendered)
+    return [im for im in map(_tool_image, images) if im is not None]
+
+
+def _prompt_calls(calls: Any) -> list[ToolCall] | None:
+    """An assistant prompt message's `tool_calls` (TRL's and OpenAI's shape) as toolenv's calls."""
+    out = []
+    for i, call in enumerate(calls or []):
+        fn = call.get("function", call)
+        arguments = fn.get("arguments") or {}
+        if isinstance(arguments, str):  # OpenAI's shape: JSON text (kept whole when it is not an object)
+            with contextlib.suppress(json.JSONDecodeError):
+                arguments = json.loads(arguments)
+        if not isinstance(arguments, dict):
+            arguments = {"arguments": arguments}
+        out.append(ToolCall(name=str(fn.get("name", "")), arguments=arguments, id=str(call.get("id") or f"p{i}")))
+    return out or None
+
+
+def _shown_messages(prompt: Any, images: list[ToolImage]) -> list[Message]:
+    """A row's prompt as toolenv's messages: what TRL shows the model. As TRL's `prepare_multimodal_messages`
+    does, the row's images go to the first user message written as text, or fill a content list's
+    image placeholders; a content list's text parts are joined."""
+    if isinstance(prompt, str):  # a standard (not conversational) prompt
+        return [new_message("user", prompt, images=list(images))]
+    pending, placed, out = list(images), False, []
+    for m in prompt:
+        role, content = m["role"], m.get("content")
+        pictures: list[ToolImage] = []
+        if isinstance(content, list):
+            texts = []
+            for block in content:
+                if block.get("type") == "text":
+                    texts.append(str(block.get("text") or ""))
+                elif block.get("type") == "image":
+                    image = _tool_image(block["image"]) if block.get("image") is not None else None
+                    if image is None and block.get("image") is None and pending:
+                        image = pending.pop(0)
+                    if image is not None:
+                        pictures.append(image)
+            text = "".join(texts)
+        else:
+            text = "" if content is None else str(content)
+            if role == "user" and not placed:
+                pictures, pending, placed = pending, [], True
+        calls = _prompt_calls(m.get("tool_calls"))
+        out.append(new_message(role, text, m.get("name"), m.get("tool_call_id"), calls, pictures))
+    return out
 
 
 def _row_task(row: Mapping[str, Any]) -> Task | None:
