@@ -1201,3 +1201,130 @@ async def test_an_expired_session_whose_env_close_hangs_frees_its_slot() -> None
     await store.create()  # the slot is free again
     await asyncio.wait_for(store.aclose(), 30)
     assert len(store) == 0
+
+
+# ---------------------------------------------------------------------- the env's prompt in the metadata
+PROMPTED: dict[str, Any] = {
+    "system_prompt": "Be exact. Reply inside <answer>...</answer>.",
+    "answer_tool_rewrites": {"inside <answer>...</answer>": "with the `{answer_tool}` tool"},
+    "tasks": [{"id": "q", "question": "What is 2 + 3? Reply inside <answer>...</answer>.", "answer": "5"}],
+}
+#: The fields of `EnvMetadata` at protocol 2 before the `prompt` feature (what an older client accepts).
+PROTOCOL_2_METADATA = {
+    "protocol",
+    "toolenv_version",
+    "env_id",
+    "parser",
+    "parser_kwargs",
+    "tool_schemas",
+    "max_turns",
+    "reward_weights",
+    "num_tasks",
+}
+
+
+ANSWER_NOTE = "Give your final answer by calling the `answer` tool."
+
+
+def _prompted() -> Any:
+    return make_env(**PROMPTED)
+
+
+def test_the_servers_system_prompt_and_answer_tool_rewrites_cross_the_wire() -> None:
+    with serving(_prompted) as u:
+        env = RemoteToolEnv(u)
+        assert env.system_prompt == PROMPTED["system_prompt"]
+        assert env.answer_tool_rewrites == PROMPTED["answer_tool_rewrites"]
+        assert env.remote.system_prompt == PROMPTED["system_prompt"]
+        _, info = env.reset(options={"task_id": "q"})
+        assert info["messages"][0].content.startswith("Be exact.")  # the server's prompt, as before
+        env.close()
+
+
+def test_trl_rows_and_resets_of_a_remote_env_use_the_servers_prompt_and_rewrites() -> None:
+    """TRL shows the env no reply text: a remote env's rows must say to answer with the tool, as a
+    local env's do, rather than keep `<answer>` (and warn) for want of the server's rewrites."""
+    import warnings
+
+    from toolenv.integrations.trl import dataset_rows, environment_factory
+
+    local = dataset_rows(_prompted)
+    with serving(_prompted) as u:
+
+        def remote() -> RemoteToolEnv:
+            return RemoteToolEnv(u)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "still says to write the answer as <answer>" warning
+            rows = dataset_rows(remote)
+        assert [r["prompt"] for r in rows] == [r["prompt"] for r in local]
+        assert rows[0]["prompt"] == [
+            {"role": "system", "content": f"Be exact. Reply with the `answer` tool.\n\n{ANSWER_NOTE}"},
+            {"role": "user", "content": "What is 2 + 3? Reply with the `answer` tool."},
+        ]
+        trl_env = environment_factory(remote)()
+        try:
+            assert trl_env.reset(task_id="q") == "\n\n".join(m["content"] for m in rows[0]["prompt"])
+            trl_env.answer(answer="5")  # type: ignore[attr-defined]
+            assert trl_env.get_reward() == 1.0
+        finally:
+            trl_env.env.close()
+
+
+def test_a_client_that_does_not_list_the_prompt_feature_gets_the_metadata_it_knows() -> None:
+    """An older client refuses metadata fields it does not know (`extra="forbid"`): the server sends
+    `system_prompt` and `answer_tool_rewrites` only to a client whose `Toolenv-Features` lists `prompt`."""
+    from toolenv.remote.wire import FEATURES_HEADER, PROMPT
+
+    with serving(_prompted) as u, httpx.Client(base_url=u) as http:
+        assert set(http.get("/metadata").json()) == PROTOCOL_2_METADATA  # an older client: no header
+        created = http.post("/sessions").json()
+        assert set(created["metadata"]) == PROTOCOL_2_METADATA
+        http.delete(f"/sessions/{created['session_id']}")
+        old_features = {FEATURES_HEADER: "replay"}
+        assert set(http.get("/metadata", headers=old_features).json()) == PROTOCOL_2_METADATA
+
+        knows = {FEATURES_HEADER: f"replay, {PROMPT}"}
+        meta = http.get("/metadata", headers=knows).json()
+        assert meta["system_prompt"] == PROMPTED["system_prompt"]
+        assert meta["answer_tool_rewrites"] == PROMPTED["answer_tool_rewrites"]
+        created = http.post("/sessions", headers=knows).json()
+        assert created["metadata"] == meta
+        http.delete(f"/sessions/{created['session_id']}")
+
+
+def test_against_a_server_before_the_prompt_feature_the_client_works_as_before() -> None:
+    """A server that does not know the `prompt` feature ignores the client's header and sends no
+    such fields: the client has no system prompt and no rewrites, as before, and steps as usual."""
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from toolenv.remote.server import create_app
+    from toolenv.remote.wire import FEATURES_HEADER
+
+    drop = FEATURES_HEADER.lower().encode()
+
+    def old_server(app: ASGIApp) -> ASGIApp:
+        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                return await app(scope, receive, send)
+
+            async def say(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*_without(message["headers"], drop), (drop, b"replay")]}
+                await send(message)
+
+            await app({**scope, "headers": _without(scope["headers"], drop)}, receive, say)
+
+        return asgi
+
+    with asgi_server(old_server(create_app(_prompted))) as u:
+        env = RemoteToolEnv(u)
+        assert env.system_prompt is None and env.answer_tool_rewrites == {}
+        assert env.remote.system_prompt is None
+        env.reset(options={"task_id": "q"})
+        assert env.step("<answer>5</answer>")[1] == 1.0
+        env.close()
+
+
+def _without(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
+    return [h for h in headers if h[0].lower() != name]

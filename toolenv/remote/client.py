@@ -26,6 +26,7 @@ from toolenv.env import ToolEnv
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
+    FEATURES,
     FEATURES_HEADER,
     IDEMPOTENCY_KEY,
     PROTOCOL_VERSION,
@@ -42,6 +43,7 @@ from toolenv.remote.wire import (
     TruncateRequest,
     TruncateResponse,
     dump_json,
+    feature_set,
 )
 from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.types import ParsedAction, Task, load_tasks
@@ -161,7 +163,15 @@ class RemoteToolEnv(ToolEnv):
         except (ValueError, TypeError) as exc:
             raise RemoteEnvError(f"the server's parser {meta.parser!r} cannot be built here: {exc}") from None
         reward = WeightedSum({k: (_ServerReward(k), w) for k, w in meta.reward_weights.items()})
-        super().__init__(parser=parser, reward=reward, max_turns=meta.max_turns, render_mode=render_mode)
+        super().__init__(
+            parser=parser,
+            reward=reward,
+            max_turns=meta.max_turns,
+            render_mode=render_mode,
+            # The server's prompt texts (absent from an older server: None and none, as before then).
+            system_prompt=meta.system_prompt,
+            answer_tool_rewrites=meta.answer_tool_rewrites,
+        )
         #: The server's description of its env.
         self.remote = meta
         self._tasks: list[Task] | None = tasks  # after ToolEnv.__init__, which sets `tasks` to []
@@ -346,9 +356,10 @@ class RemoteToolEnv(ToolEnv):
 
     # ------------------------------------------------------------------ HTTP
     def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
+        # Every request says what this client reads: the server then sends the fields of those features.
         return httpx.AsyncClient(
             base_url=self.url,
-            headers={**self._headers, **extra_headers},
+            headers={FEATURES_HEADER: ", ".join(FEATURES), **self._headers, **extra_headers},
             timeout=self._timeout,
             transport=self._transport,
         )
@@ -416,8 +427,7 @@ class RemoteToolEnv(ToolEnv):
         reach for a connection of another loop. Without one, they are fetched on first use.
         """
         meta, resp = await self._get_once("/metadata", EnvMetadata, "read the server's metadata")
-        features = {f.strip() for f in resp.headers.get(FEATURES_HEADER, "").split(",")}
-        replays = REPLAY in features
+        replays = REPLAY in feature_set(resp.headers.get(FEATURES_HEADER))
         if self._transport is None or meta.protocol != PROTOCOL_VERSION:
             return meta, None, replays
         return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks"))[0].tasks, replays

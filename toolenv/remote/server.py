@@ -13,7 +13,12 @@ env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 - `POST /sessions/{id}/end`: release the episode's tool resources (`aend_episode`)
 - `POST /sessions/{id}/truncate` (optional `TruncateRequest`) → `TruncateResponse`: end the
   open episode unanswered and score it
-- `GET /health`, `GET /metadata` (its `Toolenv-Features` header lists `replay`), `GET /tasks`, `GET /schema`
+- `GET /health`, `GET /metadata` (its `Toolenv-Features` header lists `replay` and `prompt`), `GET /tasks`,
+  `GET /schema`
+
+The metadata (of `GET /metadata` and `POST /sessions`) holds the env's `system_prompt` and
+`answer_tool_rewrites` only for a client whose `Toolenv-Features` request header lists `prompt`:
+an older client refuses fields it does not know.
 
 A step may name its episode and turn (`StepRequest.episode_id`, `turn`), a truncate its
 episode: the same request sent again (its answer was lost) gets the answer of the run it
@@ -73,6 +78,7 @@ from toolenv.remote.wire import (
     TruncateRequest,
     TruncateResponse,
     dump_json,
+    feature_set,
     schemas,
 )
 from toolenv.trajectory import fix_text
@@ -132,7 +138,7 @@ def parser_spec(parser: ActionParser) -> tuple[str, dict[str, Any]]:
 
 
 def describe_env(env: ToolEnv, env_id: str = "") -> EnvMetadata:
-    """The metadata a client stands in for `env` with."""
+    """The metadata a client stands in for `env` with (its prompt fields go to clients that read them)."""
     from toolenv import __version__
 
     name, kwargs = parser_spec(env.parser)
@@ -145,13 +151,17 @@ def describe_env(env: ToolEnv, env_id: str = "") -> EnvMetadata:
         max_turns=env.max_turns,
         reward_weights=env.reward_fn.weights,
         num_tasks=len(env.tasks),
+        system_prompt=env.system_prompt,
+        answer_tool_rewrites=dict(env.answer_tool_rewrites),
     )
 
 
-def _json(model: BaseModel, status: int = 200) -> Response:
+def _json(model: BaseModel, status: int = 200, request: Request | None = None) -> Response:
     # Responses are built unvalidated from the env's own objects (an int reward where the
     # model says float is still right, numpy values and lone surrogates are converted).
-    return Response(dump_json(model), status_code=status, media_type="application/json")
+    # With `request`, written for what its client reads (the features its header lists).
+    readers = None if request is None else feature_set(request.headers.get(FEATURES_HEADER))
+    return Response(dump_json(model, readers), status_code=status, media_type="application/json")
 
 
 def _error(status: int, message: str, type_: str | None = None) -> Response:
@@ -227,7 +237,7 @@ def create_app(
         except Exception as exc:
             log.exception("building an env for a new session failed")
             raise _Failure(500, f"could not build an env: {type(exc).__name__}: {_message(exc)}") from None
-        return _json(SessionCreated(session_id=session.id, metadata=metadata), 201)
+        return _json(SessionCreated(session_id=session.id, metadata=metadata), 201, request)
 
     async def delete_session(request: Request) -> Response:
         await store.delete(request.path_params["session_id"])
@@ -336,7 +346,7 @@ def create_app(
         return _json(Health(sessions=len(store), max_sessions=store.max_sessions))
 
     async def get_metadata(request: Request) -> Response:
-        resp = _json(metadata)
+        resp = _json(metadata, request=request)
         resp.headers[FEATURES_HEADER] = ", ".join(FEATURES)  # a header: old clients refuse unknown fields
         return resp
 

@@ -9,9 +9,18 @@ crosses the wire is what a local `info` holds, with the same JSON limits as a tr
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from toolenv.caller import ToolCallRecord
 from toolenv.trajectory import dump_json as json_line
@@ -21,6 +30,7 @@ __all__ = [
     "FEATURES",
     "FEATURES_HEADER",
     "IDEMPOTENCY_KEY",
+    "PROMPT",
     "PROTOCOL_VERSION",
     "REPLAY",
     "EnvMetadata",
@@ -37,6 +47,7 @@ __all__ = [
     "TruncateRequest",
     "TruncateResponse",
     "dump_json",
+    "feature_set",
     "schemas",
 ]
 
@@ -47,14 +58,26 @@ PROTOCOL_VERSION = 2
 #: The header of `POST /sessions` naming one logical create: sent again with the same value
 #: (its answer was lost), the create gets the session the first one made. Optional.
 IDEMPOTENCY_KEY = "Idempotency-Key"
-#: The header of `GET /metadata` listing what a server does beyond its protocol version, comma
-#: separated. A header, not a metadata field: clients of the same version refuse unknown fields.
+#: The header listing, comma separated, what one side does beyond its protocol version: on the
+#: answer of `GET /metadata`, what the server does; on a client's requests, what the client
+#: reads. A header, not a metadata field: clients of the same version refuse unknown fields.
 FEATURES_HEADER = "Toolenv-Features"
 #: Feature: steps and truncates may carry their episode id (and turn); one sent again gets the
 #: answer of the run it repeats instead of a second run, so the client retries lost answers.
 REPLAY = "replay"
-#: What this version's server does (the value of `FEATURES_HEADER`).
-FEATURES = (REPLAY,)
+#: Feature: `EnvMetadata` carries the env's `system_prompt` and `answer_tool_rewrites`. The server
+#: sends them only to a client whose requests list it: an older client refuses fields it does not know.
+PROMPT = "prompt"
+#: What this version does, as a server and as a client (the value of `FEATURES_HEADER`).
+FEATURES = (REPLAY, PROMPT)
+#: The serialization context key naming the features of the side that reads the JSON.
+_READER_FEATURES = "reader_features"
+_PROMPT_FIELDS = ("system_prompt", "answer_tool_rewrites")
+
+
+def feature_set(header: str | None) -> frozenset[str]:
+    """The features a `Toolenv-Features` header lists (none when it is absent)."""
+    return frozenset(f.strip() for f in (header or "").split(",") if f.strip())
 
 
 class _Wire(BaseModel):
@@ -75,6 +98,25 @@ class EnvMetadata(_Wire):
     max_turns: int = Field(ge=1)
     reward_weights: dict[str, float] = Field(default_factory=dict, description="Weight of each reward component.")
     num_tasks: int = Field(default=0, ge=0, description="Tasks the env has (`GET /tasks` lists them).")
+    system_prompt: str | None = Field(
+        default=None,
+        description="The env's system prompt (feature `prompt`: sent to clients that list it only).",
+    )
+    answer_tool_rewrites: dict[str, str] = Field(
+        default_factory=dict,
+        description="The env's `answer_tool_rewrites` (feature `prompt`: sent to clients that list it only).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _prompt_for_readers_of_it(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        # Written for a reader whose features are known (the server's answers), the prompt fields
+        # go only to one that lists `prompt`: a client before it refuses fields it does not know.
+        data = handler(self)
+        readers = info.context.get(_READER_FEATURES) if isinstance(info.context, Mapping) else None
+        if isinstance(data, dict) and readers is not None and PROMPT not in readers:
+            for name in _PROMPT_FIELDS:
+                data.pop(name, None)
+        return data
 
 
 class SessionCreated(_Wire):
@@ -216,15 +258,19 @@ class ErrorResponse(_Wire):
     type: str | None = None
 
 
-def dump_json(model: BaseModel) -> str:
+def dump_json(model: BaseModel, reader_features: Collection[str] | None = None) -> str:
     """`model` as JSON, also when it holds what a local env returns but JSON has no word for.
+
+    With `reader_features` (what the reader listed in its `Toolenv-Features`), fields of a
+    feature the reader does not list are left out (`EnvMetadata`'s prompt fields).
 
     Tool output decoded with `surrogateescape`, a model's half emoji, numpy scores and
     metadata: a local step returns them as they are, so the wire takes them as a trajectory
     file does (`toolenv.trajectory.dump_json`); a value that still is not JSON is sent as
     null and logged.
     """
-    line = json_line(model, warnings=False)
+    context = None if reader_features is None else {_READER_FEATURES: frozenset(reader_features)}
+    line = json_line(model, context, warnings=False)
     for problem in line.problems:
         log.warning("%s: %s", type(model).__name__, problem)
     return line.text
