@@ -936,3 +936,68 @@ def test_a_few_shot_prompt_is_recorded_with_its_calls() -> None:
         ("user", "2+3?"),
     ]
     assert [(c.name, c.arguments) for c in messages[1].tool_calls or []] == [("add", {"a": 1})]
+
+
+# ---------------------------------------------------------------------- a remote env
+@pytest.fixture(scope="module")
+def served() -> Any:
+    """A real `toolenv serve` app of `_remote.make_env` (tools `add` and `swatch`) on 127.0.0.1; yields its URL."""
+    pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+    pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+    from _remote import make_env as served_env
+    from _remote import serving
+
+    with serving(served_env) as url:
+        yield url
+
+
+def test_a_remote_env_offers_the_served_envs_tools_as_the_local_env_does(served: str) -> None:
+    """A `RemoteToolEnv` has no local tools (they run on the server): its TRL methods come from the
+    server's tool schemas, the same schemas TRL's chat template would show for the env in-process,
+    and a call runs on the server through the env's step."""
+    get_json_schema = pytest.importorskip(
+        "transformers.utils", reason="schemas are read by transformers"
+    ).get_json_schema
+    from _remote import make_env as served_env
+
+    remote = environment_factory("toolenv/Remote-v0", env_kwargs={"url": served})()
+    local = environment_factory(served_env)()
+    try:
+        remote_methods, local_methods = tool_methods(remote), tool_methods(local)
+        assert sorted(remote_methods) == sorted(local_methods) == ["add", "answer", "swatch"]
+        for name, method in local_methods.items():
+            assert get_json_schema(remote_methods[name]) == get_json_schema(method)
+        remote.reset(task_id="t1")
+        assert remote.add(a=2, b=3) == "5"
+        with pytest.raises(ToolCallError, match=r"^Invalid arguments for tool 'add'"):
+            remote.add(a="two", b=3)
+        blocks = remote.swatch(color="blue")
+        assert blocks[0]["image"].size == (8, 6) and blocks[-1] == {"type": "text", "text": "a blue swatch"}
+        assert remote.answer(answer="5") == ANSWERED and remote.get_reward() == 1.0
+        ep = remote.env.episode
+        assert ep is not None and ep.turns[0].results[0].text == "5" and ep.terminated
+    finally:
+        remote.env.close()
+        local.env.close()
+
+
+def test_grpo_trains_a_step_on_a_remote_env(trl_parts: Any, tmp_path: Path, served: str) -> None:
+    """TRL's real GRPOTrainer on `toolenv/Remote-v0`: the model is offered the server's tools, and its
+    call runs on the server."""
+    rows = dataset_rows("toolenv/Remote-v0", n=1, env_kwargs={"url": served})
+    script = [CALL.format(name="add", args='{"a": 2, "b": 3}'), CALL.format(name="answer", args='{"answer": "5"}')]
+    factory = environment_factory("toolenv/Remote-v0", env_kwargs={"url": served})
+    offered: list[str] = []
+
+    def reply(text: str, i: int) -> list[str]:
+        offered.append(text)
+        return [*script, "Done."]
+
+    trainer, logged = train_one_step(trl_parts, tmp_path, factory, reply, rows * 2)
+    assert '"name": "add"' in offered[0] and '"name": "swatch"' in offered[0]  # the tools shown to the model
+    assert logged["tools/call_frequency"] == 2.0 and logged["tools/failure_frequency"] == 0.0
+    assert logged["reward"] == 1.0
+    for env in trainer.environments:
+        ep = env.env.episode
+        assert ep.turns[0].results[0].text == "5" and ep.terminated
+        env.env.close()

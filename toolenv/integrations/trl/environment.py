@@ -8,8 +8,9 @@ each such object holds a `ToolEnv` episode:
 - `reset(**row)` starts an episode on the row's task (`task` as JSON or a dict,
   `task_id`, or the row's own `question`/`answer`/... columns), and for a row without a
   prompt returns the text `dataset_rows` would have put in it;
-- one method per toolenv tool, with the tool's argument schema as type hints and a
-  Google-style docstring, so TRL's chat template shows the model the tool it knows;
+- one method per toolenv tool (per `env.tool_schemas()`, so a remote env offers its
+  server's tools), with the tool's argument schema as type hints and a Google-style
+  docstring, so TRL's chat template shows the model the tool it knows;
   a call is one env step, so toolenv validates, limits, truncates and records it; a
   failed call raises `ToolCallError` with the error text, which TRL counts as a failed
   tool call and shows the model as `{'error': <text>}` (`raise_tool_errors=False`: the
@@ -38,9 +39,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolenv._aio import BackgroundLoop
+from toolenv._schema import flatten_schema
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
-from toolenv.integrations.trl.schema import tool_signature
+from toolenv.integrations.trl.schema import schema_signature
 from toolenv.runner import EnvSpec, _make_env
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, new_message
 
@@ -296,8 +298,9 @@ def _row_task(row: Mapping[str, Any]) -> Task | None:
     return Task.model_validate(fields)
 
 
-def _tool_method(name: str, tool: Any) -> Callable[..., Any]:
-    signature, annotations, doc = tool_signature(tool)
+def _tool_method(name: str, schema: Mapping[str, Any]) -> Callable[..., Any]:
+    """The method standing for the tool whose (flattened) function schema is `schema`: a call is one env step."""
+    signature, annotations, doc = schema_signature(schema)
 
     def method(self: TRLEnvironment, **arguments: Any) -> str | list[dict[str, Any]]:
         return self._call(name, arguments)
@@ -438,16 +441,20 @@ def _environment_class(
     probe: ToolEnv, answer_tool: str | None, name: str, *, unique: bool, raise_tool_errors: bool = True
 ) -> type[TRLEnvironment]:
     """A `TRLEnvironment` subclass named `name` (with a `_2`, `_3`... suffix when `unique` and another
-    live class has it), with a method per tool of `probe` and the answer method."""
+    live class has it), with a method per tool of `probe` and the answer method.
+
+    The methods come from `probe.tool_schemas()`, not `probe.tools`: a remote env's tools run on its
+    server, so it has no local tools, only their schemas (for a local env the two say the same)."""
     reserved = {"reset", "get_reward", "env", "last_info"}
     methods: dict[str, Any] = {}
-    for tool in probe.tools:
-        if not tool.name.isidentifier() or tool.name.startswith("_") or tool.name in reserved | {answer_tool}:
+    for schema in map(flatten_schema, probe.tool_schemas()):
+        tool_name = str(schema.get("function", schema).get("name", ""))
+        if not tool_name.isidentifier() or tool_name.startswith("_") or tool_name in reserved | {answer_tool}:
             raise ValueError(
-                f"tool {tool.name!r} cannot be offered to TRL: its name must be a public Python name "
+                f"tool {tool_name!r} cannot be offered to TRL: its name must be a public Python name "
                 f"other than {sorted(n for n in reserved | {answer_tool} if n)}"
             )
-        methods[tool.name] = _tool_method(tool.name, tool)
+        methods[tool_name] = _tool_method(tool_name, schema)
     if answer_tool is not None:
         if not answer_tool.isidentifier() or answer_tool.startswith("_") or answer_tool in reserved:
             raise ValueError(f"answer_tool {answer_tool!r} must be a public Python name other than {sorted(reserved)}")

@@ -17,11 +17,12 @@ from __future__ import annotations
 import inspect
 import keyword
 import re
+from collections.abc import Mapping
 from typing import Any, Literal, Optional, Union, cast
 
 from toolenv._tool import Tool
 
-__all__ = ["tool_signature"]
+__all__ = ["schema_signature", "tool_signature"]
 
 _SCALARS: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool}
 
@@ -73,7 +74,15 @@ def tool_signature(tool: Tool) -> tuple[inspect.Signature, dict[str, Any], str]:
     Required arguments have no default; the others default to None, and a call passes on
     only what the model wrote, so the Args model's own defaults apply.
     """
-    fn = tool.flat_schema()["function"]
+    return schema_signature(tool.flat_schema())
+
+
+def schema_signature(schema: Mapping[str, Any]) -> tuple[inspect.Signature, dict[str, Any], str]:
+    """`tool_signature` for a tool known by its OpenAI function schema alone (`$ref`s inlined, as
+    `toolenv._schema.flatten_schema` writes it): a remote env's tools run on its server, and the env
+    has only their schemas (`env.tool_schemas()`)."""
+    fn = schema.get("function", schema)
+    tool_name = str(fn.get("name", ""))
     params = fn.get("parameters") or {}
     props: dict[str, Any] = params.get("properties") or {}
     required = set(params.get("required") or [])
@@ -83,10 +92,10 @@ def tool_signature(tool: Tool) -> tuple[inspect.Signature, dict[str, Any], str]:
     lines = []
     for name in ordered:
         if not name.isidentifier():
-            raise ValueError(f"tool {tool.name!r}: argument {name!r} is not a Python identifier, so TRL cannot pass it")
+            raise ValueError(f"tool {tool_name!r}: argument {name!r} is not a Python identifier, so TRL cannot pass it")
         if keyword.iskeyword(name):
             raise ValueError(
-                f"tool {tool.name!r}: argument {name!r} is a Python keyword, so it cannot be a method parameter for TRL"
+                f"tool {tool_name!r}: argument {name!r} is a Python keyword, so it cannot be a method parameter for TRL"
             )
         hint = _hint(props[name])
         default = inspect.Parameter.empty if name in required else None
@@ -95,6 +104,6 @@ def tool_signature(tool: Tool) -> tuple[inspect.Signature, dict[str, Any], str]:
         described = _arg_line(str(props[name].get("description") or props[name].get("title") or ""))
         lines.append(f"    {name}: {described or 'The ' + name.replace('_', ' ') + '.'}")
     annotations["return"] = str
-    summary = _one_line(fn.get("description") or "") or f"Call the {tool.name} tool."
+    summary = _one_line(fn.get("description") or "") or f"Call the {tool_name} tool."
     doc = summary + ("\n\nArgs:\n" + "\n".join(lines) if lines else "") + "\n\nReturns:\n    The tool's result."
     return inspect.Signature(parameters, return_annotation=str), annotations, doc
