@@ -51,6 +51,37 @@ class StuckClose(toolenv.Tool):
         await asyncio.Event().wait()
 
 
+def _wait_for_ever() -> None:
+    threading.Event().wait()
+
+
+class StuckThreadClose(toolenv.Tool):
+    """Echo a word. Its `close` runs a sync teardown in a thread (`asyncio.to_thread`) that never
+    returns, as a client library's blocking `close()` on a dead backend does; unlike a coroutine,
+    the thread cannot be cancelled."""
+
+    name = "echo"
+
+    class Args(BaseModel):
+        word: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=args.word)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(_wait_for_ever)
+
+
+_NEVER = threading.Event()
+
+
+@toolenv.tool(timeout=0.2)
+def stuck_sync(word: str) -> str:
+    """Echo a word, never: a sync call stuck in its thread past its timeout (a thread cannot be stopped)."""
+    _NEVER.wait()
+    return word
+
+
 @toolenv.tool
 def swatch(color: str) -> toolenv.ToolResult:
     """Show a colour swatch (an image)."""

@@ -265,3 +265,72 @@ def test_a_stop_ends_even_when_an_env_close_hangs() -> None:
         _, err = proc.communicate(timeout=60)  # a failure guard: without the bound it never exits
     assert f"the env of session {session} did not close within 0.5 s" in err, err
     assert err.count("did not close within 0.5 s") == 2, err
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 0), (signal.SIGTERM, -signal.SIGTERM)])
+def test_a_stop_ends_even_when_an_env_close_blocks_in_a_thread(sig: signal.Signals, code: int) -> None:
+    """Ctrl-C or SIGTERM with a session whose tool's `close` is stuck in a thread (a sync teardown run with
+    `asyncio.to_thread`), which no cancel stops: after --close-timeout the server logs what it left
+    running and exits, instead of waiting for the thread in asyncio's executor shutdown for ever."""
+    proc, url = start("--close-timeout", "0.5", "--env-arg", 'tools=["_remote:add", "_remote:StuckThreadClose"]')
+    try:
+        env = RemoteToolEnv(url)
+        env.reset(seed=0)
+        session = env._session
+    finally:
+        proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)  # a hang guard: before the fix it never exits
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"toolenv serve did not exit after {sig.name}: {err}") from None
+    assert f"the env of session {session} did not close within 0.5 s" in err, err
+    assert "_wait_for_ever" in err, err  # the call left running in its thread is named
+    assert proc.returncode == code, err  # Ctrl-C exits 0; SIGTERM ends the process by the signal, as uvicorn does
+
+
+def test_the_servers_thread_executor_runs_calls_and_does_not_wait_for_a_stuck_one() -> None:
+    """`toolenv serve`'s default executor: results and errors as a ThreadPoolExecutor's, an idle
+    thread reused, and a shutdown that leaves a stuck call behind, named, instead of joining it."""
+    import threading
+
+    from toolenv._threads import DaemonThreadExecutor, DaemonThreads
+
+    threads = DaemonThreads("test-serve")  # a pool of its own: no other test's calls in `running()`
+    pool = DaemonThreadExecutor(threads)
+    assert pool.submit(sum, [1, 2, 3]).result(timeout=30) == 6
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(divmod, 1, 0).result(timeout=30)
+    assert len(threads.workers) == 1  # the same thread took both calls
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait()
+
+    future = pool.submit(stuck)
+    assert started.wait(30)
+    pool.shutdown(wait=True)  # returns with the call still running
+    assert [name for name, _ in pool.running()] == [f"{__name__}.{stuck.__qualname__}"]
+    assert all(w.daemon for w in threads.workers)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(sum, [])
+    release.set()
+    assert future.result(timeout=30) is None
+
+
+def test_a_stop_names_a_sync_tool_call_left_behind_in_its_thread() -> None:
+    """A sync function tool stuck past its timeout keeps its thread (a thread cannot be stopped):
+    the server exits without it, and its log names it with the other calls left behind."""
+    proc, url = start("--env-arg", 'tools=["_remote:add", "_remote:stuck_sync"]')
+    try:
+        env = RemoteToolEnv(url)
+        env.reset(seed=0)
+        obs, *_ = env.step('<tool_call>{"name": "stuck_sync", "arguments": {"word": "hi"}}</tool_call>')
+        assert "timed out after 0.2 s" in json.dumps(obs), obs
+    finally:
+        err = stop(proc)
+    assert "exiting with 1 call(s) still running in a thread, left behind: _remote.stuck_sync (running " in err, err
+    assert proc.returncode == 0, err

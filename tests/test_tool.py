@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import functools
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -189,6 +192,96 @@ async def test_sync_calls_stuck_past_their_timeout_do_not_starve_later_calls() -
         assert answer.text == "quick" and not answer.is_error
     finally:
         release.set()
+
+
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+
+
+async def test_a_sync_tool_runs_in_a_copy_of_the_callers_context() -> None:
+    """As `asyncio.to_thread`: the caller's context variables are seen in the thread, and what
+    the tool sets there stays in its copy."""
+
+    @tool
+    def which() -> str:
+        seen = _REQUEST_ID.get()
+        _REQUEST_ID.set("set by the tool")
+        return seen
+
+    token = _REQUEST_ID.set("r1")
+    try:
+        (result,), _ = await ToolCaller([which]).invoke([ToolCall(name="which")], ctx())
+        assert result.text == "r1" and not result.is_error
+        assert _REQUEST_ID.get() == "r1"
+    finally:
+        _REQUEST_ID.reset(token)
+
+
+async def test_a_sync_tool_raising_stopiteration_is_an_error_result() -> None:
+    """An asyncio future refuses StopIteration (`next()` on an empty iterator in a tool): the
+    call must end with an error, not wait for a result that never comes."""
+
+    @tool(timeout=30)
+    def first(items: list[int]) -> str:
+        return str(next(iter(items)))
+
+    (result,), _ = await ToolCaller([first]).invoke([ToolCall(name="first", arguments={"items": []})], ctx())
+    assert result.is_error and "StopIteration" in result.text, result.text
+    assert "timed out" not in result.text
+
+
+async def test_a_sync_call_cancelled_before_a_thread_takes_it_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call cancelled (timed out) while it waited for a thread must not run later, out of turn."""
+    from toolenv import _threads, _tool
+
+    held: list[Any] = []
+
+    class Held(_threads.DaemonThreads):
+        def run(self, job: Any, what: Any) -> None:  # the thread takes the job only when the test says
+            held.append(job)
+
+    monkeypatch.setattr(_tool, "WORKERS", Held("held"))
+    ran: list[str] = []
+
+    @tool
+    def effect() -> str:
+        ran.append("ran")
+        return "ran"
+
+    call = asyncio.ensure_future(effect.run(effect.Args(), ctx()))
+    while not held:
+        await asyncio.sleep(0)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    held[0]()
+    assert ran == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_sync_tools_run_in_a_forked_child() -> None:
+    """A forked child (a DataLoader or Ray worker) has none of its parent's threads: a call
+    handed to a parent's idle thread there would wait for ever."""
+    from toolenv import _threads
+
+    @tool
+    def pid() -> str:
+        return str(os.getpid())
+
+    assert asyncio.run(pid.run(pid.Args(), ctx())).text == str(os.getpid())
+    deadline = time.monotonic() + 30
+    while not _threads.WORKERS.idle and time.monotonic() < deadline:  # the thread is idle once it is back
+        time.sleep(0.01)
+    assert _threads.WORKERS.idle
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            out = asyncio.run(asyncio.wait_for(pid.run(pid.Args(), ctx()), 30))
+            code = 0 if out.text == str(os.getpid()) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_positional_only_parameters_are_passed_positionally() -> None:

@@ -9,9 +9,6 @@ import copy
 import functools
 import importlib
 import inspect
-import os
-import queue
-import threading
 import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from toolenv._schema import flatten_schema, openai_schema
+from toolenv._threads import WORKERS
 from toolenv.types import Task, ToolResult
 
 if TYPE_CHECKING:
@@ -221,7 +219,7 @@ class FunctionTool(Tool):
         if self._is_async:
             out = await self._fn(*positional, **kwargs)
         else:
-            out = await _WORKERS.run(self._fn, positional, kwargs)
+            out = await _in_thread(self._fn, positional, kwargs)
             if inspect.isawaitable(out):  # a sync wrapper around an async function
                 out = await out
         return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else str(out))
@@ -316,68 +314,34 @@ def _rebuild_function_tool(
     return out
 
 
-class _Workers:
-    """Daemon threads that run sync function tools, an idle one reused, else a new one started.
+def _in_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    """`fn(*args, **kwargs)` on a daemon worker thread (`toolenv._threads`), in a copy of the current context.
 
-    `asyncio.to_thread` runs them on the loop's default executor, whose threads `asyncio.run`
-    and the interpreter join on the way out, and which has min(32, cpus + 4) of them: one
-    call stuck past its timeout (a thread cannot be stopped) kept the process from exiting,
-    and that many stuck calls left every later sync call queued until it timed out too.
-    Here threads are daemons, and a thread left behind by a timed-out call takes no new work.
+    Not `asyncio.to_thread`: the loop's default executor, whose threads `asyncio.run` and the
+    interpreter join on the way out and which has min(32, cpus + 4) of them: one call stuck
+    past its timeout (a thread cannot be stopped) kept the process from exiting, and that
+    many stuck calls left every later sync call queued until it timed out too. A thread left
+    behind by a timed-out call takes no new work.
     """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
 
-    IDLE_S = 2.0  # an idle thread exits after this long (a closed env leaves no threads behind)
+    def job() -> None:
+        if future.cancelled():  # a call cancelled (timed out) before it started is not run
+            return
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting call, as to_thread does
+            error = exc
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        del result, error  # no cycle through the error's traceback and this frame
 
-    def __init__(self) -> None:
-        self.idle: list[_Worker] = []
-        self.lock = threading.Lock()
-
-    def run(self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        """`fn(*args, **kwargs)` on a worker thread, in a copy of the current context."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        with self.lock:
-            worker = self.idle.pop() if self.idle else None
-        if worker is None:
-            worker = _Worker(self)
-            worker.start()
-        worker.jobs.put((contextvars.copy_context(), fn, args, kwargs, loop, future))
-        return future
-
-    def forget(self) -> None:
-        """After a fork: the parent's threads do not exist in the child."""
-        self.idle = []
-        self.lock = threading.Lock()
-
-
-class _Worker(threading.Thread):
-    def __init__(self, pool: _Workers) -> None:
-        super().__init__(name="toolenv-tool", daemon=True)
-        self.pool = pool
-        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def run(self) -> None:
-        while True:
-            try:
-                context, fn, args, kwargs, loop, future = self.jobs.get(timeout=self.pool.IDLE_S)
-            except queue.Empty:
-                with self.pool.lock:
-                    if self in self.pool.idle:
-                        self.pool.idle.remove(self)
-                        return
-                continue  # taken off the idle list just now: its job is on the way
-            result: Any = None
-            error: BaseException | None = None
-            if not future.cancelled():  # a call cancelled before it started is not run
-                try:
-                    result = context.run(fn, *args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting call, as to_thread does
-                    error = exc
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for it
-                    loop.call_soon_threadsafe(_settle, future, result, error)
-            del context, fn, args, kwargs, loop, future, result, error
-            with self.pool.lock:
-                self.pool.idle.append(self)
+    WORKERS.run(job, fn)
+    return future
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -389,11 +353,6 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_exception(RuntimeError(f"the tool raised StopIteration: {error}"))
     else:
         future.set_exception(error)
-
-
-_WORKERS = _Workers()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_WORKERS.forget)
 
 
 def _is_context(ann: Any) -> bool:

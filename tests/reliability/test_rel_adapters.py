@@ -326,9 +326,11 @@ def _skyrl_batches(batches: int) -> int:
 
 def _idle_gauges() -> dict[str, Any]:
     """The gauges once the sync tools' idle worker threads have left (they do, idle for
-    `_Workers.IDLE_S`), so that neither reading counts threads that are on their way out."""
+    `DaemonThreads.IDLE_S`), so that neither reading counts threads that are on their way out."""
+    from toolenv._threads import WORKERS
+
     deadline = time.monotonic() + 30
-    while any(t.name == "toolenv-tool" for t in threading.enumerate()) and time.monotonic() < deadline:
+    while any(t.name == WORKERS.name for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return gauges()
 

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
+import logging
 import socket
+from typing import TYPE_CHECKING
 
+from toolenv._threads import DaemonThreadExecutor
 from toolenv.commands.rollout_cmd import _kv
+
+if TYPE_CHECKING:
+    import uvicorn
+
+log = logging.getLogger("toolenv.remote")
 
 #: The log levels uvicorn knows (another one failed only after the server printed its URL).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -90,6 +99,38 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _left_behind(executor: DaemonThreadExecutor) -> None:
+    """Log the calls still running in threads once the server has stopped (it exits without them)."""
+    calls = executor.running()
+    if calls:
+        log.error(
+            "exiting with %d call(s) still running in a thread, left behind: %s",
+            len(calls),
+            ", ".join(f"{name} (running {seconds:.1f} s)" for name, seconds in calls),
+        )
+
+
+def _server(config: uvicorn.Config) -> uvicorn.Server:
+    """A `uvicorn.Server` whose loop runs blocking calls on a `DaemonThreadExecutor`, so a call
+    stuck in a thread cannot hold the process after the stop (logged by name instead)."""
+    import uvicorn
+
+    executor = DaemonThreadExecutor()
+
+    class Server(uvicorn.Server):
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            asyncio.get_running_loop().set_default_executor(executor)
+            await super().serve(sockets)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # Logged here, with the sessions closed: after `serve` uvicorn may re-raise SIGTERM,
+            # which ends the process at once.
+            await super().shutdown(sockets)
+            _left_behind(executor)
+
+    return Server(config)
+
+
 def run(args: argparse.Namespace) -> int:
     """Build one env first (a bad id or argument fails here), bind, then serve until Ctrl-C."""
     try:
@@ -127,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         app, log_level=args.log_level, timeout_keep_alive=75, timeout_graceful_shutdown=args.graceful_timeout
     )
     try:
-        uvicorn.Server(config).run(sockets=[sock])  # on Ctrl-C: closes every session, then re-raises it
+        _server(config).run(sockets=[sock])  # on Ctrl-C: closes every session, then re-raises it
     except KeyboardInterrupt:
         pass
     finally:
