@@ -365,3 +365,72 @@ def test_the_function_a_prompt_declares_is_the_solution_s_without_entry_points(s
     assert run_tests("    return helper(a) + b\n", spec).passed == [True, True]
     hack = "def helper(x):\n    return 4\n\ndef add(a, b):\n    return 3\n"
     assert run_tests(hack, spec).passed == [True, False]
+
+
+#: A huge int meets a Decimal on the host: converting the int costs time quadratic in its size
+#: (~0.3 s for 10**150000, once per element of a list of Decimals an `in` walks through).
+HUGE = 1 << 500_000
+
+
+@pytest.mark.parametrize(
+    ("test", "values"),
+    [
+        ("assert f(1) == g(2)", {0: Decimal(1), 1: HUGE}),
+        ("assert f(1) == g(2)", {0: HUGE, 1: Decimal(1)}),
+        ("assert g(2) in f(1)", {0: HUGE, 1: [Decimal(n) for n in range(1000)]}),
+        ("assert f(1) == g(2)", {0: {HUGE}, 1: {Decimal(HUGE % (2**61 - 1))}}),  # same hash: compared
+        ("assert f(1) == g(2)", {0: [(1, HUGE)], 1: [(1, Decimal(2))]}),
+        ("assert f(1) in g(2)", {0: Fraction(1, 3**20000), 1: [Decimal(n) for n in range(1000)]}),
+        (f"assert f(1) in [1, {3**2000}]", {0: Decimal(1)}),  # the test's own big literal
+    ],
+)
+def test_the_host_leaves_a_decimal_against_a_huge_number_to_the_sandbox(test: str, values: dict[int, object]) -> None:
+    """The host compares only what costs it time linear in the values; a Decimal against a
+    huge int or Fraction is checked in the trusted sandboxed run instead."""
+    (split,), _ = split_tests((test,), "", "", ("f", "g"))
+    assert split is not None and split.checks is not None
+    assert split.decide(values, {}) is None
+
+
+def test_the_host_still_decides_numbers_it_compares_cheaply() -> None:
+    (split,), _ = split_tests(("assert f(1) == g(2)",), "", "", ("f", "g"))
+    assert split is not None
+    assert split.decide({0: HUGE, 1: HUGE}, {}) == (True, "")
+    assert split.decide({0: Decimal("1e999999"), 1: 10**300}, {}) == (False, "AssertionError: ")
+    assert split.decide({0: [Decimal(5)], 1: [5]}, {}) == (True, "")
+
+
+def test_a_decimal_against_a_huge_int_is_graded_right_in_the_sandbox() -> None:
+    spec = TestSpec(tests=["assert f() == g()", "assert f() == g() + 1", "assert f() in h()"])
+    answer = (
+        "import decimal\n"
+        "def f():\n    return decimal.Decimal(3 ** 2000)\n"
+        "def g():\n    return 3 ** 2000\n"
+        "def h():\n    return [decimal.Decimal(n) for n in range(50)] + [3 ** 2000]\n"
+    )
+    report = run_tests(answer, spec)
+    assert report.passed == [True, False, True], report.messages
+    assert all(report.split)
+
+
+@pytest.mark.parametrize("digits", [1300, 5000, 400_000])
+def test_a_long_decimal_int_literal_is_not_decoded(digits: int) -> None:
+    """The grader writes ints past 4,096 bits in hex: a long decimal literal is a forged line,
+    and parsing it costs time quadratic in its length where the interpreter does not cap it
+    (Python 3.10, or `sys.set_int_max_str_digits(0)`)."""
+    import sys
+
+    old = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else None
+    if old is not None:
+        sys.set_int_max_str_digits(0)
+    try:
+        for text in ("7" * digits, f"[1, ('a', -{'7' * digits})]", "1." + "7" * digits):
+            with pytest.raises(ValueError, match="not a plain value"):
+                decode_value(text)
+        assert decode_value(repr("7" * digits)) == "7" * digits  # digits in a string are fine
+        assert decode_value(repr([1, "a " + "7" * digits])) == [1, "a " + "7" * digits]
+        assert decode_value(encode_value(3**2500)) == 3**2500
+        assert decode_value(encode_value(3**20000)) == 3**20000
+    finally:
+        if old is not None:
+            sys.set_int_max_str_digits(old)

@@ -22,12 +22,15 @@ import ast
 import builtins
 import copy
 import functools
+import io
 import math
 import operator
+import re
 import symtable
 import sys
+import tokenize
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -113,14 +116,17 @@ class SplitTest:
     probes: tuple[Probe, ...]
     checks: tuple[Check, ...] | None = None
     """The test as plain checks the host can make on the values (`assert f(x) == [1, 2]`), or None."""
+    big_literals: bool = False
+    """The test's own literals hold an int too large to meet a `Decimal` on the host."""
 
     def decide(self, values: dict[int, object], errors: dict[int, str]) -> tuple[bool, str] | None:
         """The verdict from the probes' values without running code, when the test is plain checks.
 
         Comparing plain data (builtin types, `Fraction`, `Decimal`) with a literal runs no code
-        of the solution's or the test's, so the trusted run is only needed for other tests.
+        of the solution's or the test's, so the trusted run is only needed for other tests, and
+        for values whose comparison would cost the host more than linear time (`_costly`).
         """
-        if self.checks is None:
+        if self.checks is None or _costly(values.values(), self.big_literals):
             return None
         for check in self.checks:
             try:
@@ -149,6 +155,42 @@ class SplitTest:
             else:
                 getattr(parent, field)[index] = call
         return ast.unparse(ast.fix_missing_locations(tree))
+
+
+#: Bits of an int (or a `Fraction`'s terms) a `Decimal` is compared with on the host. Python
+#: converts the int to a Decimal first, in time quadratic in its size (~0.3 s for 10**150000,
+#: and once per item of a list of Decimals that `in` walks); up to this size it is microseconds.
+_CHEAP_BITS = 1024
+
+
+def _costly(values: Iterable[object], big_literals: bool) -> bool:
+    """Whether the values (and the test's literals) hold a `Decimal` and an int or a `Fraction`
+    too large to compare with it cheaply: such a test is left to the trusted run, in the sandbox."""
+    decimal = False
+    big = big_literals
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        t = type(value)
+        if t is Decimal:
+            decimal = True
+        elif t is int:
+            big = big or _big_int(value)
+        elif t is Fraction:
+            q: Fraction = value  # type: ignore[assignment]
+            big = big or max(abs(q.numerator).bit_length(), q.denominator.bit_length()) > _CHEAP_BITS
+        elif t is dict:
+            stack += value.keys()  # type: ignore[attr-defined]
+            stack += value.values()  # type: ignore[attr-defined]
+        elif t in (list, tuple, set, frozenset):
+            stack += value  # type: ignore[arg-type]
+        if decimal and big:
+            return True
+    return False
+
+
+def _big_int(value: object) -> bool:
+    return type(value) is int and value.bit_length() > _CHEAP_BITS
 
 
 def _parse(source: str) -> ast.Module | None:
@@ -615,7 +657,8 @@ def split_tests(
         except (_Unsplittable, RecursionError, MemoryError):  # (a test nested too deeply stays whole)
             out.append(None)
             continue
-        out.append(SplitTest(tree=tree, context=context, probes=tuple(probes), checks=checks))
+        big = any(isinstance(n, ast.Constant) and _big_int(n.value) for n in ast.walk(tree))
+        out.append(SplitTest(tree=tree, context=context, probes=tuple(probes), checks=checks, big_literals=big))
     return tuple(out), trusted_setup
 
 
@@ -634,10 +677,34 @@ def decode_value(text: str) -> object:
     `Decimal('...')`, and the names `nan` and `inf`. Nothing is evaluated.
     """
     try:
+        if _long_decimal_number(text):
+            raise _Bad("a long decimal number")
         tree = ast.parse(text, mode="eval")
         return _decode(tree.body)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, ZeroDivisionError, ArithmeticError) as e:
         raise ValueError(f"not a plain value: {type(e).__name__}") from None
+
+
+#: Longest decimal number the grader writes (an int of up to 4,096 bits; larger ones are hex).
+#: Reading a longer one costs time quadratic in its length, where the interpreter does not
+#: cap it (`sys.set_int_max_str_digits`, from Python 3.11): a forged line, refused.
+_DECIMAL_DIGITS = 1240
+_DIGITS = re.compile(rf"[0-9_]{{{_DECIMAL_DIGITS + 1},}}")
+
+
+def _long_decimal_number(text: str) -> bool:
+    """Whether `text` holds a decimal number literal longer than `_DECIMAL_DIGITS` (a run
+    of digits inside a string is fine: only when there is one are the tokens read)."""
+    if _DIGITS.search(text) is None:
+        return False
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            long = token.type == tokenize.NUMBER and len(token.string) > _DECIMAL_DIGITS
+            if long and token.string[:2].lower() not in ("0x", "0o", "0b"):
+                return True
+    except (tokenize.TokenError, SyntaxError):
+        return True  # (nor can it be parsed)
+    return False
 
 
 _ATOMS = (type(None), bool, int, float, str, bytes)

@@ -36,6 +36,19 @@ def _data(*parts: str) -> str:
     return resources.files("toolenv_code").joinpath("data", *parts).read_text(encoding="utf-8")
 
 
+def _corrected(rows: list[dict[str, Any]], fixes: dict[str, dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """`rows` with the corrections of upstream data applied (`data/*/corrections.json`, by
+    task id; each dataset's SOURCE.md says what changed and why). A correction replaces one
+    field, and only the upstream value it was made for: anything else is a packaging error."""
+    by_id = {str(row[key]): row for row in rows}
+    for task_id, fix in fixes.items():
+        row = by_id.get(task_id)
+        if row is None or row.get(fix["field"]) != fix["upstream"]:
+            raise RuntimeError(f"the correction of task {task_id} does not match the shipped data")
+        row[fix["field"]] = fix["corrected"]
+    return rows
+
+
 def _is_test(stmt: ast.stmt) -> bool:
     asserts = [n for n in ast.walk(stmt) if isinstance(n, ast.Assert)]
     trivial = isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Constant) and bool(stmt.test.value)
@@ -70,9 +83,10 @@ def split_check(test_source: str, entry_point: str) -> tuple[str, list[str]]:
 
 @lru_cache(maxsize=1)
 def _humaneval() -> tuple[Task, ...]:
+    rows = [json.loads(line) for line in _data("humaneval", "HumanEval.jsonl").splitlines()]
+    rows = _corrected(rows, json.loads(_data("humaneval", "corrections.json"))["tasks"], "task_id")
     tasks = []
-    for line in _data("humaneval", "HumanEval.jsonl").splitlines():
-        row = json.loads(line)
+    for row in rows:
         setup, tests = split_check(row["test"], row["entry_point"])
         spec = TestSpec(tests=tests, setup=setup, solution_prefix=row["prompt"], entry_points=[row["entry_point"]])
         tasks.append(
@@ -133,6 +147,7 @@ def _mbpp(subset: str) -> tuple[Task, ...]:
         rows = json.loads(_data("mbpp", "sanitized-mbpp.json"))
     else:
         raise ValueError(f"unknown MBPP subset {subset!r}; expected 'full' or 'sanitized'")
+    rows = _corrected(rows, json.loads(_data("mbpp", "corrections.json"))[subset], "task_id")
     tasks = []
     for row in rows:
         text = row.get("text", row.get("prompt", ""))

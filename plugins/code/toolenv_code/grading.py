@@ -13,7 +13,8 @@ NumPy values to lists and numbers; a value still not plain data fails its test, 
 without evaluating anything (`toolenv_code._split.decode_value`), and the verdict comes from
 outside the solution's process: on the host when the test only compares probe values with
 literals (`==`, `<`, `in`, `and`, `not`, `abs(... - ...)`; ~99% of HumanEval's and MBPP's
-tests), else from a second sandboxed process that never holds the solution, where the test
+tests) and that costs the host time linear in the values (not a `Decimal` against a huge int),
+else from a second sandboxed process that never holds the solution, where the test
 runs with each probe replaced by its value. Whatever the solution finds in its own process
 (frames, `gc`, the grader's result channel and nonce), the expected values of a split test are
 not there, and reporting anything but its own values does not pass it: it passes only by

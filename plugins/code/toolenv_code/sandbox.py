@@ -155,6 +155,15 @@ class SandboxPool:
         self._closed = False
         self.restarts = 0
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy (pickle, `copy.deepcopy`) is the process-wide pool of the process it lands in
+        when this is that pool, else a new pool with the same settings whose servers start on
+        first use: pipes and threads cannot be copied, and a copy shares no server or session."""
+        if self is _POOL:
+            return (get_pool, ())
+        tmpfs_mb, max_sessions, session_idle = self._opts
+        return (_new_pool, (self.size, tmpfs_mb, max_sessions, session_idle))
+
     # -- slots
     def _acquire(self, slot: int | None) -> int:
         with self._cond:
@@ -317,6 +326,11 @@ def get_pool() -> SandboxPool:
         if _POOL is None:
             _POOL = SandboxPool()
         return _POOL
+
+
+def _new_pool(size: int, tmpfs_mb: int, max_sessions: int, session_idle: float) -> SandboxPool:
+    """A copied private pool (`SandboxPool.__reduce__`)."""
+    return SandboxPool(size, tmpfs_mb=tmpfs_mb, max_sessions=max_sessions, session_idle=session_idle)
 
 
 def shutdown_pool() -> None:

@@ -24,10 +24,23 @@ class _SessionHandle:
     def __init__(self, pool: SandboxPool, episode_id: str) -> None:
         self.id = episode_id or uuid.uuid4().hex
         self.calls = 0
+        self.pool = pool
         self._finalizer = weakref.finalize(self, pool.close_session, self.id)
 
     def release(self) -> None:
         self._finalizer()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy of the episode (pickle, `copy.deepcopy`) gets a session of its own: the sandbox's
+        interpreter cannot be copied, and sharing it would let each change the other's variables
+        and end them with its episode. The copy starts afresh and says so at its next call."""
+        return (_copied_handle, (self.pool, self.calls))
+
+
+def _copied_handle(pool: SandboxPool, calls: int) -> _SessionHandle:
+    handle = _SessionHandle(pool, "")
+    handle.calls = calls
+    return handle
 
 
 def format_result(result: ExecResult, limits: SandboxLimits) -> str:
@@ -87,6 +100,17 @@ class PythonTool(Tool):
         self.description = _STATEFUL if stateful else _FRESH  # type: ignore[misc]  # what the model reads
         self._pool = pool
         self._handles: weakref.WeakSet[_SessionHandle] = weakref.WeakSet()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The tool with its open sessions as a list: a `WeakSet` cannot be pickled."""
+        state = self.__dict__.copy()
+        state["_handles"] = list(self._handles)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        handles = state.pop("_handles", ())
+        self.__dict__.update(state)
+        self._handles = weakref.WeakSet(handles)
 
     @property
     def pool(self) -> SandboxPool:
