@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,25 @@ def _close(env: Any) -> None:
         close()
 
 
+def test_every_python_block_of_the_docs_is_python() -> None:
+    """Every ```python block of the README and docs parses (a `>>>` session example by its
+    statements): a fragment no test runs (`LLMJudge(...)`, `ToolVerified(...)`) still may
+    not drift into text Python cannot read. Top-level `await` is allowed, as in a notebook."""
+    import doctest
+
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"^[ \t]*```python\n(.*?)^[ \t]*```", page.read_text(), re.M | re.S):
+            code = textwrap.dedent(block)
+            parts = [e.source for e in doctest.DocTestParser().get_examples(code)] if ">>> " in code else [code]
+            for part in parts:
+                try:
+                    compile(part, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+                except SyntaxError as exc:
+                    wrong.append(f"{page.relative_to(ROOT)}: {exc.msg}: {part.splitlines()[(exc.lineno or 1) - 1]!r}")
+    assert not wrong, f"python blocks that do not parse: {wrong}"
+
+
 def test_docs_name_only_what_exists() -> None:
     """Every dotted name the README and docs give (`toolenv.runner.arollout`,
     `toolenv_search.make_hotpotqa_env`) imports as written."""
@@ -253,6 +273,12 @@ def test_rewards_page_specs_build() -> None:
     for spec in specs:
         toolenv.ToolEnv(tools=[], tasks=tasks, reward=spec).close()
     _run(_python_blocks("rewards.md")[1], "rewards.md", {"FormatReward": FormatReward})
+    from toolenv.rewards import DEFAULT_JUDGE_PROMPT, ToolVerified
+
+    judge = eval(_python_blocks("rewards.md")[4], {"LLMJudge": LLMJudge, "DEFAULT_JUDGE_PROMPT": DEFAULT_JUDGE_PROMPT})
+    assert judge.prompt == DEFAULT_JUDGE_PROMPT and judge.system is None  # every argument it shows is one
+    verified = eval(_python_blocks("rewards.md")[5], {"ToolVerified": ToolVerified})
+    assert verified.name == "tests" and verified.require_answer
     short = _run(_python_blocks("rewards.md")[3].splitlines()[0], "rewards.md", {"TurnReward": TurnReward})["short"]
     env = toolenv.ToolEnv(tools=[], tasks=tasks, reward=[(short, 1.0), ("exact_match", 1.0)])
     try:  # r includes −0.001 × len(text); info["reward_components"]["length"]

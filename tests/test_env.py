@@ -137,6 +137,26 @@ def test_prompt_template_uses_task_context() -> None:
     assert "Schema: CREATE TABLE t(x)\nQ: q? {missing}" in obs
 
 
+def test_a_prompt_template_keeps_braces_that_are_no_task_field_as_written() -> None:
+    """docs/env.md: a field the task does not have stays as written, so templates may hold
+    braces. A JSON example in the template (`{"answer": 1}`: `str.format` reads a field
+    `"answer"` with the format spec ` 1`) raised a ValueError at every reset, `{a.b}` an
+    AttributeError, `{0}` "positional fields", and `{a[0]}` rendered as a lone `{`."""
+    template = (
+        '{instructions}\nQ: {question}\nReply as {"answer": "...", "steps": [1, 2]} or {"a": {"b": 1}}.'
+        " {a.b} {a[0]} {0} {} {missing!r} {missing:>9} {width} {schema!r} {schema:>{width}} {schema:>{nowidth}}"
+    )
+    env = make(prompt_template=template, tasks=[{"question": "q?", "context": {"schema": "s", "width": 3}}])
+    try:
+        obs, _ = env.reset(seed=0)
+    finally:
+        env.close()
+    assert obs.endswith(
+        'Q: q?\nReply as {"answer": "...", "steps": [1, 2]} or {"a": {"b": 1}}.'
+        " {a.b} {a[0]} {0} {} {missing!r} {missing:>9} 3 's'   s {schema:>{nowidth}}"
+    )
+
+
 def test_a_prompt_template_that_would_lose_the_question_is_refused_or_warned_of() -> None:
     """Unknown fields stay as written (templates may hold braces), so a misspelt `{questoin}`
     built prompts without the question, silently; a template `str.format` cannot read failed

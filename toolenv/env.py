@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import string
@@ -37,12 +38,34 @@ NO_ACTION = (
 )
 
 
+def _field_root(name: str) -> str:
+    """The key a `str.format` field looks up: `a` of `a.b` and of `a[0]`."""
+    return re.split(r"[.\[]", name, maxsplit=1)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(template: str) -> tuple[tuple[str, str | None, str | None, str | None], ...]:
+    """`string.Formatter().parse(template)`, kept: a template is rendered at every reset."""
+    return tuple(string.Formatter().parse(template))
+
+
+@functools.lru_cache(maxsize=64)
+def _roots(template: str) -> frozenset[str]:
+    """The keys `template`'s fields look up (positional ones, `{}` and `{0}`, and those nested in a spec, too)."""
+    out: set[str] = set()
+    for _, name, spec, _ in _parsed(template):
+        if name is not None:
+            out.add(_field_root(name))
+        if spec:
+            out |= _roots(spec)
+    return frozenset(out)
+
+
 def _checked_template(template: str) -> str:
     """`template`, refused if `str.format` cannot read it and warned of if it has no
     `{question}` (unknown fields stay as written, so a misspelt one would drop the question)."""
     try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
-        fields = {re.split(r"[.\[]", name, maxsplit=1)[0] for name in names}
+        fields = {_field_root(name) for _, name, _, _ in _parsed(template) if name}
     except ValueError as exc:
         raise ValueError(f"prompt_template is not a str.format template ({exc}): {template!r}") from None
     if "question" not in fields:
@@ -54,9 +77,24 @@ def _checked_template(template: str) -> str:
     return template
 
 
-class _Fields(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+def _render(template: str, fields: Mapping[str, Any]) -> str:
+    """`template.format_map(fields)`, except that a field whose key `fields` lacks stays as
+    written, with its conversion and format spec: a JSON example such as `{"answer": 1}` (to
+    `str.format`, a field `"answer"` with the spec ` 1`), `{0}` or `{}` is text, not an error."""
+    if _roots(template) <= fields.keys():  # every field known (the usual case): str.format itself
+        return template.format_map(fields)
+    formatter = string.Formatter()
+    out: list[str] = []
+    for literal, name, spec, conversion in _parsed(template):
+        out.append(literal)
+        if name is None:
+            continue
+        if _field_root(name) not in fields or (spec and not _roots(spec) <= fields.keys()):
+            out.append("{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}")
+            continue
+        value = formatter.convert_field(formatter.get_field(name, (), fields)[0], conversion)
+        out.append(format(value, _render(spec, fields) if spec else ""))
+    return "".join(out)
 
 
 class ToolEnv(gym.Env[str, str]):
@@ -74,7 +112,8 @@ class ToolEnv(gym.Env[str, str]):
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.
-        prompt_template: `str.format` template with `{instructions}`, `{question}` and task context keys.
+        prompt_template: `str.format` template with `{instructions}`, `{question}` and task context
+            keys; any other field (a JSON example's `{"answer": ...}`) stays as written.
         task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"` (a seeded reset
             starts the sequence again at task `seed % len(tasks)`, so it is deterministic too).
         parser_kwargs: passed to the parser factory when `parser` is a name.
@@ -186,9 +225,7 @@ class ToolEnv(gym.Env[str, str]):
         system = "\n\n".join(p for p in (self.system_prompt, self._prompt_instructions) if p)
         if task.prompt is not None:
             return task.prompt, [Message(role="system", content=system), Message(role="user", content=task.prompt)]
-        fields = _Fields(task.context)
-        fields.update(instructions=system, question=task.question)
-        text = self.prompt_template.format_map(fields)
+        text = _render(self.prompt_template, {**task.context, "instructions": system, "question": task.question})
         return text, [Message(role="system", content=system), Message(role="user", content=task.question)]
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
