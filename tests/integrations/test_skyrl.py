@@ -321,8 +321,8 @@ def test_task_options_read_skyrl_rows_and_hand_written_ones() -> None:
     assert task_options({"task_index": 1, "extra_info": {"task_id": None}}) == {"task_index": 1}  # None: absent
     inline = task_options({"extra_info": {"question": "2+3?"}, "reward_spec": {"ground_truth": "5"}})
     assert inline["task"].question == "2+3?" and inline["task"].answer == "5"
-    own = task_options({"extra_info": {"question": "2+3?", "answer": "five"}, "reward_spec": {"ground_truth": "5"}})
-    assert own["task"].answer == "five"
+    gold = task_options({"extra_info": {"question": "2+3?", "answer": "2+3 = 5"}, "reward_spec": {"ground_truth": "5"}})
+    assert gold["task"].answer == "5"  # SkyRL's envs score against reward_spec.ground_truth
     with pytest.raises(ValueError, match="names no task"):
         task_options({"reward_spec": {"ground_truth": "5"}})
 
@@ -905,3 +905,82 @@ def test_a_per_id_class_refuses_a_row_of_another_env() -> None:
 def test_no_env_id_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no toolenv env id"):
         skyrl_gym.make("toolenv", env_config={}, extras={"extra_info": {"task_id": "t1"}})
+
+
+# ---------------------------------------------------------------------------- SkyRL's own datasets and the pool
+def test_skyrl_gsm8k_and_search_r1_rows_score_against_reward_spec_ground_truth(tmp_path: Any) -> None:
+    """SkyRL's own envs score against `reward_spec.ground_truth`: its GSM8K rows keep the worked
+    solution in `extra_info.answer` (the gold is "#### 5" at its end), and its Search-R1 rows
+    give the gold answers as `{"target": [...]}`. Either, read through parquet as SkyRL's
+    `PromptDataset` reads it, must score the right answer 1.0."""
+    datasets = pytest.importorskip("datasets", reason="SkyRL's PromptDataset reads rows with HF datasets")
+    prompt = [{"role": "user", "content": "2+3?"}]
+    gsm8k = {  # as skyrl-train/examples/gsm8k/gsm8k_dataset.py writes it
+        "data_source": "openai/gsm8k",
+        "prompt": prompt,
+        "env_class": "toolenv",
+        "reward_spec": {"method": "rule", "ground_truth": "5"},
+        "extra_info": {"split": "train", "index": 0, "answer": "2 and 3 make 2+3 = 5.\n#### 5", "question": "2+3?"},
+    }
+    search_r1 = {  # as skyrl-train/examples/search/searchr1_dataset.py writes it
+        "data_source": "searchR1_nq",
+        "prompt": prompt,
+        "env_class": "toolenv",
+        "reward_spec": {"style": "rule", "ground_truth": {"target": ["five", "5"]}},
+        "extra_info": {"index": 0, "need_tools_kwargs": True, "question": "2+3?", "split": "train"},
+    }
+    for row in (gsm8k, search_r1):
+        path = tmp_path / f"{row['data_source'].replace('/', '_')}.parquet"
+        datasets.Dataset.from_list([row]).to_parquet(str(path))
+        item = dict(datasets.load_dataset("parquet", data_files=str(path), keep_in_memory=True)["train"][0])
+        prompt_, env_class = item.pop("prompt"), item.pop("env_class")
+        env = skyrl_gym.make(env_class, env_config={"env_id": CALC}, extras={**item, "max_turns": 3})
+        env.init(prompt_)
+        out = env.step("<answer>5</answer>")
+        assert out["done"] is True and out["reward"] == 1.0, row["data_source"]
+        env.close()
+    numeric = task_options({"extra_info": {"question": "2+3?"}, "reward_spec": {"ground_truth": 5}})
+    assert numeric["task"].answer == "5"  # a number column: its text
+    own = task_options({"extra_info": {"question": "2+3?", "answer": "five"}})
+    assert own["task"].answer == "five"  # no ground truth: the row's own answer
+
+
+def test_a_pooled_envs_last_episode_does_not_leak_into_the_next_sample() -> None:
+    """The next sample borrows the env the last one gave back: before its `init` it has no
+    episode (no metrics, and `step` refuses rather than stepping the last sample's released
+    episode), and the last sample's metrics stay its own after the env moved on."""
+    rows = dataset_rows(CALC)
+    first, prompt = make(rows[0])
+    first.step(CALL.format(a=1, b=2))  # cut by SkyRL (its input length limit): not done
+    first.close()
+    second = skyrl_gym.make(CALC, env_config={}, extras={"extra_info": {"task_id": "t2"}, "max_turns": 5})
+    assert second.env is first.env  # the same pooled env
+    assert second.get_metrics() == {}
+    with pytest.raises(RuntimeError, match=r"init\(\) was not called"):
+        second.step(CALL.format(a=3, b=4))
+    second = skyrl_gym.make(CALC, env_config={}, extras={"extra_info": {"task_id": "t2"}, "max_turns": 5})
+    second.init(None)
+    second.step("<answer>14</answer>")
+    assert first.get_metrics()["turns"] == 1 and first.get_metrics()["tool_calls"] == 1
+    assert second.get_metrics()["return"] == 1.0 and second.get_metrics()["turns"] == 1
+    second.close()
+
+
+def test_close_pooled_envs_closes_every_env_when_one_fails_to_close() -> None:
+    """One idle env whose tools fail to close must not leave the others (their processes,
+    connections) open: every env is closed, then the first failure is raised."""
+
+    class BadClose(Add):
+        async def close(self) -> None:
+            raise OSError("cannot close")
+
+    close_pooled_envs()
+    ClosingAdd.closed = 0
+    envs = [skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "t1"}}) for _ in range(3)]
+    envs[0].env.caller.tools["add"] = BadClose()  # this pooled env's tool cannot close
+    for env in envs:
+        env.init(None)
+        env.close()
+    with pytest.raises(OSError, match="cannot close"):
+        close_pooled_envs()
+    assert ClosingAdd.closed == 2 and close_pooled_envs() == 0

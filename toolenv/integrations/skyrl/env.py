@@ -32,7 +32,7 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from toolenv._aio import BackgroundLoop
+from toolenv._aio import BackgroundLoop, close_each
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
@@ -122,10 +122,13 @@ def _close_now(env: ToolEnv) -> None:
 
 
 def close_pooled_envs() -> int:
-    """Close every idle pooled env (its tools); returns how many. For the end of a run or a test."""
+    """Close every idle pooled env (its tools); returns how many. For the end of a run or a test.
+
+    Raises:
+        Exception: the first env that failed to close, once every other one is closed.
+    """
     leases = _POOL.drain()
-    for lease in leases:
-        _LOOP.run(lease.env.aclose())
+    _LOOP.run(close_each(leases, lambda lease: lease.env.aclose(), lambda lease: f"env {lease.key!r}", _log))
     return len(leases)
 
 
@@ -247,6 +250,9 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         self.observation_role: str = role or _default_role(self.env)
         self.max_turns = self.env.max_turns = int(limit) if limit is not None else self._lease.max_turns
         self.last_info: dict[str, Any] = {}
+        # This sample's episode: the pooled env's own `episode` is the last sample's until `init`,
+        # and the next sample's once `close()` has given the env back.
+        self._episode: Episode | None = None
         self._closed = False
         self._broken = False
 
@@ -265,6 +271,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 
     def _init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         _, info = _LOOP.run(self.env.areset(options=task_options(self.extras)))
+        self._episode = self.env.episode
         self.turns = 0
         self.last_info = info
         meta = {"env_id": self.env_id, "task_id": info["task_id"]}
@@ -283,7 +290,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             RuntimeError: `init` was not called, or the env is closed (a call on it raised).
         """
         self._check_open()
-        ep = self.env.episode
+        ep = self._episode
         if ep is None:
             raise RuntimeError("init() was not called: SkyRL's generator calls it before step()")
         if ep.terminated or ep.truncated:  # SkyRL stops at `done`; a caller that goes on gets nothing run
@@ -311,8 +318,9 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
     def get_metrics(self) -> dict[str, Any]:
         """The episode's numbers, for SkyRL's env metrics (which its default aggregator averages
         over a batch): return, turns, tool calls, error results, answered, terminated,
-        truncated, and each reward component's sum as `reward/<name>`."""
-        ep = self.env.episode
+        truncated, and each reward component's sum as `reward/<name>`. `{}` before `init`; after
+        `close()` still this sample's, though the pooled env may run another one by then."""
+        ep = self._episode
         if ep is None:
             return {}
         components: dict[str, float] = {}

@@ -79,8 +79,10 @@ def task_options(extras: Mapping[str, Any] | None) -> dict[str, Any]:
     """`ToolEnv.reset` options for the task a row names.
 
     In order: `task` (a Task, its JSON or a dict), `task_id`, `task_index` (into the env's
-    tasks), or Task-shaped columns (`question`, `answer`, `context`, ...; the answer defaults
-    to `reward_spec.ground_truth`, SkyRL's own column). Each is read from `extra_info` first,
+    tasks), or Task-shaped columns (`question`, `context`, ...). Their answer is
+    `reward_spec.ground_truth` when the row has one, as SkyRL's own envs score against it
+    (its GSM8K rows keep the worked solution in `extra_info.answer`; its Search-R1 rows give
+    `{"target": [...]}`), else the row's `answer`. Each is read from `extra_info` first,
     then from the row's top level.
 
     Raises:
@@ -94,15 +96,25 @@ def task_options(extras: Mapping[str, Any] | None) -> dict[str, Any]:
     if fields.get("task_index") is not None:
         return {"task_index": int(fields["task_index"])}
     if fields.get("question"):
-        if fields.get("answer") is None:
-            spec = fields.get("reward_spec")
-            if isinstance(spec, dict) and spec.get("ground_truth") not in (None, ""):
-                fields["answer"] = spec["ground_truth"]
+        gold = _ground_truth(fields.get("reward_spec"))
+        if gold is not None:
+            fields["answer"] = gold
         return {"task": _row_task({k: v for k, v in fields.items() if k != "task_id"})}
     raise ValueError(
         "this SkyRL row names no task: give its extra_info a 'task' (JSON, as "
         "toolenv.integrations.skyrl.dataset_rows writes), a 'task_id', a 'task_index' or a 'question'"
     )
+
+
+def _ground_truth(spec: Any) -> str | list[str] | None:
+    """`reward_spec.ground_truth` as a Task answer: text, a list of texts (Search-R1's
+    `{"target": [...]}` unwrapped), numbers as text; None when the row gives none."""
+    gold = spec.get("ground_truth") if isinstance(spec, dict) else None
+    if isinstance(gold, dict):
+        gold = gold.get("target")
+    if isinstance(gold, (list, tuple)):
+        return [str(g) for g in gold if g is not None] or None
+    return None if gold is None or gold == "" else str(gold)
 
 
 def _skyrl_row(row: dict[str, Any], env_class: str) -> dict[str, Any]:
