@@ -273,3 +273,67 @@ def test_the_overview_image_has_the_size_the_tool_assumes(tmp_path: Path) -> Non
     unrounded = overview_image({"image": "p.png"}, tmp_path, 448)
     assert (unrounded.width, unrounded.height) == (448, 314)
     assert task_image({"image": "p.png"}, tmp_path).size == (1000, 700)  # the tool crops the original
+
+
+def test_pixels_of_a_photo_the_processor_shrank_to_its_max_pixels() -> None:
+    """A Qwen2.5-VL processor with `max_pixels` set (verl and DeepEyes configs cap it) shrinks a large
+    photo by pixel count, and the model answers in that frame. Rounding sides to 28 alone kept the
+    1411x1411 retina at 1400x1400: the model's box around the centre, in the 392x392 image it saw,
+    cropped the top-left corner."""
+    tool = CropTool(view_multiple=28, view_max_pixels=400 * 400)
+    task = Task(context={"image": "retina.jpg"})  # 1411x1411
+    r = call(tool, task, bbox=[98, 98, 294, 294])  # the middle half of the 392x392 image the model saw
+    assert not r.is_error, r.text
+    assert r.metadata["view_size"] == [392, 392] and r.metadata["bbox"] == [352, 352, 1059, 1059]
+    assert "pixels of the 392x392 image" in r.text
+    assert call(tool, task, bbox=[0, 0, 393, 100]).text.endswith("The image is 392x392 px.")
+    # a small photo that the processor enlarges to its min_pixels: 384x303 is seen as 728x588
+    small = CropTool(view_multiple=28, view_min_pixels=512 * 28 * 28)
+    r = call(small, Task(context={"image": "coins.png"}), bbox=[0, 0, 364, 294])
+    assert not r.is_error, r.text
+    assert r.metadata["view_size"] == [728, 588] and r.metadata["bbox"] == [0, 0, 192, 152]
+    with pytest.raises(ValueError, match="view_min_pixels"):
+        CropTool(view_min_pixels=10, view_max_pixels=5)
+
+
+@pytest.mark.parametrize(
+    ("min_pixels", "max_pixels"), [(3136, 12845056), (3136, 400 * 400), (512 * 28 * 28, 1280 * 28 * 28)]
+)
+def test_view_dims_is_what_a_qwen25_vl_processor_feeds_the_model(min_pixels: int, max_pixels: int) -> None:
+    qwen = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    processor = qwen.Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, size={"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    )
+    for size in [(1411, 1411), (1000, 872), (640, 427), (384, 303), (4032, 3024), (200, 3000), (1344, 894)]:
+        (grid,) = processor(images=[Image.new("RGB", size)], return_tensors="np")["image_grid_thw"]
+        seen = (int(grid[2]) * 14, int(grid[1]) * 14)
+        assert view_dims(*size, None, 28, min_pixels, max_pixels) == seen, size
+
+
+def test_the_overview_matches_a_processor_with_min_pixels() -> None:
+    """The Qwen2.5-VL README's processor example sets min_pixels=256*28*28: a 448x308 overview is then
+    enlarged to 560x392 before the model sees it, and the model's boxes are in that frame. Given the
+    processor's bounds, the env shows the overview at that size, says so and reads pixels there."""
+    qwen = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    bounds = {"shortest_edge": 256 * 28 * 28, "longest_edge": 1280 * 28 * 28}
+    processor = qwen.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, size=bounds)
+    env = make_visualsearch_env(num_tasks=6, overview_min_pixels=256 * 28 * 28, overview_max_pixels=1280 * 28 * 28)
+    for task in env.tasks:
+        _, info = env.reset(options={"task": task})
+        shown = info["messages"][-1].images[0]
+        (grid,) = processor(images=[shown.to_pil()], return_tensors="np")["image_grid_thw"]
+        assert (int(grid[2]) * 14, int(grid[1]) * 14) == (shown.width, shown.height)  # passed through as is
+        assert shown.width * shown.height >= 256 * 28 * 28 and task.context["overview"] == [shown.width, shown.height]
+        assert f"pixels of the {shown.width}x{shown.height} image you see" in task.question
+        (w, h), (x1, y1, x2, y2) = task.context["size"], task.context["box"]
+        sx, sy = shown.width / w, shown.height / h
+        seen = [int(x1 * sx) - 2, int(y1 * sy) - 2, int(x2 * sx) + 3, int(y2 * sy) + 3]  # as the model sees it
+        call = {"name": "crop", "arguments": {"bbox": seen}}
+        (result,) = env.step(f"<tool_call>{json.dumps(call)}</tool_call>")[4]["tool_results"]
+        assert not result.is_error, result.text
+        c1, d1, c2, d2 = result.metadata["bbox"]
+        assert c1 <= x1 and d1 <= y1 and c2 >= x2 and d2 >= y2, (task.id, seen, result.metadata["bbox"])
+        (result,) = env.step(visualsearch_oracle(task, 0, ""))[4]["tool_results"]
+        assert not result.is_error, result.text
+    (tool,) = env.tools
+    assert "as you were shown it" in tool.description and "448 px" not in tool.description  # it is larger

@@ -125,3 +125,18 @@ def test_cropping_the_whole_picture_shows_no_more_than_the_overview() -> None:
     assert result.metadata["zoom"] > 2
     (tool,) = make_visualsearch_env(num_tasks=1, max_pixels=1024 * 1024).tools
     assert tool.max_pixels == 1024 * 1024
+
+
+def test_a_code_that_is_an_article_is_not_the_empty_answer() -> None:
+    # SQuAD normalisation drops "a", "an" and "the": the code "A" became "", which an empty
+    # answer (or "the") matched for a full reward.
+    env = make_visualsearch_env(num_tasks=60, code_length=1)
+    task = next(t for t in env.tasks if t.answer == "A")
+    for answer, reward in [("", 0.0), ("the", 0.0), ("A", 1.0), ("a", 1.0), (" A. ", 1.0), ("C", 0.0)]:
+        env.reset(options={"task": task})
+        _, r, terminated, _, info = env.step(f"<answer>{answer}</answer>")
+        assert terminated and r == reward, (answer, r)
+        assert set(info["reward_components"]) == {"exact_match"}
+    other = next(t for t in env.tasks if t.answer == "C")
+    env.reset(options={"task": other})
+    assert env.step("<answer>c</answer>")[1] == 1.0

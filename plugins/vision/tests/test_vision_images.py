@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops, ImageCms
 
 from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
-from toolenv_vision import CropTool, images
+from toolenv_vision import CropTool, images, task_image
 from toolenv_vision.envs import overview_image
 
 
@@ -107,3 +110,71 @@ def test_a_replaced_photo_gives_a_new_overview(tmp_path: Path) -> None:
     assert isinstance(before, tuple) and isinstance(after, tuple)
     assert before[0] > 200 and after[2] > 200, (before, after)
     assert pixel(crop(tmp_path, "p.png", [0, 0, 64, 64]), 5, 5)[2] > 200
+
+
+def test_an_adobe_rgb_photo_is_shown_in_srgb() -> None:
+    # The bundled rocket.jpg embeds an Adobe RGB (1998) profile: its stored values, read as sRGB
+    # (what models and image processors assume), are washed out; a colour-managed viewer converts.
+    with Image.open(images.DATA_DIR / "rocket.jpg") as stored:
+        stored.load()
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(stored.info["icc_profile"]))
+        assert "Adobe RGB" in ImageCms.getProfileDescription(profile)
+        viewer = ImageCms.profileToProfile(stored, profile, ImageCms.createProfile("sRGB"), outputMode="RGB")
+        raw = stored.convert("RGB")
+    assert isinstance(viewer, Image.Image)
+    shown = task_image({"image": "rocket.jpg"})
+    assert shown.size == raw.size and shown.mode == "RGB"
+    assert ImageChops.difference(shown, viewer).getextrema() == ((0, 0), (0, 0), (0, 0))
+    assert ImageChops.difference(shown, raw).getextrema()[0][1] > 30  # really not the stored values
+    # sRGB photos, photos without a profile and a broken profile keep their stored pixels
+    for name in ("astronaut.png", "coins.png"):
+        with Image.open(images.DATA_DIR / name) as im:
+            assert task_image({"image": name}).tobytes() == im.convert("RGB").tobytes()
+
+
+def test_a_broken_colour_profile_is_ignored(tmp_path: Path) -> None:
+    Image.new("RGB", (32, 32), (200, 30, 40)).save(tmp_path / "odd.png", icc_profile=b"not a profile")
+    assert pixel(crop(tmp_path, "odd.png", [0, 0, 32, 32])) == (200, 30, 40)
+
+
+def test_concurrent_first_uses_of_an_image_decode_it_once() -> None:
+    # A GRPO group resets its samples of one task together: each reset used to decode (and render)
+    # the same photo again, N copies in memory at once, while it was not yet cached.
+    cache = images.ImageCache(8, lambda: 10**9)
+    made: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    def make() -> Image.Image:
+        made.append(1)
+        started.set()
+        release.wait(10)
+        return Image.new("RGB", (4, 4))
+
+    got: list[Image.Image] = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get("photo", make))) for _ in range(8)]
+    threads[0].start()
+    assert started.wait(10)
+    for t in threads[1:]:
+        t.start()
+    # The others ask while the first is still decoding (with the old code each began its own decode
+    # at once; give them a moment to, without depending on it when they wait as they should).
+    for _ in range(50):
+        if len(made) == len(threads):
+            break
+        time.sleep(0.01)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert len(made) == 1 and len(got) == 8 and all(im is got[0] for im in got)
+
+
+def test_a_failed_decode_is_not_shared_with_waiting_callers() -> None:
+    cache = images.ImageCache(8, lambda: 10**9)
+
+    def broken() -> Image.Image:
+        raise OSError("truncated")
+
+    for _ in range(2):  # not cached, and no caller is left waiting for it
+        with pytest.raises(OSError):
+            cache.get("bad", broken)
+    assert cache.get("bad", lambda: Image.new("RGB", (2, 2))).size == (2, 2)

@@ -19,7 +19,7 @@ from toolenv_vision.crop import (
     view_dims,
     zoom_size,
 )
-from toolenv_vision.envs import VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
+from toolenv_vision.envs import CodeMatch, VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
 from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
 from toolenv_vision.render import CodeOverlay, code_patch, task_image
 from toolenv_vision.tasks import ALPHABET, generate_tasks
@@ -29,6 +29,7 @@ __all__ = [
     "COORDINATES",
     "DATA_DIR",
     "PHOTOS",
+    "CodeMatch",
     "CodeOverlay",
     "Coordinates",
     "CropArgs",

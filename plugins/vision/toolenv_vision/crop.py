@@ -4,10 +4,12 @@ Coordinate conventions (`CropTool(coordinates=...)`; the tool description and sc
 the model which one):
 
 * `"pixels"` (default): pixels of the image the model was shown. By default that is the task
-  image itself; with `view_size` (and `view_multiple`) it is the task image shrunk so its longer
-  side is at most `view_size` and each side rounded to a multiple of `view_multiple`, as an env
-  that shows a downscaled overview (VisualSearch-v0) and Qwen2.5-VL's processor (sides rounded to
-  multiples of 28) present it. Qwen2.5-VL grounds in absolute pixels of the image it was given.
+  image itself; with `view_size` (and `view_multiple`, `view_min_pixels`, `view_max_pixels`) it
+  is the task image shrunk so its longer side is at most `view_size`, each side rounded to a
+  multiple of `view_multiple`, and its pixel count brought within the two bounds, as an env that
+  shows a downscaled overview (VisualSearch-v0) and Qwen2.5-VL's processor (`smart_resize`:
+  multiples of 28, its `min_pixels` and `max_pixels`) present it. Qwen2.5-VL grounds in absolute
+  pixels of the image it was given.
   The `units` argument may switch a call to fractions in [0, 1] (`"normalized"`); with `"auto"`
   (default) a box whose four values are all <= 1 is read as fractions.
 * `"relative1000"`: integers or floats from 0 to 1000 across the width and height (Qwen3-VL).
@@ -261,17 +263,35 @@ def _snap(value: float) -> float:
     return float(nearest) if abs(value - nearest) < _SNAP else value
 
 
-def view_dims(width: int, height: int, size: int | None, multiple: int = 1) -> tuple[int, int]:
+def view_dims(
+    width: int,
+    height: int,
+    size: int | None,
+    multiple: int = 1,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> tuple[int, int]:
     """The size at which a `width`×`height` image is shown: shrunk (never enlarged) so its longer
     side is at most `size` (None: not shrunk), then each side rounded to the nearest multiple of
-    `multiple`, at least one multiple (what Qwen2.5-VL's `smart_resize` does with 28)."""
+    `multiple`, at least one multiple, then, if that is more than `max_pixels` or fewer than
+    `min_pixels` pixels, scaled (aspect kept) into that range, sides floored or ceiled to multiples.
+
+    The last two steps are Qwen2.5-VL's `smart_resize` (with `multiple` 28 and the processor's
+    `min_pixels`/`max_pixels`): the size of the image the model sees and gives coordinates in.
+    """
     w, h = width, height
     if size is not None and max(w, h) > size:
         scale = size / max(w, h)
         w, h = max(1, round(w * scale)), max(1, round(h * scale))
-    if multiple > 1:
-        w, h = max(multiple, round(w / multiple) * multiple), max(multiple, round(h / multiple) * multiple)
-    return w, h
+    m = multiple
+    vw, vh = max(m, round(w / m) * m), max(m, round(h / m) * m)
+    if max_pixels is not None and vw * vh > max_pixels:
+        beta = math.sqrt(w * h / max_pixels)
+        vw, vh = max(m, math.floor(w / beta / m) * m), max(m, math.floor(h / beta / m) * m)
+    elif min_pixels is not None and vw * vh < min_pixels:
+        beta = math.sqrt(min_pixels / (w * h))
+        vw, vh = math.ceil(w * beta / m) * m, math.ceil(h * beta / m) * m
+    return vw, vh
 
 
 def box_in(
@@ -375,6 +395,10 @@ class CropTool(Tool):
             task image at full size); its boxes are scaled up to the task image.
         view_multiple: with `"pixels"`, the shown image's sides are rounded to this multiple (28 for
             a Qwen2.5-VL processor), as `view_dims` computes.
+        view_min_pixels: with `"pixels"`, the shown image was enlarged to at least this many
+            pixels (a Qwen2.5-VL processor's `min_pixels`; None: not enlarged).
+        view_max_pixels: and shrunk to at most this many (the processor's `max_pixels`; None:
+            not shrunk): the processor resizes a large photo by pixel count, not by its side.
         min_pixels: a crop is enlarged to at least this many pixels.
         max_pixels: and shrunk to at most this many.
         min_size: each side of a box covers at least this many task-image pixels.
@@ -397,6 +421,8 @@ class CropTool(Tool):
         coordinates: Coordinates = "pixels",
         view_size: int | None = None,
         view_multiple: int = 1,
+        view_min_pixels: int | None = None,
+        view_max_pixels: int | None = None,
         min_pixels: int = DEFAULT_MIN_PIXELS,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         min_size: int = DEFAULT_MIN_SIZE,
@@ -410,6 +436,10 @@ class CropTool(Tool):
             raise ValueError(f"view_size must be at least 1 or None, got {view_size}")
         if view_multiple < 1:
             raise ValueError(f"view_multiple must be at least 1, got {view_multiple}")
+        if not 1 <= (view_min_pixels or 1) <= (view_max_pixels or math.inf):
+            raise ValueError(
+                f"need 1 <= view_min_pixels <= view_max_pixels, got {view_min_pixels} and {view_max_pixels}"
+            )
         if not 1 <= min_pixels <= max_pixels:
             raise ValueError(f"need 1 <= min_pixels <= max_pixels, got {min_pixels} and {max_pixels}")
         if min_size < 1:
@@ -419,6 +449,7 @@ class CropTool(Tool):
         self.image_root = Path(image_root) if image_root is not None else None
         self.coordinates: Coordinates = coordinates
         self.view_size, self.view_multiple = view_size, view_multiple
+        self.view_min_pixels, self.view_max_pixels = view_min_pixels, view_max_pixels
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
         self.max_aspect_ratio = max_aspect_ratio
         self._strict, self.Args = _MODELS[coordinates]  # type: ignore[misc]  # per instance, like FunctionTool
@@ -426,7 +457,16 @@ class CropTool(Tool):
 
     @property
     def _scaled_view(self) -> bool:
-        return self.coordinates == "pixels" and (self.view_size is not None or self.view_multiple > 1)
+        return self.coordinates == "pixels" and (
+            self.view_size is not None
+            or self.view_multiple > 1
+            or self.view_min_pixels is not None
+            or self.view_max_pixels is not None
+        )
+
+    def _view(self, width: int, height: int) -> tuple[int, int]:
+        """The size of the image the model was shown, for a `width`×`height` task image."""
+        return view_dims(width, height, self.view_size, self.view_multiple, self.view_min_pixels, self.view_max_pixels)
 
     def _describe(self) -> str:
         """The description the model reads: how this tool reads `bbox`."""
@@ -435,7 +475,7 @@ class CropTool(Tool):
         if not self._scaled_view:
             return type(self).description
         shown = "the image as you were shown it"
-        if self.view_size is not None:
+        if self.view_size is not None and self.view_min_pixels is None:  # min_pixels may enlarge it past that
             shown += f" (its longer side at most about {self.view_size} px)"
         return (
             "Zoom in: crop a region of the image and return it enlarged, at higher resolution than you "
@@ -462,7 +502,7 @@ class CropTool(Tool):
             return _Frame("relative: 0 to 1 across the width and height", (1, 1), (width, height), False)
         if not self._scaled_view:
             return _Frame("pixels", (width, height), (1, 1), True)
-        vw, vh = view_dims(width, height, self.view_size, self.view_multiple)
+        vw, vh = self._view(width, height)
         return _Frame(f"pixels of the {vw}x{vh} image", (vw, vh), (width / vw, height / vh), False)
 
     def _trailer(self, width: int, height: int) -> str:
@@ -471,7 +511,7 @@ class CropTool(Tool):
             return "bbox is relative1000: [x1, y1, x2, y2] from 0 to 1000 across the image's width and height."
         if self.coordinates == "relative":
             return "bbox is relative: [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height."
-        vw, vh = view_dims(width, height, self.view_size, self.view_multiple) if self._scaled_view else (width, height)
+        vw, vh = self._view(width, height) if self._scaled_view else (width, height)
         return f"The image is {vw}x{vh} px."
 
     def crop(self, args: BaseModel, task: Task) -> ToolResult:
@@ -519,5 +559,5 @@ class CropTool(Tool):
             "coordinates": self.coordinates,
         }
         if self._scaled_view:
-            meta["view_size"] = list(view_dims(image.width, image.height, self.view_size, self.view_multiple))
+            meta["view_size"] = list(self._view(image.width, image.height))
         return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
+import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 from PIL import Image
 
 from toolenv import Message, Task, ToolEnv, ToolImage, load_tasks
+from toolenv.episode import Episode
+from toolenv.rewards import ExactMatch
 from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool, box_in, view_dims
 from toolenv_vision.images import ImageRefError, resolve_image
 from toolenv_vision.render import task_image
@@ -33,6 +37,7 @@ from toolenv_vision.tasks import (
 __all__ = [
     "DEFAULT_OVERVIEW_MULTIPLE",
     "DEFAULT_OVERVIEW_SIZE",
+    "CodeMatch",
     "VisualSearchEnv",
     "make_visualsearch_env",
     "overview_image",
@@ -44,6 +49,27 @@ OVERVIEW_JPEG_QUALITY = 90
 episode's trajectory) and 19x faster to encode. Crops, which must stay legible, remain PNG."""
 
 
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def _code(text: str) -> str:
+    return " ".join(text.lower().translate(_PUNCTUATION).split())
+
+
+class CodeMatch(ExactMatch):
+    """`exact_match` for codes: case, punctuation and spacing ignored as SQuAD's normalisation
+    does, but no articles dropped, which turned the codes "A", "AN" and "THE" into "" and let an
+    empty answer (or "the") match them."""
+
+    name = "exact_match"
+
+    async def final(self, episode: Episode) -> float:
+        if episode.answer is None:
+            return 0.0
+        got = _code(episode.answer)
+        return float(any(got == _code(gold) for gold in episode.task.answers))
+
+
 class VisualSearchEnv(ToolEnv):
     """A ToolEnv whose first user message carries the task's image (downscaled).
 
@@ -52,6 +78,10 @@ class VisualSearchEnv(ToolEnv):
         overview_size: longer side of the image shown in the first observation.
         overview_multiple: its sides are rounded to multiples of this (28: Qwen2.5-VL's
             processor then leaves it as it is; 1: no rounding).
+        overview_min_pixels: it is then enlarged to at least this many pixels: your
+            Qwen2.5-VL processor's `min_pixels` (None: not enlarged), which would otherwise
+            enlarge it, so that the model's pixels would not be the overview's.
+        overview_max_pixels: and shrunk to at most this many (the processor's `max_pixels`).
         *args: as for `ToolEnv`.
         **kwargs: as for `ToolEnv`.
     """
@@ -62,6 +92,8 @@ class VisualSearchEnv(ToolEnv):
         image_root: str | Path | None = None,
         overview_size: int = DEFAULT_OVERVIEW_SIZE,
         overview_multiple: int = DEFAULT_OVERVIEW_MULTIPLE,
+        overview_min_pixels: int | None = None,
+        overview_max_pixels: int | None = None,
         **kwargs: Any,
     ) -> None:
         if overview_size < 16:
@@ -69,7 +101,13 @@ class VisualSearchEnv(ToolEnv):
         if overview_multiple < 1:
             raise ValueError(f"overview_multiple must be at least 1, got {overview_multiple}")
         self.image_root = Path(image_root) if image_root is not None else None
+        if not 1 <= (overview_min_pixels or 1) <= (overview_max_pixels or math.inf):
+            raise ValueError(
+                "need 1 <= overview_min_pixels <= overview_max_pixels, "
+                f"got {overview_min_pixels} and {overview_max_pixels}"
+            )
         self.overview_size, self.overview_multiple = overview_size, overview_multiple
+        self.overview_pixels = (overview_min_pixels, overview_max_pixels)
         super().__init__(*args, **kwargs)
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
@@ -80,26 +118,39 @@ class VisualSearchEnv(ToolEnv):
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The text prompt, and chat messages whose user message holds the overview image."""
         text, messages = super().render_prompt(task)
-        image = overview_image(task.context, self.image_root, self.overview_size, self.overview_multiple)
+        image = overview_image(
+            task.context, self.image_root, self.overview_size, self.overview_multiple, *self.overview_pixels
+        )
         messages[-1] = messages[-1].model_copy(update={"images": [image]})
         return text, messages
 
 
-def overview_image(context: Mapping[str, Any], root: str | Path | None, size: int, multiple: int = 1) -> ToolImage:
+def overview_image(
+    context: Mapping[str, Any],
+    root: str | Path | None,
+    size: int,
+    multiple: int = 1,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> ToolImage:
     """The task image shrunk (never enlarged) so its longer side is at most `size`, each side
-    then rounded to a multiple of `multiple` (`view_dims`), as JPEG (cached)."""
+    then rounded to a multiple of `multiple`, then brought within [`min_pixels`, `max_pixels`]
+    pixels (`view_dims`), as JPEG (cached)."""
     try:  # the file's mtime is in the key, as in the decode cache, so a replaced photo is shown afresh
         mtime_ns: int | None = resolve_image(context["image"], root).stat().st_mtime_ns
     except (KeyError, ImageRefError, OSError):
         mtime_ns = None  # task_image says what is wrong
     key = json.dumps({"image": context.get("image"), "render": context.get("render")}, sort_keys=True)
-    return _overview(key, str(root) if root is not None else None, size, multiple, mtime_ns)
+    view = (size, multiple, min_pixels, max_pixels)
+    return _overview(key, str(root) if root is not None else None, view, mtime_ns)
 
 
 @functools.lru_cache(maxsize=256)
-def _overview(key: str, root: str | None, size: int, multiple: int, mtime_ns: int | None) -> ToolImage:
+def _overview(
+    key: str, root: str | None, view: tuple[int, int, int | None, int | None], mtime_ns: int | None
+) -> ToolImage:
     image = task_image(json.loads(key), root)
-    shown = view_dims(image.width, image.height, size, multiple)
+    shown = view_dims(image.width, image.height, *view)
     if shown != image.size:  # as `Image.thumbnail` resizes, but to the size the crop tool assumes
         image = image.resize(shown, Image.Resampling.BICUBIC, reducing_gap=2.0)
     return ToolImage.from_pil(image.convert("RGB"), "JPEG", quality=OVERVIEW_JPEG_QUALITY)
@@ -111,11 +162,13 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     Overrides: `num_tasks` (200), `seed` (0), `code_length` (4), `long_side` (1344),
     `limit` (first N tasks), `tasks` (replace the generated ones, used as given: their question
     should state the crop convention), `image_root`, `overview_size` (448), `overview_multiple` (28),
+    `overview_min_pixels`/`overview_max_pixels` (None: your processor's `min_pixels`/`max_pixels`
+    when the overview's size is outside them, so that the processor shows it as it is),
     `coordinates` (`"pixels"` of the overview, `"relative1000"` for Qwen3-VL, `"relative"`: the
     crop tool's convention, which the generated questions state), `min_pixels` (224²)/`max_pixels`
     (`overview_size`², so that cropping the whole picture shows no more than the overview)/
     `min_size`/`max_aspect_ratio` (crop tool), and any `ToolEnv` argument (`max_turns`,
-    `parser`, `reward`, ...).
+    `parser`, `reward` (`CodeMatch`: exact match of the code, case and punctuation ignored), ...).
     """
     num_tasks = overrides.pop("num_tasks", 200)
     seed = overrides.pop("seed", 0)
@@ -128,13 +181,20 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     crop_options = {k: overrides.pop(k) for k in crop_keys if k in overrides}
     overview_size = overrides.get("overview_size", DEFAULT_OVERVIEW_SIZE)
     overview_multiple = overrides.get("overview_multiple", DEFAULT_OVERVIEW_MULTIPLE)
+    overview_pixels = overrides.get("overview_min_pixels"), overrides.get("overview_max_pixels")
     crop_options.setdefault("min_pixels", DEFAULT_MIN_PIXELS)
     # A crop is shown at no more pixels than the overview: at 1024x1024, cropping the whole
     # picture showed the code legibly, one fixed action that needs no search.
     crop_options.setdefault("max_pixels", max(overview_size * overview_size, crop_options["min_pixels"]))
     # The tool reads pixels in the overview the model is shown (and the questions say so).
     crop = CropTool(
-        image_root, coordinates=coordinates, view_size=overview_size, view_multiple=overview_multiple, **crop_options
+        image_root,
+        coordinates=coordinates,
+        view_size=overview_size,
+        view_multiple=overview_multiple,
+        view_min_pixels=overview_pixels[0],
+        view_max_pixels=overview_pixels[1],
+        **crop_options,
     )
     if "tasks" in overrides:
         tasks = load_tasks(overrides.pop("tasks"))
@@ -147,11 +207,14 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
             coordinates=coordinates,
             overview_size=overview_size,
             overview_multiple=overview_multiple,
+            overview_min_pixels=overview_pixels[0],
+            overview_max_pixels=overview_pixels[1],
         )
     if limit is not None:
         tasks = tasks[: int(limit)]
     overrides.setdefault("tools", [crop])
     overrides.setdefault("max_turns", 4)
+    overrides.setdefault("reward", CodeMatch())
     overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return VisualSearchEnv(tasks=tasks, image_root=image_root, **overrides)
 

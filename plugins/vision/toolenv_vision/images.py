@@ -4,14 +4,16 @@ A task names its image as `context["image"]`, a path relative to an image root (
 bundled photos by default). The path may not leave the root: absolute paths, `..`
 parts and symlinks that resolve outside are refused with `ImageRefError`. A file is
 decoded as a viewer shows it: EXIF orientation applied, transparent pixels on white,
-16-bit greyscale scaled to 8 bits, then RGB. Decoded images live in a process-wide LRU
-cache bounded by count and by bytes, so a vector env of many envs decodes each file
-once; cached images are shared and must be treated as read-only.
+16-bit greyscale scaled to 8 bits, an embedded colour profile converted to sRGB, then
+RGB. Decoded images live in a process-wide LRU cache bounded by count and by bytes, so
+a vector env of many envs decodes each file once; cached images are shared and must be
+treated as read-only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -19,6 +21,11 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from PIL import Image, ImageOps
+
+try:
+    from PIL import ImageCms
+except ImportError:  # Pillow built without Little CMS: colour profiles are not applied
+    ImageCms = None  # type: ignore[assignment]
 
 __all__ = [
     "DATA_DIR",
@@ -83,33 +90,45 @@ def image_bytes(image: Image.Image) -> int:
 class ImageCache:
     """A thread-safe LRU of images, bounded by count and by bytes; the newest entry always stays.
 
-    `functools.lru_cache` counts entries only, and 64 decoded photos may be 64 MB or 8 GB.
+    `functools.lru_cache` counts entries only, and 64 decoded photos may be 64 MB or 8 GB. An
+    image asked for while another thread is making it is waited for, not made again: the samples
+    of a GRPO group reset on the same task at once, and would each decode the same photo.
     """
 
     def __init__(self, max_items: int, max_bytes: Callable[[], int]) -> None:
         self.max_items, self.max_bytes = max_items, max_bytes
         self._items: OrderedDict[Hashable, tuple[Image.Image, int]] = OrderedDict()
+        self._making: dict[Hashable, threading.Event] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, make: Callable[[], Image.Image]) -> Image.Image:
-        """The image cached under `key`, else `make()` (run outside the lock) cached."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key][0]
-        image = make()
-        size = image_bytes(image)
-        with self._lock:
-            if key in self._items:  # another thread made it meanwhile: share one copy
-                self._items.move_to_end(key)
-                return self._items[key][0]
-            self._items[key] = (image, size)
-            self._bytes += size
-            limit = self.max_bytes()
-            while len(self._items) > 1 and (len(self._items) > self.max_items or self._bytes > limit):
-                _, (_, old) = self._items.popitem(last=False)
-                self._bytes -= old
+        """The image cached under `key`, else `make()` (run outside the lock, once at a time per
+        key) cached. If `make` raises, the error goes to its caller; waiting callers try again."""
+        while True:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    return self._items[key][0]
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()  # another thread is making it: then take it from the cache
+        try:
+            image = make()
+            size = image_bytes(image)
+            with self._lock:
+                self._items[key] = (image, size)
+                self._bytes += size
+                limit = self.max_bytes()
+                while len(self._items) > 1 and (len(self._items) > self.max_items or self._bytes > limit):
+                    _, (_, old) = self._items.popitem(last=False)
+                    self._bytes -= old
+        finally:
+            with self._lock:
+                del self._making[key]
+            making.set()
         return image
 
     def clear(self) -> None:
@@ -124,15 +143,40 @@ _DECODED = ImageCache(DECODE_CACHE_SIZE, lambda: DECODE_CACHE_BYTES)
 
 def as_shown(image: Image.Image) -> Image.Image:
     """`image` in RGB as a viewer shows it: EXIF orientation applied, transparency over white,
-    16-bit greyscale scaled to 8 bits (Pillow's own conversion clips it: all white from 256 up)."""
+    16-bit greyscale scaled to 8 bits (Pillow's own conversion clips it: all white from 256 up),
+    and an embedded colour profile (Adobe RGB, a CMYK print profile) converted to sRGB, the
+    space models and image processors take pixel values to be in."""
     with contextlib.suppress(OSError, ValueError, SyntaxError):  # a broken EXIF block: the pixels as stored
         ImageOps.exif_transpose(image, in_place=True)
+    icc = image.info.get("icc_profile")
     if image.mode.startswith("I;16") or (image.mode == "I" and _brightest(image) > 255):
         image = image.convert("I").point(lambda v: v / 256).convert("L")
     if image.has_transparency_data:
         rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-    return image.convert("RGB")
+        rgb = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    elif image.mode in ("L", "CMYK") and (managed := _in_srgb(image, icc)) is not None:
+        return managed
+    else:
+        rgb = image.convert("RGB")
+    return _in_srgb(rgb, icc) or rgb
+
+
+_PROFILE_SPACES = {"RGB": "RGB", "L": "GRAY", "CMYK": "CMYK"}
+
+
+def _in_srgb(image: Image.Image, icc: Any) -> Image.Image | None:
+    """`image` (RGB, L or CMYK) converted from the colour profile `icc` to sRGB (RGB), or None
+    when `icc` is missing, unreadable or not of the image's colour space."""
+    if ImageCms is None or not icc or not isinstance(icc, bytes) or image.mode not in _PROFILE_SPACES:
+        return None
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        if profile.profile.xcolor_space.strip() != _PROFILE_SPACES[image.mode]:
+            return None
+        # A fresh sRGB profile per call (cheap): lcms profiles are not shared across decoding threads.
+        return ImageCms.profileToProfile(image, profile, ImageCms.createProfile("sRGB"), outputMode="RGB")
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):  # a broken profile: the values as stored
+        return None
 
 
 def _brightest(image: Image.Image) -> float:

@@ -72,14 +72,16 @@ def generate_tasks(
     coordinates: Coordinates = "pixels",
     overview_size: int = DEFAULT_OVERVIEW_SIZE,
     overview_multiple: int = DEFAULT_OVERVIEW_MULTIPLE,
+    overview_min_pixels: int | None = None,
+    overview_max_pixels: int | None = None,
 ) -> list[Task]:
     """`num_tasks` VisualSearch tasks drawn from `seed` over the bundled `photos`.
 
     Task `i` depends only on `(seed, i)`: asking for more tasks extends the list. The question
     states the crop tool's `coordinates` convention; with `"pixels"`, the pixels of the overview
-    the model is shown (`overview_size`, `overview_multiple`: `toolenv_vision.view_dims`), whose
-    size `context["overview"]` holds (`context["size"]` is the task image's, `context["box"]` the
-    code's box in its pixels).
+    the model is shown (`overview_size`, `overview_multiple`, `overview_min_pixels`,
+    `overview_max_pixels`: `toolenv_vision.view_dims`), whose size `context["overview"]` holds
+    (`context["size"]` is the task image's, `context["box"]` the code's box in its pixels).
 
     Raises:
         ValueError: a non-positive count or code length, a canvas too small for the code, or an
@@ -87,7 +89,7 @@ def generate_tasks(
     """
     if coordinates not in COORDINATES:
         raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
-    view = (overview_size, overview_multiple)
+    view = (overview_size, overview_multiple, overview_min_pixels, overview_max_pixels)
     return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos), coordinates, view))
 
 
@@ -99,7 +101,7 @@ def _generate(
     long_side: int,
     photos: tuple[str, ...],
     coordinates: str,
-    view: tuple[int, int],
+    view: tuple[int, int, int | None, int | None],
 ) -> tuple[Task, ...]:
     # Cached so that many env factory calls (a vector env) share one task list.
     if num_tasks < 1 or code_length < 1 or not photos:
@@ -114,7 +116,7 @@ def _task(
     long_side: int,
     photos: tuple[str, ...],
     coordinates: str,
-    view: tuple[int, int],
+    view: tuple[int, int, int | None, int | None],
 ) -> Task:
     rng = random.Random(f"toolenv-vision/VisualSearch:{seed}:{index}")  # str seeds hash deterministically
     photo = photos[rng.randrange(len(photos))]
