@@ -18,7 +18,7 @@ import pytest
 from toolenv import Task
 from toolenv_code._split import decode_value, encode_value, split_tests
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
-from toolenv_code.grading import TestSpec, run_tests
+from toolenv_code.grading import TestSpec, _entry_points, run_tests
 
 SECRETS = TestSpec(tests=["assert answer(1) == 'secret-one'", "assert answer(2) == 'secret-two'"])
 
@@ -151,7 +151,7 @@ def test_unsplittable_tests_run_whole_in_the_solution_s_process() -> None:
         tests=[
             "x = [3, 1]\nsort_in_place(x)\nassert x == [1, 3]",  # the solution's effect on a variable
             "x = [2, 1]\nassert sort_in_place(x) == x",  # the same object on both sides
-            "for i in range(3):\n    assert double(i) == 2 * i",
+            "for i in range(3):\n    x = [i]\n    assert sort_in_place(x) == x",  # a loop that hands the solution x
             "assert all(double(i) == 2 * i for i in range(3))",
             "def check(f):\n    assert f(2) == 4\ncheck(double)",
             "assert double(2) == 4",
@@ -434,3 +434,117 @@ def test_a_long_decimal_int_literal_is_not_decoded(digits: int) -> None:
     finally:
         if old is not None:
             sys.set_int_max_str_digits(old)
+
+
+# -- loops: recorded, called, replayed -------------------------------------------------------
+
+#: HumanEval's tests that are loops (the calls of the solution, some on random inputs).
+LOOP_TASKS = {"HumanEval/32": 0, "HumanEval/38": 0, "HumanEval/44": 6, "HumanEval/50": 0, "HumanEval/53": 5}
+
+
+def _loop_tasks() -> list[Task]:
+    return [t for t in humaneval_tasks() if t.id in LOOP_TASKS]
+
+
+def test_every_humaneval_test_splits_and_mbpp_stays_all_split() -> None:
+    for tasks, total in ((humaneval_tasks(), 1133), (mbpp_tasks(), 2922)):
+        found = []
+        for task in tasks:
+            spec = _spec(task)
+            names = _entry_points(tuple(spec.entry_points), spec.solution_prefix)
+            splits, _ = split_tests(tuple(spec.tests), spec.setup, spec.solution_prefix, names)
+            found += [s is not None for s in splits]
+        assert len(found) == total and all(found), found.count(False)
+
+
+@pytest.mark.parametrize("forge", [FRAME_FORGE, GC_FORGE], ids=["frame-walk", "gc"])
+def test_a_forger_scores_zero_on_the_loop_tests(forge: str) -> None:
+    """HumanEval's loops (random inputs, expected values from the prompt's helpers) are graded
+    outside the solution's process too: a forger that passed them in-process passes nothing."""
+    for task in _loop_tasks():
+        whole = run_tests(forge, _spec(task, split_tests=False))
+        assert whole.passed[LOOP_TASKS[task.id]], (task.id, whole.messages)  # the forge is real
+        report = run_tests(forge, _spec(task))
+        assert not report.passed[LOOP_TASKS[task.id]] and all(report.split), (task.id, report.messages)
+        # (the forger's values are True: HumanEval/53's `candidate(0, 1) == 1` and `(1, 0)` pass with them)
+        assert report.fraction == (2 / 6 if task.id == "HumanEval/53" else 0.0), (task.id, report.messages)
+
+
+def test_the_loop_tests_pass_the_reference_and_fail_wrong_answers_as_in_process() -> None:
+    wrong_bodies = {
+        "HumanEval/32": "def find_zero(xs):\n    return 0.5",
+        "HumanEval/38": "def decode_cyclic(s):\n    return s",
+        "HumanEval/44": "def change_base(x, base):\n    return str(x) if x < 5 else '0'",
+        "HumanEval/50": "def decode_shift(s):\n    return encode_shift(s)",
+        "HumanEval/53": "def add(x, y):\n    return x + y if x < 700 else x - y",
+    }
+    for task in _loop_tasks():
+        i = LOOP_TASKS[task.id]
+        report = run_tests(str(task.answer), _spec(task))
+        assert report.fraction == 1.0 and all(report.split), (task.id, report.messages)
+        wrong = task.context["solution_prefix"] + "\n" + wrong_bodies[task.id]
+        split, whole = run_tests(wrong, _spec(task)), run_tests(wrong, _spec(task, split_tests=False))
+        assert not whole.passed[i] and not split.passed[i] and split.split[i], (task.id, split.messages)
+        assert split.passed == whole.passed, (task.id, split.messages, whole.messages)
+
+
+#: Reads the loop's expected value from its caller's variables.
+LOOP_READER = """
+import sys
+
+def answer(x):
+    return sys._getframe(1).f_globals.get("want")
+"""
+
+
+def test_a_loop_s_expected_values_are_not_in_the_solution_s_process() -> None:
+    spec = TestSpec(tests=["for x in range(3):\n    want = 'secret-' + str(x * 7)\n    assert answer(x) == want"])
+    assert run_tests(LOOP_READER, spec.model_copy(update={"split_tests": False})).passed == [True]
+    report = run_tests(LOOP_READER, spec)
+    assert report.passed == [False] and report.split == [True], report.messages
+    honest = run_tests("def answer(x):\n    return 'secret-' + str(x * 7)", spec)
+    assert honest.passed == [True] and honest.split == [True], honest.messages
+
+
+def test_a_loop_on_unseeded_random_inputs_is_recorded_and_replayed() -> None:
+    """The test's `random` is drawn by the grader (seeded per grading, the same in both of its
+    runs), so the values checked are those of the inputs the solution was called with."""
+    spec = TestSpec(
+        tests=[
+            "import random\nfor _ in range(50):\n    xs = [random.randint(-9, 9) for _ in range(random.randint(0, 6))]"
+            "\n    got = total(list(xs))\n    assert got == sum(xs), (got, xs)",
+            "import random\nfor n in range(20):\n    s = ''.join(random.choice('ab') for _ in range(n))\n"
+            "    assert sorted(letters(s)) == sorted(set(s)) and n >= 0",
+        ]
+    )
+    honest = "def total(xs):\n    return sum(xs)\ndef letters(s):\n    return (c for c in set(s))"
+    report = run_tests(honest, spec)
+    assert report.passed == [True, True] and report.split == [True, True], report.messages
+    wrong = "def total(xs):\n    return sum(x for x in xs if x > -9)\ndef letters(s):\n    return iter(s[:1])"
+    report = run_tests(wrong, spec)
+    assert report.passed == [False, False] and report.split == [True, True], report.messages
+
+
+def test_a_loop_the_replay_cannot_reproduce_runs_whole() -> None:
+    """Loops whose inputs depend on the solution's outputs, that hand it an object they keep (it
+    could change it), whose inputs are not plain data or not reproducible from `random`'s seed
+    run whole in the solution's process, as before, and pass as they did there."""
+    spec = TestSpec(
+        tests=[
+            "x = 1\nfor _ in range(3):\n    x = double(x)\n    assert x > 0",  # inputs from outputs
+            "for n in range(3):\n    xs = [n, 1]\n    assert sort_in_place(xs) == xs",  # the same object
+            "import fractions\nfor m in range(1, 3):\n    assert double(fractions.Fraction(1, m)) == 2 / m",
+            "import os\nfor _ in range(2):\n    b = os.urandom(4)\n    assert double(b) == b + b",  # not seeded
+            "class Box:\n    pass\nfor n in range(2):\n    assert double(n) == 2 * n",  # a class statement
+            "for j in range(2):\n    assert double(Ellipsis) is Ellipsis",  # not plain data
+            "ys = [0, 2, 4]\nfor _ in range(3):\n    assert double(len(ys) - 1) == ys.pop()",  # checks change inputs
+            "for k in range(3):\n    assert double(k) == 2 * k",
+        ]
+    )
+    honest = (
+        "def double(x):\n    return x if x is Ellipsis else x + x if isinstance(x, bytes) else 2 * x\n"
+        "def sort_in_place(x):\n    x.sort()\n    return x"
+    )
+    report = run_tests(honest, spec)
+    assert report.passed == [True] * 8, report.messages
+    assert report.split == [False, False, True, False, False, False, False, True]

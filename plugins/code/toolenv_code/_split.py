@@ -9,7 +9,9 @@ the probe values.
 A test splits when it is a run of simple statements (imports, assignments and expressions
 that do not use the solution, asserts) and every use of the solution inside its asserts is a
 call, an attribute or an item of a name the solution defines (`f(x)`, `candidate(3)`,
-`Solution().run(x)`, `mod.CONST`). Anything else (loops, `with`, a solution function passed
+`Solution().run(x)`, `mod.CONST`). A loop (`for`, `while`, `if` inside) whose calls of the
+solution take inputs that do not depend on what it returned becomes a `ReplayTest` (recorded,
+called, replayed: see `grading`). Anything else (`with`, `try`, a solution function passed
 as a value as in `check(candidate)`, a statement that calls the solution outside an assert as
 in `f(x); assert x == [1, 3]`, comprehensions and lambdas that use it, an expected side that
 reads what the setup binds or a variable the probes' inputs come from, both of which are in
@@ -36,12 +38,15 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["Probe", "SplitTest", "decode_value", "encode_value", "split_tests"]
+__all__ = ["Probe", "ReplayTest", "SplitTest", "decode_value", "encode_value", "split_tests"]
 
 #: The name a climbed probe's source uses for the value of the expression it encloses.
 INNER = "__toolenv_v__"
 #: The name the trusted side calls to get a probe's value: `__toolenv_probe__(k)`.
 PROBE = "__toolenv_probe__"
+#: A loop's calls of the solution in its recording run, `__toolenv_record__(k, *args, **kwargs)`,
+#: and in its replay, `__toolenv_replay__(k, *args, **kwargs)`: `k` is the call's place in the test.
+RECORD, REPLAY = "__toolenv_record__", "__toolenv_replay__"
 
 #: Builtins a probe may be handed to in the solution's process when its value is not plain
 #: data (`list(gen())`, `sorted(keys())`): one argument, nothing else revealed.
@@ -145,16 +150,42 @@ class SplitTest:
         """The test with probe `k`'s node at `levels[k]` replaced by `__toolenv_probe__(k)`."""
         tree = copy.deepcopy(self.tree)
         for k, (probe, level) in enumerate(zip(self.probes, levels, strict=True)):
-            *parent_path, (field, index) = probe.paths[level]
-            parent: ast.AST = tree
-            for name, i in parent_path:
-                parent = getattr(parent, name) if i is None else getattr(parent, name)[i]
-            call = ast.Call(ast.Name(PROBE, ast.Load()), [ast.Constant(k)], [])
-            if index is None:
-                setattr(parent, field, call)
-            else:
-                getattr(parent, field)[index] = call
+            _put(tree, probe.paths[level], ast.Call(ast.Name(PROBE, ast.Load()), [ast.Constant(k)], []))
         return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _put(tree: ast.AST, path: Path, node: ast.AST) -> None:
+    """Replace the node at `path` in `tree` by `node`."""
+    *parent_path, (field, index) = path
+    parent: ast.AST = tree
+    for name, i in parent_path:
+        parent = getattr(parent, name) if i is None else getattr(parent, name)[i]
+    if index is None:
+        setattr(parent, field, node)
+    else:
+        getattr(parent, field)[index] = node
+
+
+@dataclass(frozen=True)
+class ReplayTest:
+    """A loop test, graded in three runs of which only the second holds the solution.
+
+    1. The recording run (no solution) runs `record`: the test with each statement that needs
+       the solution's values (its asserts, the assignments of what the solution returned)
+       reduced to the solution's calls, each recorded with its arguments as plain data.
+    2. The solution's process makes exactly those calls and reports their values.
+    3. The trusted run replays `replay`, the whole test, each call answered with the value the
+       call with the same arguments returned. Both trusted runs seed `random` alike.
+
+    A test qualifies when no input of a call, no loop and no branch depends on what the solution
+    returned; the grader falls back to running it whole when the recording shows more (see
+    `grading`)."""
+
+    record: str
+    replay: str
+    calls: tuple[tuple[str | None, tuple[str, ...]], ...]
+    """Per call site `k`: the solution's callable as source (None: the site is no call, its
+    level 0 is evaluated as is) and its levels, as `Probe.levels`."""
 
 
 #: Bits of an int (or a `Fraction`'s terms) a `Decimal` is compared with on the host. Python
@@ -627,11 +658,168 @@ def _level_source(levels: list[ast.AST], i: int) -> str:
     return ast.unparse(node)
 
 
+_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Pass, ast.Assert, ast.Import, ast.ImportFrom)
+_ASSIGNS = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+_BLOCKS = (ast.For, ast.While, ast.If)
+
+
+def _flatten(body: list[ast.stmt], path: Path, field: str = "body") -> list[tuple[ast.stmt, Path]]:
+    """Every statement of `body`, those inside loops and branches too, with its path."""
+    out: list[tuple[ast.stmt, Path]] = []
+    for j, stmt in enumerate(body):
+        here = (*path, (field, j))
+        out.append((stmt, here))
+        if isinstance(stmt, _BLOCKS):
+            out += _flatten(stmt.body, here) + _flatten(stmt.orelse, here, "orelse")
+    return out
+
+
+def _own_parts(stmt: ast.stmt) -> tuple[set[str], set[str]]:
+    """The names a statement reads and binds itself (a block: its header, not its body)."""
+    if isinstance(stmt, ast.For):
+        return _loads(stmt.iter), {n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name)}
+    if isinstance(stmt, (ast.While, ast.If)):
+        return _loads(stmt.test), set()
+    reads = _loads(stmt) - _scope_locals(stmt)
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        reads.add(stmt.target.id)
+    return reads, _bound(stmt)
+
+
+def _changes_inputs(stmt: ast.stmt, probes: list[ast.AST], variables: set[str]) -> bool:
+    """Whether `stmt`, outside its calls of the solution, calls a method of one of the test's
+    variables (`xs.pop()`, `rng.random()`): the recording skips that part of a check, so its
+    later inputs would not be the replay's."""
+    if any(stmt is p for p in probes):
+        return False
+    stack: list[ast.AST] = [stmt]
+    while stack:
+        node = stack.pop()
+        if any(node is p for p in probes):
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            root = node.func.value
+            while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            if isinstance(root, ast.Name) and root.id in variables:
+                return True
+        stack += ast.iter_child_nodes(node)
+    return False
+
+
+def _site_call(name: str, k: int, node: ast.AST) -> ast.expr:
+    """`name(k, *args, **kwargs)` with the arguments of call site `k` (none: it is no call)."""
+    args, keywords = (node.args, node.keywords) if isinstance(node, ast.Call) else ([], [])
+    return ast.Call(ast.Name(name, ast.Load()), [ast.Constant(k), *copy.deepcopy(args)], copy.deepcopy(keywords))
+
+
+def _replay_one(tree: ast.Module, env: _Env, shared: set[str]) -> ReplayTest:
+    """A loop test as a `ReplayTest`; raises `_Unsplittable`."""
+    own = set().union(*(_own_parts(s)[1] for s, _ in _flatten(tree.body, ())))
+    used = _loads(tree) - _scope_locals(tree) - own - env.trusted - env.tainted - env.across - _BUILTINS
+    tree.body[:0] = [ast.Import([ast.alias(name)]) for name in sorted(used & _STDLIB)]
+    items = _flatten(tree.body, ())
+    if not any(isinstance(s, (ast.For, ast.While)) for s, _ in items):
+        raise _Unsplittable("not a loop")
+    if own & env.tainted:
+        raise _Unsplittable("rebinds a name of the solution")
+    splitter = _Splitter(env, own)
+    sites: dict[Path, list[int]] = {}  # statement: the calls it makes
+    for stmt, path in items:
+        if not isinstance(stmt, _SIMPLE + _BLOCKS + (ast.Break, ast.Continue)):
+            raise _Unsplittable(f"has a {type(stmt).__name__} statement")
+        if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
+            raise _Unsplittable("star import")
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        if any(
+            t is not None and not all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store)) for n in ast.walk(t))
+            for t in targets
+        ):
+            raise _Unsplittable("assigns to something other than a name")
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom)) and _own_parts(stmt)[1] & shared:
+            raise _Unsplittable("binds a variable other tests read")
+        before = len(splitter.probes)
+        if isinstance(stmt, ast.Assert):
+            if stmt.msg is not None and splitter.dependent(stmt.msg):
+                stmt.msg = None  # a message that would call the solution: left out, as in `_split_one`
+            splitter.visit(stmt.test, (*path, ("test", None)), [stmt], False)
+        elif isinstance(stmt, (*_ASSIGNS, ast.Expr)):
+            if stmt.value is not None:
+                splitter.visit(stmt.value, (*path, ("value", None)), [stmt], False)
+        elif isinstance(stmt, _BLOCKS) and splitter.dependent(stmt.iter if isinstance(stmt, ast.For) else stmt.test):
+            raise _Unsplittable("a loop or a branch depends on the solution")
+        if len(splitter.probes) > before:
+            sites[path] = list(range(before, len(splitter.probes)))
+    calls: list[tuple[str | None, tuple[str, ...]]] = []
+    nodes: list[ast.AST] = []
+    inputs: list[list[ast.expr]] = []
+    for levels, _, unconditional in splitter.probes:
+        node = levels[0]
+        args = [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else []
+        free = _loads(node.func) if isinstance(node, ast.Call) else _loads(node)
+        if not unconditional or free & own or any(splitter.dependent(a) for a in args):
+            raise _Unsplittable("a call the recording cannot make (conditional, or of the solution's output)")
+        calls.append(
+            (
+                ast.unparse(node.func) if isinstance(node, ast.Call) else None,
+                tuple(_level_source(levels, i) for i in range(len(levels))),
+            )
+        )
+        nodes.append(node)
+        inputs.append(args)
+    # What the solution returned (and what is computed from it) is read only where the test checks it.
+    outputs: set[str] = set()
+    while True:
+        more = {
+            n
+            for stmt, path in items
+            if isinstance(stmt, _ASSIGNS) and (path in sites or _own_parts(stmt)[0] & outputs)
+            for n in _own_parts(stmt)[1]
+        } - outputs
+        if not more:
+            break
+        outputs |= more
+    deferred = {
+        path
+        for stmt, path in items
+        if isinstance(stmt, ast.Assert)
+        or path in sites
+        or (isinstance(stmt, _ASSIGNS) and _own_parts(stmt)[1] & outputs)
+    }
+    hidden = env.hidden - own  # the setup's, in the solution's process, and what the test computes from it
+    for stmt, path in items:
+        reads, binds = _own_parts(stmt)
+        if path not in deferred and (reads | binds) & outputs:
+            raise _Unsplittable("its inputs depend on what the solution returned")
+        if path not in deferred and reads & hidden:
+            hidden |= binds
+    if any(_loads(a) & outputs for args in inputs for a in args):
+        raise _Unsplittable("its inputs depend on what the solution returned")
+    imported = set().union(*(_bound(s) for s, _ in items if isinstance(s, (ast.Import, ast.ImportFrom))))
+    for stmt, path in items:
+        if path in deferred and _names_outside(stmt, nodes) & hidden:
+            raise _Unsplittable("checks a value that is in the solution's process (the setup's)")
+        if path in deferred and _changes_inputs(stmt, nodes, own - imported):
+            raise _Unsplittable("its checks may change its inputs, which the recording does not run")
+    record, replay = copy.deepcopy(tree), copy.deepcopy(tree)
+    for path in deferred:  # recorded: only the calls of the statements that need the solution's values
+        made: list[ast.expr] = [_site_call(RECORD, k, nodes[k]) for k in sites.get(path, [])]
+        _put(record, path, ast.Expr(ast.Tuple(made, ast.Load())) if made else ast.Pass())
+    for k, (_, paths, _) in enumerate(splitter.probes):  # replayed: the whole test
+        _put(replay, paths[-1], _site_call(REPLAY, k, nodes[k]))
+    return ReplayTest(
+        record=ast.unparse(ast.fix_missing_locations(record)),
+        replay=ast.unparse(ast.fix_missing_locations(replay)),
+        calls=tuple(calls),
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def split_tests(
     tests: tuple[str, ...], setup: str, prefix: str, entry_points: tuple[str, ...]
-) -> tuple[tuple[SplitTest | None, ...], str]:
-    """Each test split (None: graded whole, in the solution's process), and the setup's trusted part."""
+) -> tuple[tuple[SplitTest | ReplayTest | None, ...], str]:
+    """Each test split (a loop: to be replayed; None: graded whole, in the solution's process),
+    and the setup's trusted part."""
     found = _environment(setup, prefix, entry_points)
     if found is None:
         return tuple(None for _ in tests), ""
@@ -640,12 +828,12 @@ def split_tests(
     for tree in trees:
         for stmt in tree.body if tree is not None else []:
             if not isinstance(stmt, ast.Assert):
-                env.across |= _bound(stmt)
+                env.across |= _bound(stmt) - _module_imports(stmt)
     for tree in trees:
         for stmt in tree.body if tree is not None else []:
             env.shadowed |= _bound(stmt) & _BUILTINS
-    out: list[SplitTest | None] = []
-    for tree in trees:
+    out: list[SplitTest | ReplayTest | None] = []
+    for test, tree in zip(tests, trees, strict=True):
         if tree is None:
             out.append(None)
             continue
@@ -655,11 +843,27 @@ def split_tests(
         try:
             context, probes, checks = _split_one(tree, test_env, shared)
         except (_Unsplittable, RecursionError, MemoryError):  # (a test nested too deeply stays whole)
-            out.append(None)
+            out.append(_replayed(test, test_env, shared))
             continue
         big = any(isinstance(n, ast.Constant) and _big_int(n.value) for n in ast.walk(tree))
         out.append(SplitTest(tree=tree, context=context, probes=tuple(probes), checks=checks, big_literals=big))
     return tuple(out), trusted_setup
+
+
+def _replayed(test: str, env: _Env, shared: set[str]) -> ReplayTest | None:
+    tree = _parse(test)
+    try:
+        return None if tree is None else _replay_one(tree, env, shared)
+    except (_Unsplittable, RecursionError, MemoryError):
+        return None
+
+
+def _module_imports(stmt: ast.stmt) -> set[str]:
+    """Names `import m` binds to a standard module of that name: a test that reads one another
+    test imported gets the module (it imports it itself), so the name is not another test's variable."""
+    if not isinstance(stmt, ast.Import):
+        return set()
+    return {a.name for a in stmt.names if a.asname is None and a.name in _STDLIB}
 
 
 # -- values ------------------------------------------------------------------------------------

@@ -18,11 +18,16 @@ else from a second sandboxed process that never holds the solution, where the te
 runs with each probe replaced by its value. Whatever the solution finds in its own process
 (frames, `gc`, the grader's result channel and nonce), the expected values of a split test are
 not there, and reporting anything but its own values does not pass it: it passes only by
-producing the right values. Of the shipped tasks, 1,128 of HumanEval's 1,133 tests split
+producing the right values. A loop (`ReplayTest`) is recorded first, in a sandboxed process
+without the solution, with its calls of the solution recorded instead of made (their arguments
+as plain data; twice, `random` seeded alike by the grader, to check they are reproducible);
+the solution's process makes those calls, and the trusted run replays the test with each call
+answered by its value. Of the shipped tasks, all 1,133 of HumanEval's tests split (5 loops)
 and all 2,922 of MBPP's.
 
 What stays in the solution's process (graded as before, below): tests that are not a run of
-simple statements and asserts (loops, `with`, `try`), that call the solution outside an assert
+simple statements, asserts and loops (`with`, `try`), loops the recording cannot reproduce or
+that would hand the solution an object they keep, tests that call the solution outside an assert
 (`f(x); assert x == [1, 3]`), hand it a variable they check afterwards (`assert f(x) == x`),
 pass one of its functions as a value (`check(candidate)`), use it inside a comprehension or
 lambda, or whose expected side reads what the setup binds or a variable the probes' inputs are
@@ -52,11 +57,12 @@ import functools
 import marshal
 import secrets
 import warnings
+from typing import Any
 
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv_code._split import decode_value, encode_value, split_tests
+from toolenv_code._split import ReplayTest, SplitTest, decode_value, encode_value, split_tests
 from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
@@ -169,9 +175,8 @@ if _exit_handlers() or (_threading is not None and _threading.active_count() > 1
     _exit(0)
 """
 
-#: Run 1, in the solution's process: the solution, the setup, the tests that cannot be split
-#: (whole), and the probes of those that can. This program holds no expected value of a split test.
-_CANDIDATE = """\
+#: Plain data: what the solution's process makes of a value, and how it is written out.
+_PLAIN_DATA = """\
 _ENTRY = frozenset(_P["entry_points"])
 _OPS = {
     "==": _operator.eq, "!=": _operator.ne, "<": _operator.lt, "<=": _operator.le,
@@ -342,8 +347,12 @@ def _encoded(x, strict):
     out = [0]
     _enc(x, strict, out, 0)
     return _join("", out[1:])
+"""
 
-
+#: Run 1, in the solution's process: the solution, the setup, the tests that cannot be split
+#: (whole), the probes of those that can and the recorded calls of loops. This program holds no
+#: expected value of a split test.
+_CANDIDATE = """\
 def _not_plain(x):
     try:
         name = str.__getitem__(type.__dict__["__name__"].__get__(type(x)), slice(0, 60))
@@ -353,44 +362,56 @@ def _not_plain(x):
             "numbers, str, bytes and lists, tuples, dicts and sets of them")
 
 
-def _probe(index, context, probes, limit, namespace):
+def _widen(v, levels, namespace, at):
+    # v as data, widened through `list(...)`, `.attr`... while it is not plain data (at[0]: the level).
+    while True:
+        try:
+            return _encoded(v, True)
+        except _Opaque:
+            if at[0] + 1 >= len(levels):
+                try:
+                    return _encoded(v, False)
+                except _Opaque:
+                    raise _ProbeFailed(_not_plain(v)) from None
+        at[0] += 1
+        v = eval(compile(levels[at[0]], "<probe>", "eval"), namespace, {"__toolenv_v__": v})
+
+
+def _probe(index, context, probes, limit, namespace, calls=None):
     # The probes of a split test: each is evaluated on its own (a frame walk finds only its
-    # own code), widened through `list(...)`, `.attr`... while its value is not plain data,
-    # and reported as data. The test's expected side is not in this process.
+    # own code), widened while its value is not plain data, and reported as data. The test's
+    # expected side is not in this process. A loop's calls (`calls`: the site, the arguments
+    # as the recording run reported them) are made the same way, each reported as probe `c`.
     reports = []
+    todo = [(k, None, None) for k in range(len(probes))] if calls is None else calls
     _arm(limit)
     try:
         if context:
             exec(compile(context, "<test>", "exec"), namespace)
-        for k, levels in enumerate(probes):
-            level = 0
+        code = {}  # a loop's call sites, compiled once
+        for c, (k, args, kwargs) in enumerate(todo):
+            func, levels = (None, probes[k]) if calls is None else probes[k]
+            at = [0]
             try:
-                v = eval(compile(levels[0], "<probe>", "eval"), namespace)
-                while True:
-                    try:
-                        text = _encoded(v, True)
-                        break
-                    except _Opaque:
-                        if level + 1 >= len(levels):
-                            try:
-                                text = _encoded(v, False)
-                            except _Opaque:
-                                raise _ProbeFailed(_not_plain(v)) from None
-                            break
-                    level += 1
-                    v = eval(compile(levels[level], "<probe>", "eval"), namespace, {"__toolenv_v__": v})
-                reports.append((k, level, True, text))
+                if func is None:
+                    v = eval(compile(levels[0], "<probe>", "eval"), namespace)
+                else:
+                    if k not in code:
+                        code[k] = compile(func, "<probe>", "eval")
+                    v = eval(code[k], namespace)(*args, **kwargs)
+                text = _widen(v, levels, namespace, at)
+                reports.append((c, at[0], True, text))
             except _TestTimeout:
                 raise
             except BaseException as exc:
-                reports.append((k, level, False, _describe(exc)))
+                reports.append((c, at[0], False, _describe(exc)))
     except BaseException as exc:  # the context failed, or the test's time ran out
         msg = _describe(exc)
-        reports.extend((k, 0, False, msg) for k in range(len(reports), len(probes)))
+        reports.extend((c, 0, False, msg) for c in range(len(reports), len(todo)))
     finally:
         _setitimer(_ITIMER_REAL, 0)
-    for k, level, ok, text in reports:
-        _send("probe", index, k, level, ok is True, text)
+    for c, level, ok, text in reports:
+        _send("probe", index, c, level, ok is True, text)
 
 
 def _main(solution, setup, prefix, items, limit):
@@ -400,6 +421,8 @@ def _main(solution, setup, prefix, items, limit):
     for index, whole, context, probes in items:
         if probes is None:
             _run("test", index, whole, limit, namespace)
+        elif context is None:  # a loop: the calls its recording made
+            _probe(index, "", probes, limit, namespace, _CALLS[index])
         else:
             _probe(index, context, probes, limit, namespace)
 
@@ -407,9 +430,9 @@ def _main(solution, setup, prefix, items, limit):
 _main(_P["solution"], _P["setup"], _P["prefix"], _P["items"], _P["limit"])
 """
 
-#: Run 2, a process that never holds the solution: the split tests with each probe replaced
-#: by the value it had in run 1 (plain data), after the prompt and the setup's trusted part.
-_TRUSTED = """\
+#: The runs that never hold the solution start with the prompt and the setup's trusted part.
+_TRUSTED_BASE = """\
+import random as _random
 _ENTRY = frozenset(_P["entry_points"])
 _own = {"__builtins__": _builtins, "__name__": "__main__"}
 try:
@@ -418,6 +441,100 @@ except BaseException:
     _own = {}
 _G.update((k, v) for k, v in _own.items() if k not in _ENTRY and k not in ("__builtins__", "__name__"))
 _run("setup", -1, _P["setup"], _P["limit"], _G)
+_seed = _random.seed
+"""
+
+#: Run 0, before the solution's, in a process that never holds it: each loop test run with its
+#: calls of the solution recorded (their arguments as plain data) instead of made, twice (the same
+#: seed for `random`), to check that the calls are reproducible.
+_RECORD = """\
+class _Fallback(BaseException):
+    pass  # the loop cannot be replayed: it runs whole in the solution's process
+
+
+def _mutables(x, out):
+    # ids of the lists, dicts and sets in plain data x
+    stack = [x]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is list or t is dict or t is set:
+            out.add(id(v))
+        if t is dict:
+            stack.extend(dict.keys(v))
+            stack.extend(dict.values(v))
+        elif t is list or t is tuple or t is set or t is frozenset:
+            stack.extend(v)
+
+
+def _kept(ids, namespace):
+    # Whether an object the test keeps (reachable from its names) is among ids: the solution
+    # could change it in place, and the test would then see the change (a copy does not).
+    seen, stack = set(), list(namespace.values())
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t not in (list, tuple, dict, set, frozenset) or id(v) in seen:
+            continue
+        if id(v) in ids or len(seen) > _P["max_walk"]:
+            return True
+        seen.add(id(v))
+        stack.extend(dict.values(v) if t is dict else v)
+        if t is dict:
+            stack.extend(dict.keys(v))
+    return False
+
+
+def _recording(index, source, limit):
+    calls, size = [], [0]
+    namespace = dict(_G)
+
+    def __toolenv_record__(k, /, *args, **kwargs):
+        try:
+            text = _encoded((args, kwargs), True)
+        except (_Opaque, _ProbeFailed):
+            raise _Fallback("an input is not plain data") from None
+        ids = set()
+        _mutables((args, kwargs), ids)
+        if ids and _kept(ids, namespace):
+            raise _Fallback("the solution would be handed an object the test keeps")
+        size[0] += len(text)
+        if len(calls) >= _P["max_calls"] or size[0] > _P["max_size"]:
+            raise _Fallback("too many calls to record")
+        calls.append((k, text))
+
+    namespace["__toolenv_record__"] = __toolenv_record__
+    _seed(_P["seed"] + index)
+    _arm(limit)
+    try:
+        exec(compile(source, "<test>", "exec"), namespace)
+        error = ""
+    except _Fallback as exc:
+        return None, exc.args[0]
+    except BaseException as exc:
+        error = _describe(exc)
+    finally:
+        _setitimer(_ITIMER_REAL, 0)
+    return calls, error
+
+
+for _index, _source in _P["tests"]:
+    _first, _error = _recording(_index, _source, _P["limit"])
+    if _first is not None and (_first, _error) != _recording(_index, _source, _P["limit"]):
+        _first, _error = None, "its calls are not the same when run again"
+    if _first is None:
+        _send("fallback", _index, False, _error)
+        continue
+    for _k, _text in _first:
+        _write(_OUT, (_NONCE + "('call', " + repr(_index) + ", " + repr(_k) + ", " + _text + ")\\n").encode(
+            "utf-8", "backslashreplace"))
+    _send("recorded", _index, _error == "", _error)
+"""
+
+#: Run 2, a process that never holds the solution: the split tests with each probe replaced
+#: by the value it had in run 1 (plain data), and the loops replayed, each call answered with
+#: the value the call with the same arguments had in run 1.
+_TRUSTED = """\
 _ERRORS = _P["errors"]
 _CURRENT = [0]
 
@@ -433,6 +550,46 @@ _G["__toolenv_probe__"] = __toolenv_probe__
 for _index, _source in _P["tests"]:
     _CURRENT[0] = _index
     _run("test", _index, _source, _P["limit"], _G)
+
+
+def _canon(x):
+    # The same for equal plain data of the same types, whatever the order of a set or dict.
+    t = type(x)
+    if t is list or t is tuple:
+        return (t.__name__, tuple(_canon(v) for v in x))
+    if t is dict:
+        return ("dict", tuple(sorted(((_canon(k), _canon(v)) for k, v in x.items()), key=repr)))
+    if t is set or t is frozenset:
+        return (t.__name__, tuple(sorted((_canon(v) for v in x), key=repr)))
+    return (t.__name__, repr(x))
+
+
+def _replayer(index, sites, recorded, missing, namespace):
+    waiting = {}
+    for c in range(len(recorded) - 1, -1, -1):
+        k, args, kwargs = recorded[c]
+        waiting.setdefault((k, _canon((args, kwargs))), []).append(c)
+
+    def __toolenv_replay__(k, /, *args, **kwargs):
+        queue = waiting.get((k, _canon((args, kwargs))))
+        if not queue:
+            raise _ProbeFailed(missing)
+        key = (index, queue.pop())
+        if key in _ERRORS:
+            raise _ProbeFailed(_ERRORS[key])
+        v = _VALUES[key]
+        for source in sites[k][_P["levels"][key] + 1:]:  # widened here as the solution's process would
+            v = eval(compile(source, "<probe>", "eval"), namespace, {"__toolenv_v__": v})
+        return v
+
+    return __toolenv_replay__
+
+
+for _index, _source, _sites, _missing in _P["replays"]:
+    _namespace = dict(_G)
+    _namespace["__toolenv_replay__"] = _replayer(_index, _sites, _RECORDED[_index], _missing, _namespace)
+    _seed(_P["seed"] + _index)
+    _run("test", _index, _source, _P["limit"], _namespace)
 """
 
 
@@ -573,7 +730,12 @@ _FIRST_OUTPUT = 1 << 23
 def _compiled(kind: str) -> str:
     """A grading program's code, compiled once here and sent marshalled (base64): compiling
     its source in every sandbox run cost about as much as a run of a small test."""
-    source = _PRELUDE + (_CANDIDATE if kind == "candidate" else _TRUSTED) + _EPILOGUE
+    parts = {
+        "candidate": _PLAIN_DATA + _CANDIDATE,
+        "record": _PLAIN_DATA + _TRUSTED_BASE + _RECORD,
+        "trusted": _TRUSTED_BASE + _TRUSTED,
+    }
+    source = _PRELUDE + parts[kind] + _EPILOGUE
     return base64.b64encode(marshal.dumps(compile(source, "<grader>", "exec"))).decode("ascii")
 
 
@@ -596,6 +758,9 @@ class _Results:
     def __init__(self, stdout: str, nonce: str) -> None:
         self.lines: list[tuple[str, int, bool, str]] = []
         self.probes: dict[tuple[int, int], tuple[int, bool, str]] = {}  # (test, probe): (level, ok, text)
+        self.calls: dict[
+            int, list[tuple[int, tuple[object, ...], dict[str, object]]]
+        ] = {}  # test: (site, args, kwargs)
         # Longer lines are not the grader's (a value's repr is at most 4 times its size):
         # parsing them could tie up the host.
         longest = len(nonce) + 4 * VALUE_LIMIT + 1000
@@ -610,7 +775,13 @@ class _Results:
             return
         if not isinstance(value, tuple):
             return
-        if len(value) == 4:
+        if len(value) == 4 and value[0] == "call":  # a loop's call, from the recording run
+            _, index, k, inputs = value
+            if type(index) is int and type(k) is int and type(inputs) is tuple and len(inputs) == 2:
+                args, kwargs = inputs
+                if type(args) is tuple and type(kwargs) is dict and all(type(n) is str for n in kwargs):
+                    self.calls.setdefault(index, []).append((k, args, kwargs))
+        elif len(value) == 4:
             kind, index, ok, msg = value
             if isinstance(kind, str) and type(index) is int and isinstance(ok, bool) and isinstance(msg, str):
                 self.lines.append((kind, index, ok, msg))
@@ -650,46 +821,115 @@ def _entry_points(names: tuple[str, ...], prefix: str) -> tuple[str, ...]:
     return tuple(sorted(set(names) | declared))
 
 
+#: A loop's recording: at most this many calls, this many characters of arguments (else it runs whole).
+MAX_CALLS = 10_000
+_MAX_RECORDED = 1 << 21
+#: Objects of the test's own that the recording run walks to see if it hands one to the solution.
+_MAX_WALK = 100_000
+
+
+def _values_source(name: str, items: list[str]) -> str:
+    """Source binding `name` to a dict of plain data the host wrote from decoded values."""
+    body = "{" + ", ".join(items) + "}"
+    imports = "from fractions import Fraction\n" if "Fraction(" in body else ""
+    imports += "from decimal import Decimal\n" if "Decimal(" in body else ""
+    return f'{imports}nan, inf = float("nan"), float("inf")\n{name} = {body}\n'
+
+
 class _Grading:
-    """One grading: the solution's run (whole tests and probes), then the trusted run."""
+    """One grading: the loops' recording (when there are loops), the solution's run (whole tests,
+    probes and the loops' calls), then the trusted run."""
 
     def __init__(self, answer: str, spec: TestSpec) -> None:
         self.spec = spec
+        self.answer = answer
         self.entry_points = _entry_points(tuple(spec.entry_points), spec.solution_prefix)
         n = len(spec.tests)
+        self.splits: list[SplitTest | ReplayTest | None]
         if spec.split_tests:
-            self.splits, self.trusted_setup = split_tests(
+            splits, self.trusted_setup = split_tests(
                 tuple(spec.tests), spec.setup, spec.solution_prefix, self.entry_points
             )
+            self.splits = list(splits)
         else:
-            self.splits, self.trusted_setup = tuple(None for _ in spec.tests), ""
+            self.splits, self.trusted_setup = [None] * n, ""
         self.passed = [False] * n
         self.messages = ["not run"] * n
         self.solution_error = ""
         self.timed_out = False
-        self.nonce = _nonce()
-        items: list[tuple[int, str, str, list[list[str]] | None]] = []
-        for i, (test, split) in enumerate(zip(spec.tests, self.splits, strict=True)):
+        self.seed = secrets.randbits(48)  # the loops' `random`: drawn by the grader, never in the solution's process
+        self.calls: dict[int, tuple[str, list[int]]] = {}  # a loop's recorded calls, as source, and their sites
+        self.missing: dict[int, str] = {}  # what a replayed call not recorded fails with
+        loops = [(i, s.record) for i, s in enumerate(self.splits) if isinstance(s, ReplayTest)]
+        self.record: str | None = None
+        if loops:
+            self.record_nonce = _nonce()
+            params = {
+                "nonce": self.record_nonce,
+                "entry_points": list(self.entry_points),
+                "prefix": spec.solution_prefix,
+                "setup": self.trusted_setup,
+                "tests": loops,
+                "limit": spec.test_timeout,
+                "seed": self.seed,
+                "value_limit": VALUE_LIMIT,
+                "max_calls": MAX_CALLS,
+                "max_size": _MAX_RECORDED,
+                "max_walk": _MAX_WALK,
+            }
+            self.record = _launcher("record", params)
+            self.record_limits = _limits(spec, len(loops) * 2, output=_FIRST_OUTPUT)
+        self.first_limits = _limits(spec, output=_FIRST_OUTPUT)
+
+    def after_record(self, result: ExecResult) -> None:
+        """Read the loops' recording: the calls to make, or the loops to run whole after all."""
+        self.timed_out = _checked(result).timed_out
+        results = _Results(result.stdout, self.record_nonce)
+        recorded = {index: (ok, msg) for kind, index, ok, msg in results.lines if kind == "recorded"}
+        for i, split in enumerate(self.splits):
+            if not isinstance(split, ReplayTest):
+                continue
+            if i not in recorded:  # the recording gave up on it (or never got to it): graded whole
+                self.splits[i] = None
+                continue
+            ok, msg = recorded[i]
+            calls = [c for c in results.calls.get(i, []) if 0 <= c[0] < len(split.calls)]
+            made = ", ".join(f"({k}, {encode_value(a)}, {encode_value(kw)})" for k, a, kw in calls)
+            self.calls[i] = made, [k for k, _, _ in calls]
+            self.missing[i] = msg if not ok else "the test's inputs were not those recorded (not reproducible)"
+
+    @property
+    def first(self) -> str:
+        """The solution's run: the answer, the setup, whole tests, probes and the loops' calls."""
+        items: list[tuple[int, str, str | None, list[Any] | None]] = []
+        calls: list[str] = []
+        for i, (test, split) in enumerate(zip(self.spec.tests, self.splits, strict=True)):
             if split is None:
                 items.append((i, _plain_test(test), "", None))
+            elif isinstance(split, ReplayTest):
+                items.append((i, "", None, [list(site) for site in split.calls]))
+                calls.append(f"{i}: [{self.calls[i][0]}]")
             elif split.probes:
                 items.append((i, "", split.context, [list(p.levels) for p in split.probes]))
         params = {
             "nonce": self.nonce,
             "entry_points": list(self.entry_points),
-            "solution": solution_source(answer, spec.solution_prefix),
-            "setup": spec.setup,
-            "prefix": spec.solution_prefix,
+            "solution": solution_source(self.answer, self.spec.solution_prefix),
+            "setup": self.spec.setup,
+            "prefix": self.spec.solution_prefix,
             "items": items,
-            "limit": spec.test_timeout,
+            "limit": self.spec.test_timeout,
             "value_limit": VALUE_LIMIT,
         }
-        self.first = _launcher("candidate", params)
-        self.first_limits = _limits(spec, output=_FIRST_OUTPUT)
+        return _launcher("candidate", params, _values_source("_CALLS", calls) if calls else "")
+
+    @functools.cached_property
+    def nonce(self) -> str:
+        return _nonce()
 
     def after_first(self, result: ExecResult) -> str | None:
         """Read the solution's run; the trusted run's program, or None when no test needs it."""
-        self.timed_out = _checked(result).timed_out
+        self.timed_out = _checked(result).timed_out or self.timed_out
         results = _Results(result.stdout, self.nonce)
         probes = results.probes
         for kind, index, ok, msg in results.lines:
@@ -699,8 +939,25 @@ class _Grading:
                 self.solution_error = msg
         values: list[str] = []
         errors: dict[tuple[int, int], str] = {}
+        levels_at: dict[tuple[int, int], int] = {}
         tests: list[tuple[int, str]] = []
+        replays: list[tuple[int, str, list[tuple[str, ...]], str]] = []
+        recorded: list[str] = []
         for i, split in enumerate(self.splits):
+            if isinstance(split, ReplayTest):
+                for c, k in enumerate(self.calls[i][1]):
+                    level, ok, text = probes.get((i, c), (-1, False, "not run"))
+                    if ok and 0 <= level < len(split.calls[k][1]):
+                        try:
+                            values.append(f"({i}, {c}): {encode_value(decode_value(text))}")
+                            levels_at[(i, c)] = level
+                            continue
+                        except ValueError:
+                            text = "the grader could not read the value this call returned"
+                    errors[(i, c)] = text if not ok else text or "not run"
+                recorded.append(f"{i}: [{self.calls[i][0]}]")
+                replays.append((i, split.replay, [site[1] for site in split.calls], self.missing[i]))
+                continue
             if split is None:
                 continue
             got: dict[int, object] = {}
@@ -730,8 +987,8 @@ class _Grading:
             values += (f"({i}, {k}): {encode_value(v)}" for k, v in got.items())
             errors.update(((i, k), msg) for k, msg in failed.items())
             tests.append((i, split.trusted_source(levels)))
-        self.second_count = len(tests)
-        if not tests:
+        self.second_count = len(tests) + len(replays)
+        if not self.second_count:
             return None
         self.second_nonce = _nonce()
         params = {
@@ -741,14 +998,14 @@ class _Grading:
             "setup": self.trusted_setup,
             "errors": errors,
             "tests": tests,
+            "replays": replays,
+            "levels": levels_at,
+            "seed": self.seed,
             "limit": self.spec.test_timeout,
         }
         # The values as source the host wrote from decoded plain data (nan and inf as names).
-        values_source = (
-            "from fractions import Fraction\nfrom decimal import Decimal\n"
-            'nan, inf = float("nan"), float("inf")\n_VALUES = {' + ", ".join(values) + "}\n"
-        )
-        return _launcher("trusted", params, values_source)
+        head = _values_source("_VALUES", values)
+        return _launcher("trusted", params, head + (_values_source("_RECORDED", recorded) if replays else ""))
 
     def after_second(self, result: ExecResult) -> None:
         """Read the trusted run's verdicts."""
@@ -775,6 +1032,8 @@ async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = Non
     """
     pool = pool or get_pool()
     grading = _Grading(answer, spec)
+    if grading.record is not None:
+        grading.after_record(await pool.arun(grading.record, grading.record_limits))
     second = grading.after_first(await pool.arun(grading.first, grading.first_limits))
     if second is not None:
         grading.after_second(await pool.arun(second, _limits(spec, grading.second_count)))
@@ -785,6 +1044,8 @@ def run_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> T
     """`arun_tests`, blocking."""
     pool = pool or get_pool()
     grading = _Grading(answer, spec)
+    if grading.record is not None:
+        grading.after_record(pool.run(grading.record, grading.record_limits))
     second = grading.after_first(pool.run(grading.first, grading.first_limits))
     if second is not None:
         grading.after_second(pool.run(second, _limits(spec, grading.second_count)))
