@@ -470,3 +470,22 @@ def test_cli_refuses_to_write_over_a_runs_trajectories(run_dir: Path, capsys: py
     err = capsys.readouterr().err
     assert err == f"toolenv export: error: --out {path} is the trajectories file of a run being exported\n"
     assert path.read_bytes() == before
+
+
+# ---------------------------------------------------------------------- text a server cut
+class HalfEmoji(Agent):
+    """Answers with half an emoji, a lone surrogate, as a server that cut a character sends it."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> str:
+        return "It is <answer>5</answer> \ud83d"
+
+
+def test_an_in_memory_trajectory_with_a_lone_surrogate_exports(tmp_path: Path) -> None:
+    """A rollout kept in memory (no `out`) holds the text as the agent gave it; its export is
+    written as the trajectory file would be, U+FFFD for the lone surrogate, not a failed export."""
+    res = toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=2), HalfEmoji())
+    assert res.trajectories[0].turns[0].action.endswith("\ud83d")
+    out = tmp_path / "sft.jsonl"
+    assert export_chat(res.trajectories, out) == 1
+    (line,) = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert line["messages"][-1]["content"] == "It is <answer>5</answer> \ufffd"

@@ -318,3 +318,79 @@ def test_no_report_from_a_run_with_an_invalid_line(run_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"trajectories\.jsonl:3: not a valid trajectory"):
         build_report(run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "summary.json", "trajectories.jsonl"]
+
+
+def _serving(run: Path) -> tuple[Any, int]:
+    """`toolenv view --serve`'s server of `run`, started on a free loopback port."""
+    import threading
+
+    from toolenv.commands.view_cmd import make_server
+    from toolenv.report.served import RunIndex
+
+    server = make_server(RunIndex([run]), 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+def _get_as(port: int, path: str, host: str) -> tuple[int, bytes]:
+    """GET `path` from 127.0.0.1:`port` with the Host header a browser would send for `host`."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_served_report_refuses_a_page_of_another_site(run_dir: Path) -> None:
+    """DNS rebinding: a site the user visits points its own name at 127.0.0.1 and reads the
+    served run through the browser. Such a request names that site in its Host header; only
+    requests for 127.0.0.1 or localhost are answered."""
+    server, port = _serving(run_dir)
+    try:
+        for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.attacker.example:{port}"):
+            for path in ("/", "/rows.json", "/episodes/0.json"):
+                status, body = _get_as(port, path, host)
+                assert status == 403 and b"task_id" not in body, (host, path)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+            status, body = _get_as(port, "/rows.json", host)
+            assert status == 200 and len(json.loads(body)) == 4
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_served_episode_error_names_a_non_ascii_path(run_dir: Path, tmp_path: Path) -> None:
+    """A run in a folder named in Chinese whose file changed since it was indexed: the episode's
+    request gets its 500 saying so (the reason went into the status line, which is Latin-1 only,
+    and the server hung up with no answer)."""
+    run = tmp_path / "运行"
+    run.mkdir()
+    (run / "trajectories.jsonl").write_bytes((run_dir / "trajectories.jsonl").read_bytes())
+    server, port = _serving(run)
+    try:
+        line = (run / "trajectories.jsonl").read_bytes().split(b"\n")[0]
+        (run / "trajectories.jsonl").write_bytes(b"{" + b" " * (len(line) - 1) + b"\n")
+        status, body = _get_as(port, "/episodes/0.json", f"127.0.0.1:{port}")
+        text = body.decode("utf-8")
+        assert status == 500 and "changed since it was indexed" in text and "运行" in text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_report_of_text_with_a_lone_surrogate_is_writable(run_dir: Path) -> None:
+    """Trajectories kept in memory hold text as the agent gave it, half an emoji included: the
+    page shows U+FFFD there and can be written as UTF-8 (as the trajectory file writes it)."""
+    from toolenv.trajectory import read_trajectories
+
+    trajs = read_trajectories(run_dir / "trajectories.jsonl", strict=True)
+    trajs[0].answer = "cut \ud83d"
+    page = render_report(trajs)
+    page.encode("utf-8")
+    assert page_data(page)["episodes"][0]["answer"] == "cut \ufffd"

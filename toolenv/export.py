@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolenv.image_store import IMAGES_DIR, ImageStore
-from toolenv.trajectory import Trajectory, TurnRecord
+from toolenv.trajectory import Trajectory, TurnRecord, fix_text
 from toolenv.types import Message, ToolResult, reply_messages
 
 if TYPE_CHECKING:
@@ -179,7 +179,8 @@ def _write_lines(
             for t in trajectories:
                 if not keep(t) or (out := lines(t)) is None:
                     continue
-                fh.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in out)
+                # U+FFFD for a lone surrogate (half an emoji a server cut), as the run's file has it
+                fh.writelines(fix_text(json.dumps(line, ensure_ascii=False)) + "\n" for line in out)
                 written += 1
         tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
     except BaseException:

@@ -341,7 +341,7 @@ class _Output:
             tmp = self.path.with_suffix(".jsonl.tmp")
             with tmp.open("w", encoding="utf-8") as dst:
                 if self._load_previous:
-                    with self.path.open(encoding="utf-8") as src:
+                    with self.path.open(encoding="utf-8", errors="surrogateescape") as src:  # a cut last line
                         for lineno, line in enumerate(src, 1):  # numbered as `iter_trajectory_lines` does
                             if not line.strip():
                                 continue

@@ -238,11 +238,12 @@ def dump_json(model: BaseModel, context: Any = None, *, warnings: bool = True) -
 def iter_trajectory_lines(path: str | Path) -> Iterator[tuple[int, Trajectory | None, str]]:
     """Each line of a JSONL file as (line number, trajectory or None when invalid, raw line).
 
-    Images a line keeps as files are read from the `images/` folder beside the file.
+    Images a line keeps as files are read from the `images/` folder beside the file. Bytes that
+    are not UTF-8 (a write killed inside a character) make their line invalid, not the file.
     """
     path = Path(path)
     context = {IMAGE_STORE: ImageStore(path.parent / IMAGES_DIR)}
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
 HELP = "Write a self-contained HTML report of a rollout directory; optionally serve it on 127.0.0.1."
 
 _EPISODE = re.compile(r"/episodes/(\d{1,12})\.json")
+_LOOPBACK = frozenset({"127.0.0.1", "localhost"})
+
+
+def _for_loopback(host: str | None) -> bool:
+    """Whether a request's Host header names 127.0.0.1 or localhost. A page of another site that
+    points its own name at 127.0.0.1 (DNS rebinding) reaches the server too, but names that site."""
+    name = (host or "").rpartition(":")[0] or (host or "")
+    return name.lower().rstrip(".") in _LOOPBACK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +51,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().__init__(*args, **kwargs)
 
     def do_GET(self) -> None:
+        if not _for_loopback(self.headers.get("Host")):
+            self.send_error(403, "only pages of 127.0.0.1 or localhost may read this report")
+            return
         path = self.path.split("?")[0]
         if path in self.names:
             self._send(self.index.page, "text/html; charset=utf-8")
@@ -51,15 +62,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif (m := _EPISODE.fullmatch(path)) and int(m.group(1)) < len(self.index):
             try:
                 body = self.index.episode(int(m.group(1)))
-            except (OSError, ValueError) as exc:
-                self.send_error(500, str(exc))
+            except (OSError, ValueError) as exc:  # why, in the body: a status line holds Latin-1 only
+                self._send(str(exc).encode("utf-8"), "text/plain; charset=utf-8", 500)
                 return
             self._send(body, "application/json")
         else:
             self.send_error(404, "only the report is served here")
 
-    def _send(self, body: bytes, content_type: str) -> None:
-        self.send_response(200)
+    def _send(self, body: bytes, content_type: str, status: int = 200) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -25,7 +25,7 @@ from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.report.svg import bar_chart, histogram
-from toolenv.trajectory import Trajectory, iter_trajectory_file
+from toolenv.trajectory import Trajectory, fix_text, iter_trajectory_file
 
 __all__ = ["build_report", "iter_run", "load_run", "render_report"]
 
@@ -115,6 +115,7 @@ def _json_for_script(data: Any) -> str:
         text = json.dumps(data, ensure_ascii=False, allow_nan=False)
     except ValueError:  # a non-finite float somewhere (rare): walk the data once more
         text = json.dumps(_finite(data), ensure_ascii=False, allow_nan=False)
+    text = fix_text(text)  # U+FFFD for a lone surrogate (half an emoji), which UTF-8 cannot hold
     # Inside <script> only "</" and "<!--" are dangerous; escaping every <, > and & covers both.
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 

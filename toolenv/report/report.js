@@ -176,7 +176,8 @@
       d.replaceChildren(el("p", { class: "muted" }, `Loading episode ${i + 1}…`));
       try {
         const resp = await fetch(`episodes/${i}.json`);
-        if (!resp.ok) throw new Error(`${resp.status} ${resp.statusText}`);
+        // The server says why in the body (a status line holds Latin-1 only; a path may not).
+        if (!resp.ok) throw new Error(`${resp.status} ${(await resp.text()) || resp.statusText}`);
         const got = await resp.json();
         Object.assign(data.images, got.images);
         ep = got.episode;
