@@ -36,6 +36,15 @@ def calc(expression: str) -> str:
     return str(eval(expression, {"__builtins__": {}}))  # input restricted to arithmetic above
 
 
+# Re-run the answer through the env's own calculator: 1.0 when it comes out as the task's value.
+VERIFIED = ToolVerified(
+    "calc",
+    build_args=lambda ep: {"expression": ep.answer},
+    judge=lambda result: float(result.text.strip() == "42"),
+    name="verified",
+)
+
+
 class JudgeHandler(BaseHTTPRequestHandler):
     """A stand-in judge model: 'yes' when a gold answer appears in the prediction."""
 
@@ -68,21 +77,12 @@ def main() -> None:
         (InvalidCallPenalty(-1.0), 0.25),  # parse errors, failed calls, empty turns
         ("answer_avoidance_penalty", 1.0),  # truncated without an answer
         (ToolSuccessBonus(1.0, max_per_turn=1), 0.1),  # per-turn bonus for a successful call
-        # Re-run the answer through the env's own calculator: 1.0 when it equals the task's value.
-        (
-            ToolVerified(
-                "calc",
-                build_args=lambda ep: {"expression": ep.task.context["expression"]},
-                judge=lambda result: float(result.text.strip() == "42"),
-                name="verified",
-            ),
-            0.5,
-        ),
+        (VERIFIED, 0.5),
         (LLMJudge(base_url=judge_url, model="judge", api_key_env=None, retries=1), 0.5),
     ]
     env = toolenv.ToolEnv(
         tools=[calc],
-        tasks=[{"question": "What is 6 * 7?", "answer": "42", "context": {"expression": "6 * 7"}}],
+        tasks=[{"question": "What is 6 * 7?", "answer": "42"}],
         reward=reward,
         max_turns=4,
     )

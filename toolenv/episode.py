@@ -72,8 +72,11 @@ class Episode:
         """A tool context for the current turn."""
         return ToolContext(task=self.task, episode_id=self.episode_id, turn=len(self.turns), state=self.state)
 
-    async def call_tool(self, name: str, **arguments: Any) -> ToolResult:
-        """Call one of the env's tools outside the model's turns (tool-verified rewards use this)."""
+    async def call_tool(self, name: str, /, **arguments: Any) -> ToolResult:
+        """Call one of the env's tools outside the model's turns (tool-verified rewards use this).
+
+        `name` is positional-only, so a tool may take an argument called `name`.
+        """
         results, _ = await self.caller.invoke([ToolCall(name=name, arguments=arguments, id="verify")], self.context())
         return results[0]
 

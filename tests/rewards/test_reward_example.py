@@ -18,3 +18,25 @@ def test_rewards_example_runs() -> None:
     assert lines[2] == "step 3: reward=+2.200 [exact_match=+1.00, format=+1.00, verified=+1.00, judge=+1.00]"
     assert lines[3] == "episode return=2.000"
     assert "'error': None" in lines[4] and "'reply': 'yes'" in lines[4]
+
+
+def test_the_examples_verification_checks_the_answer() -> None:
+    """Its `ToolVerified` re-ran the task's own expression, so any answer at all scored 1."""
+    import importlib.util
+
+    import toolenv
+
+    spec = importlib.util.spec_from_file_location("rewards_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for answer, expected in [("42", 1.0), ("6 * 7", 1.0), ("41", 0.0), ("forty-two", 0.0)]:
+        env = toolenv.ToolEnv(
+            tools=[example.calc],
+            tasks=[{"question": "What is 6 * 7?", "answer": "42"}],
+            reward=[(example.VERIFIED, 1.0)],
+        )
+        env.reset(seed=0)
+        _, _, term, _, info = env.step(f"<answer>{answer}</answer>")
+        env.close()
+        assert term and info["reward_components"] == {"verified": expected}, answer

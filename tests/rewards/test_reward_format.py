@@ -124,3 +124,34 @@ def test_require_think_accepts_reasoning_the_generation_prompt_opened() -> None:
         assert term and r == 1.0
     empty = [f"  </think>{CALL}", "got 5</think><answer>5</answer>"]
     assert run(empty, reward)[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "<answer>5</answer><think>x</think>",  # reasoning after the answer
+        "<answer>5 <think>x</think></answer>",  # a think block nested in the answer
+        "<think><answer>5</answer></think>",  # the answer nested in the reasoning, nothing after it
+        "<think>x<answer>5</answer></think>",
+        "<answer>5</answer></think>",  # "reasoning the prompt opened" that is only the answer
+        "<think><think>x</think></think><answer>5</answer>",  # nested think blocks
+        "Sure.<think>x</think><answer>5</answer>",  # something before the reasoning
+    ],
+)
+def test_require_think_wants_reasoning_first_then_the_action(action: str) -> None:
+    """R1-style (open-r1's `^<think>.*?</think>...`, Search-R1's `is_valid_sequence`): a turn opens
+    with its reasoning and acts after it. A `<think>` block anywhere in the text earned the
+    format reward, also one nested in the answer or after it, and so did an answer in it."""
+    assert run([action], FormatReward(require_think=True))[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "<think>x</think><answer>5</answer>",
+        "\n<think>\nx\n</think>\n\n<answer>5</answer>",
+        "x</think><answer>5</answer>",  # the generation prompt opened the reasoning
+    ],
+)
+def test_require_think_accepts_reasoning_first(action: str) -> None:
+    assert run([action], FormatReward(require_think=True))[0] == 1.0

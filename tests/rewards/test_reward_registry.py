@@ -15,6 +15,7 @@ from toolenv.rewards import (
     ToolSuccessBonus,
     WeightedSum,
     get_reward,
+    record_reward_info,
     reward_names,
 )
 
@@ -198,3 +199,30 @@ def test_a_configured_reward_scores_in_the_env() -> None:
 def test_bad_reward_settings_say_what_is_wrong(spec: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         get_reward(spec)  # type: ignore[arg-type]
+
+
+class _Noted(toolenv.Reward):
+    """A final reward that leaves details under its own name, as the judge and `ToolVerified` do."""
+
+    name = "noted"
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        record_reward_info(episode, self.name, score=self.score)
+        return self.score
+
+
+def test_reward_info_is_kept_by_component_name() -> None:
+    """A `WeightedSum({key: (reward, weight)})` reports components by key; the details each part
+    recorded were kept by the reward's own name instead, so two judges (or two verifiers)
+    under two keys overwrote each other's reward info."""
+    reward = WeightedSum({"strict": (_Noted(0.0), 1.0), "lenient": (_Noted(1.0), 0.5), "noted": (_Noted(0.5), 1.0)})
+    env = toolenv.ToolEnv(tools=[add], tasks=[{"question": "q", "answer": "x"}], reward=reward)
+    env.reset(seed=0)
+    _, r, term, _, info = env.step("<answer>x</answer>")
+    env.close()
+    assert term and r == 1.0
+    assert info["reward_components"] == {"strict": 0.0, "lenient": 1.0, "noted": 0.5}
+    assert info["reward_info"] == {"strict": {"score": 0.0}, "lenient": {"score": 1.0}, "noted": {"score": 0.5}}

@@ -157,3 +157,26 @@ def test_bad_judge_scores_and_arguments_score_zero_instead_of_raising(reward: To
     assert comps == {"tool_verified": 0.0} and reward_value == 0.0
     assert env.episode is not None
     assert error in reward_info(env.episode)["tool_verified"]["error"]
+
+
+class Lookup(Tool):
+    """A tool whose argument is called `name` (a user, a file, a city...)."""
+
+    name = "lookup"
+
+    class Args(BaseModel):
+        name: str
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        return ToolResult(text=f"found {args.name}")
+
+
+def test_a_tool_with_an_argument_called_name_can_verify() -> None:
+    """`episode.call_tool(tool, **arguments)` took the tool's name by keyword `name` too, so
+    arguments with a `name` raised a TypeError out of `final` and ended the step."""
+    reward = ToolVerified("lookup", lambda ep: {"name": ep.answer}, judge=lambda r: float(r.text == "found bob"))
+    env = toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "who?", "answer": "bob"}], reward=reward)
+    env.reset(seed=0)
+    _, r, term, _, info = env.step("<answer>bob</answer>")
+    env.close()
+    assert term and r == 1.0 and info["reward_components"] == {"tool_verified": 1.0}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from toolenv.episode import Episode, Turn
@@ -114,16 +114,36 @@ class WeightedSum(Reward):
         # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
         components = dict.fromkeys(self.parts, 0.0)
         for k, r in self._per_turn:
-            v = await r.turn(episode, turn)
+            v = await (r.turn(episode, turn) if k == r.name else _keyed(episode, k, r.name, r.turn(episode, turn)))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         components = {}
         for k, (r, _) in self.parts.items():
-            v = await r.final(episode)
+            v = await (r.final(episode) if k == r.name else _keyed(episode, k, r.name, r.final(episode)))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
+
+
+_MISSING: Any = object()
+
+
+async def _keyed(episode: Episode, key: str, name: str, hook: Awaitable[float]) -> float:
+    """Await a part's `hook`, moving the details it records under its own `name` to its component
+    `key` (a `WeightedSum({key: (reward, weight)})`): reward info is by component, like the
+    components, and two parts of one name (two judges) do not overwrite each other's."""
+    info = episode.reward_info
+    before = info.get(name, _MISSING)
+    value = await hook
+    after = info.get(name, _MISSING)
+    if after is not before and after is not _MISSING:
+        info[key] = after
+        if before is _MISSING:
+            del info[name]
+        else:
+            info[name] = before
+    return value
 
 
 def as_reward(name: str, value: object) -> float:

@@ -33,12 +33,24 @@ def has_block(text: str, tag: str) -> bool:
     return False
 
 
-def _opened_by_prompt(text: str, tag: str) -> bool:
-    """True when `text` starts inside a `<tag>` block the generation prompt opened (Qwen3-thinking,
-    DeepSeek-R1 and GLM templates end the prompt with `<think>`): non-empty text before a
-    `</tag>` that no `<tag>` precedes, as vLLM's reasoning parsers and `split_reasoning` read it."""
-    end = text.find(f"</{tag}>")
-    return end >= 0 and f"<{tag}>" not in text[:end] and bool(text[:end].strip())
+def _reasoning_first(text: str, tag: str) -> bool:
+    """True when `text` opens with a non-empty `<tag>` block and acts after it (R1-style, as
+    open-r1's `^<think>.*?</think>` and Search-R1's `is_valid_sequence` want), or starts inside
+    one the generation prompt opened (Qwen3-thinking, DeepSeek-R1 and GLM templates end the
+    prompt with `<think>`; vLLM's reasoning parsers and `split_reasoning` read it so).
+
+    A block after the action or nested in it, nested blocks, and an action inside the
+    reasoning (nothing after its close) do not count.
+    """
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    rest = text.lstrip()
+    if rest.startswith(open_tag):
+        rest = rest[len(open_tag) :]
+    end = rest.find(close_tag)
+    if end < 0:
+        return False
+    reasoning = rest[:end]
+    return bool(reasoning.strip()) and open_tag not in reasoning and bool(rest[end + len(close_tag) :].strip())
 
 
 def _answered(answer: str | None) -> bool:
@@ -48,8 +60,8 @@ def _answered(answer: str | None) -> bool:
 
 def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
     """True when the turn parsed without errors, did something (a call or a non-empty answer)
-    and, when `think_tag` is given, holds a non-empty `<think_tag>` block (or starts inside
-    one the generation prompt opened, ending at its `</think_tag>`)."""
+    and, when `think_tag` is given, opens with a non-empty `<think_tag>` block (or inside one
+    the generation prompt opened, ending at its `</think_tag>`) and acts after it."""
     parsed = turn.parsed
     if parsed.errors:
         return False
@@ -57,7 +69,7 @@ def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
         return False
     if not parsed.tool_calls and parsed.answer is None:
         return False
-    return think_tag is None or has_block(turn.action, think_tag) or _opened_by_prompt(turn.action, think_tag)
+    return think_tag is None or _reasoning_first(turn.action, think_tag)
 
 
 class FormatReward(Reward):
@@ -66,8 +78,9 @@ class FormatReward(Reward):
 
     Args:
         require_answer: the episode must end with a non-empty answer (not by truncation).
-        require_think: every turn must hold a non-empty `<think>…</think>` block (R1-style), or
-            start inside one that the generation prompt opened and close it with `</think>`.
+        require_think: every turn must open with a non-empty `<think>…</think>` block and act
+            after it (R1-style), or start inside one that the generation prompt opened and
+            close it with `</think>`.
         think_tag: the tag name of the reasoning block.
         partial: score the fraction of well-formed turns instead of all-or-nothing
             (the answer requirement still gates the score).
