@@ -31,6 +31,27 @@ def test_load_tasks_errors_name_the_row(tmp_path: Path) -> None:
         load_tasks([{"question": "a"}, {"question": "b", "typo_field": 1}])
 
 
+def test_numeric_answers_and_ids_of_a_dataset_load_as_text(tmp_path: Path) -> None:
+    """GSM8K-style rows store `"answer": 72` and an int `id`: they load as text, and an episode
+    answering "72" scores 1; a bool or a NaN is no gold answer and stays refused."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"id": 17, "question": "q", "answer": 72}) + "\n")
+    (task,) = load_tasks(p)
+    assert (task.id, task.answers) == ("17", ["72"])
+    assert Task.model_validate({"answer": [1, 2.5, "x"]}).answers == ["1", "2.5", "x"]
+    for bad in ({"answer": True}, {"answer": float("nan")}, {"answer": [False]}, {"id": True}):
+        with pytest.raises(ValueError):
+            Task.model_validate(bad)
+    import toolenv
+
+    env = toolenv.ToolEnv(tools=[], tasks=[{"question": "6*12?", "answer": 72}])
+    try:
+        env.reset(seed=0)
+        assert env.step("<answer>72</answer>")[1] == 1.0
+    finally:
+        env.close()
+
+
 def test_tool_result_error_and_roundtrip() -> None:
     r = ToolResult.error("boom", retryable=True, code=3)
     assert r.is_error and r.retryable and r.metadata == {"code": 3}

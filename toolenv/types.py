@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import io
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -349,12 +351,34 @@ class Task(_Model):
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free data carried into trajectories.")
 
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: Any) -> Any:
+        """An int id (a dataset's row number) as its text."""
+        return str(value) if type(value) is int else value
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _answer_as_text(cls, value: Any) -> Any:
+        """Numbers as their text (GSM8K-style datasets store `"answer": 72`), in a list too;
+        a bool stays refused (`True` is no gold answer anyone wrote)."""
+        if isinstance(value, list):
+            return [_number_text(v) for v in value]
+        return _number_text(value)
+
     @property
     def answers(self) -> list[str]:
         """Gold answers as a list (empty when there is none)."""
         if self.answer is None:
             return []
         return [self.answer] if isinstance(self.answer, str) else list(self.answer)
+
+
+def _number_text(value: Any) -> Any:
+    """An int or a finite float as text (`72`, `3.5`); anything else as it is, for the model to check."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return str(value)
+    return value
 
 
 def load_tasks(source: str | Path | Iterable[Task | dict[str, Any]]) -> list[Task]:
