@@ -58,7 +58,9 @@ class ScriptedServer:
         return TokenOutput(token_ids=ids, log_probs=logprobs)
 
 
-def rollout_config(prompt_length: int = 1024, response_length: int = 512, max_turns: int = 4) -> Any:
+def rollout_config(
+    prompt_length: int = 1024, response_length: int = 512, max_turns: int = 4, max_model_len: int | None = None
+) -> Any:
     """The slice of verl's trainer config an agent loop reads."""
     from omegaconf import OmegaConf
 
@@ -68,6 +70,7 @@ def rollout_config(prompt_length: int = 1024, response_length: int = 512, max_tu
                 "rollout": {
                     "prompt_length": prompt_length,
                     "response_length": response_length,
+                    "max_model_len": max_model_len,
                     "full_determinism": False,
                     "multi_turn": {
                         "format": "hermes",
@@ -103,6 +106,7 @@ def make_loop(tiny_tokenizer: Any) -> Any:
         tools: Any = (),
         tokenizer: Any = None,
         hf_model_type: str = "qwen2",
+        max_model_len: int | None = None,
         **loop_kwargs: Any,
     ) -> Any:
         from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
@@ -110,7 +114,7 @@ def make_loop(tiny_tokenizer: Any) -> Any:
 
         from toolenv.integrations.verl.agent_loop import ToolEnvAgentLoop
 
-        cfg = rollout_config(response_length=response_length, max_turns=max_turns)
+        cfg = rollout_config(response_length=response_length, max_turns=max_turns, max_model_len=max_model_len)
         return (cls or ToolEnvAgentLoop)(
             trainer_config=DictConfigWrap(cfg),
             server_manager=server,

@@ -542,3 +542,24 @@ async def test_a_call_whose_markers_the_tokenizer_made_special_is_read(tiny_toke
     assert [m["role"] for m in loop.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert loop.messages[2]["content"] == CALL  # the markers kept, the closing <|im_end|> not
     assert out.extra_fields["reward_extra_info"]["tool_calls"] == 1.0 and out.reward_score == 1.0
+
+
+async def test_preemptions_are_summed_and_unknown_when_the_server_reports_none(tiny_tokenizer, make_loop):
+    """`AgentLoopMetrics.num_preempted`: -1 means the server did not report it (verl's servers
+    leave it None unless the engine counts it), so a batch's `agent_loop/num_preempted` metrics
+    do not claim zero preemptions they never saw; reported counts add up over the turns."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    class Server:
+        def __init__(self, counts: list[int | None]) -> None:
+            self.counts, self.calls = counts, 0
+
+        async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+            text = [CALL, "<answer>42</answer>"][min(self.calls, 1)] + "<|im_end|>"
+            count = self.counts[self.calls]
+            self.calls += 1
+            return TokenOutput(token_ids=tiny_tokenizer.encode(text, add_special_tokens=False), num_preempted=count)
+
+    for counts, expected in (([None, None], -1), ([2, 1], 3), ([None, 1], 1)):
+        out = await make_loop(Server(counts)).run({}, **await _row())
+        assert out.metrics.num_preempted == expected, counts

@@ -213,3 +213,76 @@ async def test_request_ids_follow_verls_full_determinism(tiny_tokenizer, scripte
         ids.append({call["request_id"] for call in server.calls})
     assert ids[0] == ids[1] == {"det-7"}
     assert len(ids[2]) == len(ids[3]) == 1 and ids[2] != ids[3] and ids[2] != {"det-7"}
+
+
+# ---------------------------------------------------------------- the model's context (max_model_len)
+
+
+class ContextServer:
+    """vLLM's rule for `rollout.max_model_len` (verl's vLLM server): `max_tokens` is clamped to the
+    room left in the context, a reply cut there is reported "completed" like any other, and a
+    prompt that leaves no room is refused with a ValueError."""
+
+    def __init__(self, tokenizer: Any, replies: list[str], max_model_len: int) -> None:
+        self.tokenizer, self.replies, self.max_model_len = tokenizer, replies, max_model_len
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+        from verl.workers.rollout.replica import TokenOutput
+
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"Prompt length ({len(prompt_ids)}) leaves no room to generate within {self.max_model_len}"
+            )
+        self.prompts.append(list(prompt_ids))
+        text = self.replies[min(len(self.prompts) - 1, len(self.replies) - 1)]
+        ids = self.tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        ids = ids[: max(1, min(sampling_params["max_tokens"], room))]
+        return TokenOutput(token_ids=ids, log_probs=[-0.1] * len(ids), stop_reason="completed")
+
+
+def _prompt_len(tokenizer: Any, row: dict[str, Any]) -> int:
+    text = tokenizer.apply_chat_template(row["raw_prompt"], add_generation_prompt=True, tokenize=False)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+async def test_a_reply_cut_by_the_models_context_is_not_stepped(tiny_tokenizer, make_loop):
+    """`rollout.max_model_len` below prompt + response length: the server cuts the reply where the
+    context ends and calls it completed. The loop must see the cut (a half-written turn is not
+    run) instead of stepping it and sending the server a prompt that no longer fits."""
+    row = await _row(PENALIZED)
+    call = tiny_tokenizer.encode(CALL, add_special_tokens=False)
+    max_model_len = _prompt_len(tiny_tokenizer, row) + len(call) + 4
+    server = ContextServer(tiny_tokenizer, [CALL + " and now I will also check the result"], max_model_len)
+    out = await make_loop(server, max_model_len=max_model_len).run({"logprobs": True}, **row)
+    assert len(server.prompts) == 1
+    assert len(out.prompt_ids) + len(out.response_ids) == max_model_len
+    assert out.response_mask == [1] * len(out.response_ids)
+    assert out.extra_fields["toolenv_stop_reason"] == "max_model_len"
+    assert out.extra_fields["reward_extra_info"]["tool_calls"] == 0.0
+    assert out.reward_score == -1.0 and _gae_return(out) == -1.0
+
+
+async def test_an_observation_that_overflows_the_models_context_is_not_appended(tiny_tokenizer, make_loop):
+    """The call fits, its observation would fill the context: the episode ends on the model's
+    last token, as when the observation overflows `response_length`."""
+    row = await _row(PENALIZED)
+    call = tiny_tokenizer.encode(CALL + "<|im_end|>", add_special_tokens=False)
+    max_model_len = _prompt_len(tiny_tokenizer, row) + len(call) + 5
+    server = ContextServer(tiny_tokenizer, [CALL, "<answer>42</answer>"], max_model_len)
+    out = await make_loop(server, max_model_len=max_model_len).run({"logprobs": True}, **row)
+    assert len(server.prompts) == 1
+    assert out.response_ids == call and out.response_mask == [1] * len(call)
+    assert len(out.response_logprobs) == len(call)
+    assert out.extra_fields["toolenv_stop_reason"] == "max_model_len"
+    assert out.reward_score == -1.0 and _gae_return(out) == -1.0
+
+
+async def test_a_prompt_that_fills_the_models_context_gets_an_empty_response(tiny_tokenizer, make_loop):
+    row = await _row(PENALIZED)
+    max_model_len = _prompt_len(tiny_tokenizer, row)
+    server = ContextServer(tiny_tokenizer, [CALL], max_model_len)
+    out = await make_loop(server, max_model_len=max_model_len).run({"logprobs": True}, **row)
+    assert server.prompts == [] and out.response_ids == [] and out.response_logprobs == []
+    assert out.extra_fields["toolenv_stop_reason"] == "max_model_len" and out.reward_score == -1.0

@@ -179,3 +179,36 @@ def test_rows_of_several_envs_keep_their_images_whatever_comes_first(tmp_path):
         by_env = {r["extra_info"]["env_id"]: r for r in back}
         assert by_env["toolenv/VisualSearch-v0"]["images"] == vision[0]["images"]
         assert by_env["toolenv/ToolEnv-v0"]["images"] is None  # RLHFDataset reads None as no images
+
+
+@pytest.mark.parametrize(
+    ("expression", "shown"),
+    [
+        ("12345 * 6789", "83810205"),
+        ("6 * 7", "42"),
+        ("7 / 2", "3.5"),
+        ("1 / 3", "0.333333333333"),
+        ("-2 * 1e20", "-2e+20"),
+    ],
+)
+def test_the_demo_calculator_shows_its_results_exactly(expression, shown):
+    """The demo tool's text is what the model reads and copies into its answer: an 8-digit
+    product shown as `8.38102e+07` can never match the gold answer."""
+    import asyncio
+
+    from toolenv import ToolContext
+    from toolenv.integrations.verl.demo import Calculator
+    from toolenv.types import Task
+
+    tool = Calculator()
+    result = asyncio.run(tool.run(Calculator.Args(expression=expression), ToolContext(task=Task())))
+    assert result.text == shown and not result.is_error
+
+
+def test_tool_objects_are_refused_with_what_to_pass_instead():
+    """A row rebuilds its env in a worker from JSON: a Tool object cannot travel there. The row
+    builder says so (a ValueError naming the reference forms), not json's TypeError."""
+    from toolenv.integrations.verl.demo import Calculator
+
+    with pytest.raises(ValueError, match=r"'module:Name'.*Calculator"):
+        build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [Calculator()], "tasks": DEMO_TASKS})

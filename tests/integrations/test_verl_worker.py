@@ -199,6 +199,39 @@ async def test_builtin_tool_agent_with_base_tool_adapter_and_compute_score(tiny_
     assert (await acompute_score(extra["env_id"], text, None, extra))["score"] == 0.0
 
 
+async def test_router_replay_gets_the_rollouts_routed_experts(tiny_model_dir, tiny_tokenizer, parquet):
+    """MoE training with rollout router replay (R3: `rollout.enable_rollout_routing_replay`) replays
+    the experts the rollout chose, which the server returns per generation for every token it saw.
+    The episode's are those of its last generation, cut to the episode's tokens, as verl's
+    tool_agent keeps them; without them the actor stops ("micro_batch missing 'routed_experts'")."""
+    import numpy as np
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.workers.rollout.replica import TokenOutput
+
+    layers, topk = 2, 2
+
+    class Routed(CalculatorPolicy):
+        """Each token's experts encode its position (+1, so padding's zeros differ)."""
+
+        async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+            out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+            seen = len(prompt_ids) + len(out.token_ids) - 1  # the last token is sampled, never fed
+            experts = np.repeat(np.arange(1, seen + 1, dtype=np.int32)[:, None, None], layers, axis=1)
+            return TokenOutput(**{**out.model_dump(), "routed_experts": np.repeat(experts, topk, axis=2)})
+
+    config = _config(tiny_model_dir, parquet)
+    config.actor_rollout_ref.rollout.enable_rollout_routing_replay = True
+    batch = _batch(config, tiny_tokenizer, parquet)
+    out = await AgentLoopWorker(config, llm_client=Routed(tiny_tokenizer)).generate_sequences(batch)
+    routed = out.batch["routed_experts"]
+    assert routed.shape == (3, 1024 + 256, layers, topk)
+    for i in range(3):
+        real = out.batch["attention_mask"][i].nonzero().flatten()  # the episode's tokens, left-padded prompt first
+        first, last = int(real[0]), int(real[-1])
+        assert routed[i, first:last, 0, 0].tolist() == list(range(1, last - first + 1))
+        assert routed[i, :first].abs().sum() == 0
+
+
 @pytest.mark.parametrize(
     "script", ["run_hotpotqa_grpo.sh", "run_hotpotqa_ppo.sh", "run_spider_grpo.sh", "run_spider_ppo.sh"]
 )

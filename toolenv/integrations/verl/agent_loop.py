@@ -66,9 +66,10 @@ def _check_template(parser: ActionParser, tokenizer: Any) -> None:
 
 
 #: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`): the env ended it (an answer, its
-#: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), a
-#: reply with no token, or a generation the server aborted.
-STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length", "empty_reply", "aborted")
+#: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), the
+#: model's context (`rollout.max_model_len`, likewise), a reply with no token, or a generation the
+#: server aborted.
+STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length", "max_model_len", "empty_reply", "aborted")
 #: How observations enter the token stream (`observation_role`): chat messages of either role, or
 #: raw text continuing the model's own turn.
 OBSERVATION_ROLES = ("tool", "user", "inline")
@@ -168,6 +169,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         self.use_dataset_prompt = use_dataset_prompt
         self.tune_gc = bool(tune_gc)
         self.response_length: int = int(self.rollout_config.response_length)
+        # The server's context, when set: verl's vLLM server clamps `max_tokens` to what is left of it
+        # (and calls a reply cut there "completed") and refuses a prompt that leaves no room.
+        max_model_len = self.rollout_config.get("max_model_len")
+        self.max_model_len: int | None = int(max_model_len) if max_model_len else None
         self.pool = pool or shared_pool()
         self.turn_end_id = self._turn_end_id(turn_end_token)
         # The continuous-token helper for appended non-assistant messages was renamed after 0.9.
@@ -279,9 +284,11 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         turn_scores: list[float] = []
         results: list[ToolResult] = []
         server_fields: dict[str, Any] = {}
+        # Router replay (R3): the experts of every token the last generation saw, as the server returns them.
+        routed_experts: Any = None
         tool_latency = 0.0
         gen_s = env_s = 0.0
-        preempted = 0
+        preempted = -1  # AgentLoopMetrics' "not available", until the server reports a count
         assistant_turns = observation_turns = 0
         terminated = truncated = False
         answer: str | None = None
@@ -292,20 +299,27 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
 
         while True:
             budget = self.response_length - len(mask)
-            if budget <= 0:
+            room = self._room(runtime)
+            if room <= 0 < budget:  # the prompt fills the model's context
+                stop_reason = "max_model_len"
+            if budget <= 0 or room <= 0:
                 break
+            limit = min(budget, room)
             t0 = time.perf_counter()
             out = await self.server_manager.generate(
                 request_id=request_id,
                 prompt_ids=runtime,
-                sampling_params={**params, "max_tokens": budget},
+                sampling_params={**params, "max_tokens": limit},
                 image_data=images,
                 mm_processor_kwargs=mm_kwargs,
             )
             gen_s += time.perf_counter() - t0
-            preempted += out.num_preempted or 0
+            if out.num_preempted is not None:
+                preempted = max(preempted, 0) + out.num_preempted
             merge_server_fields(server_fields, out.extra_fields or {})
-            new_ids = list(out.token_ids)[:budget]
+            if out.routed_experts is not None:
+                routed_experts = out.routed_experts
+            new_ids = list(out.token_ids)[:limit]
             # verl's vLLM server says "aborted" and "completed" (a stop or the length limit alike);
             # its SGLang server passes SGLang's finish reason on: "abort", "stop", "length".
             aborted = out.stop_reason in ("aborted", "abort")
@@ -336,12 +350,12 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 messages[-1] = {"role": "assistant", "content": messages[-1]["content"] + text}
             else:
                 messages.append({"role": "assistant", "content": text})
-            at_limit = len(new_ids) >= budget or out.stop_reason == "length"
+            at_limit = len(new_ids) >= limit or out.stop_reason == "length"
             if aborted or (at_limit and not ended_itself(tokenizer, new_ids, stops, stop_ids)):
                 # Cut by the length limit (the response budget, the model's context) or an abort: a
                 # half-written call is not run, as in verl's tool_agent (it parses no turn that
                 # reached response_length). The turn stays in the response; the episode ends truncated.
-                stop_reason = "aborted" if aborted else "response_length"
+                stop_reason = "aborted" if aborted else "max_model_len" if room < budget else "response_length"
                 turn_scores.append(0.0)  # the truncation's final reward goes here, below
                 break
             t0 = time.perf_counter()
@@ -371,8 +385,12 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 # alone (as Search-R1 tokenizes its `<information>` block), the model's never re-encoded.
                 obs = env.parser.continue_with(self._inline_observation(env, step))
                 obs_ids = [int(t) for t in tokenizer.encode(obs, add_special_tokens=False)]
-                if len(mask) + len(obs_ids) >= self.response_length:
-                    break  # the response ends on the model's last token, where verl puts the reward
+                if len(mask) + len(obs_ids) >= self.response_length or self._room(runtime) <= len(obs_ids):
+                    # The response ends on the model's last token, where verl puts the reward.
+                    stop_reason = (
+                        "response_length" if len(mask) + len(obs_ids) >= self.response_length else "max_model_len"
+                    )
+                    break
                 runtime = [*runtime, *obs_ids]
                 mask = [*mask, *[0] * len(obs_ids)]
                 if logprobs:
@@ -399,9 +417,12 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             merged, new_mask, lps = await self._merge_context(
                 previous, messages, runtime, mask, logprobs if logprobs else None
             )
-            if len(new_mask) >= self.response_length:
+            if len(new_mask) >= self.response_length or self._room(merged.token_ids) <= 0:
                 # The closing token goes only with its observation: the response must end on a
                 # model token, where verl puts the reward (PPO's GAE drops one on a mask-0 token).
+                # An observation that leaves the model no room in its context ends it too.
+                if len(new_mask) < self.response_length:
+                    stop_reason = "max_model_len"
                 del messages[len(previous) :]
                 runtime, mask, logprobs = before_observation[:3]
                 break
@@ -427,6 +448,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
 
         self.messages = messages
         split = len(runtime) - len(mask)
+        total = split + min(len(mask), self.response_length)
         # Asked for, log-probs are a list for an empty response too: verl concatenates the batch's
         # when its first sample has them, and a None among them fails there.
         empty_logprobs: list[float] | None = [] if params.get("logprobs") and not mask else None
@@ -451,6 +473,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             response_ids=runtime[split:][: self.response_length],
             response_mask=mask[: self.response_length],
             response_logprobs=logprobs[: self.response_length] if logprobs else empty_logprobs,
+            # By absolute position; verl pads them to the batch's length. Rows past the episode's
+            # tokens (an observation taken back) would not fit there.
+            routed_experts=routed_experts[:total] if routed_experts is not None else None,
             multi_modal_data={"images": images} if images else {},
             mm_processor_kwargs=mm_kwargs,
             reward_score=score,
@@ -469,6 +494,11 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 "toolenv_stop_reason": stop_reason,
             },
         )
+
+    def _room(self, runtime: Sequence[int]) -> int:
+        """Tokens the model can still write after `runtime` within `rollout.max_model_len` (the
+        response budget bounds them too; without a `max_model_len`, only it does)."""
+        return self.response_length if self.max_model_len is None else self.max_model_len - len(runtime)
 
     def _role(self, env: ToolEnv) -> str:
         """The observation role for `env`: the configured one, else by the parser's format."""

@@ -90,18 +90,26 @@ async def abuild_rows(
     """One verl row per task of `gym.make(env_id, **env_kwargs)` in `split` (see `split_tasks`).
 
     Raises:
-        ValueError: the env cannot be made, has no tasks, or `limit` or `split` is invalid.
+        ValueError: the env cannot be made, has no tasks, `env_kwargs` is not JSON (tools given as
+            objects, not references), or `limit` or `split` is invalid.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, got {limit}")
     kwargs = dict(env_kwargs or {})
+    stored = {k: v for k, v in kwargs.items() if k not in TASK_SELECTION_KEYS}
+    try:  # each row carries them, as JSON, for a worker to rebuild its env
+        stored_json = json.dumps(stored, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"env_kwargs must be JSON, since every row carries them for a worker to rebuild its env: give tools as "
+            f"references, 'module:Name' or a tool plugin name, not objects ({exc})"
+        ) from None
     env = make_env(env_id, kwargs)
     try:
         tasks = split_tasks(env.tasks, split)
         tasks = tasks[:limit] if limit is not None else tasks
         if not tasks:
             raise ValueError(f"env {env_id!r} has no tasks (pass tasks in --env-kwargs?)")
-        stored = {k: v for k, v in kwargs.items() if k not in TASK_SELECTION_KEYS}
         rows = []
         for index, task in enumerate(tasks):
             _, info = await env.areset(options={"task": task})
@@ -113,7 +121,7 @@ async def abuild_rows(
                 "env_id": env_id,
                 "task_id": task.id,
                 "task": task_json,
-                "env_kwargs": json.dumps(stored, ensure_ascii=False, sort_keys=True),
+                "env_kwargs": stored_json,
             }
             if env.tools:
                 extra["tools_kwargs"] = {t.name: {"create_kwargs": {"task": task_json}} for t in env.tools}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from toolenv._tool import Tool, ToolContext
 from toolenv.types import ToolResult
 
-__all__ = ["DEMO_TASKS", "Calculator", "evaluate"]
+__all__ = ["DEMO_TASKS", "Calculator", "evaluate", "show"]
 
 _OPS: dict[type[ast.AST], Any] = {
     ast.Add: operator.add,
@@ -68,7 +68,15 @@ class Calculator(Tool):
             value = evaluate(args.expression)
         except ValueError as exc:
             return ToolResult.error(f"Cannot evaluate {args.expression!r}: {exc}")
-        return ToolResult(text=f"{value:g}", metadata={"value": value})
+        return ToolResult(text=show(value), metadata={"value": value})
+
+
+def show(value: float) -> str:
+    """`value` as the model reads it: whole numbers in full (`83810205`, not `:g`'s `8.38102e+07`,
+    which no gold answer matches), others to 12 significant digits (`0.3`, not `0.30000000000000004`)."""
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:.12g}"
 
 
 #: Tasks for ToolEnv-v0 with the calculator.
