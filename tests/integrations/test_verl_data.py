@@ -107,6 +107,19 @@ def test_compute_score_uses_the_env_reward():
         compute_score("x", "<answer>1</answer>", "1", {})
 
 
+def test_compute_score_scores_turn_rewards_on_the_response():
+    """Format and per-turn rewards score the response as the episode's one turn: before, the
+    episode had no turns, so `format` was 0 for every response and penalties never applied."""
+    kwargs = {"tools": [CALC], "tasks": DEMO_TASKS, "reward": {"exact_match": 1.0, "format": 0.5}}
+    row = build_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs)[0]
+    extra, gt = row["extra_info"], row["reward_model"]["ground_truth"]
+    good = compute_score("toolenv/ToolEnv-v0", "<answer>42</answer>", gt, extra)
+    assert good["reward/format"] == 1.0 and good["score"] == 1.5
+    broken = compute_score("toolenv/ToolEnv-v0", '<tool_call>{"name": </tool_call> <answer>42</answer>', gt, extra)
+    assert broken["reward/format"] == 0.0 and broken["reward/exact_match"] == 1.0
+    assert compute_score("toolenv/ToolEnv-v0", "no answer", gt, extra)["reward/format"] == 0.0
+
+
 async def test_compute_score_refuses_a_running_loop():
     with pytest.raises(RuntimeError, match="acompute_score"):
         compute_score("x", "", "", {})

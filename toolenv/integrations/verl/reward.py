@@ -8,7 +8,9 @@ env's reward itself), e.g. with verl's `tool_agent` loop and `ToolEnvBaseTool`:
 
 verl passes the decoded response (tool observations included) as `solution_str`;
 the env's parser finds the final answer in it, and the env's reward scores that
-answer against the row's task. Tools are not re-run.
+answer against the row's task. Tools are not re-run. The response is scored as the
+episode's one turn (its calls parsed, with no results), so rewards that read turns
+(`format`, per-turn penalties) score what the whole response shows rather than 0.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolenv import _aio
+from toolenv.episode import Turn
 from toolenv.integrations.verl.envs import env_spec_from_row, shared_pool, task_from_row
 
 __all__ = ["acompute_score", "compute_score"]
@@ -41,10 +44,16 @@ async def acompute_score(
         await env.areset(options={"task": task})
         episode = env.episode
         assert episode is not None  # areset just made it
-        episode.answer = env.parser.parse(solution_str).answer
+        rf = env.reward_fn
+        parsed = env.parser.parse(solution_str)
+        turn = Turn(solution_str, parsed)  # the calls' results are in the text, not re-run
+        episode.turns.append(turn)
+        episode.answer = parsed.answer
         episode.terminated = True
-        components = await env.reward_fn.final_components(episode)
-        score = env.reward_fn.weighted(components)
+        components = await rf.turn_components(episode, turn) if rf.scores_turns else rf.zero_components()
+        for k, v in (await rf.final_components(episode)).items():
+            components[k] = components.get(k, 0.0) + v
+        score = rf.weighted(components)
     out = {"score": score, "answered": float(episode.answer is not None)}
     out.update({f"reward/{k}": float(v) for k, v in components.items()})
     return out
