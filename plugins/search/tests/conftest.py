@@ -111,6 +111,8 @@ async def bad_server() -> AsyncIterator[BadServer]:
                 await asyncio.sleep(60)
             elif mode == "500":
                 writer.write(_response("500 Internal Server Error", b'{"detail": "index exploded"}'))
+            elif mode == "429":
+                writer.write(_response("429 Too Many Requests", b'{"detail": "rate limit exceeded"}'))
             elif mode == "garbage":
                 writer.write(_response("200 OK", b"<html>\x00\xff not json", "text/html"))
             elif mode == "badshape":

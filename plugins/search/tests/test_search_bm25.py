@@ -179,3 +179,54 @@ async def test_tied_scores_rank_in_corpus_order(tmp_path: Path) -> None:
     # A better match still comes first; the tie below it keeps corpus order.
     [hits] = await backend.search(["apple tart w7"], 4)
     assert [h.id for h in hits] == ["p7", "p0", "p3", "p6"]
+
+
+_BUILD_WHEN_TOLD = """
+import json, sys
+from toolenv_search.bm25 import BM25Backend
+backend = BM25Backend(sys.argv[1], cache_dir=sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+index = backend.load()
+print(json.dumps({"built": index.built, "n": len(index.passages), "top": index.search(["w7 w11"], 1)[0][0].id}))
+"""
+
+
+def test_workers_starting_together_build_the_index_once(tmp_path: Path) -> None:
+    """Rollout workers that start at once on a new corpus: one builds, the rest wait and load its index.
+
+    Each build of a 100k-passage corpus takes ~15 s and ~600 MB; eight workers all building at
+    once cost eight times that, and a late finisher deleted the index others were loading.
+    """
+    corpus = tmp_path / "c.jsonl"
+    rows = [{"id": f"d{i}", "text": " ".join(f"w{(i * 7 + j * 13) % 997}" for j in range(40))} for i in range(15000)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cache = tmp_path / "cache"
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILD_WHEN_TOLD, str(corpus), str(cache)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        for w in workers:  # every worker has imported everything and waits
+            assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+        for w in workers:  # then all of them load at the same moment
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        results = [json.loads(w.communicate(timeout=300)[0]) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    assert all(w.returncode == 0 for w in workers)
+    assert sorted(r["built"] for r in results) == [False, False, True]
+    assert {(r["n"], r["top"]) for r in results} == {(15000, results[0]["top"])}
+    assert [p.name for p in (cache / "bm25").iterdir() if not p.name.endswith(".lock")] == [
+        BM25Backend(corpus, cache_dir=cache).load().cache_path.name
+    ]

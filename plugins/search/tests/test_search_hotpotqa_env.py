@@ -12,7 +12,14 @@ from gymnasium.utils.env_checker import check_env
 import toolenv
 from toolenv.registry import load
 from toolenv_search.backend import Passage
-from toolenv_search.envs import SEARCH_R1_PROMPT, gold_query, hotpotqa_oracle, hotpotqa_tasks, make_hotpotqa_env
+from toolenv_search.envs import (
+    SEARCH_R1_PROMPT,
+    gold_query,
+    hotpotqa_oracle,
+    hotpotqa_tasks,
+    make_hotpotqa_env,
+    nq_open_tasks,
+)
 
 
 def test_registered_through_entry_points() -> None:
@@ -28,6 +35,7 @@ def test_prompt_is_search_r1s() -> None:
     obs, info = env.reset(seed=0)
     task = env.tasks[0]
     question = task.context["question"]
+    assert question.endswith("?")
     assert obs == SEARCH_R1_PROMPT.format(question=question)
     assert "<search> query </search>" in obs and "<information> and </information>" in obs
     assert obs.endswith(f"Question: {question}\n")
@@ -35,10 +43,33 @@ def test_prompt_is_search_r1s() -> None:
     assert env.parser.name == "tags"
 
 
+def test_questions_are_prepared_as_search_r1_prepares_them() -> None:
+    """Search-R1's data scripts (`scripts/data_process/nq_search.py`, `qa_search_*_merge.py`) strip the
+    question and end it with "?" before `make_prefix`: NQ-open's questions have none, so without this
+    no NQ prompt was the text a Search-R1 checkpoint was trained and evaluated on."""
+    tasks = {t.id: t for t in hotpotqa_tasks()}
+    no_mark = tasks["5ac4db1d554299076e296e1a"]  # "who is a British physicist ... adviser" (no "?")
+    assert no_mark.question.endswith(
+        "Question: who is a British physicist  and also a  British government's chief scientific adviser?\n"
+    )
+    padded = tasks["5a881d2355429938390d3eeb"]  # " If You Ever Get Lonely was covered by ...?" (leading space)
+    assert "Question: If You Ever Get Lonely was covered by what Lyric Street Records-affiliated band?\n" in (
+        padded.question
+    )
+    trailing = tasks["5ac532335542994611c8b41c"]  # "...community? " (trailing space)
+    assert trailing.question.endswith("1917 Progressive Era community?\n")
+    assert trailing.context["question"].endswith("1917 Progressive Era community? ")  # the dataset's, as it is
+    moon = nq_open_tasks()[0]
+    assert moon.question.endswith("Question: when was the last time anyone was on the moon?\n")
+    assert moon.question == SEARCH_R1_PROMPT.format(question="when was the last time anyone was on the moon?")
+    hermes = make_hotpotqa_env(parser="hermes", tasks=None)
+    assert all(t.question.endswith("?\n") for t in hermes.tasks)
+
+
 def test_oracle_scores_one_on_every_task() -> None:
     env = make_hotpotqa_env()
     total = 0.0
-    gold_found = 0
+    gold_found = both_found = 0
     for task in env.tasks:
         obs, _ = env.reset(options={"task_id": task.id})
         turn = 0
@@ -48,11 +79,13 @@ def test_oracle_scores_one_on_every_task() -> None:
             if turn == 0:
                 assert obs.startswith("<information>Doc 1(Title: ") and obs.endswith("</information>")
                 gold_found += any(f'(Title: "{t}")' in obs for t in task.context["gold_titles"])
+                both_found += all(f'(Title: "{t}")' in obs for t in task.context["gold_titles"])
             turn += 1
         assert terminated and turn == 2
         total += float(reward)
     assert total == 100.0
     assert gold_found == 100  # the gold-passage query does retrieve a gold paragraph every time
+    assert both_found == 86  # and both of them for 86 (docs/plugins/search.md says so)
     env.close()
 
 

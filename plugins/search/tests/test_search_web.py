@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import socket
 from pathlib import Path
 
@@ -103,3 +105,32 @@ def test_missing_ddgs_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     backend = DuckDuckGoBackend(cache_path=tmp_path / "w.sqlite")
     with pytest.raises(SearchError, match=r"pip install 'toolenv-search\[web\]'"):
         backend._fetch("q", 3)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_worker_never_uses_its_parents_sqlite_connection(tmp_path: Path) -> None:
+    """Gymnasium's AsyncVectorEnv makes one env in the parent, then forks its workers: a cache
+    object made before the fork must open its own connection in each child, since SQLite
+    connections carried across fork() can corrupt the database (sqlite.org/howtocorrupt.html)."""
+    db = tmp_path / "web.sqlite"
+    backend = DuckDuckGoBackend(cache_path=db)  # made in the parent, as by a vector env's env_fn
+    seed(db, "capital of France")
+    parent_conn = backend.cache.connection()
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        mine = backend.cache.connection()
+        fresh = ResultCache(db).connection()
+        backend.cache.put(cache_key("duckduckgo", "wt-wt", "moderate", "from child"), "from child", 1, SEEDED[1:])
+        writer.send((mine is parent_conn, fresh is parent_conn, mine is fresh))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    got = reader.recv() if reader.poll(60) else None
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert got == (False, False, True)
+    # The parent's connection still works and sees the child's entry.
+    assert backend.cache.get(cache_key("duckduckgo", "wt-wt", "moderate", "from child"), 1) == SEEDED[1:]
+    assert len(backend.cache) == 2

@@ -9,17 +9,20 @@ corpus share one in-memory index.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import bm25s  # type: ignore[import-untyped]
+import filelock
 import numpy as np
 
 from toolenv_search.backend import Passage, SearchError
@@ -29,6 +32,7 @@ from toolenv_search.corpus import bundled_corpus_path, file_digest, load_corpus
 __all__ = ["BM25Backend", "BM25Index", "default_cache_dir"]
 
 _FORMAT = 1  # bump when the on-disk layout changes
+_LOCK_WAIT = 900.0  # seconds to wait for another process's build: far more than 1M passages take
 
 
 def _stemmer(name: str | None) -> Any:
@@ -117,29 +121,66 @@ def _load_or_build(corpus: Path, cache_root: Path, stemmer_name: str | None, k1:
     target = cache_root / "bm25" / key
     passages = load_corpus(corpus)
     stemmer = _stemmer(stemmer_name)
-    if (target / "params.index.json").exists():
-        try:
-            retriever = bm25s.BM25.load(str(target), mmap=True, show_progress=False)
-            if int(retriever.scores["num_docs"]) == len(passages):
-                return BM25Index(retriever, passages, stemmer, stopwords, target, built=False)
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged cache entry is rebuilt below
-    retriever = _build(passages, stemmer, stopwords, k1, b)
+    retriever = _load_cached(target, len(passages))
+    if retriever is not None:
+        return BM25Index(retriever, passages, stemmer, stopwords, target, built=False)
+    with _build_lock(target):
+        # The worker that held the lock may have built it: load theirs instead of building again.
+        retriever = _load_cached(target, len(passages))
+        if retriever is not None:
+            return BM25Index(retriever, passages, stemmer, stopwords, target, built=False)
+        retriever = _build(passages, stemmer, stopwords, k1, b)
+        _save(retriever, target, settings)
+    return BM25Index(retriever, passages, stemmer, stopwords, target, built=True)
+
+
+def _load_cached(target: Path, num_docs: int) -> Any:
+    """The index saved at `target`, or None when there is none (or it is damaged, or of another corpus)."""
+    if not (target / "params.index.json").exists():
+        return None
+    try:
+        retriever = bm25s.BM25.load(str(target), mmap=True, show_progress=False)
+    except (OSError, ValueError, KeyError):
+        return None  # a damaged cache entry is rebuilt
+    return retriever if int(retriever.scores["num_docs"]) == num_docs else None
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Hold `<key>.lock` next to the index while building it: workers that start together build it once.
+
+    A cache directory that cannot hold a lock (read-only), or a lock still held after
+    `_LOCK_WAIT` seconds (a stale soft lock where the file system has no flock), only
+    costs this process a build of its own.
+    """
+    lock: filelock.BaseFileLock | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Save into a private directory, then rename: concurrent processes never see half an index.
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        lock = filelock.FileLock(target.parent / f"{target.name}.lock")
+        lock.acquire(timeout=_LOCK_WAIT)
+    except OSError:  # filelock.Timeout is a TimeoutError, an OSError
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _save(retriever: Any, target: Path, settings: str) -> None:
+    """Save into a private directory, then rename: other processes never see half an index."""
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         retriever.save(str(tmp), show_progress=False)
         (tmp / "settings.json").write_text(settings, encoding="utf-8")
-        if target.exists():
+        if target.exists():  # damaged (we hold the lock, and it did not load)
             shutil.rmtree(target, ignore_errors=True)
         try:
             os.replace(tmp, target)
-        except OSError:  # another process won the race; its index is the same
+        except OSError:  # a process without the lock won the race; its index is the same
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError:
         pass  # a read-only cache only costs a rebuild next time
-    return BM25Index(retriever, passages, stemmer, stopwords, target, built=True)
 
 
 _INDEXES: dict[tuple[Any, ...], BM25Index] = {}

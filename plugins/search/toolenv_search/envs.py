@@ -22,7 +22,14 @@ from toolenv_search.backend import SearchBackend
 from toolenv_search.corpus import bundled_nq_open_path, bundled_questions_path
 from toolenv_search.tool import SearchTool
 
-__all__ = ["SEARCH_R1_PROMPT", "hotpotqa_oracle", "hotpotqa_tasks", "make_hotpotqa_env", "nq_open_tasks"]
+__all__ = [
+    "SEARCH_R1_PROMPT",
+    "hotpotqa_oracle",
+    "hotpotqa_tasks",
+    "make_hotpotqa_env",
+    "nq_open_tasks",
+    "search_r1_question",
+]
 
 #: Search-R1's instruction prompt (its `make_prefix`, base-model form): Search-R1 checkpoints see their training text.
 SEARCH_R1_PROMPT = (
@@ -93,6 +100,16 @@ def _nq_open(prompt: str) -> tuple[Task, ...]:
     return tuple(_read_tasks(bundled_nq_open_path(), prompt))
 
 
+def search_r1_question(question: str) -> str:
+    """The question as Search-R1's data scripts put it in the prompt: stripped, ending with "?".
+
+    NQ-open's questions have no question mark; Search-R1 adds one before `make_prefix`,
+    so its checkpoints were trained and evaluated on the question with it.
+    """
+    question = question.strip()
+    return question if not question or question.endswith("?") else question + "?"
+
+
 def _read_tasks(src: Path, prompt: str) -> list[Task]:
     tasks = []
     with src.open(encoding="utf-8") as fh:
@@ -103,7 +120,7 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
             tasks.append(
                 Task(
                     id=str(row["id"]),
-                    question=prompt.format(question=row["question"]),
+                    question=prompt.format(question=search_r1_question(row["question"])),
                     answer=list(row["answers"]),
                     context={
                         "question": row["question"],

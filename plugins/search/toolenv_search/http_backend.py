@@ -2,8 +2,8 @@
 
 One client (one connection pool) is kept per event loop and client settings and
 shared by every `HTTPBackend` in that loop, so a vector env of 1,024 envs opens
-one pool, not 1,024. Connect errors, dropped connections, timeouts and 5xx
-answers are retried with exponential backoff; what still fails becomes a
+one pool, not 1,024. Connect errors, dropped connections, timeouts, 5xx, 408
+and 429 answers are retried with exponential backoff; what still fails becomes a
 `SearchError` worded for the model. With `batch_wait > 0`, concurrent searches of
 all backends with the same settings in a loop go out together in one request.
 """
@@ -26,6 +26,8 @@ from toolenv_search.protocol import parse_result
 __all__ = ["HTTPBackend"]
 
 _Key = tuple[float, int]
+# Transient by definition (RFC 9110 408, RFC 6585 429): a gateway or a busy retriever shedding load.
+_TRANSIENT_4XX = frozenset({408, 429})
 
 
 class _SharedClient:
@@ -110,7 +112,7 @@ class HTTPBackend:
             raise SearchError(
                 f"could not reach the retrieval server at {self.url} ({type(exc).__name__}: {exc})", retryable=True
             ) from None
-        if resp.status_code >= 500:
+        if resp.status_code >= 500 or resp.status_code in _TRANSIENT_4XX:
             raise SearchError(
                 f"the retrieval server at {self.url} answered HTTP {resp.status_code}{_reason(resp)}", retryable=True
             )

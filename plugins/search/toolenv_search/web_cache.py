@@ -1,17 +1,20 @@
 """A persistent query → passages cache in SQLite, so web-search training runs are reproducible.
 
 One connection per database file is shared by the process (guarded by a lock:
-SQLite calls are short and local, so they run inline rather than in threads).
+SQLite calls are short and local, so they run inline rather than in threads); a
+forked child opens its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from toolenv_search.backend import Passage
 
@@ -37,25 +40,38 @@ def cache_key(engine: str, region: str, safesearch: str, query: str) -> str:
 class ResultCache:
     """Stored search results; a hit needs at least as many results requested as now wanted."""
 
-    _shared: dict[Path, tuple[sqlite3.Connection, threading.Lock]] = {}  # noqa: RUF012 - process-wide on purpose
-    _shared_lock = threading.Lock()
+    # One connection per (process, file): a child forked after a cache was made (Gymnasium's
+    # AsyncVectorEnv forks once it made an env in the parent) opens its own, as SQLite requires.
+    _shared: ClassVar[dict[tuple[int, Path], tuple[sqlite3.Connection, threading.Lock]]] = {}
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
-        with self._shared_lock:
-            found = self._shared.get(self.path)
-            if found is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(_SCHEMA)
-                found = self._shared[self.path] = (conn, threading.Lock())
-        self._conn, self._lock = found
+        self.connection()  # create the file and its table now: a bad path fails here, not mid-episode
+
+    def connection(self) -> sqlite3.Connection:
+        """This process's connection to the cache file (opened on first use in each process)."""
+        return self._locked()[0]
+
+    def _locked(self) -> tuple[sqlite3.Connection, threading.Lock]:
+        key = (os.getpid(), self.path)
+        found = self._shared.get(key)
+        if found is None:
+            with self._shared_lock:
+                found = self._shared.get(key)
+                if found is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute(_SCHEMA)
+                    found = self._shared[key] = (conn, threading.Lock())
+        return found
 
     def get(self, key: str, topk: int) -> list[Passage] | None:
         """The cached passages (at most `topk`), or None on a miss."""
-        with self._lock:
-            row = self._conn.execute("SELECT requested, passages FROM results WHERE key = ?", (key,)).fetchone()
+        conn, lock = self._locked()
+        with lock:
+            row = conn.execute("SELECT requested, passages FROM results WHERE key = ?", (key,)).fetchone()
         if row is None or int(row[0]) < topk:
             return None
         return [Passage.model_validate(p) for p in json.loads(row[1])][:topk]
@@ -63,12 +79,24 @@ class ResultCache:
     def put(self, key: str, query: str, requested: int, passages: list[Passage]) -> None:
         """Store the results of one query (replacing an earlier entry)."""
         blob = json.dumps([p.model_dump() for p in passages], ensure_ascii=False)
-        with self._lock:
-            self._conn.execute(
+        conn, lock = self._locked()
+        with lock:
+            conn.execute(
                 "INSERT OR REPLACE INTO results (key, query, requested, passages, created) VALUES (?, ?, ?, ?, ?)",
                 (key, query, requested, blob, time.time()),
             )
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+        conn, lock = self._locked()
+        with lock:
+            return int(conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock at the fork. The parent's connections stay referenced,
+    # never closed here: closing one in the child could checkpoint or unlock the parent's database.
+    ResultCache._shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
