@@ -172,6 +172,26 @@ def test_custom_tasks_override() -> None:
     assert reward == 1.0
 
 
+def test_a_users_own_tasks_get_the_envs_instructions() -> None:
+    """A task of the user's own is put in the env's prompt as the bundled ones are (the prompt
+    lives in their question): before, the model saw the bare question, told nothing of
+    `<search>` or `<answer>`. Tasks already prepared, or with a prompt of their own, are kept."""
+    mine = {"question": "  What is Constantin Medien ", "answer": "a German media group"}
+    env = make_hotpotqa_env(tasks=[mine])
+    obs, _ = env.reset()
+    assert obs == SEARCH_R1_PROMPT.format(question="What is Constantin Medien?")
+    assert env.tasks[0].context["question"] == mine["question"]
+    hermes = make_hotpotqa_env(tasks=[mine], parser="hermes")
+    obs, _ = hermes.reset()
+    assert "What is Constantin Medien?" in obs and "<answer>" in obs
+    bundled = hotpotqa_tasks()[:2]
+    assert make_hotpotqa_env(tasks=bundled).tasks == bundled
+    own = {"question": "q", "prompt": "My whole prompt", "answer": "a"}
+    assert make_hotpotqa_env(tasks=[own]).reset()[0] == "My whole prompt"
+    for e in (env, hermes):
+        e.close()
+
+
 def test_check_env_passes() -> None:
     env = gym.make("toolenv/HotpotQA-v0", limit=10)
     check_env(env.unwrapped)

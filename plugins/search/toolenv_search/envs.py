@@ -134,6 +134,17 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
     return tasks
 
 
+def _prepared(task: Task, prompt: str) -> Task:
+    """A task of the user's own in the env's prompt, as the bundled ones are: the question in
+    `prompt` (which says how to search and answer), the question itself in `context["question"]`.
+    A task that has its question there already (`hotpotqa_tasks()`, `nq_open_tasks()`), or a
+    whole `prompt` of its own, is kept as it is."""
+    if task.prompt is not None or "question" in task.context:
+        return task
+    question = prompt.format(question=search_r1_question(task.question))
+    return task.model_copy(update={"question": question, "context": {**task.context, "question": task.question}})
+
+
 class _Same:
     """A backend object as part of a cache key: equal only to itself.
 
@@ -164,7 +175,8 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     bundled BM25 index), `backend_options`, `topk` (3), `cache` (a `ResultCache`, or `True`
     or its settings for the process's cache of this backend, options and topk, shared by
     every task unless the settings say otherwise), `limit` (first N tasks),
-    `tasks`, `reward` (`"exact_match"`, `"f1"`, or any spec), `invalid_action_penalty`
+    `tasks` (your own are put in the env's prompt as the bundled ones are, unless they have
+    a `prompt` of their own or are already prepared), `reward` (`"exact_match"`, `"f1"`, or any spec), `invalid_action_penalty`
     (charged per parse error, failed call or empty turn) and `search_penalty` (per
     search call), both sizes of the core's per-turn penalties, default 0. The rest
     (`parser`, `max_turns`, `prompt_template`, ...) go to `ToolEnv`.
@@ -180,10 +192,8 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
         cache_spec = {"scope": "shared", **(cache_spec if isinstance(cache_spec, Mapping) else {})}
     tool = SearchTool(backend, topk=topk, backend_options=options, cache=shared_cache(namespace, cache_spec))
     given: Iterable[Any] | str | Path | None = overrides.pop("tasks", None)
-    if given is None:
-        tasks = hotpotqa_tasks(prompt=SEARCH_R1_PROMPT if tags else TOOL_CALL_PROMPT)
-    else:
-        tasks = load_tasks(given)
+    prompt = SEARCH_R1_PROMPT if tags else TOOL_CALL_PROMPT
+    tasks = hotpotqa_tasks(prompt=prompt) if given is None else [_prepared(t, prompt) for t in load_tasks(given)]
     limit = overrides.pop("limit", None)
     if limit is not None:
         tasks = tasks[: int(limit)]
