@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sqlglot.dialects.dialect import Dialect
+
 from toolenv import Task, ToolEnv
 from toolenv.result_cache import shared_cache
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
@@ -21,7 +23,14 @@ from toolenv_sql.paths import DATA_DIR, resolve_database
 from toolenv_sql.reward import ExecutionMatch
 from toolenv_sql.tool import SQLTool
 
-__all__ = ["SYSTEM_PROMPT", "chinook_oracle", "make_chinook_env", "make_spider_env", "spider_oracle"]
+__all__ = [
+    "SYSTEM_PROMPT",
+    "chinook_oracle",
+    "make_chinook_env",
+    "make_spider_env",
+    "spider_oracle",
+    "system_prompt",
+]
 
 SYSTEM_PROMPT = (
     "You answer questions about a database by writing SQL. You may run read-only queries to explore "
@@ -30,6 +39,22 @@ SYSTEM_PROMPT = (
 )
 #: `SYSTEM_PROMPT`'s answer format for a model that answers through a tool (TRL's rows).
 ANSWER_TOOL_REWRITES = {" inside <answer>...</answer>": " by calling the `{answer_tool}` tool"}
+
+
+def system_prompt(dialect: str | None = None) -> str:
+    """`SYSTEM_PROMPT`, naming `dialect` when the model writes one other than the database's.
+
+    The queries and the answer are then read in that dialect (SQLite's `a || b` is MySQL's
+    `a OR b`), so a prompt asking for the database's own dialect would have a right answer
+    written as told scored 0.
+    """
+    if dialect is None:
+        return SYSTEM_PROMPT
+    name = type(Dialect.get_or_raise(dialect)).__name__  # "MySQL", "Postgres", ...; an unknown name: ValueError
+    return SYSTEM_PROMPT.replace("in the database's dialect", f"in {name}") + (
+        f" Write every query in {name}: it is translated to the database's own dialect."
+    )
+
 
 # Options consumed here (the rest go to ToolEnv).
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
@@ -53,13 +78,15 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
         tasks = (t for t in tasks if not _gold_is_empty(t, tool_opts.get("root")))
     tasks = list(tasks if limit is None else itertools.islice(tasks, int(limit)))
     opts.setdefault("tools", [SQLTool(**tool_opts)])
+    column_order = bool(opts.pop("column_order", True))
     opts.setdefault(
         "reward",
-        ExecutionMatch(dialect=tool_opts.get("dialect"), root=tool_opts.get("root")),
+        ExecutionMatch(dialect=tool_opts.get("dialect"), root=tool_opts.get("root"), column_order=column_order),
     )
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
-    opts.setdefault("system_prompt", SYSTEM_PROMPT)
+    if "system_prompt" not in opts:
+        opts["system_prompt"] = system_prompt(tool_opts.get("dialect"))
     opts.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     opts.setdefault("prompt_template", "{instructions}\n\n{question}\n")
     return ToolEnv(tasks=tasks, **opts)
@@ -77,10 +104,12 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
 
     Overrides: `tasks`, `limit` (first N tasks), `exclude_empty_gold` (leave out tasks whose
     gold query returns no rows: execution match gives any empty query full marks there, a
-    reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), SQL options (`dialect`, `query_timeout`,
-    `max_rows`, `max_chars`, `max_cell_chars`, `root`), `cache` (a `ResultCache`, or `True`
-    or its settings for the process's cache of this env and options, keyed by task), and any
-    `ToolEnv` keyword (`parser`, `reward`, `max_turns`, ...).
+    reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), `column_order`
+    (False: the answer's columns may come in any order, as in Spider's official evaluation),
+    SQL options (`dialect`, `query_timeout`, `max_rows`, `max_chars`, `max_cell_chars`,
+    `root`), `cache` (a `ResultCache`, or `True` or its settings for the process's cache of
+    this env and options, keyed by task), and any `ToolEnv` keyword (`parser`, `reward`,
+    `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name.
     """
     return _make_env("Spider-v0", spider_tasks(), overrides)
 
