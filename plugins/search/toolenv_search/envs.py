@@ -176,8 +176,8 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     or its settings for the process's cache of this backend, options and topk, shared by
     every task unless the settings say otherwise), `limit` (first N tasks),
     `tasks` (your own are put in the env's prompt as the bundled ones are, unless they have
-    a `prompt` of their own or are already prepared), `reward` (`"exact_match"`, `"f1"`, or any spec), `invalid_action_penalty`
-    (charged per parse error, failed call or empty turn) and `search_penalty` (per
+    a `prompt` of their own or are already prepared), `reward` (`"exact_match"`, `"f1"`, or
+    any spec), `invalid_action_penalty` (charged per parse error, failed call or empty turn) and `search_penalty` (per
     search call), both sizes of the core's per-turn penalties, default 0. The rest
     (`parser`, `max_turns`, `prompt_template`, ...) go to `ToolEnv`.
     """
