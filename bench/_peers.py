@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -39,11 +40,14 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
-def ensure(extras: dict[str, list[str]]) -> None:
+def ensure(extras: dict[str, list[str]], *, peers: bool = True) -> None:
     """Complete `.venv-bench` (peers, then `extras`: distribution -> pip arguments), never pulling torch."""
-    peers_env.ensure()
+    if peers:
+        peers_env.ensure()
     for dist, spec in extras.items():
-        if _pip("show", dist).returncode == 0:
+        stamp = _stamp(spec)
+        mark = Path(peers_env.VENV) / f".installed-{dist}"
+        if _pip("show", dist).returncode == 0 and (stamp is None or _read(mark) == stamp):
             continue
         report = Path(peers_env.VENV) / f".dry-run-{dist}.json"
         proc = _pip("install", "--dry-run", "--quiet", "--report", str(report), *spec)
@@ -60,6 +64,24 @@ def ensure(extras: dict[str, list[str]]) -> None:
         proc = _pip("install", "--quiet", *spec)
         if proc.returncode != 0:
             print(f"installing {dist} failed: {proc.stderr.strip()[-300:]}")
+        elif stamp is not None:
+            mark.write_text(stamp)
+
+
+def _stamp(spec: list[str]) -> str | None:
+    """For an editable install of one of the repo's plugins, a digest of its pyproject.toml: the
+    install is redone when it changes (an editable install's metadata keeps the requirements it
+    was installed with, so a dependency added later would be missing there). None otherwise."""
+    if spec[:1] != ["-e"]:
+        return None
+    return hashlib.sha256((Path(spec[1]) / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def editable(plugin: str) -> list[str]:
@@ -79,6 +101,8 @@ def run(
         raise SystemExit(0)
     if not args.quick:
         ensure(extras)
+    elif peers_env.PY.exists():  # the venv as it is, but no plugin installed before its requirements changed
+        ensure({d: spec for d, spec in extras.items() if _stamp(spec) is not None}, peers=False)
     if not peers_env.PY.exists():
         absent = peers_env.shown(peers_env.VENV)
         note = f"{absent} is absent (--quick does not create it): toolenv only, peers not measured"
