@@ -55,18 +55,10 @@ def _wait_for_ever() -> None:
     threading.Event().wait()
 
 
-class StuckThreadClose(toolenv.Tool):
+class StuckThreadClose(StuckClose):
     """Echo a word. Its `close` runs a sync teardown in a thread (`asyncio.to_thread`) that never
     returns, as a client library's blocking `close()` on a dead backend does; unlike a coroutine,
     the thread cannot be cancelled."""
-
-    name = "echo"
-
-    class Args(BaseModel):
-        word: str
-
-    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
-        return toolenv.ToolResult(text=args.word)
 
     async def close(self) -> None:
         await asyncio.to_thread(_wait_for_ever)
