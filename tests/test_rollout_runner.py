@@ -243,6 +243,39 @@ def test_ctrl_c_keeps_written_trajectories(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted"] is True
 
 
+def test_progress_into_a_log_file_is_plain_lines(tmp_path: Path) -> None:
+    """Without a terminal (nohup, Slurm, `2> log`) Rich draws nothing until the run ends, then
+    one frame cut at 80 columns: an hours-long run showed no progress at all. There the
+    progress is plain lines instead, one at the start, then as the run goes, and one at the end."""
+    cmd = [sys.executable, "-m", "toolenv.cli", "rollout", f"rollout_example:{example.ENV_ID}"]
+    cmd += ["--agent", "rollout_example:ScriptedAgent", "--samples", "2", "--out", str(tmp_path)]
+    env = {k: v for k, v in _env().items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    log = tmp_path / "stderr.log"
+    with log.open("w") as err:
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, timeout=120)
+    assert out.returncode == 0, log.read_text()
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith(f"{example.ENV_ID}: 0/8 episodes")
+    assert lines[-1].startswith(f"{example.ENV_ID}: 8/8 episodes | reward 1.000 | tool errors 0")
+    assert all(line.startswith(f"{example.ENV_ID}: ") for line in lines)
+    assert "\u2026" not in log.read_text() and "\x1b" not in log.read_text()  # no cut frame, no escapes
+
+
+def test_plain_progress_reports_as_the_run_goes() -> None:
+    import io
+
+    from toolenv.report.console import Progress
+
+    stream = io.StringIO()
+    bar = Progress(3, stream=stream, label="calc", plain_interval=0.0)
+    done = rollout(example.ENV_ID, example.ScriptedAgent(), n=3).trajectories
+    with bar:
+        for t in done:
+            bar.update(t)
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == [f"calc: {i}/3 episodes" for i in range(4)]
+
+
 def test_example_runs(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / "rollout_example.py"), str(tmp_path / "calc")],
@@ -322,6 +355,58 @@ def test_episode_timeout_stops_a_hanging_env_step() -> None:
     (traj,) = res.trajectories
     assert traj.error == "episode timed out after 0.3 s, during env step 0" and traj.turns == []
     assert traj.duration_s < 5.0
+
+
+@pytest.mark.parametrize("where", ["env step", "agent turn"])
+async def test_a_stopped_run_with_an_episode_timeout_leaves_no_call_running(where: str) -> None:
+    """Ctrl-C or SIGTERM cancels the run: the agent call or env step in flight under an episode
+    timeout is cancelled and over before the envs are closed and `arollout` ends, as it is
+    without a timeout (it went on running after the run, its cleanup after its env's close)."""
+    import asyncio
+
+    log: list[str] = []
+    started = asyncio.Event()
+
+    async def hang() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            log.append("call cancelled")
+            await asyncio.sleep(0.05)  # a cleanup that takes a while, as closing a connection does
+            log.append("call cleaned up")
+
+    class Hanging(toolenv.Tool):
+        name = "hang"
+
+        class Args(BaseModel):
+            x: int
+
+        async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+            await hang()
+            return toolenv.ToolResult(text="done")
+
+    class Closing(toolenv.ToolEnv):
+        async def aclose(self) -> None:
+            log.append("env closed")
+            await super().aclose()
+
+    class Calling(Agent):
+        async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+            if where == "agent turn":
+                await hang()
+            return AgentAction(text='<tool_call>{"name": "hang", "arguments": {"x": 1}}</tool_call>')
+
+    def make() -> toolenv.ToolEnv:
+        return Closing(tools=[Hanging(timeout=3600)], tasks=[{"id": "s", "question": "q", "answer": "a"}])
+
+    run = asyncio.ensure_future(arollout(make, Calling(), episode_timeout=3600))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert log == ["call cancelled", "call cleaned up", "env closed"]
+    assert asyncio.all_tasks() == {asyncio.current_task()}
 
 
 def test_episode_timeout_must_be_positive(tmp_path: Path) -> None:

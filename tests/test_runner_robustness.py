@@ -18,6 +18,7 @@ import toolenv
 from toolenv.agent import Agent, AgentAction, EnvInfo
 from toolenv.export import export_chat
 from toolenv.report import render_report
+from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.runner import arollout, rollout
 from toolenv.trajectory import Trajectory, TurnRecord, read_trajectories
 from toolenv.types import Task
@@ -266,6 +267,7 @@ def test_a_worker_that_fails_stops_the_others_and_keeps_what_was_written(tmp_pat
     written = read_trajectories(tmp_path / "trajectories.jsonl", strict=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["episodes"] == len(written)  # the summary counts what the file holds
+    assert summary["interrupted"] is True  # a run that failed did not finish: not a whole run's summary
 
 
 def test_overwrite_clears_the_earlier_runs_images_and_nothing_else(tmp_path: Path) -> None:
@@ -305,3 +307,32 @@ def test_resume_reads_an_env_id_with_its_module_prefix_as_the_same_env(tmp_path:
     assert again.new == 0
     with pytest.raises(ValueError, match=r"holds trajectories of 'rollout_example:rollout_example/Calc-v0'"):
         rollout("toolenv/Spider-v0", example.ScriptedAgent(), out=tmp_path)
+
+
+class _Full(Reward):
+    """A part every episode earns in full."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def final(self, episode: Any) -> float:
+        return 1.0
+
+
+def test_a_perfect_score_whose_weights_sum_to_one_in_floats_is_a_success(tmp_path: Path) -> None:
+    """Weights 0.6, 0.3 and 0.1 make a perfect episode's reward 0.9999999999999999 in floats:
+    at the default threshold of 1.0 it counted as a failure, and so did pass@k."""
+
+    parts = {"answer": (_Full("answer"), 0.6), "format": (_Full("format"), 0.3), "tools": (_Full("tools"), 0.1)}
+
+    def make() -> toolenv.ToolEnv:
+        return example.make_env(reward=WeightedSum(parts))
+
+    res = rollout(make, example.ScriptedAgent(), samples=2, out=tmp_path)
+    assert {t.reward for t in res.trajectories} == {0.6 + 0.3 + 0.1} != {1.0}
+    assert all(t.success for t in res.trajectories)
+    assert res.summary.success_rate == 1.0 and res.summary.pass_at_k == {"1": 1.0, "2": 1.0}
+    again = rollout(make, example.ScriptedAgent(), samples=2, out=tmp_path, success_threshold=1.0)
+    assert again.new == 0 and again.summary.success_rate == 1.0  # recomputed on resume alike
+    strict = rollout(make, example.ScriptedAgent(), samples=2, out=tmp_path, success_threshold=1.001)
+    assert strict.summary.success_rate == 0.0  # a threshold above the reward still fails it

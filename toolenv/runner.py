@@ -142,16 +142,29 @@ async def _before(deadline: float, aw: Coroutine[Any, Any, T]) -> T:
     task = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait([task], timeout=remaining)
-    except asyncio.CancelledError:  # the run is being stopped: take the call down with it
-        task.cancel()
+    except asyncio.CancelledError:  # the run is being stopped: take the call down with it, and
+        await _cancelled(task)  # wait for it, so it is over before the run closes its env
         raise
     if not done:
-        task.cancel()
-        await asyncio.wait([task])  # let it finish cancelling; a stop of the run still comes through
-        if not task.cancelled():
-            task.exception()  # how the cancelled call ended is not this episode's news: mark it seen
+        await _cancelled(task)  # a stop of the run arriving meanwhile still comes through
         raise _EpisodeTimeout
     return task.result()
+
+
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended; how it ended is nobody's news (marked seen)."""
+    task.cancel()
+    try:
+        await asyncio.wait([task])
+    finally:
+        if task.done() and not task.cancelled():
+            task.exception()
+
+
+def _reaches(reward: float, threshold: float) -> bool:
+    """`reward >= threshold`, a reward a float rounding below it included: weights 0.6, 0.3
+    and 0.1 add up to 0.9999999999999999, and a perfect episode is a success all the same."""
+    return reward >= threshold or math.isclose(reward, threshold, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _timed_out(timeout: float | None, where: str) -> str:
@@ -277,7 +290,7 @@ async def run_episode(
         for k, v in t.reward_components.items():
             comps[k] = comps.get(k, 0.0) + v
     traj.reward_components = comps
-    traj.success = traj.error is None and traj.reward >= success_threshold
+    traj.success = traj.error is None and _reaches(traj.reward, success_threshold)
     traj.duration_s = time.perf_counter() - start
     return traj
 
@@ -324,7 +337,7 @@ class _Output:
             if retry_errors and traj.error is not None:
                 self._edits[lineno] = None
                 continue
-            success = traj.error is None and traj.reward >= success_threshold
+            success = traj.error is None and _reaches(traj.reward, success_threshold)
             if success != traj.success:
                 traj.success = self._edits[lineno] = success
             elif not line.endswith("\n"):  # a last line without its newline gets one
@@ -561,7 +574,7 @@ async def arollout(
             # A worker that fails (an env that cannot be built, a disk that is full) stops the
             # others rather than leaving them to write on after the run has failed.
             await _aio.gather_all([worker(first), *(worker(None) for _ in range(workers - 1))])
-    except (asyncio.CancelledError, KeyboardInterrupt):
+    except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: either way the run did not finish
         interrupted = True
         raise
     finally:

@@ -1,7 +1,8 @@
 """Terminal output of a rollout: a live progress bar and the closing summary table.
 
-Rich draws both when it is installed; without it the progress bar is off and the
-table is plain text, so the core keeps working with its minimal dependencies.
+Rich draws both when it is installed. The progress is plain lines when its stream is not a
+terminal or Rich is missing, and the table plain text without Rich, so the core keeps
+working with its minimal dependencies.
 """
 
 from __future__ import annotations
@@ -18,26 +19,49 @@ __all__ = ["Progress", "format_summary", "print_summary", "summary_rows"]
 
 
 class Progress:
-    """Episodes done, mean reward so far, tool errors and rate, updated per finished episode."""
+    """Episodes done, mean reward so far, tool errors and rate, updated per finished episode.
 
-    def __init__(self, total: int, *, enabled: bool = True, stream: IO[str] | None = None, label: str = "rollout"):
+    On a terminal, a live Rich bar. Into a file or a pipe (nohup, Slurm, `2> log`), where Rich
+    would draw nothing until the run ends and then one frame cut at 80 columns, plain lines:
+    one at the start, one every `plain_interval` seconds as episodes finish, one at the end.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+        label: str = "rollout",
+        plain_interval: float = 30.0,
+    ):
         self.total = total
         self.done = 0
         self.reward_sum = 0.0
         self.tool_errors = 0
         self.episode_errors = 0
         self.started = time.perf_counter()
+        self.label = label
+        self.plain_interval = plain_interval
         self._bar: Any = None
         self._task: Any = None
+        self._plain: IO[str] | None = None  # the stream plain lines go to
+        self._shown = -1  # the `done` of the last plain line
+        self._shown_at = 0.0
         if not enabled:
             return
+        out = stream or sys.stderr
         try:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
         except ImportError:  # pragma: no cover - rich is optional
+            self._plain = out
             return
-        console = Console(file=stream or sys.stderr)
+        console = Console(file=out)
+        if not console.is_terminal:
+            self._plain = out
+            return
         self._bar = RichProgress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -64,15 +88,32 @@ class Progress:
         self.episode_errors += traj.error is not None
         if self._bar is not None:
             self._bar.update(self._task, advance=1, stats=self.stats())
+        elif self._plain is not None and (
+            self.done == self.total or time.perf_counter() - self._shown_at >= self.plain_interval
+        ):
+            self._line()
+
+    def _line(self) -> None:
+        """One plain progress line, flushed (a log file is read while the run goes on)."""
+        assert self._plain is not None
+        elapsed = int(time.perf_counter() - self.started)
+        clock = f"{elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}"
+        self._plain.write(f"{self.label}: {self.done}/{self.total} episodes | {self.stats()} | {clock}\n")
+        self._plain.flush()
+        self._shown, self._shown_at = self.done, time.perf_counter()
 
     def __enter__(self) -> Progress:
         if self._bar is not None:
             self._bar.start()
+        elif self._plain is not None:
+            self._line()
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         if self._bar is not None:
             self._bar.stop()
+        elif self._plain is not None and self._shown != self.done:  # where a stopped run got to
+            self._line()
 
 
 def _lat(stats: Any) -> str:

@@ -67,7 +67,9 @@ class Summary(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     wall_time_s: float | None = Field(default=None, description="Wall time of the run that wrote this summary.")
-    interrupted: bool = False
+    interrupted: bool = Field(
+        default=False, description="The run that wrote this summary did not finish (stopped by a signal, or failed)."
+    )
 
 
 class SummaryBuilder:
