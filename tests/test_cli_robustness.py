@@ -153,6 +153,39 @@ def test_sigterm_is_handled_like_ctrl_c_and_no_stale_summary_is_left(tmp_path: P
     assert _lines(path) == 3 and not summary.exists()
 
 
+FAILING = (
+    "from rollout_example import ScriptedAgent\n"
+    "class Down(ScriptedAgent):\n"
+    "    fails = None  # every task\n"
+    "    async def act(self, o, m, i):\n"
+    "        if self.fails is None or i.task.id in self.fails:\n"
+    "            raise ConnectionError('the model server refused the connection')\n"
+    "        return await super().act(o, m, i)\n"
+    "class Flaky(Down):\n"
+    "    fails = ('sum-2',)\n"
+)
+
+
+def test_a_run_whose_every_episode_failed_exits_non_zero(tmp_path: Path) -> None:
+    """A server down or a wrong --base-url fails every episode: that is a failed run, not data, so
+    `rollout && export` stops (exit 1, one line with the first error); some failures are data (exit 0)."""
+    (tmp_path / "failing_agent.py").write_text(FAILING)
+    env = _env(tmp_path)
+    base = ["rollout", f"rollout_example:{example.ENV_ID}", "--no-progress", "-n", "3"]
+    down = _toolenv(*base, "--agent", "failing_agent:Down", "--out", str(tmp_path / "down"), env=env)
+    assert down.returncode == 1, down.stderr
+    assert down.stderr.strip().splitlines()[-1] == (
+        "toolenv rollout: every episode of this run ended with an error (3), e.g.: "
+        "agent failed on turn 0: ConnectionError: the model server refused the connection"
+    )
+    assert _lines(tmp_path / "down" / "trajectories.jsonl") == 3  # what was written stays
+    flaky = _toolenv(*base, "--agent", "failing_agent:Flaky", "--out", str(tmp_path / "flaky"), env=env)
+    assert flaky.returncode == 0, flaky.stderr
+    assert flaky.stderr.strip().startswith("1 episode(s) ended with an error")
+    again = _toolenv(*base, "--agent", "failing_agent:Flaky", "--out", str(tmp_path / "flaky"), env=env)
+    assert again.returncode == 0, again.stderr  # nothing new to play: not a failed run
+
+
 # ---------------------------------------------------------------------- arguments and error lines
 def test_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
     out = _toolenv(

@@ -67,6 +67,8 @@ class RolloutResult:
     out: Path | None = None
     new: int = 0
     skipped: int = 0
+    #: Of the `new` episodes, those that ended with an error (a server down fails them all).
+    new_errors: int = 0
 
 
 # ---------------------------------------------------------------------- envs and tasks
@@ -533,12 +535,12 @@ async def arollout(
     for w in todo:
         queue.put_nowait(w)
     new: list[Trajectory] = []
-    written = 0
+    written = failed = 0
     started = time.perf_counter()
     bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
 
     async def worker(w_env: ToolEnv | None) -> None:
-        nonlocal written
+        nonlocal written, failed
         while True:
             try:
                 index, task, sample = queue.get_nowait()
@@ -560,6 +562,7 @@ async def arollout(
             if output:
                 traj = output.write(traj)
             written += 1
+            failed += traj.error is not None
             if keep_trajectories:
                 new.append(traj)
             totals.add(traj)  # after the write: the summary counts what the file holds
@@ -587,7 +590,9 @@ async def arollout(
             with contextlib.suppress(Exception):  # closing is best effort; the run's data is written
                 await e.aclose()
         await the_agent.aclose()
-    return RolloutResult(everything, summary, Path(out) if out is not None else None, written, len(work) - len(todo))
+    return RolloutResult(
+        everything, summary, Path(out) if out is not None else None, written, len(work) - len(todo), failed
+    )
 
 
 def rollout(

@@ -196,6 +196,13 @@ def run(args: argparse.Namespace) -> int:
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
     errors = result.summary.episode_errors
+    if result.new and result.new_errors == result.new:  # a server down, a wrong --base-url: not data but a failed run
+        print(
+            f"toolenv rollout: every episode of this run ended with an error ({result.new}), e.g.: "
+            f"{_first_error(args.out / 'trajectories.jsonl')}",
+            file=sys.stderr,
+        )
+        return 1
     if errors:
         print(
             f"{errors} episode(s) ended with an error, e.g.: {_first_error(args.out / 'trajectories.jsonl')}",
