@@ -13,7 +13,7 @@ from toolenv.parsers.decoding import reply_text, special_token_texts
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 
-def _tokenizer(special_markers: bool) -> Any:
+def _tokenizer(special_markers: bool, marker_texts: tuple[str, ...] = ("<tool_call>", "</tool_call>")) -> Any:
     """A byte-level BPE tokenizer with Qwen's control tokens; the call markers are added as
     special tokens (as some fine-tunes do) or as ordinary added tokens (as Qwen's tokenizers do)."""
     pytest.importorskip("tokenizers", reason="needs the tokenizers package")
@@ -29,7 +29,7 @@ def _tokenizer(special_markers: bool) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator([CALL, "The answer is 5."], trainer)
-    markers = [AddedToken(m, special=special_markers, normalized=False) for m in ("<tool_call>", "</tool_call>")]
+    markers = [AddedToken(m, special=special_markers, normalized=False) for m in marker_texts]
     if special_markers:
         tok.add_special_tokens(markers)
     else:
@@ -67,3 +67,21 @@ def test_other_formats_and_control_tokens_are_decoded_as_before() -> None:
     call_ids = tokenizer.encode(CALL, add_special_tokens=False)
     assert reply_text(hermes, tokenizer, call_ids) == CALL
     assert reply_text(hermes, tokenizer, []) == ""
+
+
+def test_an_lfm2_call_followed_by_text_survives_decoding() -> None:
+    # Liquid's LFM2 tokenizers make `<|tool_call_start|>`/`<|tool_call_end|>` special tokens, and
+    # the model writes a sentence after the block (its model card's example; vLLM's `lfm2` parser
+    # reads it). Skipping special tokens leaves `[add(a=2, b=3)]Adding them.`, which the
+    # pythonic format reads as a list followed by text: an error, the call lost.
+    tokenizer = _tokenizer(True, ("<|tool_call_start|>", "<|tool_call_end|>"))
+    reply = "<|tool_call_start|>[add(a=2, b=3)]<|tool_call_end|>Adding them."
+    ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
+    pythonic = get_parser("pythonic")
+    text = reply_text(pythonic, tokenizer, ids)
+    assert text == reply
+    action = pythonic.parse(text)
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [("add", {"a": 2, "b": 3})]
+    assert action.errors == [] and action.text == "Adding them."
+    # The wrapped parser decodes the same way.
+    assert reply_text(get_parser("pythonic", reasoning=True), tokenizer, ids) == reply

@@ -288,3 +288,22 @@ def test_format_call_declines_what_json_cannot_hold(spec: str, value: Any) -> No
         assert isinstance(value, float), (spec, text)
         action = parser.parse(text)
         assert [c.name for c in action.tool_calls] == ["search"] and action.errors == [], (spec, text)
+
+
+def test_hermes_reads_a_last_call_whose_close_was_the_stop_string() -> None:
+    # vLLM's hermes parser reads `<tool_call>(.*?)</tool_call>|<tool_call>(.*)`: a call left open
+    # at the end of the reply is still a call. That is every call turn of a server that stops on
+    # `stop=["</tool_call>"]` and, as the OpenAI API does, leaves the stop string out of the text.
+    text = 'Let me look.\n<tool_call>\n{"name": "search", "arguments": {"query": "Paris"}}\n'
+    action = HermesParser().parse(text)
+    assert action.errors == []
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [("search", {"query": "Paris"}, "call_0")]
+    assert action.text == "Let me look."
+    two = hermes_call({"name": "a", "arguments": {}}) + '\n<tool_call>\n{"name": "b", "arguments": {"x": 1}}'
+    assert [(c.name, c.arguments) for c in HermesParser().parse(two).tool_calls] == [("a", {}), ("b", {"x": 1})]
+
+
+def test_hermes_an_open_last_call_cut_off_mid_json_is_still_an_error() -> None:
+    action = HermesParser().parse('<tool_call>\n{"name": "search", "arguments": {"query": "Par')
+    assert action.tool_calls == []
+    assert action.errors == ["Tool call 1 is not closed with </tool_call>."]

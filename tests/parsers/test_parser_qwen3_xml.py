@@ -264,3 +264,14 @@ def test_python_literal_arrays_and_objects_are_read_as_vllm_reads_them() -> None
     assert call.arguments == {"query": "['a']", "columns": ["a", "b"], "options": {"x": 1}}
     (kept,) = BOUND.parse(block("run_sql", query="q", columns="[open('f')]")).tool_calls
     assert kept.arguments["columns"] == "[open('f')]"
+
+
+def test_a_last_call_whose_close_was_the_stop_string_is_read() -> None:
+    # vLLM's qwen3_coder parser reads `<tool_call>(.*?)</tool_call>|<tool_call>(.*?)$`: a block
+    # left open at the end of the reply (the server stopped on `</tool_call>` and dropped it, as
+    # the OpenAI API drops stop strings) is read like a closed one.
+    text = "Checking.\n<tool_call>\n<function=run_sql>\n<parameter=limit>\n3\n</parameter>\n</function>\n"
+    action = BOUND.parse(text)
+    assert action.errors == []
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [("run_sql", {"limit": 3})]
+    assert action.text == "Checking."

@@ -33,6 +33,11 @@ class ActionParser(abc.ABC):
     #: True when the format is written in the tokenizer's special tokens (Harmony's
     #: `<|channel|>`...): a trainer must decode with `skip_special_tokens=False` for it.
     special_tokens: bool = False
+    #: Markers besides `stop` that the format needs to read some turns (LFM2's
+    #: `<|tool_call_start|>`, which closes a call list that text may follow): a trainer that
+    #: finds one of them or of `stop` among the tokenizer's special tokens keeps special
+    #: tokens when it decodes a reply (`toolenv.parsers.decoding.reply_text`).
+    markers: tuple[str, ...] = ()
     #: True when chat templates have tool messages for this format (Hermes, Harmony): a chat
     #: trainer sends results back as `tool` messages rather than as a user turn.
     tool_messages: bool = False

@@ -41,14 +41,14 @@ def reply_text(parser: ActionParser, tokenizer: Any, ids: Sequence[int]) -> str:
     """The reply as `parser` must read it.
 
     A format written in special tokens (`parser.special_tokens`: Harmony...) keeps them all. A
-    format whose markers (its `stop` strings) this tokenizer made special keeps special tokens
-    too, except those that end the reply (EOS, end of turn), which are not part of what the
-    model wrote. Otherwise special tokens are skipped.
+    format whose markers (its `stop` strings and `markers`) this tokenizer made special keeps
+    special tokens too, except those that end the reply (EOS, end of turn), which are not part
+    of what the model wrote. Otherwise special tokens are skipped.
     """
     if parser.special_tokens:
         return str(tokenizer.decode(list(ids), skip_special_tokens=False))
     specials = special_token_texts(tokenizer)
-    if not any(s in specials for s in parser.stop):
+    if not any(s in specials for s in (*parser.stop, *parser.markers)):
         return str(tokenizer.decode(list(ids), skip_special_tokens=True))
     end = len(ids)
     while (

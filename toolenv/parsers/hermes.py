@@ -44,8 +44,9 @@ def read_tool_call_blocks(
     text: str, decode: Callable[[str, int], tuple[ToolCall | None, str | None]]
 ) -> tuple[list[ToolCall], list[str], str]:
     """The calls in every `<tool_call>` block of `text` (each body read by `decode(body, index)`),
-    the errors, and the text outside the blocks. Shared by the formats that wrap calls in
-    these tags (Hermes's JSON, Qwen3-Coder's XML)."""
+    the errors, and the text outside the blocks. A block not closed before the next one is an
+    error; the last block may be open (generation stopped on `</tool_call>`, which servers leave
+    out of the text), and is read when its body decodes."""
     calls: list[ToolCall] = []
     errors: list[str] = []
     if _OPEN not in text:  # skip the scan for plain text and bare answers
@@ -55,10 +56,12 @@ def read_tool_call_blocks(
     for i, (start, end, body, closed) in enumerate(scan_tool_call_blocks(text)):
         pieces.append(text[pos:start])
         pos = end
-        if not closed:
+        call, err = decode(body, i)
+        if not closed and (err or end < len(text)):
+            # An open call that ends the reply is read, as vLLM's `<tool_call>(.*)` reads it: the
+            # server stopped on `</tool_call>` and left the stop string out of the text.
             errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
             continue
-        call, err = decode(body, i)
         if err:
             errors.append(err)
         elif call is not None:

@@ -41,8 +41,9 @@ How the text is read, and why:
 - **Markers.** `<|python_start|>`, `<|python_end|>`, `<|python_tag|>`, LFM2's
   `<|tool_call_start|>`/`<|tool_call_end|>` and the end-of-turn tokens are optional and
   removed from the turn's text. They are special tokens of Llama's
-  tokenizers, but the parser needs none of them, so `special_tokens` is False: text decoded
-  with or without them parses the same.
+  tokenizers, but the parser needs none of them to read a list that ends the reply, so
+  `special_tokens` is False. LFM2's pair, special in its tokenizers, lets text follow the
+  list, so it is the parser's `markers`: `reply_text` keeps special tokens for LFM2.
 - **`stop` is empty.** The list has no closing marker of its own (a `]` also occurs inside
   arguments); the model ends its turn with its end-of-turn token, an EOS id in Llama's
   generation config, where servers stop anyway.
@@ -126,6 +127,9 @@ class PythonicParser(ActionParser):
 
     name = "pythonic"
     stop = ()
+    #: LFM2's tokenizers make these special; text may follow the block they close, and without
+    #: them `[f()]Some text` is a list followed by text (see `ActionParser.markers`).
+    markers = (_LFM_START, _LFM_END)
     tool_messages = True
 
     def __init__(self, answer_tag: bool = True, max_chars: int = 100_000) -> None:

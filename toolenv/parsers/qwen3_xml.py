@@ -74,8 +74,18 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
             pieces.append(text[pos:start])
             pos = end
             if not closed:
-                errors.append(f"Tool call {index + 1} is not closed with </tool_call>.")
-                index += 1
+                # An open block that ends the reply is read, as vLLM's `<tool_call>(.*?)$` reads it
+                # (generation stopped on `</tool_call>`, which servers leave out of the text), when
+                # it holds whole calls; one followed by another block, or cut off, is an error.
+                found: list[ToolCall] = []
+                problems: list[str] = []
+                after = self._read_block(body, index, found, problems) if end == len(text) else index
+                if found and not problems:
+                    calls += found
+                    index = after
+                else:
+                    errors.append(f"Tool call {index + 1} is not closed with </tool_call>.")
+                    index += 1
                 continue
             index = self._read_block(body, index, calls, errors)
         pieces.append(text[pos:])

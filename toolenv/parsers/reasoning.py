@@ -99,6 +99,7 @@ class ReasoningParser(ActionParser):
         self.tags = tags
         self.name = inner.name
         self.stop = inner.stop
+        self.markers = inner.markers
         self.special_tokens = inner.special_tokens
         self.tool_messages = inner.tool_messages
 
