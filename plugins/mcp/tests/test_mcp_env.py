@@ -178,6 +178,41 @@ def test_an_unreachable_http_server_is_one_readable_line() -> None:
     assert "\n" not in str(info.value)
 
 
+def test_an_http_server_refusing_the_handshake_says_its_status() -> None:
+    """A wrong token is the usual reason: the MCP SDK's own message ("Server returned an error
+    response") does not say that the server answered 401."""
+    import http.server
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = b'{"error": "invalid_token"}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_DELETE = do_POST
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        srv = MCPServer(name="docs", url=f"http://127.0.0.1:{httpd.server_port}/mcp", headers={"Authorization": "x"})
+        with pytest.raises(MCPServerError) as info:
+            mcp_tools(srv)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+    message = str(info.value)
+    assert message.startswith("MCP server 'docs' could not start: it answered HTTP 401 Unauthorized, check its headers")
+    assert "\n" not in message
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX process checks")
 def test_the_registry_forgets_closed_servers(fresh_server: Factory) -> None:
     from toolenv_mcp import connection

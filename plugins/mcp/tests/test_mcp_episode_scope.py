@@ -276,3 +276,33 @@ def test_an_episodes_http_session_survives_a_server_error_with_code_32000(http_u
         assert json.loads(ask(env, "recall")) == ["kept"]
     finally:
         env.close()
+
+
+def test_envs_given_one_tool_list_and_tool_limits_keep_their_episodes(fresh_server: Factory, procs: Any) -> None:
+    """`tool_limits` gives each env copies of the tools: closing one env must not stop the
+    episode servers of another (the copies shared one holder of episode connections)."""
+    srv = episodic(fresh_server())
+    tools = mcp_tools(srv, include=STATEFUL)
+    limits = {"*": {"timeout": 20.0}}
+    first = ToolEnv(tools=tools, tasks=TASKS, max_turns=10, tool_limits=limits)
+    second = ToolEnv(tools=tools, tasks=TASKS, max_turns=10, tool_limits=limits)
+    try:
+        second.reset(seed=0)
+        assert ask(second, "remember", value="kept") == "ok"
+        pid = int(ask(second, "pid"))
+        first.reset(seed=0)
+        assert ask(first, "remember", value="other") == "ok"
+        first.close()
+        assert procs.alive(pid)
+        assert json.loads(ask(second, "recall")) == ["kept"]
+        assert int(ask(second, "pid")) == pid
+    finally:
+        first.close()
+        second.close()
+        asyncio.run(_close_all(tools))
+    assert not procs.alive(pid) and held(srv) == []
+
+
+async def _close_all(tools: list[MCPTool]) -> None:
+    for t in tools:
+        await t.close()

@@ -385,3 +385,19 @@ async def test_the_async_listing_is_bounded_too(tmp_path: Path) -> None:
     )
     with pytest.raises(MCPServerError, match=r"did not list its tools within 1 s"):
         await asyncio.wait_for(amcp_tools(mute), 60)
+
+
+def test_copies_are_tools_of_their_own(fresh_server: Factory) -> None:
+    """Copies (`tool_limits` makes shallow ones; pickle for TRL and multiprocessing) hold their
+    own reference to the server: closing a copy leaves the original's server running."""
+    import copy
+    import pickle
+
+    tools = mcp_tools(fresh_server(), include=["pid"], timeout=7.0)
+    before = asyncio.run(call(tools, "pid")).text
+    for copied in (copy.copy(tools[0]), copy.deepcopy(tools[0]), pickle.loads(pickle.dumps(tools[0]))):
+        assert (copied.name, copied.mcp_name, copied.limits.timeout) == ("pid", "pid", 7.0)
+        assert asyncio.run(call([copied], "pid")).text == before  # the same server process
+        asyncio.run(copied.close())
+    assert asyncio.run(call(tools, "pid")).text == before
+    asyncio.run(close(tools))

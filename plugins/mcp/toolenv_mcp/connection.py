@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 
@@ -62,6 +62,8 @@ PING_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 10.0
 _MAX_PAGES = 1000
 _SESSION_HEADER = "mcp-session-id"
+#: What an HTTP status refusing the MCP handshake most likely means.
+_HINTS = {"401": ", check its headers (a token?)", "403": ", check its headers (a token?)", "404": ", check its url"}
 #: Idle HTTP connections kept open per session (httpx's default).
 _HTTP_KEEPALIVE = 20
 
@@ -102,6 +104,8 @@ class Connection:
         self._session: Any = None
         self._lost = True
         self._expired = 0  # the start whose HTTP session the server no longer knows (404), else 0
+        self._listed = 0  # the start whose session listed every tool (all pages), else 0
+        self._listing: asyncio.Task[Any] | None = None  # that listing, shared by the calls waiting for it
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[Any] | None = None
@@ -139,6 +143,7 @@ class Connection:
     async def _list_pages(self) -> list[dict[str, Any]]:
         from mcp import types
 
+        generation = self.starts
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
@@ -149,7 +154,32 @@ class Connection:
             cursor = page.get("nextCursor")
             if not cursor:
                 break
+        if generation == self.starts:
+            self._listed = generation
         return tools
+
+    async def _list_first(self) -> None:
+        """List the session's tools (every page) before its first call, once per session.
+
+        The MCP SDK checks a result against its tool's `outputSchema`, and a session that
+        never listed looks the schema up with a listing of its own: after the call (whose
+        result is lost if that listing fails or times out, though the call ran), and only
+        of the first page, so a tool on a later page was listed again, with a warning, at
+        every call. A session of an episode, or one restarted, had not listed.
+        """
+        for _ in range(2):  # a session replaced during the listing (HTTP 404) lists once more
+            if self._listed == self.starts and self._session is not None and not self._lost:
+                return
+            listing = self._listing
+            if listing is None or listing.done():
+                listing = self._listing = asyncio.get_running_loop().create_task(self.list_tools())
+                listing.add_done_callback(_retrieve)
+            try:
+                await asyncio.shield(listing)  # shared: one caller's timeout must not end it for the others
+            except MCPServerError:
+                raise
+            except Exception:  # noqa: BLE001 - a refused listing: the call goes ahead, as before
+                return
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Call one tool; the `CallToolResult` in the wire format (`content`, `isError`, ...).
@@ -159,6 +189,7 @@ class Connection:
             MCPConnectionLost: the connection ended during the call.
             Exception: the server answered with a protocol error (e.g. an unknown tool).
         """
+        await self._list_first()
         result = await self._send(lambda session: session.call_tool(name, arguments), f"the call to '{name}'")
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return dumped
@@ -341,9 +372,10 @@ class Connection:
             if generation == self.starts:
                 self._lost, self._expired = True, generation
 
+        refusals: list[str] = []  # HTTP error statuses of the requests, for a start that fails
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await _open_transport(stack, self.server, expired)
+                read, write = await _open_transport(stack, self.server, expired, refusals)
                 session = await stack.enter_async_context(ClientSession(_Watched(read, lost), write))
                 await session.initialize()
                 if ready.done():  # the start timed out or was abandoned meanwhile
@@ -352,7 +384,10 @@ class Connection:
                 await stop.wait()
         except Exception as exc:  # noqa: BLE001 - reported through `ready`, or logged
             if not ready.done():
-                ready.set_exception(MCPServerError(f"MCP server {self.label!r} could not start: {_start_problem(exc)}"))
+                problem = _start_problem(exc)
+                if refusals:  # the SDK's message ("Server returned an error response") does not say which
+                    problem = f"it answered HTTP {refusals[-1]}{_HINTS.get(refusals[-1][:3], '')} ({problem})"
+                ready.set_exception(MCPServerError(f"MCP server {self.label!r} could not start: {problem}"))
             else:
                 _log.debug("MCP server %r: session ended with %s", self.label, describe(exc))
         finally:
@@ -374,8 +409,9 @@ class Connection:
     async def aclose(self) -> None:
         """Close the session for good; for stdio, the process is gone when this returns."""
         self.closed = True
-        if self._checking is not None:
-            self._checking.cancel()
+        for task in (self._checking, self._listing):
+            if task is not None:
+                task.cancel()
         starting = self._starting
         if starting is not None:
             starting.cancel()
@@ -429,13 +465,14 @@ class _Watched:
 
 
 async def _open_transport(
-    stack: contextlib.AsyncExitStack, server: MCPServer, on_expired: Callable[[], None]
+    stack: contextlib.AsyncExitStack, server: MCPServer, on_expired: Callable[[], None], refusals: list[str]
 ) -> tuple[Any, Any]:
     """The (read, write) streams of the server's transport, entered on `stack`.
 
     Over HTTP, `on_expired` is called when the server answers 404 to a request carrying
     the session id: it no longer knows the session (the MCP SDK reports that as an
-    ordinary JSON-RPC error, indistinguishable from a refusal).
+    ordinary JSON-RPC error, indistinguishable from a refusal). The status of every
+    request the server refuses (`401 Unauthorized`) is added to `refusals`.
     """
     streams: Any
     if server.command is not None:
@@ -444,13 +481,15 @@ async def _open_transport(
         params = StdioServerParameters(
             command=server.command, args=list(server.args), env=dict(server.env) or None, cwd=server.cwd
         )
-        streams = await stack.enter_async_context(stdio_client(params))
+        streams = await stack.enter_async_context(stdio_client(params, errlog=_errlog()))
     else:
         from mcp.client.streamable_http import streamable_http_client
 
         async def watch(response: Any) -> None:
             if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
                 on_expired()
+            if response.status_code >= 400 and response.request.method == "POST":  # not the optional GET stream
+                refusals.append(f"{response.status_code} {response.reason_phrase}".strip())
 
         client = _http_client(server.headers)
         client.event_hooks["response"].append(watch)
@@ -465,6 +504,29 @@ async def _open_transport(
             streamable_http_client(str(server.url), http_client=client, **options)
         )
     return streams[0], streams[1]  # mcp 1.x adds a third item (a session-id getter)
+
+
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: ours, as in other MCP clients, if it is a file.
+
+    The child inherits a file descriptor. The MCP SDK passes the `sys.stderr` it saw when
+    imported, and one without a descriptor (a notebook's, ipykernel's; a `StringIO` that
+    captures it) failed every start with `UnsupportedOperation: fileno`: the process's own
+    stderr (`sys.__stderr__`) takes its place then, else the null device.
+    """
+    global _devnull
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            continue
+    if _devnull is None:
+        _devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - kept for the process
+    return _devnull
+
+
+_devnull: TextIO | None = None
 
 
 def _http_client(headers: Mapping[str, str]) -> Any:

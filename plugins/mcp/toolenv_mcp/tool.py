@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import fnmatch
+import hashlib
 import json
 import re
 import weakref
@@ -40,6 +41,9 @@ from toolenv_mcp.errors import MCPServerError
 from toolenv_mcp.results import to_tool_result
 
 __all__ = ["MCPTool", "Servers", "amcp_tools", "mcp_tools", "resolve_servers"]
+
+_MAX_NAME = 64
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 #: What `mcp_tools` and the env take as servers: one, several, or an `mcpServers` config (path or mapping).
 Servers = Union[MCPServer, Sequence[MCPServer], Mapping[str, Any], str, Path]  # noqa: UP007 - a runtime alias on 3.10
@@ -77,7 +81,7 @@ class MCPTool(Tool):
         self.mcp_name = mcp_name
         self.spec: dict[str, Any] = json.loads(json.dumps(spec))
         self.input_schema: dict[str, Any] = json.loads(json.dumps(schema))
-        self.name = name or mcp_name  # type: ignore[misc]
+        self.name = name or function_name(mcp_name)  # type: ignore[misc]
         text = spec.get("description")
         own = text.strip() if isinstance(text, str) else ""
         self.description = own or f"The tool {mcp_name!r} of the MCP server {server.label!r}."  # type: ignore[misc]
@@ -88,11 +92,15 @@ class MCPTool(Tool):
                 f"MCP tool {mcp_name!r} of server {server.label!r}: {exc}; leave it out with exclude=[{mcp_name!r}]"
             ) from None
         self._parameters = json.dumps(_parameters(self.input_schema))
+        self._take_references()
+
+    def _take_references(self) -> None:
+        """This tool's own reference to the server's connection, and its own token as a holder of episodes."""
         self._conn: Connection | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._hold()
         self._holder = new_holder()  # this tool, as a holder of episode connections
-        if server.scope == "episode":  # a tool dropped without close() lets go of its episodes
+        if self.server.scope == "episode":  # a tool dropped without close() lets go of its episodes
             weakref.finalize(self, drop_holder, self._holder).atexit = False
 
     # ------------------------------------------------------------------ Tool API
@@ -126,6 +134,24 @@ class MCPTool(Tool):
     async def close(self) -> None:
         """Release this tool's reference (and episode connections); the last one closes each connection."""
         await _closed([self._drop(), *(drop_holder(self._holder) if self.server.scope == "episode" else ())])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies (`copy.copy`, `copy.deepcopy`, pickle) are tools of their own over the same server.
+
+        A copy holds its own reference to the server's connection and its own episodes, as
+        a tool from `mcp_tools` would. A shallow copy (`tool_limits` makes them) shared this
+        tool's: closing or collecting either let go of the other's connection, and closing
+        one env closed the episode servers of another env built from the same tools.
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in _OWN}
+        return (_rebuilt, (type(self), self.server, self.spec, self.name, state))
+
+    def __copy__(self) -> MCPTool:
+        """A shallow copy (its `Args` model shared, not built again) with references of its own."""
+        out = object.__new__(type(self))
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k not in _OWN or k == "Args"})
+        out._take_references()
+        return out
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function schema, its parameters being the server's `inputSchema`."""
@@ -162,6 +188,18 @@ class MCPTool(Tool):
         finalizer, self._finalizer, self._conn = self._finalizer, None, None
         detached = finalizer.detach() if finalizer is not None else None
         return release(detached[2][0]) if detached is not None else None
+
+
+_OWN = frozenset({"Args", "_conn", "_finalizer", "_holder"})  # what a copy makes anew (`__reduce__`)
+
+
+def _rebuilt(
+    cls: type[MCPTool], server: MCPServer, spec: Mapping[str, Any], name: str, state: dict[str, Any]
+) -> MCPTool:
+    """A copy of an `MCPTool`: built anew from the server's listing of it, then given the original's settings."""
+    tool = cls(server, spec, name=name)
+    tool.__dict__.update(state)
+    return tool
 
 
 async def _closed(closings: Iterable[concurrent.futures.Future[None] | None]) -> None:
@@ -274,18 +312,23 @@ def _build(
     candidates: list[tuple[MCPServer, dict[str, Any], str]] = []
     for (key, server), listing in zip(named.items(), listings, strict=True):
         head = prefix + (_safe(server.name or key) + "__" if prefix_server_names else "")
-        candidates += [(server, spec, head + str(spec.get("name", ""))) for spec in listing]
+        candidates += [(server, spec, function_name(head + str(spec.get("name", "")))) for spec in listing]
     chosen = _select(candidates, include, exclude)
     owners: dict[str, MCPServer] = {}
-    for server, _, name in chosen:
+    mcp_names: dict[str, str] = {}
+    for server, spec, name in chosen:
         if name in owners:
             both = sorted({owners[name].label, server.label})
-            where = f"servers {both[0]!r} and {both[1]!r}" if len(both) == 2 else f"server {both[0]!r}"
+            if len(both) == 1:  # two names of one server that read the same as function names
+                raise ValueError(
+                    f"two MCP tools of server {both[0]!r} would be named {name!r} "
+                    f"({mcp_names[name]!r} and {spec.get('name')!r}); leave one out with exclude=[...]"
+                )
             raise ValueError(
-                f"two MCP tools would be named {name!r} ({where}); "
+                f"two MCP tools would be named {name!r} (servers {both[0]!r} and {both[1]!r}); "
                 "pass prefix_server_names=True or a prefix=... to tell them apart"
             )
-        owners[name] = server
+        owners[name], mcp_names[name] = server, str(spec.get("name"))
     tools: list[MCPTool] = []
     try:
         for server, spec, name in chosen:
@@ -319,6 +362,21 @@ def _select(
         for server, spec, name in candidates
         if (keep is None or any(matches(p, spec, name) for p in keep)) and not any(matches(p, spec, name) for p in drop)
     ]
+
+
+def function_name(name: str) -> str:
+    """`name` as a function name the OpenAI API accepts: 1 to 64 ASCII letters, digits, `_` or `-`.
+
+    MCP allows tool names of up to 128 characters, with dots (`files.read`); the OpenAI
+    API (and toolenv's checker) refuse those. Other characters become `_`; a longer name
+    keeps its first 55 and a hash of the whole, so two long names stay apart.
+    """
+    if _FUNCTION_NAME.fullmatch(name):
+        return name
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name) or "tool"
+    if len(safe) > _MAX_NAME:
+        safe = f"{safe[: _MAX_NAME - 9]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return safe
 
 
 def _safe(name: str) -> str:
