@@ -504,6 +504,12 @@ class ToolCaller:
         # Only tools that override `release` are called at episode end (the common case is none).
         self._releasing = [t for t in self.tools.values() if type(t).release is not Tool.release]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy (pickle, `copy.deepcopy`) is built again from its tools: the validators it keeps
+        are bound methods of each tool's `Args`, which pickle finds by name, and an `Args` built at
+        run time (an MCP tool's, from the server's schema) has no importable name."""
+        return (type(self), (list(self.tools.values()),))
+
     async def invoke(
         self, calls: Sequence[ToolCall], ctx: ToolContext
     ) -> tuple[list[ToolResult], list[ToolCallRecord]]:

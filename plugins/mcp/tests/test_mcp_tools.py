@@ -401,3 +401,24 @@ def test_copies_are_tools_of_their_own(fresh_server: Factory) -> None:
         asyncio.run(copied.close())
     assert asyncio.run(call(tools, "pid")).text == before
     asyncio.run(close(tools))
+
+
+def test_an_env_of_mcp_tools_pickles_and_its_copy_steps(fresh_server: Factory) -> None:
+    """A whole env pickles (AsyncVectorEnv and multiprocessing send envs so): the env's tool
+    caller held each tool's `Args.model_validate`, a bound method of a class built at run time,
+    which pickle cannot find by name."""
+    import pickle
+
+    import toolenv
+
+    tools = mcp_tools(fresh_server(), include=["add"])
+    env = toolenv.ToolEnv(tools=tools, tasks=[{"question": "2+3?", "answer": "5"}])
+    copied = pickle.loads(pickle.dumps(env))
+    try:
+        copied.reset(seed=0)
+        obs = copied.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')[0]
+        assert "5" in obs, obs
+        assert copied.caller.tools["add"] is copied.tools[0]  # one copy of each tool, shared as in the original
+    finally:
+        copied.close()
+        env.close()
