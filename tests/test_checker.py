@@ -89,3 +89,22 @@ def test_tool_names_the_openai_api_refuses_fail_the_schema_check() -> None:
         assert not schema.ok and "must be 1 to 64 ASCII letters, digits, '_' or '-'" in schema.message, bad
     (schema, _) = check_tool(named("get-weather_2" + "x" * 51))  # 64 characters
     assert schema.ok, schema.message
+
+
+def test_a_failed_checks_message_keeps_the_cause_of_a_validation_error() -> None:
+    """A check that fails on a pydantic ValidationError says which field and why, not only the
+    error's header line (`1 validation error for Settings`)."""
+    from typing import Any
+
+    class Settings(BaseModel):
+        max_turns: int
+
+    class Misconfigured(ToolEnv):
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+            Settings.model_validate({"max_turns": "many"})
+            return super().reset(seed=seed, options=options)
+
+    by_name = {r.name: r for r in check_env(Misconfigured(tools=[Add()], tasks=TASKS))}
+    message = by_name["reset_gives_prompt"].message
+    assert "max_turns: Input should be a valid integer" in message, message
+    assert "\n" not in message

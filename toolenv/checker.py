@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +82,28 @@ def check_tool_rejects_bad_arguments(tool: Tool) -> None:
     asyncio.run(go())
 
 
+#: Terminal colour codes (Gymnasium colours its warnings).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def check_gymnasium(env: ToolEnv) -> None:
-    """Gymnasium's own `check_env`."""
+    """Gymnasium's own `check_env`. It reports some problems only as warnings (`close()` that
+    raises when called again, an observation outside its space); each is a failure here."""
+    from pathlib import Path
+
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
-    gym_check_env(env, skip_render_check=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gym_check_env(env, skip_render_check=True)
+    said: list[str] = []
+    for w in caught:
+        if "gymnasium" in Path(w.filename).parts:
+            said.append(_ANSI.sub("", str(w.message)).removeprefix("WARN: "))
+        else:  # the env's own warnings are not the checker's: shown as usual
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if said:
+        raise CheckFailed("; ".join(dict.fromkeys(said)))
 
 
 def check_reset_gives_prompt(env: ToolEnv) -> None:
@@ -172,8 +190,9 @@ def _run(name: str, fn: Callable[[], object]) -> CheckResult:
     try:
         note = fn()
     except Exception as exc:  # noqa: BLE001 - a checker reports every failure
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return CheckResult(name, False, msg)
+        from toolenv.cli import error_line  # one line that keeps a ValidationError's fields
+
+        return CheckResult(name, False, error_line(exc))
     return CheckResult(name, True, note if isinstance(note, str) else "")
 
 

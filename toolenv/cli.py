@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import select
@@ -52,14 +53,27 @@ def _modules() -> dict[str, str]:
     return found
 
 
+def _source_of(module: str) -> Path | None:
+    """The source file of a module, found without importing it or its parent packages
+    (`importlib.util.find_spec` imports the parents: a plugin's package that fails to import
+    would break `toolenv --help`)."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level name: nothing is imported to find it
+    for part in parts:
+        if spec is None or not spec.submodule_search_locations:
+            return None  # not found, or a module (not a package): no submodules
+        spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
+
+
 def _help_of(target: str) -> str | None:
     """A command's `HELP`, read from its module's source: `toolenv --help` lists every command
     without importing them all (one loads verl's dependencies, another the MCP SDK)."""
     try:
-        spec = importlib.util.find_spec(target.split(":")[0])
-        if spec is None or spec.origin is None:
+        source = _source_of(target.split(":")[0])
+        if source is None:
             return None
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        tree = ast.parse(source.read_text(encoding="utf-8"))
     except (ImportError, OSError, SyntaxError, ValueError):  # a broken plugin is listed without help
         return None
     for node in tree.body:
@@ -153,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mod = importlib.import_module(target.split(":")[0])
             except ImportError as exc:
                 print(f"toolenv {name}: not available ({exc}); is its package installed?", file=sys.stderr)
+                return 2
+            except Exception as exc:  # noqa: BLE001 - a plugin that fails to import: one line, not a traceback
+                print(f"toolenv {name}: not available ({type(exc).__name__}: {error_line(exc)})", file=sys.stderr)
                 return 2
             loaded[name] = mod
             p = sub.add_parser(name, help=getattr(mod, "HELP", None), description=getattr(mod, "HELP", None))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 HELP = "Check an env (e.g. toolenv/Spider-v0) or a tool plugin (e.g. sql)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", help="an env ID (namespace/Name-vN) or a tool name")
+    parser.add_argument("target", help="an env ID (namespace/Name-vN, Name-vN or module:Name-vN) or a tool plugin name")
     parser.add_argument("--kwargs", default="{}", help="JSON keyword arguments for gym.make or the tool")
     parser.add_argument(
         "--tokenizer",
@@ -29,6 +30,21 @@ def _tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(name)
 
 
+#: A Gymnasium env id: one with a namespace (`ns/Name-vN`) or a module to import first
+#: (`module:Name-vN`), or a versioned name (`Name-vN`); tool names have none of these.
+_ENV_ID = re.compile(r".*[/:].*|[\w.-]+-v\d+")
+
+
+def _is_env_id(target: str) -> bool:
+    """Whether `target` names an env rather than a tool plugin (whose names are
+    `[a-zA-Z0-9_-]`, with no `/`, `:` or `-vN` suffix); a tool plugin of that name wins."""
+    from toolenv.registry import entries
+
+    if any(e.name == target for e in entries("tools")):
+        return False
+    return _ENV_ID.fullmatch(target) is not None
+
+
 def run(args: argparse.Namespace) -> int:
     from toolenv.checker import check_env, check_tool
     from toolenv.env import ToolEnv
@@ -38,21 +54,27 @@ def run(args: argparse.Namespace) -> int:
         kwargs: dict[str, Any] = json.loads(args.kwargs)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--kwargs is not valid JSON: {exc.msg}") from None
-    if "/" in args.target:
+    if not isinstance(kwargs, dict):
+        raise ValueError("--kwargs must be a JSON object")
+    if _is_env_id(args.target):
         import gymnasium as gym
 
-        env = gym.make(args.target, **kwargs).unwrapped
-        if not isinstance(env, ToolEnv):
-            raise TypeError(f"{args.target} is not a toolenv ToolEnv")
-        results = check_env(env, _tokenizer(args.tokenizer) if args.tokenizer else None)
-        env.close()
+        tokenizer = _tokenizer(args.tokenizer) if args.tokenizer else None  # before the env: nothing to close
+        made = gym.make(args.target, **kwargs)
+        try:
+            env = made.unwrapped
+            if not isinstance(env, ToolEnv):
+                raise TypeError(f"{args.target} is not a toolenv ToolEnv")
+            results = check_env(env, tokenizer)
+        finally:
+            made.close()
     else:
         if args.tokenizer:
             raise ValueError("--tokenizer checks an env's parser; give an env id (namespace/Name-vN)")
         results = check_tool(load_tool(args.target, **kwargs))
     width = max(len(r.name) for r in results)
     for r in results:
-        print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<{width}}  {r.message}")
+        print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<{width}}  {r.message}".rstrip())
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
