@@ -6,9 +6,11 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -571,3 +573,120 @@ async def test_log_probs_aligned_with_the_token_ids_are_kept(server: Server) -> 
     turn = res.trajectories[0].turns[0]
     assert turn.token_ids == [11, 12, 13] and turn.logprobs == [-0.5, -0.25, 0.0]
     assert "logprobs_dropped" not in turn.agent_metadata
+
+
+async def test_native_calls_sharing_an_id_are_each_answered(server: Server) -> None:
+    """Some servers (Kimi through some proxies, a few tool parsers) give two calls of one reply
+    the same id. Each call must still be answered by its own `tool` message: an assistant message
+    with two calls and one answer is refused by OpenAI's API and strict chat templates."""
+    server.script = [
+        ("json", 200, chat(None, [call("add", {"a": 2, "b": 3}, "dup"), call("add", {"a": 1, "b": 3}, "dup")]), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and [r.text for r in traj.turns[0].results] == ["5", "4"]
+    ids = [c.id for c in traj.turns[0].parsed.tool_calls]
+    assert ids[0] == "dup" and len(set(ids)) == 2
+    msgs = server.requests[1]["body"]["messages"]
+    assistant = next(m for m in msgs if m["role"] == "assistant")
+    sent = [c["id"] for c in assistant["tool_calls"]]
+    answers = [(m["tool_call_id"], m["content"]) for m in msgs if m["role"] == "tool"]
+    assert answers == [(sent[0], "5"), (sent[1], "4")] and msgs[-1]["role"] == "tool"
+
+
+@pytest.mark.parametrize("parser", ["tags", "qwen3_xml", "hermes"])
+async def test_native_call_ids_sent_back_are_the_servers_and_unique(server: Server, parser: str) -> None:
+    """Formats other than Hermes cannot write call ids, so the env's parser names each turn's calls
+    `call_0`, `call_1`...; a server that gives no ids gets the same names every turn. The history
+    sent back uses the server's ids where it gave them, and never repeats an id (Anthropic behind a
+    gateway, Mistral and others refuse a conversation that does)."""
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "2+3?", "answer": "5"}], parser=parser)
+
+    no_id = {"type": "function", "function": {"name": "search", "arguments": '{"query": "c"}'}}
+    server.script = [
+        ("json", 200, chat(None, [call("search", {"query": "a"}, "srv_a")]), {}),
+        ("json", 200, chat(None, [no_id]), {}),
+        ("json", 200, chat(None, [no_id]), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(env, agent(server), n=1)
+    assert res.trajectories[0].error is None and res.trajectories[0].reward == 1.0
+    msgs = server.requests[-1]["body"]["messages"]
+    sent = [c["id"] for m in msgs if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    assert sent[0] == "srv_a" and len(sent) == 3 and len(set(sent)) == 3
+    for i, m in enumerate(msgs):  # each assistant message is followed by the answer to each of its calls
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            answers = [a["tool_call_id"] for a in msgs[i + 1 : i + 1 + len(m["tool_calls"])] if a["role"] == "tool"]
+            assert answers == [c["id"] for c in m["tool_calls"]]
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_stop_string_put_back_when_the_server_does_not_say_which(server: Server, api: str) -> None:
+    """OpenAI's API and most gateways end a reply at a stop string without returning it or saying
+    which one matched (no `stop_reason` / `matched_stop`). The stop string that closes the call the
+    text left open is put back, so the env reads the call rather than an unclosed tag, and the
+    growing prompt holds what the model's format writes; a reply that ended by itself is kept as is."""
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "2+3?", "answer": "5"}], parser="tags")
+
+    def reply(text: str) -> dict[str, Any]:
+        return chat(text) if api == "chat" else {"choices": [{"text": text, "finish_reason": "stop"}]}
+
+    server.script = [
+        ("json", 200, reply("<think>look</think><search> five "), {}),
+        ("json", 200, reply("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(env, agent(server, api=api, tool_calling="text"), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0
+    assert [t.action for t in traj.turns] == ["<think>look</think><search> five </search>", "<answer>5</answer>"]
+    assert traj.turns[0].results[0].text == 'Doc 1(Title: "five") five'
+    second = server.requests[1]["body"]
+    if api == "chat":
+        assert second["messages"][-2] == {"role": "assistant", "content": "<think>look</think><search> five </search>"}
+    else:
+        assert "<search> five </search>\n\n<information>" in second["prompt"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "low", "high"),
+    [
+        ({"Retry-After": "7"}, 7.0, 7.0),
+        ({"Retry-After": "1.5"}, 1.5, 1.5),
+        ({"Retry-After": "-3"}, 0.0, 0.0),
+        ({"Retry-After": "soon"}, None, None),
+        ({"retry-after-ms": "250", "Retry-After": "1"}, 0.25, 0.25),  # OpenAI's, the finer one first
+        ({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0, 0.0),  # a date passed: at once
+        ({}, None, None),
+    ],
+)
+def test_retry_after_in_seconds_milliseconds_or_an_http_date(headers: dict[str, str], low: Any, high: Any) -> None:
+    """`Retry-After` is seconds or an HTTP date (RFC 9110); OpenAI also sends `retry-after-ms`."""
+    from toolenv_agents.openai_compat import _retry_after
+
+    value = _retry_after(httpx.Response(429, headers=headers))
+    assert value is None if low is None else (value is not None and low <= value <= high)
+
+
+def test_retry_after_an_http_date_to_come() -> None:
+    from email.utils import format_datetime
+
+    from toolenv_agents.openai_compat import _retry_after
+
+    when = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=120), usegmt=True)
+    value = _retry_after(httpx.Response(503, headers={"Retry-After": when}))
+    assert value is not None and 100 <= value <= 121
+
+
+@pytest.mark.parametrize("status", [408, 409])
+async def test_request_timeout_and_conflict_are_retried(server: Server, status: int) -> None:
+    """408 (a proxy or gateway timed the request out) and 409 (OpenAI: a lock timeout) are
+    transient, retried as OpenAI's own client retries them; other 4xx fail at once."""
+    server.script = [("json", status, {"error": "try again"}, {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(make_env, agent(server, max_retries=1), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2

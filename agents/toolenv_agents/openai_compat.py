@@ -18,8 +18,8 @@ server's reasoning parser) is kept in the action's `metadata["reasoning"]` and s
 assistant message under both names (vLLM reads `reasoning`, SGLang `reasoning_content`).
 
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
-episode of a rollout. 429s, 5xx, timeouts, dropped connections and malformed JSON are
-retried with exponential backoff (honouring `Retry-After`). The API key is read from an
+episode of a rollout. 408s, 409s, 429s, 5xx, timeouts, dropped connections and malformed
+JSON are retried with exponential backoff (honouring `Retry-After`). The API key is read from an
 environment variable (`OPENAI_API_KEY` unless `api_key_env` says otherwise) and is never
 logged, recorded or shown in errors (a server's text is redacted before it is cut short and
 folded to one line).
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import email.utils
 import json
 import os
 import random
@@ -45,6 +47,9 @@ from toolenv.types import Message, Task
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+#: Client errors worth another attempt, as OpenAI's client retries them: request timeout (a
+#: proxy's), conflict (OpenAI's lock timeout), rate limit. Other 4xx fail at once.
+_RETRIED = frozenset({408, 409, 429})
 #: Where reasoning servers put a reasoning model's thinking (the preferred name first).
 _REASONING_FIELDS = ("reasoning", "reasoning_content")
 
@@ -105,7 +110,7 @@ class OpenAIAgent(Agent):
             request goes again under the new name, as do all later ones of this agent and its copies.
         timeout: seconds for one request to answer.
         connect_timeout: seconds to connect.
-        max_retries: extra attempts after a 429/5xx/timeout/malformed reply.
+        max_retries: extra attempts after a 408/409/429/5xx/timeout/malformed reply.
         backoff: first retry delay in seconds (doubling, with jitter).
         max_backoff: the cap of one retry delay, in seconds.
         max_concurrency: requests in flight at once across all episodes (also the pool size).
@@ -177,6 +182,7 @@ class OpenAIAgent(Agent):
         self._prompt = ""  # completions mode
         self._contents: dict[str, str] = {}  # native mode: rendered action -> the model's own content
         self._reasonings: dict[str, dict[str, str]] = {}  # native mode: action -> the reply's reasoning fields
+        self._calls: dict[str, list[dict[str, Any]]] = {}  # native mode: action -> the server's calls
 
     def spawn(self) -> OpenAIAgent:
         twin = super().spawn()
@@ -214,7 +220,7 @@ class OpenAIAgent(Agent):
         """POST with retries; returns the decoded JSON and the attempts used.
 
         A hand-written loop rather than a retry library: it needs the status code rules
-        (429/5xx retry, other 4xx fail at once) and `Retry-After`, which is most of the code.
+        (408/409/429/5xx retry, other 4xx fail at once) and `Retry-After`, which is most of the code.
         """
         client, sem = self._client()
         headers = {"Content-Type": "application/json"}
@@ -238,7 +244,7 @@ class OpenAIAgent(Agent):
             except httpx.TransportError as exc:
                 last = f"connection failed ({type(exc).__name__}: {exc})"
             else:
-                if resp.status_code == 429 or resp.status_code >= 500:
+                if resp.status_code in _RETRIED or resp.status_code >= 500:
                     last = f"HTTP {resp.status_code}: {self._snippet(resp.text, 200)}"
                     retry_after = _retry_after(resp)
                 elif resp.status_code >= 400:
@@ -291,7 +297,7 @@ class OpenAIAgent(Agent):
             body["return_token_ids"] = True
         data, attempts = await self._post("/completions", body)
         choice = data["choices"][0]
-        text = _with_stop(str(choice.get("text") or ""), choice, env_info.stop)
+        text = _with_stop(str(choice.get("text") or ""), choice, env_info.parser)
         self._prompt += text
         lp = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
         return self._action(text, data, choice, attempts, lp)
@@ -306,7 +312,7 @@ class OpenAIAgent(Agent):
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = choice["message"]
-        text = _with_stop(str(msg.get("content") or ""), choice, env_info.stop)
+        text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser)
         reasoning = _reasoning(msg)
         self._transcript.append({"role": "assistant", "content": text, **reasoning})
         return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
@@ -319,10 +325,11 @@ class OpenAIAgent(Agent):
         choice = data["choices"][0]
         msg = choice["message"]
         content = str(msg.get("content") or "")
-        calls = [_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])]
+        calls = _distinct_ids([_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])])
         text = render_tool_calls(content, calls, env_info.parser) if calls else content
         if calls:
             self._contents[text] = content
+            self._calls[text] = calls
         reasoning = _reasoning(msg)
         if reasoning:
             self._reasonings[text] = reasoning
@@ -331,14 +338,19 @@ class OpenAIAgent(Agent):
         return action
 
     def _native_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
-        """The env's messages in the OpenAI shape, tool results answering their calls by id."""
+        """The env's messages in the OpenAI shape, tool results answering their calls by id.
+
+        Each call goes back under the server's id when the server made it (only Hermes blocks
+        carry ids into the env; other formats' parsers name a turn's calls `call_0`, `call_1`...)
+        and under no id used before in the conversation, which OpenAI, Anthropic (through a
+        gateway) and Mistral refuse; each `tool` message answers its call under the same id."""
         out: list[dict[str, Any]] = []
-        open_ids: set[str] = set()
+        open_ids: dict[str, list[str]] = {}  # the env's id of an unanswered call -> the id it went under
+        used: set[str] = set()
         pending_user: list[Message] = []
         for m in messages:
-            if m.role == "tool" and m.tool_call_id and m.tool_call_id in open_ids:
-                out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
-                open_ids.discard(m.tool_call_id)
+            if m.role == "tool" and m.tool_call_id and open_ids.get(m.tool_call_id):
+                out.append({"role": "tool", "tool_call_id": open_ids[m.tool_call_id].pop(0), "content": m.content})
                 if m.images:  # tool messages carry text only; images follow as a user message
                     pending_user.append(
                         Message(role="user", content=f"Images from {m.name or 'the tool'}:", images=m.images)
@@ -353,7 +365,10 @@ class OpenAIAgent(Agent):
             if m.role == "assistant" and m.tool_calls:
                 d = m.model_copy(update={"content": self._contents.get(m.content, _strip_calls(m.content))}).to_openai()
                 d["content"] = d["content"] or None
-                open_ids = {c.id for c in m.tool_calls}
+                ids = self._sent_ids(m, used)
+                d["tool_calls"] = [{**sent, "id": i} for sent, i in zip(d["tool_calls"], ids, strict=True)]
+                for c, i in zip(m.tool_calls, ids, strict=True):
+                    open_ids.setdefault(c.id, []).append(i)
             else:
                 d = m.to_openai()
             if m.role == "assistant":  # the reasoning goes back with its message
@@ -361,6 +376,19 @@ class OpenAIAgent(Agent):
             out.append(d)
         out.extend(p.to_openai() for p in pending_user)
         return out
+
+    def _sent_ids(self, m: Message, used: set[str]) -> list[str]:
+        """The ids `m`'s calls go back under: the server's for a call it made (same name and
+        arguments), else the env's; suffixed when taken already (`used`, which gains them)."""
+        server = list(self._calls.get(m.content, ()))
+        ids = []
+        for c in m.tool_calls or ():
+            match = next((s for s in server if s["name"] == c.name and s["arguments"] == c.arguments), None)
+            if match is not None:
+                server.remove(match)
+            base = match["id"] if match is not None else c.id
+            ids.append(_fresh_id(base, used))
+        return ids
 
     def _gen_options(self, env_info: EnvInfo) -> dict[str, Any]:
         """Text-mode fields: the parser's stop strings (all of them: vLLM and SGLang take any
@@ -434,19 +462,45 @@ def _reasoning(msg: dict[str, Any]) -> dict[str, str]:
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
+    """Seconds the server asks to wait: OpenAI's `retry-after-ms`, else `Retry-After` as seconds
+    or an HTTP date (RFC 9110); None when it asks nothing readable."""
+    with contextlib.suppress(ValueError):
+        if (ms := resp.headers.get("retry-after-ms")) is not None:
+            return max(0.0, float(ms) / 1000)
     value = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+    if value is None:
         return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
-def _with_stop(text: str, choice: dict[str, Any], stops: tuple[str, ...]) -> str:
+def _with_stop(text: str, choice: dict[str, Any], parser: ActionParser | None) -> str:
     """Put back the stop string the server cut off (vLLM: `stop_reason`, SGLang: `matched_stop`),
-    unless the text holds it already (vLLM's `include_stop_str_in_output`)."""
+    unless the text holds it already (vLLM's `include_stop_str_in_output`).
+
+    OpenAI's API and most gateways do not say whether a stop string or the model's end of turn
+    ended the reply: there, the stop string that completes a call the text left open (the env
+    reads more calls or fewer errors with it) is put back; a complete text is kept as it is."""
+    if parser is None or choice.get("finish_reason") != "stop" or not parser.stop or text.endswith(parser.stop):
+        return text
+    stops = parser.stop
     matched = choice.get("stop_reason") or choice.get("matched_stop")
-    if choice.get("finish_reason") == "stop" and isinstance(matched, str) and matched in stops:
-        return text if text.endswith(matched) else text + matched
+    if isinstance(matched, str) and matched in stops:
+        return text + matched
+    if "stop_reason" in choice or "matched_stop" in choice:  # the server said no stop string ended it
+        return text
+    before = parser.parse(text)
+    for stop in stops:
+        after = parser.parse(text + stop)
+        if len(after.tool_calls) > len(before.tool_calls) or len(after.errors) < len(before.errors):
+            return text + stop
     return text
 
 
@@ -486,6 +540,24 @@ def _decode_call(raw: Any, index: int) -> dict[str, Any]:
             args = json.loads(args) if args.strip() else {}
     call_id = raw.get("id") if isinstance(raw, dict) else None
     return {"name": str(fn.get("name", "")), "arguments": args, "id": call_id or f"call_{index}"}
+
+
+def _fresh_id(base: str, used: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`... when taken; recorded in `used`."""
+    cid, n = base, 1
+    while cid in used:
+        cid, n = f"{base}_{n}", n + 1
+    used.add(cid)
+    return cid
+
+
+def _distinct_ids(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls of one reply under distinct ids (a server may give two the same): the env answers
+    each call by its id, and a call whose id another one took would be left unanswered."""
+    used: set[str] = set()
+    for c in calls:
+        c["id"] = _fresh_id(c["id"], used)
+    return calls
 
 
 def _strip_calls(content: str) -> str:
