@@ -690,3 +690,29 @@ async def test_request_timeout_and_conflict_are_retried(server: Server, status: 
     res = await arollout(make_env, agent(server, max_retries=1), n=1)
     traj = res.trajectories[0]
     assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2
+
+
+@pytest.mark.parametrize("how", ["argument", "extra_body"])
+async def test_a_seed_draws_each_sample_and_turn_apart(server: Server, how: str) -> None:
+    """With a seed, each request sends `seed + turn`, offset per episode: sent as it is (a
+    `seed` in `extra_body` was), every sample of a task was the same draw, so a GRPO group or
+    pass@k over a seeded vLLM had one sample k times. A fresh agent draws the same seeds again."""
+    kw: dict[str, Any] = {"seed": 7} if how == "argument" else {"extra_body": {"seed": 7, "top_k": 5}}
+
+    async def seeds() -> list[int]:
+        server.requests.clear()
+        server.script = [
+            ("json", 200, chat("", [call("add", {"a": 2, "b": 3}, "c1")]), {}),
+            ("json", 200, chat("<answer>5</answer>"), {}),
+        ] * 2
+        res = await arollout(make_env, agent(server, **kw), n=1, samples=2, concurrency=1)
+        assert all(t.error is None for t in res.trajectories)
+        return [r["body"]["seed"] for r in server.requests]
+
+    first = await seeds()
+    assert len(set(first)) == 4 and first[0] == 7 + (1 << 20) and first[1] == first[0] + 1  # turn 0, turn 1
+    assert await seeds() == first
+    if how == "extra_body":
+        assert server.requests[0]["body"]["top_k"] == 5
+    with pytest.raises(ValueError, match="seed must be an int"):
+        agent(server, seed="7")  # type: ignore[arg-type]

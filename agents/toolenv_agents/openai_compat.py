@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import datetime
 import email.utils
+import itertools
 import json
 import os
 import random
@@ -46,6 +47,8 @@ from toolenv.types import Message, Task
 
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
+#: Seeds of successive episodes lie this far apart (seed + episode * stride + turn), as the transformers agent's.
+_EPISODE_STRIDE = 1 << 20
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 #: Client errors worth another attempt, as OpenAI's client retries them: request timeout (a
 #: proxy's), conflict (OpenAI's lock timeout), rate limit. Other 4xx fail at once.
@@ -120,6 +123,10 @@ class OpenAIAgent(Agent):
         return_token_ids: ask vLLM for the token ids (`return_token_ids`): the generated ones and
             the prompt's, as the server rendered it, recorded per turn.
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`).
+        seed: the sampling seed (vLLM and SGLang take it; None: not sent). Each request sends
+            `seed + turn`, offset per episode, so the samples of a task (a GRPO group, pass@k)
+            are different draws and a fresh agent with the same seed draws them again. A `seed`
+            in `extra_body` is taken as this one: sent as it is, every sample would be the same.
     """
 
     name = "openai"
@@ -144,6 +151,7 @@ class OpenAIAgent(Agent):
         logprobs: bool = False,
         return_token_ids: bool = False,
         extra_body: dict[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
@@ -170,6 +178,12 @@ class OpenAIAgent(Agent):
         self.logprobs = logprobs
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
+        base = self.extra_body.pop("seed", None) if seed is None else seed
+        if base is not None and (isinstance(base, bool) or not isinstance(base, int)):
+            raise ValueError(f"seed must be an int, got {base!r}")
+        self.seed: int | None = base
+        self._episodes = itertools.count(1)  # shared by spawned copies
+        self._episode = 0  # 0: not spawned (direct use)
         self._shared = _Shared()
         self._reset_episode()
 
@@ -188,6 +202,7 @@ class OpenAIAgent(Agent):
         twin = super().spawn()
         assert isinstance(twin, OpenAIAgent)
         twin._reset_episode()
+        twin._episode = next(self._episodes)
         return twin
 
     def reset(self, task: Task) -> None:
@@ -272,8 +287,11 @@ class OpenAIAgent(Agent):
             return await self._act_native(messages, env_info)
         return await self._act_chat_text(observation, messages, env_info)
 
-    def _body(self, **fields: Any) -> dict[str, Any]:
-        return {"model": self.model, **self.sampling, **fields, **self.extra_body}
+    def _body(self, turn: int, **fields: Any) -> dict[str, Any]:
+        body = {"model": self.model, **self.sampling, **fields, **self.extra_body}
+        if self.seed is not None:  # a draw of its own per episode and turn (see `seed`)
+            body["seed"] = self.seed + self._episode * _EPISODE_STRIDE + turn
+        return body
 
     def _token_field(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` with its token cap under the name this agent's server takes."""
@@ -290,7 +308,7 @@ class OpenAIAgent(Agent):
         else:  # as the format's trainers append it (Search-R1: `\n\n<information>…</information>\n\n`)
             glue = env_info.parser.continue_with(observation) if env_info.parser else f"\n{observation}\n"
             self._prompt += glue
-        body = self._body(prompt=self._prompt, **self._gen_options(env_info))
+        body = self._body(env_info.turn, prompt=self._prompt, **self._gen_options(env_info))
         if self.logprobs:
             body["logprobs"] = 1
         if self.return_token_ids:
@@ -308,7 +326,7 @@ class OpenAIAgent(Agent):
         else:
             images = [im for m in _since_last_assistant(messages) for im in m.images]
             self._transcript.append(Message(role="user", content=observation, images=images).to_openai())
-        body = self._body(messages=self._transcript, **self._gen_options(env_info))
+        body = self._body(env_info.turn, messages=self._transcript, **self._gen_options(env_info))
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = choice["message"]
@@ -318,7 +336,7 @@ class OpenAIAgent(Agent):
         return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
 
     async def _act_native(self, messages: list[Message], env_info: EnvInfo) -> AgentAction:
-        body = self._body(messages=self._native_messages(messages))
+        body = self._body(env_info.turn, messages=self._native_messages(messages))
         if env_info.tool_schemas:
             body["tools"] = env_info.tool_schemas
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
