@@ -149,6 +149,17 @@ async def gather_all(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
         raise
 
 
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended (a cancel of the caller meanwhile still comes
+    through); how it ended is nobody's news, so an error it ended with is marked seen."""
+    task.cancel()
+    try:
+        await asyncio.wait([task])
+    finally:
+        if task.done() and not task.cancelled():
+            task.exception()
+
+
 async def close_each(
     items: Iterable[T], close: Callable[[T], Awaitable[object]], describe: Callable[[T], str], log: logging.Logger
 ) -> None:

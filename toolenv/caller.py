@@ -373,10 +373,7 @@ async def _run_in_task(coro: Coroutine[Any, Any, Any], timeout: float | None) ->
         result = await asyncio.shield(task)
     except asyncio.CancelledError:
         if not task.done():  # the step is being cancelled: take the tool down with it, and wait
-            task.cancel()  # until it is down, as on 3.11+, where it runs in the step's own task
-            await asyncio.wait([task])  # (a second cancel still comes through here)
-            if not task.cancelled():
-                task.exception()  # how its cleanup ended is nobody's news now: marked seen
+            await _aio.cancel_and_wait(task)  # until it is down, as on 3.11+ (the step's own task)
             raise
         if expired:
             raise _DeadlineExpired from None

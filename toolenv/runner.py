@@ -145,22 +145,12 @@ async def _before(deadline: float, aw: Coroutine[Any, Any, T]) -> T:
     try:
         done, _ = await asyncio.wait([task], timeout=remaining)
     except asyncio.CancelledError:  # the run is being stopped: take the call down with it, and
-        await _cancelled(task)  # wait for it, so it is over before the run closes its env
+        await _aio.cancel_and_wait(task)  # wait for it, so it is over before the run closes its env
         raise
     if not done:
-        await _cancelled(task)  # a stop of the run arriving meanwhile still comes through
+        await _aio.cancel_and_wait(task)  # a stop of the run arriving meanwhile still comes through
         raise _EpisodeTimeout
     return task.result()
-
-
-async def _cancelled(task: asyncio.Future[Any]) -> None:
-    """Cancel `task` and wait until it has ended; how it ended is nobody's news (marked seen)."""
-    task.cancel()
-    try:
-        await asyncio.wait([task])
-    finally:
-        if task.done() and not task.cancelled():
-            task.exception()
 
 
 def _reaches(reward: float, threshold: float) -> bool:

@@ -35,11 +35,9 @@ from toolenv.parsers import detect_parser, template_mismatch
 from toolenv.parsers.base import ActionParser
 from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message
+from toolenv_agents._seeds import turn_seed
 
 __all__ = ["TransformersAgent"]
-
-#: Seeds of successive episodes lie this far apart (seed + episode * stride + turn).
-_EPISODE_STRIDE = 1 << 20
 
 
 @functools.cache
@@ -246,7 +244,7 @@ class TransformersAgent(Agent):
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
-        seed = self.seed + self._episode * _EPISODE_STRIDE + env_info.turn
+        seed = turn_seed(self.seed, self._episode, env_info.turn)
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         try:

@@ -44,11 +44,10 @@ from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, Task
+from toolenv_agents._seeds import turn_seed
 
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
-#: Seeds of successive episodes lie this far apart (seed + episode * stride + turn), as the transformers agent's.
-_EPISODE_STRIDE = 1 << 20
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 #: Client errors worth another attempt, as OpenAI's client retries them: request timeout (a
 #: proxy's), conflict (OpenAI's lock timeout), rate limit. Other 4xx fail at once.
@@ -290,7 +289,7 @@ class OpenAIAgent(Agent):
     def _body(self, turn: int, **fields: Any) -> dict[str, Any]:
         body = {"model": self.model, **self.sampling, **fields, **self.extra_body}
         if self.seed is not None:  # a draw of its own per episode and turn (see `seed`)
-            body["seed"] = self.seed + self._episode * _EPISODE_STRIDE + turn
+            body["seed"] = turn_seed(self.seed, self._episode, turn)
         return body
 
     def _token_field(self, body: dict[str, Any]) -> dict[str, Any]:

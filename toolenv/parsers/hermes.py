@@ -56,10 +56,10 @@ def read_tool_call_blocks(
     for i, (start, end, body, closed) in enumerate(scan_tool_call_blocks(text)):
         pieces.append(text[pos:start])
         pos = end
-        call, err = decode(body, i)
+        # An open call that ends the reply is read, as vLLM's `<tool_call>(.*)` reads it: the
+        # server stopped on `</tool_call>` and left the stop string out of the text.
+        call, err = decode(body, i) if closed or end == len(text) else (None, "")
         if not closed and (err or end < len(text)):
-            # An open call that ends the reply is read, as vLLM's `<tool_call>(.*)` reads it: the
-            # server stopped on `</tool_call>` and left the stop string out of the text.
             errors.append(f"Tool call {i + 1} is not closed with </tool_call>.")
             continue
         if err:

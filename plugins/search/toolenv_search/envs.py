@@ -110,6 +110,11 @@ def search_r1_question(question: str) -> str:
     return question if not question or question.endswith("?") else question + "?"
 
 
+def _in_prompt(prompt: str, question: str) -> str:
+    """The env's prompt holding `question`, as Search-R1's data scripts put it there."""
+    return prompt.format(question=search_r1_question(question))
+
+
 def _read_tasks(src: Path, prompt: str) -> list[Task]:
     tasks = []
     with src.open(encoding="utf-8") as fh:
@@ -120,7 +125,7 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
             tasks.append(
                 Task(
                     id=str(row["id"]),
-                    question=prompt.format(question=search_r1_question(row["question"])),
+                    question=_in_prompt(prompt, row["question"]),
                     answer=list(row["answers"]),
                     context={
                         "question": row["question"],
@@ -141,7 +146,7 @@ def _prepared(task: Task, prompt: str) -> Task:
     whole `prompt` of its own, is kept as it is."""
     if task.prompt is not None or "question" in task.context:
         return task
-    question = prompt.format(question=search_r1_question(task.question))
+    question = _in_prompt(prompt, task.question)
     return task.model_copy(update={"question": question, "context": {**task.context, "question": task.question}})
 
 
