@@ -9,6 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 import toolenv
 from toolenv.env import NO_ACTION, ToolEnv
+from toolenv.parsers import get_parser, parser_names
 
 from .conftest import TASKS, Add, Meet, Sleep
 
@@ -353,6 +354,23 @@ def test_written_turn_uses_the_env_format_or_json_lines() -> None:
     tags = make(parser="tags").parser  # a prompted format has no writer for calls: JSON lines instead
     assert tags.format_call("add", {"a": 1, "b": 2}) is None
     assert json.loads(written_turn(tags, parsed).splitlines()[1]) == {"name": "add", "arguments": {"a": 1, "b": 2}}
+
+
+@pytest.mark.parametrize("name", parser_names())
+def test_written_turn_parses_back_to_its_calls_and_answer(name: str) -> None:
+    """What TRL and native-call agents record as a turn's text reads back as the same calls and
+    answer in every format (pythonic's call list must end the turn: the answer goes first)."""
+    from toolenv.env import written_turn
+    from toolenv.types import ParsedAction, ToolCall
+
+    # A call each format can write (tags only its mapped tools, codeblock only code; string
+    # arguments: qwen3_xml reads every value as text until a tool's schema types it).
+    tool, args = ("python", {"code": "print(1)"}) if name == "codeblock" else ("search", {"query": "x"})
+    parsed = ParsedAction(tool_calls=[ToolCall(name=tool, arguments=args, id="c1")], answer="3", text="Sure.")
+    parser = get_parser(name)
+    back = parser.parse(written_turn(parser, parsed))
+    assert [(c.name, c.arguments) for c in back.tool_calls] == [(tool, args)], back
+    assert back.answer == "3" and not back.errors
 
 
 def test_gymnasiums_episode_statistics_wrappers_work_on_toolenv_envs() -> None:

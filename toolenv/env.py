@@ -451,11 +451,15 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
 
 def written_turn(parser: ActionParser, parsed: ParsedAction) -> str:
     """The text of a turn given as parsed calls and answer, for `astep(text, parsed=...)`: the calls
-    in the parser's own format where it can write them (else each as a JSON line), then the answer."""
+    in the parser's own format where it can write them (else each as a JSON line), then the answer
+    (before the calls in a format whose calls must end the turn), so the text parses back the same."""
     parts = [parsed.text] if parsed.text else []
+    answer = [f"<answer>{parsed.answer}</answer>"] if parsed.answer is not None else []
+    if parser.calls_end_turn:
+        parts += answer
     for call in parsed.tool_calls:
         text = parser.format_call(call.name, call.arguments, call.id)
         parts.append(text if text is not None else json.dumps({"name": call.name, "arguments": call.arguments}))
-    if parsed.answer is not None:
-        parts.append(f"<answer>{parsed.answer}</answer>")
+    if not parser.calls_end_turn:
+        parts += answer
     return "\n".join(parts)

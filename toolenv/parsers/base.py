@@ -45,6 +45,9 @@ class ActionParser(abc.ABC):
     #: growing prompt (a completions API, verl's `observation_role: inline`), rather than
     #: entering a chat as a message.
     continuation: tuple[str, str] = ("\n", "\n")
+    #: True when the format's calls must end the turn (pythonic's `[name(...)]` list): a turn
+    #: written from parsed calls and an answer puts the answer first (`toolenv.env.written_turn`).
+    calls_end_turn: bool = False
 
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedAction:

@@ -127,6 +127,7 @@ class PythonicParser(ActionParser):
 
     name = "pythonic"
     stop = ()
+    calls_end_turn = True
     #: LFM2's tokenizers make these special; text may follow the block they close, and without
     #: them `[f()]Some text` is a list followed by text (see `ActionParser.markers`).
     markers = (_LFM_START, _LFM_END)
