@@ -471,8 +471,9 @@ async def test_native_mode_keeps_the_reasoning_and_sends_it_back(server: Server,
     """A reasoning model served with a reasoning parser answers with `reasoning` (vLLM) or
     `reasoning_content` (SGLang, older vLLM) beside the content: it is recorded with the turn and
     goes back on the assistant message of the next request (vLLM renders gpt-oss's analysis from
-    it, Qwen3's template the thinking of the turn in progress) under both names, as vLLM reads
-    only `reasoning` and SGLang `reasoning_content`."""
+    it, Qwen3's template the thinking of the turn in progress) under the name the server gave it,
+    as vLLM reads only `reasoning` and SGLang `reasoning_content` (and a strict server refuses a
+    message field it does not know)."""
     first = chat(None, [call("add", {"a": 2, "b": 3}, "srv_1")])
     first["choices"][0]["message"][field] = "I should add 2 and 3."
     last = chat("<answer>5</answer>")
@@ -483,8 +484,20 @@ async def test_native_mode_keeps_the_reasoning_and_sends_it_back(server: Server,
     assert traj.error is None and traj.reward == 1.0
     assert [t.agent_metadata.get("reasoning") for t in traj.turns] == ["I should add 2 and 3.", "The tool said 5."]
     assistant = next(m for m in server.requests[1]["body"]["messages"] if m["role"] == "assistant")
-    assert assistant["reasoning"] == assistant["reasoning_content"] == "I should add 2 and 3."
+    other = "reasoning_content" if field == "reasoning" else "reasoning"
+    assert assistant[field] == "I should add 2 and 3." and other not in assistant
     assert assistant["tool_calls"][0]["id"] == "srv_1"
+
+
+async def test_reasoning_given_under_both_names_goes_back_under_both(server: Server) -> None:
+    """vLLM releases between the two names answer with both: both go back."""
+    first = chat(None, [call("add", {"a": 2, "b": 3}, "srv_1")])
+    first["choices"][0]["message"].update(reasoning="Add them.", reasoning_content="Add them.")
+    server.script = [("json", 200, first, {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(make_env, agent(server), n=1)
+    assert res.trajectories[0].turns[0].agent_metadata["reasoning"] == "Add them."
+    assistant = next(m for m in server.requests[1]["body"]["messages"] if m["role"] == "assistant")
+    assert assistant["reasoning"] == assistant["reasoning_content"] == "Add them."
 
 
 async def test_text_mode_keeps_the_reasoning_and_sends_it_back(server: Server) -> None:
@@ -495,7 +508,8 @@ async def test_text_mode_keeps_the_reasoning_and_sends_it_back(server: Server) -
     traj = res.trajectories[0]
     assert traj.reward == 1.0 and traj.turns[0].agent_metadata["reasoning"] == "Use the tool."
     assistant = server.requests[1]["body"]["messages"][-2]
-    assert assistant["role"] == "assistant" and assistant["reasoning"] == "Use the tool."
+    assert assistant["role"] == "assistant" and assistant["reasoning_content"] == "Use the tool."
+    assert "reasoning" not in assistant
     assert "reasoning" not in traj.turns[1].agent_metadata
 
 
@@ -716,3 +730,11 @@ async def test_a_seed_draws_each_sample_and_turn_apart(server: Server, how: str)
         assert server.requests[0]["body"]["top_k"] == 5
     with pytest.raises(ValueError, match="seed must be an int"):
         agent(server, seed="7")  # type: ignore[arg-type]
+
+
+def test_more_than_one_choice_a_request_is_refused(server: Server) -> None:
+    """`n > 1` in `extra_body` made the server generate choices the agent never reads (the first
+    is used): refused, pointing at samples, which draws attempts the run records."""
+    with pytest.raises(ValueError, match=r"n=4: .*samples=N"):
+        agent(server, extra_body={"n": 4})
+    assert agent(server, extra_body={"n": 1}).extra_body == {"n": 1}

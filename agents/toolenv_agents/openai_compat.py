@@ -15,7 +15,8 @@ Three ways to talk to the server:
 
 In both chat modes a reasoning model's thinking (`reasoning` / `reasoning_content`, from a
 server's reasoning parser) is kept in the action's `metadata["reasoning"]` and sent back on its
-assistant message under both names (vLLM reads `reasoning`, SGLang `reasoning_content`).
+assistant message under the name the server gave it (vLLM reads `reasoning`, SGLang
+`reasoning_content`; a server that gave both gets both).
 
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
 episode of a rollout. 408s, 409s, 429s, 5xx, timeouts, dropped connections and malformed
@@ -121,7 +122,8 @@ class OpenAIAgent(Agent):
             metadata says why (`logprobs_dropped`), never a shorter list that would misalign them.
         return_token_ids: ask vLLM for the token ids (`return_token_ids`): the generated ones and
             the prompt's, as the server rendered it, recorded per turn.
-        extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`).
+        extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`). `n` other
+            than 1 is a ValueError: one choice is read per turn.
         seed: the sampling seed (vLLM and SGLang take it; None: not sent). Each request sends
             `seed + turn`, offset per episode, so the samples of a task (a GRPO group, pass@k)
             are different draws and a fresh agent with the same seed draws them again. A `seed`
@@ -177,6 +179,11 @@ class OpenAIAgent(Agent):
         self.logprobs = logprobs
         self.return_token_ids = return_token_ids
         self.extra_body = dict(extra_body or {})
+        if self.extra_body.get("n", 1) != 1:  # one choice is read per turn: the others would be thrown away
+            raise ValueError(
+                f"extra_body n={self.extra_body['n']!r}: the agent reads one choice per turn; "
+                "ask for more attempts per task with samples=N (rollout --samples N)"
+            )
         base = self.extra_body.pop("seed", None) if seed is None else seed
         if base is not None and (isinstance(base, bool) or not isinstance(base, int)):
             raise ValueError(f"seed must be an int, got {base!r}")
@@ -473,9 +480,10 @@ def _has_choice(data: Any, field: str | None) -> bool:
 def _reasoning(msg: dict[str, Any]) -> dict[str, str]:
     """The reasoning a reply carries beside its content (vLLM's `reasoning`, `reasoning_content`
     before it; SGLang's `reasoning_content`), as the fields of an assistant message that sends it
-    back: under both names, since vLLM reads only `reasoning` and SGLang `reasoning_content`."""
+    back: under the name(s) the server used, the one it reads (a server that does not know the
+    other name may refuse the message)."""
     text = next((v for k in _REASONING_FIELDS if isinstance(v := msg.get(k), str) and v), None)
-    return dict.fromkeys(_REASONING_FIELDS, text) if text else {}
+    return {k: text for k in _REASONING_FIELDS if isinstance(msg.get(k), str) and msg[k]} if text else {}
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
