@@ -202,3 +202,58 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValidationError):
         ToolLimits(breaker_cooldown=0)
     assert breaker_for(Flaky(["ok"])) is None  # off by default
+
+
+class Gated(toolenv.Tool):
+    """`q` says how a run ends: "fail" at once, "slow_fail" or "probe" (a success) when its gate opens, "ok"."""
+
+    name = "gated"
+
+    class Args(BaseModel):
+        q: str
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.gates = {"slow_fail": asyncio.Event(), "probe": asyncio.Event()}
+        self.runs: list[str] = []
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> ToolResult:
+        self.runs.append(args.q)
+        if args.q in self.gates:
+            await self.gates[args.q].wait()
+        if "fail" in args.q:
+            raise ConnectionError("refused")
+        return ToolResult(text="fine")
+
+
+@pytest.mark.parametrize("old_call_ends", ["failing", "cancelled"])
+async def test_a_call_from_before_the_circuit_opened_is_not_taken_for_its_probe(old_call_ends: str) -> None:
+    """While the one probe is out, a call let through before the circuit opened may end (fail,
+    or be cancelled with its episode): that is not the probe's outcome, so no second probe goes."""
+    tool = Gated(breaker_threshold=1, breaker_cooldown=10)
+    clock = [0.0]
+    breaker = breaker_for(tool)
+    assert breaker is not None
+    breaker.timer = lambda: clock[0]
+
+    async def call(q: str) -> str:
+        return (await calls(tool, 1, q=q))[0][0].text
+
+    old = asyncio.ensure_future(call("slow_fail"))
+    await asyncio.sleep(0)  # let through while closed; now waiting on its gate
+    assert "ConnectionError" in await call("fail")  # the circuit opens
+    clock[0] = 11.0
+    probe = asyncio.ensure_future(call("probe"))
+    await asyncio.sleep(0)  # the probe is out
+    if old_call_ends == "failing":
+        tool.gates["slow_fail"].set()
+        assert "ConnectionError" in await old
+    else:
+        old.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await old
+    clock[0] = 30.0
+    assert "unavailable" in await call("ok")  # still the one probe out: refused
+    tool.gates["probe"].set()
+    assert await probe == "fine" and await call("ok") == "fine"  # the probe closed the circuit
+    assert tool.runs == ["slow_fail", "fail", "probe", "ok"]

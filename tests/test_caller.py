@@ -660,3 +660,45 @@ async def test_a_waiter_cancelled_as_the_slot_is_released_stays_cancelled() -> N
     results = await asyncio.gather(first, second, return_exceptions=True)
     assert results[0] is None and isinstance(results[1], asyncio.CancelledError)
     assert cap.free == 1 and not cap.waiters
+
+
+async def test_arguments_go_by_the_names_the_schema_gives() -> None:
+    """A field's `validation_alias` (a parameter named `from`) is the name its schema gives and
+    the one validation takes; a field that has an alias is not taken by its Python name (it
+    would be dropped without a word), unless the model validates by name too."""
+    from pydantic import AliasChoices, ConfigDict, Field
+
+    class Route(toolenv.Tool):
+        """Route between two places."""
+
+        name = "route"
+
+        class Args(BaseModel):
+            from_: str = Field(validation_alias="from")
+            k: int = Field(0, validation_alias=AliasChoices("k", "top_k"))
+            mode: str = Field("car", alias="travelMode")
+
+        async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
+            return ToolResult(text=str(args))
+
+    class ByName(Route):
+        name = "by_name"
+
+        class Args(BaseModel):
+            model_config = ConfigDict(populate_by_name=True)
+            mode: str = Field("car", alias="travelMode")
+
+    assert set(Route().schema()["function"]["parameters"]["properties"]) == {"from", "k", "travelMode"}
+    caller = ToolCaller([Route(), ByName()])
+    calls = [
+        ToolCall(name="route", arguments={"from": "a", "top_k": 2, "travelMode": "bike"}, id="c0"),
+        ToolCall(name="route", arguments={"from": "a", "mode": "bike"}, id="c1"),
+        ToolCall(name="route", arguments={"from_": "a"}, id="c2"),
+        ToolCall(name="by_name", arguments={"mode": "bike"}, id="c3"),
+    ]
+    results, _ = await caller.invoke(calls, ctx())
+    assert results[0].text == "from_='a' k=2 mode='bike'"
+    assert results[1].is_error and "unknown argument(s) 'mode'" in results[1].text
+    assert results[1].text.endswith("Expected arguments: from, k, travelMode.")
+    assert results[2].is_error and "unknown argument(s) 'from_'" in results[2].text
+    assert results[3].text == "mode='bike'"

@@ -488,3 +488,32 @@ def test_a_scripts_function_tool_still_goes_to_another_process_by_value(tmp_path
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5 3.0", done.stdout
+
+
+def test_a_subclass_is_described_by_its_own_docstring() -> None:
+    """A subclass's docstring is its description, not the one its parent took from its own
+    docstring; a description set in so many words is kept by subclasses without one of theirs."""
+
+    class Search(toolenv.Tool):
+        """Search the corpus."""
+
+        name = "search"
+
+    class MedicalSearch(Search):
+        """Search the medical corpus."""
+
+    class Plain(MedicalSearch):
+        pass
+
+    class Explicit(toolenv.Tool):
+        """For developers: how it works."""
+
+        name = "explicit"
+        description = "What the model reads."
+
+    class Tuned(Explicit):
+        """For developers: what changed."""
+
+    assert (Search.description, MedicalSearch.description) == ("Search the corpus.", "Search the medical corpus.")
+    assert Plain.description == "Search the medical corpus."
+    assert Explicit.description == Tuned.description == "What the model reads."

@@ -123,3 +123,14 @@ def test_tool_keyword_limits_are_checked_by_name_and_value() -> None:
             Echo(timeout="abc")
         with pytest.raises(ValueError, match=r"retries: Input should be greater than or equal to 0"):
             Echo(limits=ToolLimits(timeout=1), retries=-1)
+
+
+def test_an_infinite_timeout_means_none() -> None:
+    """`timeout: .inf` in a config (or `float("inf")`) waits as long as the call takes; it made
+    every call that waited fail with "ValueError: cannot convert float NaN to integer"."""
+    env = ToolEnv(tools=[Echo(), Slow()], tasks=TASKS, tool_limits={"slow": {"timeout": float("inf")}})
+    env.reset(seed=0)
+    _, _, _, _, info = env.step('<tool_call>{"name": "slow", "arguments": {"seconds": 0.01}}</tool_call>')
+    env.close()
+    assert info["tool_calls"][0].error is None
+    assert Slow(timeout=float("inf")).limits.timeout is None

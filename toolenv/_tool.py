@@ -9,12 +9,13 @@ import copy
 import functools
 import importlib
 import inspect
+import math
 import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from toolenv._schema import flatten_schema, openai_schema
 from toolenv._threads import WORKERS
@@ -59,6 +60,12 @@ class ToolLimits(BaseModel):
     breaker_cooldown: float = Field(
         default=30.0, gt=0, description="Seconds an open circuit refuses calls before one is let through to probe."
     )
+
+    @field_validator("timeout")
+    @classmethod
+    def _infinite_is_none(cls, value: float | None) -> float | None:
+        """An infinite timeout (`.inf` in a YAML config) is no timeout: no deadline to arm."""
+        return None if value == math.inf else value
 
 
 def with_limits(tools: Iterable[Tool], overrides: Mapping[str, Mapping[str, Any]] | None) -> list[Tool]:
@@ -150,10 +157,16 @@ class Tool:
         else:
             self.limits = base
 
+    #: Whether `description` came from a docstring (a subclass's own docstring replaces it).
+    _described_by_doc: ClassVar[bool] = False
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not cls.description and cls.__doc__:
+        if "description" in cls.__dict__:  # set in so many words
+            cls._described_by_doc = False
+        elif cls.__doc__ and (not cls.description or cls._described_by_doc):
             cls.description = inspect.cleandoc(cls.__doc__)
+            cls._described_by_doc = True
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         """Execute one call with validated `args`."""

@@ -28,7 +28,7 @@ __all__ = ["CircuitBreaker", "breaker_for", "reset_breakers"]
 class CircuitBreaker:
     """The state of one tool's circuit (shared by every tool object with the same `breaker_key`)."""
 
-    __slots__ = ("cooldown", "failures", "last_error", "opened_at", "probing", "threshold", "timer")
+    __slots__ = ("cooldown", "failures", "last_error", "lock", "opened_at", "probing", "threshold", "timer")
 
     def __init__(self, threshold: int, cooldown: float, timer: Callable[[], float] = time.monotonic) -> None:
         self.threshold, self.cooldown, self.timer = threshold, cooldown, timer
@@ -36,6 +36,7 @@ class CircuitBreaker:
         self.opened_at: float | None = None
         self.probing = False  # a call is out as the probe of an open circuit
         self.last_error = ""
+        self.lock = threading.Lock()  # one tool object may serve several threads' event loops
 
     @property
     def is_open(self) -> bool:
@@ -43,29 +44,39 @@ class CircuitBreaker:
         return self.opened_at is not None
 
     def admit(self) -> float | None:
-        """None to let a call through, else the seconds until the next probe is let through."""
-        if self.opened_at is None:
-            return None
-        waited = self.timer() - self.opened_at
-        if waited >= self.cooldown and not self.probing:
-            self.probing = True
-            return None
-        return max(self.cooldown - waited, 0.0)
+        """None to let a call through, else the seconds until the next probe is let through.
 
-    def record(self, failed: bool, error: str = "") -> None:
-        """The outcome of a call that was let through."""
-        was_probe, self.probing = self.probing, False
-        if not failed:
-            self.failures, self.opened_at = 0, None
-            return
-        self.failures += 1
-        self.last_error = error
-        if was_probe or self.failures >= self.threshold:
-            self.opened_at = self.timer()
+        A call let through while the circuit `is_open` is its probe."""
+        with self.lock:
+            if self.opened_at is None:
+                return None
+            waited = self.timer() - self.opened_at
+            if waited >= self.cooldown and not self.probing:
+                self.probing = True
+                return None
+            return max(self.cooldown - waited, 0.0)
 
-    def abandon(self) -> None:
-        """A call let through ended with no outcome (it was cancelled): the next may probe."""
-        self.probing = False
+    def record(self, failed: bool, error: str = "", *, probe: bool = True) -> None:
+        """The outcome of a call that was let through. `probe=False` for a call let through
+        before the circuit opened (one still in flight): it counts, but it is not the probe's
+        outcome, so the probe stays out and no second probe goes."""
+        with self.lock:
+            was_probe = probe and self.probing
+            if was_probe:
+                self.probing = False
+            if not failed:
+                self.failures, self.opened_at = 0, None
+                return
+            self.failures += 1
+            self.last_error = error
+            if was_probe or self.failures >= self.threshold:
+                self.opened_at = self.timer()
+
+    def abandon(self, *, probe: bool = True) -> None:
+        """A call let through ended with no outcome (it was cancelled): if it was the probe
+        (`probe`), the next call may probe."""
+        if probe:
+            self.probing = False
 
     def refusal(self, name: str, retry_in: float) -> str:
         """The observation of a refused call."""

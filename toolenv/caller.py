@@ -21,7 +21,8 @@ from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, 
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from toolenv import _aio
 from toolenv._tool import Tool, ToolContext, ToolLimits
@@ -252,14 +253,32 @@ def _clip(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else name[:limit] + "..."
 
 
+def _field_names(name: str, info: FieldInfo, config: ConfigDict) -> list[str]:
+    """The argument names validation takes for one field, the one its schema gives first.
+
+    That is its validation alias (each of `AliasChoices`, the first key of an `AliasPath`) or
+    its alias, and its Python name only when it has none or the model validates by name:
+    otherwise Pydantic ignores the Python name, and the value sent under it would be dropped.
+    """
+    names: list[str] = []
+    if config.get("validate_by_alias", True) is not False:
+        alias = info.validation_alias if info.validation_alias is not None else info.alias
+        for choice in alias.choices if isinstance(alias, AliasChoices) else [alias]:
+            key = choice.path[0] if isinstance(choice, AliasPath) else choice
+            if isinstance(key, str) and key not in names:
+                names.append(key)
+    if not names or config.get("validate_by_name") or config.get("populate_by_name"):
+        names.append(name)
+    return names
+
+
 @functools.cache
 def _argument_names(model: type[BaseModel]) -> frozenset[str] | None:
     """Names an Args model accepts, or None when it accepts anything (extra="allow")."""
     if model.model_config.get("extra") == "allow":
         return None
-    names = set(model.model_fields)
-    names.update(f.alias for f in model.model_fields.values() if f.alias)
-    return frozenset(names)
+    config = model.model_config
+    return frozenset(n for name, f in model.model_fields.items() for n in _field_names(name, f, config))
 
 
 def _validator(model: type[BaseModel]) -> Callable[[Any], Any]:
@@ -286,8 +305,9 @@ def _unknown_message(tool: Tool, unknown: list[str]) -> str:
 
 
 def _expected(tool: Tool) -> str:
-    """The argument names to send (aliases where set), or that the tool takes none."""
-    names = ", ".join(f.alias or n for n, f in tool.Args.model_fields.items())
+    """The argument names to send (as the schema gives them), or that the tool takes none."""
+    config = tool.Args.model_config
+    names = ", ".join(_field_names(n, f, config)[0] for n, f in tool.Args.model_fields.items())
     return f"Expected arguments: {names}." if names else "This tool takes no arguments."
 
 
@@ -610,14 +630,15 @@ class ToolCaller:
         retry_in = breaker.admit()
         if retry_in is not None:
             return ToolResult.error(breaker.refusal(tool.name, retry_in), circuit_open=True)
+        probe = breaker.is_open  # let through an open circuit: the probe
         result: ToolResult | None = None
         try:
             result = await self._run_limited_once(tool, args, ctx)
         finally:
             if result is None:  # cancelled with its step: no outcome to count
-                breaker.abandon()
+                breaker.abandon(probe=probe)
             else:
-                breaker.record(_failed(result), result.text.split("\n", 1)[0][:120])
+                breaker.record(_failed(result), result.text.split("\n", 1)[0][:120], probe=probe)
         return result
 
     async def _run_limited_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
