@@ -310,3 +310,178 @@ def test_specs_serialise_to_json_and_back() -> None:
     venv = gym.make_vec(EnvSpec.from_json(text), num_envs=2, tools=[Add()], tasks=TASKS)
     assert isinstance(venv, ToolVectorEnv) and len(venv.reset(seed=0)[0]) == 2
     venv.close()
+
+
+# ---------------------------------------------------------------------- contract with Gymnasium's vector envs
+def test_reset_or_step_after_close_is_refused_and_opens_nothing() -> None:
+    """A closed vector env used to reset and step again, reopening its envs' tools; the second
+    `close` then did nothing (Gymnasium: closing a closed env has no effect), so what the new
+    episodes held stayed open. As Gymnasium's AsyncVectorEnv, it now raises ClosedEnvironmentError."""
+    from gymnasium.error import ClosedEnvironmentError
+
+    gate = _Gate()
+    gate.opened.set()
+    venv = _gated(gate)
+    venv.reset(seed=0)
+    venv.close()
+    with pytest.raises(ClosedEnvironmentError, match="close"):
+        venv.reset(seed=0)
+    with pytest.raises(ClosedEnvironmentError, match="close"):
+        venv.step([GATE, GATE])
+
+    async def use() -> None:
+        with pytest.raises(ClosedEnvironmentError):
+            await venv.areset()
+        with pytest.raises(ClosedEnvironmentError):
+            await venv.astep([GATE, GATE])
+
+    asyncio.run(use())
+    assert gate.events == [] and gate.closed == 2
+    assert all(e.episode is not None and e.episode.released for e in venv.envs)
+
+
+def test_call_get_attr_set_attr_and_seeds_as_gymnasiums_sync_vector_env() -> None:
+    """`call`, `get_attr`, `set_attr` and the per-env `np_random_seed` of Gymnasium's Sync and Async
+    vector envs: missing here, code written for them failed with an AttributeError."""
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, max_turns=4)
+
+    ours = ToolVectorEnv([make] * 2)
+    theirs = gym.vector.SyncVectorEnv([make] * 2)
+    states = []
+    for venv in (ours, theirs):
+        venv.reset(seed=3)
+        assert venv.get_attr("max_turns") == (4, 4)
+        assert venv.np_random_seed == (3, 4)
+        states.append([g.bit_generator.state for g in venv.np_random])  # type: ignore[attr-defined]
+        assert venv.call("tool_schemas") == (make().tool_schemas(),) * 2
+        venv.set_attr("max_turns", [1, 2])
+        assert venv.get_attr("max_turns") == (1, 2)
+        venv.set_attr("max_turns", 1)
+        assert venv.call("max_turns") == (1, 1)  # not callable: the value itself
+        with pytest.raises(ValueError, match="length"):
+            venv.set_attr("max_turns", [1, 2, 3])
+        _, _, _, truncs, _ = venv.step(["hmm", "hmm"])
+        assert truncs.all()
+        venv.close()
+    assert states[0] == states[1]  # the same generators, as seeded and drawn from
+
+
+@pytest.mark.parametrize("actions", ["ab", b"ab", None, 7])
+def test_an_action_batch_that_is_no_sequence_of_texts_is_refused_before_any_step(actions: Any) -> None:
+    """A single string of `num_envs` characters used to be stepped as one character per env."""
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS)] * 2)
+    venv.reset(seed=0)
+    with pytest.raises(TypeError, match="one text per env"):
+        venv.step(actions)
+    assert [len(e.episode.turns) for e in venv.envs] == [0, 0]  # type: ignore[union-attr]
+    obs, *_ = venv.step(iter(["hmm", "<answer>5</answer>"]))  # any iterable of texts
+    assert len(obs) == 2
+    venv.close()
+
+
+async def test_after_a_step_cancelled_part_way_stepping_again_needs_a_reset() -> None:
+    """A batch cancelled part-way (a caller's timeout) leaves some envs stepped and some not, and
+    the steps that finished were never seen. The next step used to go on from there: envs a turn
+    ahead of what the agent saw, an ended episode stepped again. Now it asks for a reset."""
+    gate = _Gate()
+    venv = _gated(gate, n=3)
+    await venv.areset(seed=0)
+    step = asyncio.ensure_future(venv.astep(["<answer>a</answer>", GATE, "hmm"]))
+    while gate.events != ["start"]:
+        await asyncio.sleep(0)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 0, 1]  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="call reset"):
+        await venv.astep(["hmm"] * 3)
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 0, 1]  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="call reset"):  # resetting some envs is not enough
+        await venv.areset(options={"reset_mask": np.array([True, False, False])})
+        await venv.astep(["hmm"] * 3)
+    await venv.areset(seed=1)
+    _, _, terms, _, _ = await venv.astep(["<answer>a</answer>", "hmm", "hmm"])
+    assert list(terms) == [True, False, False]
+    await venv.aclose()
+
+
+def _same_batch(ours: tuple[Any, ...], theirs: tuple[Any, ...]) -> None:
+    """Two vector steps (or resets) agree, infos in full (tool-call latencies aside)."""
+    for a, b in zip(ours[:-1], theirs[:-1], strict=True):
+        assert repr(a) == repr(b)
+
+    def drop_latency(infos: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: drop_latency(v) if isinstance(v, dict) else v
+            for k, v in infos.items()
+            if k not in ("tool_calls", "_tool_calls")
+        }
+
+    _same(drop_latency(ours[-1]), drop_latency(theirs[-1]))
+
+
+@pytest.mark.parametrize("mode", ["SameStep", gym.vector.AutoresetMode.SAME_STEP])
+def test_same_step_autoreset_matches_gymnasiums_sync_vector_env(mode: Any) -> None:
+    """`autoreset_mode` as SyncVectorEnv takes it (and `gym.make_vec` passes it on): with SAME_STEP
+    an ended env is reset in the step that ended it, its last observation and info in `final_obs`
+    and `final_info`. It used to be passed on to `ToolEnv(...)` and refused there."""
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, max_turns=2, task_order="sequential")
+
+    ours = gym.make_vec(
+        "toolenv/ToolEnv-v0", num_envs=3, autoreset_mode=mode, tools=[Add()], tasks=TASKS, max_turns=2,
+        task_order="sequential",
+    )  # fmt: skip
+    assert isinstance(ours, ToolVectorEnv)
+    theirs = gym.vector.SyncVectorEnv([make] * 3, autoreset_mode=mode)
+    assert ours.metadata["autoreset_mode"] is gym.vector.AutoresetMode.SAME_STEP is ours.autoreset_mode
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    _same_batch(ours.reset(seed=0), theirs.reset(seed=0))
+    steps = []
+    for actions in ([call, "<answer>5</answer>", "hmm"], ["hmm", call, call], ["<answer>14</answer>"] * 3):
+        steps.append(ours.step(actions))
+        _same_batch(steps[-1], theirs.step(actions))
+    obs, rewards, terms, truncs, infos = steps[1]  # envs 0 and 2 truncated at max_turns
+    assert list(truncs) == [True, False, True] and list(infos["_final_obs"]) == [True, False, True]
+    assert "Question:" in obs[0] and "<tool_response>" in infos["final_obs"][0]
+    assert list(infos["final_info"]["episode_stats"]["turns"]) == [2, 0, 2]
+    assert list(infos["turn"]) == [0, 1, 0]  # the reset's info beside the final one
+    ours.close()
+    theirs.close()
+
+
+def test_disabled_autoreset_steps_only_envs_reset_since_they_ended() -> None:
+    """With `autoreset_mode=DISABLED` the caller resets ended envs (`reset_mask`); stepping one
+    before that is a clear error, raised before any env steps."""
+    venv = ToolVectorEnv(
+        [lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS[:1])] * 2, autoreset_mode=gym.vector.AutoresetMode.DISABLED
+    )
+    assert venv.metadata["autoreset_mode"] is gym.vector.AutoresetMode.DISABLED
+    venv.reset(seed=0)
+    _, _, terms, _, _ = venv.step(["<answer>5</answer>", "hmm"])
+    assert list(terms) == [True, False]
+    with pytest.raises(RuntimeError, match=r"envs \[0\] have ended"):
+        venv.step(["hmm", "hmm"])
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 1]  # type: ignore[union-attr]
+    venv.reset(options={"reset_mask": terms})
+    _, rewards, terms, _, _ = venv.step(["<answer>5</answer>", "<answer>5</answer>"])
+    assert list(rewards) == [1.0, 1.0] and terms.all()  # env 0's action was not ignored
+    venv.close()
+    with pytest.raises(ValueError, match="'NextStep'"):
+        ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS)], autoreset_mode="sometimes")
+
+
+def test_close_closes_the_loops_of_sync_calls_made_through_call() -> None:
+    """A sub-env's sync method reached through `call` (`truncate`, `end_episode`) runs on that
+    env's own private loop; `close` used to leave those loops (three open files each) open."""
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS)] * 2)
+    venv.reset(seed=0)
+    venv.step(["hmm", "hmm"])
+    assert venv.call("truncate") == (0.0, 0.0)
+    loops = [e._loop for e in venv.envs]
+    assert all(loop is not None and not loop.is_closed() for loop in loops)
+    venv.close()
+    assert all(loop is not None and loop.is_closed() for loop in loops)

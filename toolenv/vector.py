@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 import numpy as np
+from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -79,20 +80,53 @@ def _reset_mask(options: dict[str, Any] | None, n: int) -> tuple[Any, dict[str, 
     return mask, rest
 
 
+def _action_list(actions: Any, n: int) -> list[Any]:
+    """The action batch as a list of `n` actions, or a TypeError/ValueError before any env steps."""
+    if isinstance(actions, str | bytes):  # iterable, but one text: never one character per env
+        raise TypeError(f"actions must be one text per env ({n} of them), got a single {type(actions).__name__}")
+    try:
+        listed = list(actions)
+    except TypeError:
+        raise TypeError(f"actions must be one text per env ({n} of them), got {type(actions).__name__}") from None
+    if len(listed) != n:
+        raise ValueError(f"got {len(listed)} actions for {n} envs")
+    return listed
+
+
 class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
-    """A vector of ToolEnvs with Gymnasium's next-step autoreset.
+    """A vector of ToolEnvs with Gymnasium's autoreset modes (next-step by default).
 
     Observations and actions are tuples of strings; rewards, terminations and
     truncations are NumPy arrays; infos follow Gymnasium's dict-of-arrays layout.
     An exception in one env's step cancels the other envs' steps and is raised;
-    call `reset` before stepping again.
+    call `reset` before stepping again (a step refuses until then, as after a step
+    or reset cancelled part-way). After `close`, `reset` and `step` raise
+    `ClosedEnvironmentError`, as in Gymnasium's AsyncVectorEnv.
 
     `max_episode_steps` (what `gym.make_vec` gives a vector entry point) truncates an
     episode at that step as its env's own `max_turns` would: final reward scored, tools
     released, the end's info keys included (Gymnasium's `TimeLimit` only sets the flag).
+
+    `autoreset_mode` as in Gymnasium's SyncVectorEnv: `NEXT_STEP` resets an ended env on
+    the next step (its action ignored), `SAME_STEP` in the step that ended it (the ended
+    episode's last observation and info in `infos["final_obs"]` and `infos["final_info"]`),
+    `DISABLED` never (reset ended envs with `options={"reset_mask": ...}` before stepping).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], ToolEnv]], *, max_episode_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], ToolEnv]],
+        *,
+        max_episode_steps: int | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+    ) -> None:
+        try:
+            self.autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            valid = ", ".join(repr(m.value) for m in AutoresetMode)
+            raise ValueError(
+                f"autoreset_mode must be an AutoresetMode or one of {valid}, got {autoreset_mode!r}"
+            ) from None
         if not env_fns:
             raise ValueError("ToolVectorEnv needs at least one env")
         if max_episode_steps is not None and not (isinstance(max_episode_steps, int) and max_episode_steps > 0):
@@ -101,7 +135,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self.envs: list[ToolEnv] = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
         first = self.envs[0]
-        self.metadata = {**first.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
+        self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -111,6 +145,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self._elapsed = [0] * self.num_envs  # steps since each env's reset
         self._obs: list[str] = [""] * self.num_envs  # each env's latest observation
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._unfinished = False  # a step or reset raised or was cancelled part-way: reset all
 
     @classmethod
     def from_entry_point(
@@ -119,10 +154,12 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         num_envs: int = 1,
         *,
         max_episode_steps: int | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         **kwargs: Any,
     ) -> ToolVectorEnv:
         """Build `num_envs` envs from an env factory or its `"module:factory"` string (Gymnasium's
-        vector entry point); `max_episode_steps=-1` means no limit, as in `gym.make`."""
+        vector entry point); `max_episode_steps=-1` means no limit, as in `gym.make`. The
+        other keywords go to the factory."""
         factory = (
             metadata.EntryPoint("env", entry_point, "toolenv.envs").load()
             if isinstance(entry_point, str)
@@ -130,7 +167,11 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         )
         if max_episode_steps == -1:
             max_episode_steps = None
-        return cls([lambda: factory(**kwargs) for _ in range(num_envs)], max_episode_steps=max_episode_steps)
+        return cls(
+            [lambda: factory(**kwargs) for _ in range(num_envs)],
+            max_episode_steps=max_episode_steps,
+            autoreset_mode=autoreset_mode,
+        )
 
     # ------------------------------------------------------------------ async API
     async def areset(
@@ -138,6 +179,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
         """Reset every sub-env (seeds `seed, seed+1, …` when an int is given), or with
         `options={"reset_mask": mask}` (a bool array) only the envs it selects."""
+        self._refuse_if_closed("reset")
         seeds: list[int | None]
         if seed is None:
             seeds = [None] * self.num_envs
@@ -149,7 +191,13 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             seeds = list(seed)
         mask, options = _reset_mask(options, self.num_envs)
         which: Sequence[int] = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
-        results = await _aio.gather_all(self.envs[i].areset(seed=seeds[i], options=options) for i in which)
+        try:
+            results = await _aio.gather_all(self.envs[i].areset(seed=seeds[i], options=options) for i in which)
+        except BaseException:
+            self._unfinished = True  # some envs reset, some not
+            raise
+        if mask is None or mask.all():
+            self._unfinished = False
         infos: list[tuple[int, Mapping[str, Any]]] = []
         for i, (obs, info) in zip(which, results, strict=True):
             self._obs[i] = obs
@@ -161,35 +209,62 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     async def astep(
         self, actions: Sequence[str]
     ) -> tuple[tuple[str, ...], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]]:
-        """Step every sub-env concurrently; an env that ended last step is reset instead."""
-        if len(actions) != self.num_envs:
-            raise ValueError(f"got {len(actions)} actions for {self.num_envs} envs")
-
-        limit = self.max_episode_steps
+        """Step every sub-env concurrently; with next-step autoreset an env that ended last
+        step is reset instead, with same-step autoreset one that ends now is reset after it."""
+        self._refuse_if_closed("step")
+        actions = _action_list(actions, self.num_envs)
+        if self._unfinished:
+            raise RuntimeError(
+                "the previous step or reset of this vector env raised or was cancelled part-way, "
+                "so its envs are at different turns; call reset() before stepping again"
+            )
+        mode = self.autoreset_mode
+        if mode is AutoresetMode.DISABLED and self._needs_reset.any():
+            ended = np.flatnonzero(self._needs_reset).tolist()
+            raise RuntimeError(
+                f"the episodes of envs {ended} have ended and autoreset is disabled: reset them "
+                "(reset(options={'reset_mask': mask})) before stepping"
+            )
 
         async def one(i: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
             env = self.envs[i]
-            if self._needs_reset[i]:
+            if self._needs_reset[i]:  # next-step autoreset
                 obs, info = await env.areset()
                 self._elapsed[i] = 0
                 return obs, 0.0, False, False, info
-            obs, reward, term, trunc, info = await env.astep(action)
-            self._elapsed[i] += 1
-            if limit is None or term or trunc or self._elapsed[i] < limit:
-                return obs, float(reward), term, trunc, info
-            final = await env.atruncate()  # the time limit: scored and released like `max_turns`
-            ep = env.episode
-            if ep is not None and ep.turns:
-                info = {**info, "reward_components": dict(ep.turns[-1].reward_components), **end_info(ep)}
-            return obs, float(reward) + final, term, True, info
+            obs, reward, term, trunc, info = await self._step_one(i, action)
+            if mode is AutoresetMode.SAME_STEP and (term or trunc):
+                final_obs, final_info = obs, info
+                obs, info = await env.areset()
+                self._elapsed[i] = 0
+                info = {"final_obs": final_obs, "final_info": final_info, **info}
+            return obs, reward, term, trunc, info
 
-        results = await _aio.gather_all(one(i, a) for i, a in enumerate(actions))
+        try:
+            results = await _aio.gather_all(one(i, a) for i, a in enumerate(actions))
+        except BaseException:
+            self._unfinished = True  # the steps that finished were never seen
+            raise
         rewards = np.array([r[1] for r in results], dtype=np.float64)
         terms = np.array([r[2] for r in results], dtype=bool)
         truncs = np.array([r[3] for r in results], dtype=bool)
-        self._needs_reset = terms | truncs
+        self._needs_reset = terms | truncs if mode is not AutoresetMode.SAME_STEP else np.zeros_like(terms)
         self._obs = [r[0] for r in results]
         return tuple(self._obs), rewards, terms, truncs, batch_infos([r[4] for r in results])
+
+    async def _step_one(self, i: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Env `i`'s step, truncated (scored and released like `max_turns`) at `max_episode_steps`."""
+        env = self.envs[i]
+        obs, reward, term, trunc, info = await env.astep(action)
+        self._elapsed[i] += 1
+        limit = self.max_episode_steps
+        if limit is None or term or trunc or self._elapsed[i] < limit:
+            return obs, float(reward), term, trunc, info
+        final = await env.atruncate()
+        ep = env.episode
+        if ep is not None and ep.turns:
+            info = {**info, "reward_components": dict(ep.turns[-1].reward_components), **end_info(ep)}
+        return obs, float(reward) + final, term, True, info
 
     async def aclose(self) -> None:
         """Close every sub-env's tools (after this, `close` has nothing left to do), also when
@@ -198,6 +273,12 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             await _aio.close_each(self.envs, lambda e: e.aclose(), lambda e: "an env of the vector env", _log)
         finally:
             self.closed = True
+
+    def _refuse_if_closed(self, what: str) -> None:
+        """A closed vector env stays closed: reopening its tools here would leave them open, since
+        a second `close` does nothing."""
+        if self.closed:
+            raise ClosedEnvironmentError(f"ToolVectorEnv.{what} called after close(); make a new vector env")
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
@@ -225,15 +306,60 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         return state
 
     def render(self) -> tuple[Any, ...] | None:
-        """Each sub-env's `render()`: the episode so far as text (`render_mode="ansi"`), else None."""
+        """Each sub-env's `render()`: the episode so far as text (`render_mode="ansi"`), else None
+        (a tuple of None, as Gymnasium's SyncVectorEnv gives)."""
         return tuple(e.render() for e in self.envs)
 
+    # ------------------------------------------------------------------ Gymnasium's sub-env access
+    # What Gymnasium's SyncVectorEnv and AsyncVectorEnv offer (not its VectorEnv base), so code
+    # written for them runs unchanged.
+    @property
+    def np_random_seed(self) -> tuple[int | None, ...]:  # type: ignore[override]
+        """Each sub-env's `np_random_seed`."""
+        return self.get_attr("np_random_seed")
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
+        """Each sub-env's `np_random`."""
+        return self.get_attr("np_random")
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each sub-env's method `name` called with the arguments (an attribute that is not
+        callable: its value), as SyncVectorEnv's `call`."""
+        results = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return tuple(results)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each sub-env's attribute `name`."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Set attribute `name` of each sub-env: a list or tuple gives one value per env, any
+        other value is set on all of them."""
+        if not isinstance(values, list | tuple):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        for env, value in zip(self.envs, values, strict=True):
+            env.set_wrapper_attr(name, value)
+
     def close_extras(self, **kwargs: Any) -> None:
-        """Close every sub-env, then the private loop: also after the async API alone was used,
-        and inside a running event loop (on a worker thread, as `ToolEnv.close`)."""
+        """Close every sub-env, then the private loops (the vector env's, and any a sub-env's sync
+        method made): also after the async API alone was used, and inside a running event loop
+        (on a worker thread, as `ToolEnv.close`)."""
         loop, self._loop = self._loop, None
         try:
             _aio.close_from_sync(loop, self.aclose())
         finally:
             if loop is not None:
                 loop.close()
+            for env in self.envs:  # the private loop a sync method reached through `call` made
+                own, env._loop = env._loop, None
+                if own is not None and not own.is_running():
+                    own.close()
