@@ -12,7 +12,7 @@ from _tiny_vlm import tiny_qwen3_vl
 import toolenv
 from toolenv.agent import Agent, EnvInfo
 from toolenv.cli import main
-from toolenv.export import chat_messages, export_chat
+from toolenv.export import chat_messages, export_chat, export_tokens, trains_on
 from toolenv.trajectory import Trajectory, read_trajectories
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
@@ -489,3 +489,161 @@ def test_an_in_memory_trajectory_with_a_lone_surrogate_exports(tmp_path: Path) -
     assert export_chat(res.trajectories, out) == 1
     (line,) = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert line["messages"][-1]["content"] == "It is <answer>5</answer> \ufffd"
+
+
+# ---------------------------------------------------------------------- per-message training weights
+def _weights(messages: list[dict[str, Any]]) -> list[int | None]:
+    """Each assistant message's weight (None: it has none); no other role may carry one."""
+    assert all("weight" not in m for m in messages if m["role"] != "assistant")
+    return [m.get("weight") for m in messages if m["role"] == "assistant"]
+
+
+def test_weights_mark_the_turns_the_env_could_not_parse(run_dir: Path, tmp_path: Path) -> None:
+    """`weights=True`: OpenAI's fine-tuning `weight`, 0 on the turn with a parse error, 1 on the call and
+    the answer; the messages are otherwise those of the plain export, which has no weight (the default)."""
+    trajs = read_trajectories(run_dir / "trajectories.jsonl")
+    for calls in ("text", "structured"):
+        weighted = chat_messages(trajs[0], calls=calls, weights=True)  # type: ignore[arg-type]
+        assert _weights(weighted) == [0, 1, 1]
+        plain = chat_messages(trajs[0], calls=calls)  # type: ignore[arg-type]
+        assert _weights(plain) == [None, None, None]
+        assert [{k: v for k, v in m.items() if k != "weight"} for m in weighted] == plain
+    assert export_chat(trajs, tmp_path / "w.jsonl", weights=True) == 2
+    lines = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+    assert [_weights(line["messages"]) for line in lines] == [[0, 1, 1], [0, 1, 1]]
+
+
+class Rambler(Agent):
+    """Text with no call and no answer, a call the tool refuses (bad argument), a good call, the answer."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> str:
+        bad = '<tool_call>{"name": "add", "arguments": {"a": "two", "b": 3}}</tool_call>'
+        return ["Let me think about it.", bad, CALL, "<answer>5</answer>"][env_info.turn]
+
+
+def test_a_turn_with_no_action_weighs_0_and_a_failed_tool_call_1(tmp_path: Path) -> None:
+    """A turn with neither a call nor an answer (the env replied there was none) is not trained on; a
+    well-formed call the tool answered with an error is a turn the env ran, and is."""
+    res = toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=5), Rambler())
+    (t,) = res.trajectories
+    assert t.success and not t.turns[1].parsed.errors and t.turns[1].results[0].is_error
+    assert _weights(chat_messages(t, weights=True)) == [0, 1, 1, 1]
+
+
+def test_cli_weights_in_chat_and_token_exports(tmp_path: Path) -> None:
+    """`--weights`: the chat export's assistant messages carry the weight; the token export's
+    `assistant_masks` is 0 on the tokens of the turn with a parse error."""
+    run = tmp_path / "run"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=4), Tokens(), out=run)
+    chat, tokens = tmp_path / "chat.jsonl", tmp_path / "tokens.jsonl"
+    assert main(["export", str(run), "--out", str(chat), "--weights", "--calls", "structured"]) == 0
+    (line,) = [json.loads(x) for x in chat.read_text().splitlines()]
+    assert _weights(line["messages"]) == [0, 1, 1]
+    assert main(["export", str(run), "--out", str(tokens), "--format", "tokens", "--weights"]) == 0
+    first, second = [json.loads(x) for x in tokens.read_text().splitlines()]
+    assert first["input_ids"] == [1, 2, 3, 10, 11, 4, 5, 12, 13, 14]
+    assert first["assistant_masks"] == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]  # turn 0's broken call: masked
+    assert second["assistant_masks"] == [0, 0, 0, 0, 0, 1]
+    assert main(["export", str(run), "--out", str(tokens), "--format", "tokens"]) == 0
+    assert json.loads(tokens.read_text().splitlines()[0])["assistant_masks"] == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+
+
+def test_weights_in_the_vision_layout(tmp_path: Path) -> None:
+    """A turn with a good call and a broken one weighs 0 (it teaches the broken call too); the
+    weight sits on the assistant message of TRL's vision layout as well."""
+    res = toolenv.rollout(lambda: toolenv.ToolEnv(tools=[snap], tasks=TASKS[:1], max_turns=4), Snapper())
+    assert export_chat(res.trajectories, tmp_path / "sft.jsonl", weights=True) == 1
+    (line,) = [json.loads(x) for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert "images" in line and _weights(line["messages"]) == [1, 0, 1]
+
+
+def test_trl_tokenizes_a_weighted_export_as_the_plain_one(run_dir: Path, tmp_path: Path) -> None:
+    """TRL 1.16's SFT data path passes each message to the chat template as it is: the `weight`
+    key loads (`datasets`, a null on the other roles) and changes no token, and TRL does not
+    use it (what the docs say)."""
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    import tempfile
+
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+    from trl.data_utils import _tokenize
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(build_tiny_qwen2(Path(tempfile.mkdtemp())))
+    trajs = read_trajectories(run_dir / "trajectories.jsonl")
+    ids = []
+    for weights in (False, True):
+        out = tmp_path / f"{weights}.jsonl"
+        export_chat(trajs, out, calls="structured", arguments="object", weights=weights)
+        row = load_dataset("json", data_files=str(out), split="train")[0]
+        ids.append(_tokenize(tokenizer, row["messages"], tools=[add.schema()])["input_ids"])
+    assert ids[0] == ids[1]
+
+
+# ---------------------------------------------------------------------- a reasoning model's thinking
+class Thinker(Agent):
+    """A reasoning model behind a server's reasoning parser, as the `openai` agent records it: the
+    thinking in the action's `metadata["reasoning"]`, the content (the action) without it."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> toolenv.AgentAction:
+        turn = env_info.turn
+        text = [CALL, "<answer>5</answer>"][turn]
+        return toolenv.AgentAction(text=text, metadata={"reasoning": ["I should add 2 and 3.", "It said 5."][turn]})
+
+
+def test_the_thinking_of_a_reasoning_model_is_exported(run_dir: Path, tmp_path: Path) -> None:
+    """Each assistant message carries the turn's thinking as `reasoning_content`, the field vLLM and
+    SGLang return it in and Qwen3's chat template (TRL's too) renders as `<think>`: without it an
+    SFT on a reasoning model's rollouts teaches it to answer without thinking."""
+    run = tmp_path / "run"
+    toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=3), Thinker(), out=run)
+    (t,) = read_trajectories(run / "trajectories.jsonl")
+    for calls in ("text", "structured"):
+        msgs = [m for m in chat_messages(t, calls=calls) if m["role"] == "assistant"]  # type: ignore[arg-type]
+        assert [m.get("reasoning_content") for m in msgs] == ["I should add 2 and 3.", "It said 5."]
+    assert all("reasoning_content" not in m for m in chat_messages(_trajectory(run_dir, "right")))  # none recorded
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    import tempfile
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(build_tiny_qwen2(Path(tempfile.mkdtemp())))
+    msgs = chat_messages(t, calls="structured", arguments="object")
+    text = tokenizer.apply_chat_template(msgs, tools=[add.schema()], chat_template=qwen3_chat_template, tokenize=False)
+    assert "<think>\nI should add 2 and 3.\n</think>" in text and "<think>\nIt said 5.\n</think>" in text
+
+
+class Stuck(Agent):
+    """Only broken calls: no turn worth training on."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> str:
+        return '<tool_call>{"name": "add", "arguments": </tool_call>'
+
+
+class TokensThenGivesUp(Tokens):
+    """`Tokens`, whose last turn (a row of its own) holds neither a call nor an answer."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> toolenv.AgentAction:
+        action = await super().act(observation, messages, env_info)
+        return action.model_copy(update={"text": "I give up."}) if env_info.turn == 2 else action
+
+
+def test_with_weights_an_episode_or_row_with_nothing_to_train_on_is_left_out(tmp_path: Path) -> None:
+    """Every weight 0 is nothing to learn (and a batch of such rows has no loss to average): with
+    `weights` such an episode gets no line, and a token row whose mask is left all 0 is not written."""
+    stuck = toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=2), Stuck())
+    assert export_chat(stuck.trajectories, tmp_path / "plain.jsonl") == 1
+    assert export_chat(stuck.trajectories, tmp_path / "w.jsonl", weights=True) == 0
+    res = toolenv.rollout(lambda: toolenv.ToolEnv(tools=[add], tasks=TASKS[:1], max_turns=3), TokensThenGivesUp())
+    (t,) = res.trajectories
+    assert t.truncated and [trains_on(turn) for turn in t.turns] == [False, True, False]
+    assert export_tokens(res.trajectories, tmp_path / "t.jsonl", weights=True) == 1
+    (row,) = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert row["assistant_masks"] == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1] and row["metadata"]["turns"] == [0, 1]
+    assert export_tokens(stuck.trajectories, tmp_path / "none.jsonl", weights=True) == 0
+    assert export_tokens(res.trajectories, tmp_path / "all.jsonl") == 1
+    assert len((tmp_path / "all.jsonl").read_text().splitlines()) == 2  # without weights: both rows

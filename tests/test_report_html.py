@@ -394,3 +394,19 @@ def test_a_report_of_text_with_a_lone_surrogate_is_writable(run_dir: Path) -> No
     page = render_report(trajs)
     page.encode("utf-8")
     assert page_data(page)["episodes"][0]["answer"] == "cut \ufffd"
+
+
+def test_a_report_of_numpy_metadata_in_memory_is_written(run_dir: Path) -> None:
+    """A rollout kept in memory holds a tool's metadata as the tool gave it, numpy values included:
+    the page shows them as plain numbers and lists, as the trajectory file writes them, instead of
+    failing with pydantic's `Unable to serialize unknown type`."""
+    import numpy as np
+
+    from toolenv.trajectory import read_trajectories
+
+    trajs = read_trajectories(run_dir / "trajectories.jsonl", strict=True)
+    trajs[0].turns[0].results[0].metadata["score"] = np.float32(0.5)
+    trajs[0].turns[0].agent_metadata["ids"] = np.arange(3)
+    episode = page_data(render_report(trajs))["episodes"][0]
+    assert episode["turns"][0]["results"][0]["metadata"]["score"] == 0.5
+    assert episode["turns"][0]["agent_metadata"]["ids"] == [0, 1, 2]

@@ -203,3 +203,21 @@ def test_pass_at_k_is_the_unbiased_estimate_over_tasks() -> None:
     assert summarize([_sampled("a", 0, True), _sampled("a", 0, False, "toolenv/B-v0")]).pass_at_k == {}
     rows = dict(summary_rows(summary))
     assert rows["pass@k"] == ", ".join(f"pass@{k} {summary.pass_at_k[k]:.1%}" for k in ("1", "2", "4", "5"))
+
+
+def test_the_printed_table_shows_names_with_brackets_as_written() -> None:
+    """The tool mix names the tools as the model wrote them: a name like `[/x]` or `[red]sql` is
+    text in Rich's table, not markup (a closing tag that matches none raised MarkupError and
+    ended `toolenv rollout` after its run; an opening one vanished from the table)."""
+    import io
+
+    from toolenv.report.console import print_summary
+
+    turn = TurnRecord(
+        index=0, action="a", parsed=ParsedAction(tool_calls=[ToolCall(name="[/x]"), ToolCall(name="[red]sql")])
+    )
+    s = summarize([Trajectory(env_id="e", agent="a", task=Task(id="1", question="q"), turns=[turn])])
+    out = io.StringIO()
+    print_summary(s, title="[bold]run", stream=out)
+    text = out.getvalue()
+    assert "[/x] 1" in text and "[red]sql 1" in text and "[bold]run" in text

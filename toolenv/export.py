@@ -16,6 +16,9 @@ a trajectory with images takes the layout of TRL's vision-language SFT: every co
 of parts, a `{"type": "image"}` placeholder where each image stands, and an `images` column
 naming the image files (in `images/` beside the file) in order of appearance. A trajectory
 without images keeps the plain layout.
+
+With `weights=True` each assistant message carries OpenAI's fine-tuning `"weight"`: 0 on a turn
+the env could not use (`trains_on`), 1 on the others.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "export_tokens",
     "load_chat",
     "token_rows",
+    "trains_on",
 ]
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
@@ -64,7 +68,28 @@ def _native(turn: TurnRecord) -> bool:
     return isinstance(count, int) and count > 0
 
 
-def _assistant(turn: TurnRecord, calls: CallStyle, arguments: ArgumentStyle) -> dict[str, Any]:
+def trains_on(turn: TurnRecord) -> bool:
+    """Whether the turn is worth training on: False when the env could not use it, that is
+    when its parser reported errors (a malformed call, even beside good ones) or it held
+    neither a tool call nor an answer (the env replied that there was no action). A call the
+    tool answered with an error (a failing query, an unknown tool) is a turn the env ran: True."""
+    parsed = turn.parsed
+    return not parsed.errors and (bool(parsed.tool_calls) or parsed.answer is not None)
+
+
+def _assistant(turn: TurnRecord, calls: CallStyle, arguments: ArgumentStyle, weights: bool) -> dict[str, Any]:
+    """The turn as an assistant message, with the thinking a reasoning parser split off (the
+    `openai` agent records it as `reasoning`) as `reasoning_content`, where chat templates read it."""
+    out = _assistant_message(turn, calls, arguments)
+    reasoning = turn.agent_metadata.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out["reasoning_content"] = reasoning
+    if weights:
+        out["weight"] = int(trains_on(turn))
+    return out
+
+
+def _assistant_message(turn: TurnRecord, calls: CallStyle, arguments: ArgumentStyle) -> dict[str, Any]:
     parsed = turn.parsed
     if not parsed.tool_calls or (calls == "text" and not _native(turn)):
         return {"role": "assistant", "content": turn.action}
@@ -101,27 +126,31 @@ def _reply(results: list[ToolResult]) -> list[Message]:
     return [*tools, Message(role="user", images=moved)]
 
 
-def _episode(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle) -> list[Message | dict[str, Any]]:
+def _episode(
+    trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, weights: bool
+) -> list[Message | dict[str, Any]]:
     """The prompt, then each turn (an OpenAI assistant dict) and the env's reply to it, but the last's."""
     out: list[Message | dict[str, Any]] = list(trajectory.prompt_messages)
     for i, turn in enumerate(trajectory.turns):
-        out.append(_assistant(turn, calls, arguments))
+        out.append(_assistant(turn, calls, arguments, weights))
         if i < len(trajectory.turns) - 1:
             out.extend(_reply(turn.results))
     return out
 
 
 def chat_messages(
-    trajectory: Trajectory, *, calls: CallStyle = "text", arguments: ArgumentStyle = "json"
+    trajectory: Trajectory, *, calls: CallStyle = "text", arguments: ArgumentStyle = "json", weights: bool = False
 ) -> list[dict[str, Any]]:
     """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
 
     The reply to the last turn is left out: the model never saw it, so it is nothing to learn from.
     Images are `image_url` parts (data URLs) of user messages; a result's images follow its tool
-    message in a user message, since OpenAI's tool messages hold text only.
+    message in a user message, since OpenAI's tool messages hold text only. A turn's thinking
+    (`agent_metadata["reasoning"]`) is its message's `reasoning_content`. `weights` puts
+    OpenAI's fine-tuning `"weight"` on each assistant message: 0 where `trains_on` says no, else 1.
     """
     _check(calls, arguments)
-    return [m.to_openai() if isinstance(m, Message) else m for m in _episode(trajectory, calls, arguments)]
+    return [m.to_openai() if isinstance(m, Message) else m for m in _episode(trajectory, calls, arguments, weights)]
 
 
 def _parts(text: str, images: int) -> list[dict[str, Any]]:
@@ -137,13 +166,15 @@ def _shows_images(trajectory: Trajectory) -> bool:
     )
 
 
-def _line(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, store: ImageStore) -> dict[str, Any]:
+def _line(
+    trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, weights: bool, store: ImageStore
+) -> dict[str, Any]:
     """A line's `messages` (and, for a trajectory with images, `images`: files relative to the export)."""
     if not _shows_images(trajectory):
-        return {"messages": chat_messages(trajectory, calls=calls, arguments=arguments)}
+        return {"messages": chat_messages(trajectory, calls=calls, arguments=arguments, weights=weights)}
     messages: list[dict[str, Any]] = []
     files: list[str] = []
-    for m in _episode(trajectory, calls, arguments):
+    for m in _episode(trajectory, calls, arguments, weights):
         if isinstance(m, Message):
             files.extend(f"{IMAGES_DIR}/{store.put(im.data, im.mime)}" for im in m.images)
             messages.append({**m.to_openai(), "content": _parts(m.content, len(m.images))})
@@ -152,9 +183,10 @@ def _line(trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, st
     return {"messages": messages, "images": files}
 
 
-def _kept(t: Trajectory, success_only: bool, min_reward: float | None) -> bool:
-    """Whether the filters keep `t` (errors and empty episodes are never kept)."""
-    if t.error is not None or not t.turns:
+def _kept(t: Trajectory, success_only: bool, min_reward: float | None, weights: bool) -> bool:
+    """Whether the filters keep `t` (errors and empty episodes are never kept, nor, with
+    `weights`, one with no turn to train on: every weight 0 is nothing to learn)."""
+    if t.error is not None or not t.turns or (weights and not any(trains_on(turn) for turn in t.turns)):
         return False
     return not ((success_only and not t.success) or (min_reward is not None and t.reward < min_reward))
 
@@ -199,6 +231,7 @@ def export_chat(
     calls: CallStyle = "text",
     arguments: ArgumentStyle = "json",
     tools: list[dict[str, Any]] | None = None,
+    weights: bool = False,
 ) -> int:
     """Write one `{"messages": [...]}` line per kept trajectory (errors and empty episodes are
     never kept); returns how many lines were written.
@@ -213,19 +246,22 @@ def export_chat(
         calls: how assistant tool calls are written (`CallStyle`).
         arguments: how structured calls' arguments are written (`ArgumentStyle`).
         tools: OpenAI function schemas to put on every line as `"tools"` (the env's `tool_schemas()`).
+        weights: put OpenAI's fine-tuning `"weight"` on every assistant message, 0 on a turn the
+            env could not use (`trains_on`: parse errors, or neither a call nor an answer), else 1;
+            an episode with no turn of weight 1 is left out.
     """
     _check(calls, arguments)
     target = Path(path)
     store = ImageStore(target.parent / IMAGES_DIR)
 
     def lines(t: Trajectory) -> list[dict[str, Any]]:
-        line = _line(t, calls, arguments, store)
+        line = _line(t, calls, arguments, weights, store)
         if tools:
             line["tools"] = tools
         line["metadata"] = _metadata(t)
         return [line]
 
-    return _write_lines(trajectories, target, lambda t: _kept(t, success_only, min_reward), lines)
+    return _write_lines(trajectories, target, lambda t: _kept(t, success_only, min_reward, weights), lines)
 
 
 def _finite(logprobs: list[float]) -> list[float | None]:
@@ -233,7 +269,7 @@ def _finite(logprobs: list[float]) -> list[float | None]:
     return [lp if math.isfinite(lp) else None for lp in logprobs]
 
 
-def token_rows(trajectory: Trajectory) -> list[dict[str, Any]] | None:
+def token_rows(trajectory: Trajectory, *, weights: bool = False) -> list[dict[str, Any]] | None:
     """The trajectory as the exact token ids the model read and wrote, or None when a turn lacks
     `prompt_token_ids` or `token_ids` (the agent did not record them).
 
@@ -242,6 +278,7 @@ def token_rows(trajectory: Trajectory) -> list[dict[str, Any]] | None:
     fit). A turn whose prompt continues the row so far (the previous prompt and completion, then
     the env's reply) extends it; one that does not (a template that re-renders an earlier turn,
     e.g. drops its reasoning) starts a new row, so no row trains on tokens the model never read.
+    With `weights`, the mask is 0 on the tokens of a turn the env could not use (`trains_on`).
     """
     if any(t.prompt_token_ids is None or t.token_ids is None for t in trajectory.turns):
         return None
@@ -259,7 +296,7 @@ def token_rows(trajectory: Trajectory) -> list[dict[str, Any]] | None:
         last = turn.index
         fresh = prompt[len(ids) :]
         ids += [*fresh, *completion]  # lists of this row only: a new row starts new lists
-        mask += [0] * len(fresh) + [1] * len(completion)
+        mask += [0] * len(fresh) + [int(not weights or trains_on(turn))] * len(completion)
         if logprobs is not None and turn.logprobs is not None and len(turn.logprobs) == len(completion):
             logprobs += [None] * len(fresh) + _finite(turn.logprobs)
         else:
@@ -286,19 +323,25 @@ def export_tokens(
     success_only: bool = False,
     min_reward: float | None = None,
     on_missing: Callable[[Trajectory], None] | None = None,
+    weights: bool = False,
 ) -> int:
     """Write each kept trajectory as exact token ids (`token_rows`), for exact-token SFT (TRL's
     `SFTTrainer` takes `input_ids` with `assistant_masks` as already tokenized) or offline RL.
     Returns how many trajectories were written; one whose agent recorded no token ids is left
-    out and given to `on_missing`. Filters as `export_chat`'s."""
+    out and given to `on_missing`. Filters as `export_chat`'s; `weights` zeroes the mask on the
+    turns `export_chat(weights=True)` gives weight 0 and leaves out a row left with no 1."""
 
     def rows(t: Trajectory) -> list[dict[str, Any]] | None:
-        out = token_rows(t)
-        if out is None and on_missing is not None:
-            on_missing(t)
-        return out
+        out = token_rows(t, weights=weights)
+        if out is None:
+            if on_missing is not None:
+                on_missing(t)
+            return None
+        if weights:  # a row whose every turn weighs 0 has no target: left out
+            out = [row for row in out if 1 in row["assistant_masks"]]
+        return out or None
 
-    return _write_lines(trajectories, Path(path), lambda t: _kept(t, success_only, min_reward), rows)
+    return _write_lines(trajectories, Path(path), lambda t: _kept(t, success_only, min_reward, weights), rows)
 
 
 def load_chat(path: str | Path) -> Dataset:

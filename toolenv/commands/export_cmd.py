@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "object (what most Hugging Face chat templates expect)",
     )
     parser.add_argument(
+        "--weights",
+        action="store_true",
+        help='put OpenAI\'s fine-tuning "weight" on every assistant message: 0 on a turn the env could not '
+        "use (parse errors, or neither a tool call nor an answer), 1 on the others; with --format tokens, "
+        "assistant_masks is 0 on such turns' tokens",
+    )
+    parser.add_argument(
         "--tools",
         metavar="ENV_ID|FILE.json",
         default=None,
@@ -135,7 +142,12 @@ def run(args: argparse.Namespace) -> int:
             missing += 1
 
         written = export_tokens(
-            trajectories(), args.out, success_only=args.success_only, min_reward=args.min_reward, on_missing=count
+            trajectories(),
+            args.out,
+            success_only=args.success_only,
+            min_reward=args.min_reward,
+            on_missing=count,
+            weights=args.weights,
         )
         if missing:
             one = missing == 1
@@ -153,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             calls=args.calls or "text",
             arguments=args.arguments or "json",
             tools=tools,
+            weights=args.weights,
         )
     print(f"wrote {written} of {read} trajectories to {args.out}")
     return 0

@@ -164,12 +164,14 @@ def print_summary(s: Summary, *, title: str = "rollout summary", stream: IO[str]
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:  # pragma: no cover - rich is optional
         print(f"{title}\n{format_summary(s)}", file=out)
         return
-    table = Table(title=title)
+    # Text, not markup: a tool name is what the model wrote, and `[/x]` in markup raises.
+    table = Table(title=Text(title))
     table.add_column("metric", style="bold")
     table.add_column("value")
     for k, v in summary_rows(s):
-        table.add_row(k, v)
+        table.add_row(Text(k), Text(v))
     Console(file=out).print(table)

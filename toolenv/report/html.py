@@ -21,11 +21,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import PydanticSerializationError
+
 from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.report.svg import bar_chart, histogram
-from toolenv.trajectory import Trajectory, fix_text, iter_trajectory_file
+from toolenv.trajectory import Trajectory, dump_json, fix_text, iter_trajectory_file
 
 __all__ = ["build_report", "iter_run", "load_run", "render_report"]
 
@@ -165,7 +167,12 @@ class _PageData:
         self.summary.add(traj)
         self.rewards.append(traj.reward)
         self.turns.append(float(len(traj.turns)))
-        text = _json_for_script(traj.model_dump(mode="json", context={IMAGE_STORE: self._table}))
+        context = {IMAGE_STORE: self._table}
+        try:
+            data = traj.model_dump(mode="json", context=context)
+        except PydanticSerializationError:  # numpy in metadata (a run kept in memory): as the file has it
+            data = json.loads(dump_json(traj, context).text)
+        text = _json_for_script(data)
         self._episodes.append(text)
         self._size += len(text) + sum(len(v) for v in self._table.pending.values())
         if self._size >= CHUNK_CHARS:
