@@ -6,14 +6,15 @@ functions, each raising `CheckFailed` with a precise message.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
+import urllib.parse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from toolenv import _aio
 from toolenv._tool import Tool, ToolContext
 from toolenv.env import ToolEnv
 from toolenv.types import Task
@@ -46,8 +47,61 @@ def _walk(node: Any) -> list[dict[str, Any]]:
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def check_tool_schema(tool: Tool) -> None:
-    """The tool has a name, a description, and schemas that serialise and flatten."""
+#: Keywords whose values are data, not schemas: a `$ref` key inside them is the data's own.
+_DATA_KEYS = frozenset({"default", "const", "enum", "examples", "example"})
+
+#: What `toolenv check` says when it cannot validate schemas, and how to make it.
+SCHEMA_NOT_VALIDATED = "parameters not validated as JSON Schema: jsonschema is not installed (pip install jsonschema)"
+
+
+def _schema_nodes(node: Any) -> list[dict[str, Any]]:
+    """Every object of a JSON schema, except the data inside `default`, `enum` and the like."""
+    if isinstance(node, list):
+        return [d for v in node for d in _schema_nodes(v)]
+    if not isinstance(node, dict):
+        return []
+    return [node, *(d for k, v in node.items() if k not in _DATA_KEYS for d in _schema_nodes(v))]
+
+
+def _resolves(ref: str, root: dict[str, Any]) -> bool:
+    """Whether `ref` points into `root` (`#`, a JSON pointer `#/...`, or an `$anchor`), the only
+    references a server follows: it fetches nothing."""
+    base, _, fragment = ref.partition("#")
+    if base and base != root.get("$id"):
+        return False
+    if fragment and not fragment.startswith("/"):  # a plain-name fragment: an `$anchor`
+        return any(d.get("$anchor") == fragment for d in _walk(root))
+    node: Any = root
+    for part in fragment.split("/")[1:]:
+        key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return False
+    return isinstance(node, (dict, bool))
+
+
+def _schema_error(params: dict[str, Any]) -> str | None:
+    """What makes `params` an invalid JSON Schema, by its own `$schema` draft (2020-12 when it
+    names none); None when it is valid. Raises ImportError without `jsonschema`, which is
+    not a core dependency."""
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]  # stubs optional
+
+    cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(params)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(map(str, exc.path))
+        return f"{exc.message} (at {where or 'the top level'})"
+    return None
+
+
+def check_tool_schema(tool: Tool) -> str:
+    """The tool has a name, a description, and a parameters schema that a server takes: JSON,
+    an object schema, a valid JSON Schema (when `jsonschema` is installed) whose `$ref`s
+    resolve inside it, and that flattens. Returns a note when it could not validate the schema."""
     if not _TOOL_NAME.fullmatch(tool.name or ""):
         raise CheckFailed(
             f"tool name {tool.name!r} must be 1 to 64 ASCII letters, digits, '_' or '-' (the OpenAI API's pattern)"
@@ -55,20 +109,50 @@ def check_tool_schema(tool: Tool) -> None:
     if not tool.description.strip():
         raise CheckFailed(f"tool {tool.name!r} has no description (set `description` or a docstring)")
     schema = tool.schema()
-    json.dumps(schema)
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckFailed(f"tool {tool.name!r}: its schema is not JSON: {exc}") from None
     params = schema["function"]["parameters"]
-    if params.get("type") != "object":
-        raise CheckFailed(f"tool {tool.name!r}: parameters must be a JSON object schema")
+    if not isinstance(params, dict) or params.get("type") != "object":
+        raise CheckFailed(
+            f'tool {tool.name!r}: parameters must be a JSON object schema ("type": "object" at the top), '
+            f"got {json.dumps(params)[:200]}"
+        )
+    note = ""
+    try:
+        problem = _schema_error(params)
+    except ImportError:
+        note = SCHEMA_NOT_VALIDATED
+    else:
+        if problem is not None:
+            raise CheckFailed(f"tool {tool.name!r}: parameters are not a valid JSON Schema: {problem}")
+    refs = [d["$ref"] for d in _schema_nodes(params) if isinstance(d.get("$ref"), str)]
+    unresolved = [r for r in refs if not _resolves(r, params)]
+    if unresolved:
+        raise CheckFailed(f"tool {tool.name!r}: parameters have a $ref that resolves nowhere: {unresolved[0]!r}")
     flat = tool.flat_schema()
-    bad = [d for d in _walk(flat["function"]["parameters"]) if "$ref" in d or "anyOf" in d or "oneOf" in d]
+    bad = [d for d in _schema_nodes(flat["function"]["parameters"]) if "$ref" in d or "anyOf" in d or "oneOf" in d]
     if bad:
         raise CheckFailed(f"tool {tool.name!r}: flat schema still has $ref/anyOf: {json.dumps(bad[0])[:200]}")
+    return note
 
 
-def check_tool_rejects_bad_arguments(tool: Tool) -> None:
-    """Calling the tool with junk arguments gives an error result, not an exception."""
+def _takes_any_argument(tool: Tool) -> bool:
+    """Whether the tool's schema admits arguments of any name and value (`"additionalProperties":
+    true`, as an MCP server may declare): junk arguments are then valid arguments."""
+    params = tool.schema()["function"]["parameters"]
+    return isinstance(params, dict) and params.get("additionalProperties") in (True, {})
+
+
+def check_tool_rejects_bad_arguments(tool: Tool) -> str:
+    """Calling the tool with junk arguments gives an error result, not an exception. A tool
+    whose schema admits any argument is not called (a junk call would be a real call)."""
     from toolenv.caller import ToolCaller
     from toolenv.types import ToolCall
+
+    if _takes_any_argument(tool):
+        return "not tried: the schema admits any argument (additionalProperties: true)"
 
     async def go() -> None:
         caller = ToolCaller([tool])
@@ -79,7 +163,8 @@ def check_tool_rejects_bad_arguments(tool: Tool) -> None:
         if not results[0].is_error:
             raise CheckFailed(f"tool {tool.name!r} accepted an unknown argument; its Args model should forbid extras")
 
-    asyncio.run(go())
+    _aio.call_off_loop(_aio.run, go())  # a worker thread's loop inside a running one (a notebook)
+    return ""
 
 
 #: Terminal colour codes (Gymnasium colours its warnings).
@@ -120,7 +205,7 @@ def check_error_paths(env: ToolEnv) -> None:
     probes = ["", "\x00<tool_call>{broken", "<answer", "<" * 1000]
     # Calls the parser can write (`format_call`): an unknown tool, and real tools with an unknown argument.
     calls: list[tuple[str, dict[str, Any]]] = [("__no_such_tool__", {})]
-    calls += [(t.name, {"__junk__": 1}) for t in env.tools[:3]]
+    calls += [(t.name, {"__junk__": 1}) for t in [t for t in env.tools if not _takes_any_argument(t)][:3]]
     probes += [text for name, args in calls if (text := env.parser.format_call(name, args)) is not None]
     for probe in probes:
         env.reset(seed=0)
@@ -158,8 +243,8 @@ def check_async_twins(env: ToolEnv) -> None:
         obs, _ = await env.areset(seed=5)
         return obs, await env.astep("<answer>x</answer>")
 
-    # run the async twin in a fresh thread-free loop: the env's private loop is idle here
-    a_obs, a_step = asyncio.run(go())
+    # on a loop of their own (a worker thread's, inside a running one): the env's private loop is idle here
+    a_obs, a_step = _aio.call_off_loop(_aio.run, go())
     if a_obs != sync_obs or a_step[:4] != sync_step[:4]:
         raise CheckFailed("areset/astep disagree with reset/step for the same seed and action")
 
@@ -197,7 +282,12 @@ def _run(name: str, fn: Callable[[], object]) -> CheckResult:
 
 
 def check_tool(tool: Tool) -> list[CheckResult]:
-    """Run every tool check."""
+    """Run every tool check (on a worker thread when called inside a running event loop, as in
+    a notebook, since the checks drive the tool's coroutines to completion)."""
+    return _aio.call_off_loop(_check_tool, tool)
+
+
+def _check_tool(tool: Tool) -> list[CheckResult]:
     return [
         _run("tool_schema", lambda: check_tool_schema(tool)),
         _run("tool_rejects_bad_arguments", lambda: check_tool_rejects_bad_arguments(tool)),
@@ -206,10 +296,18 @@ def check_tool(tool: Tool) -> list[CheckResult]:
 
 def check_env(env: ToolEnv, tokenizer: Any = None) -> list[CheckResult]:
     """Run every env check, then the tool checks of its tools; with a Hugging Face `tokenizer`,
-    also whether the env's parser reads the calls its chat template writes."""
+    also whether the env's parser reads the calls its chat template writes.
+
+    Inside a running event loop (a notebook, an async test) the checks run on a worker
+    thread, as `reset`/`step` cannot run there; the env is not used concurrently meanwhile.
+    """
+    return _aio.call_off_loop(_check_env, env, tokenizer)
+
+
+def _check_env(env: ToolEnv, tokenizer: Any) -> list[CheckResult]:
     results = [_run(fn.__name__.removeprefix("check_"), lambda fn=fn: fn(env)) for fn in ENV_CHECKS]  # type: ignore[misc]
     if tokenizer is not None:
         results.append(_run("chat_template", lambda: check_chat_template(env, tokenizer)))
     for t in env.tools:
-        results += [CheckResult(f"{r.name}[{t.name}]", r.ok, r.message) for r in check_tool(t)]
+        results += [CheckResult(f"{r.name}[{t.name}]", r.ok, r.message) for r in _check_tool(t)]
     return results

@@ -46,6 +46,7 @@ def _is_env_id(target: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolenv._aio import run as run_coroutine
     from toolenv.checker import check_env, check_tool
     from toolenv.env import ToolEnv
     from toolenv.registry import load_tool
@@ -71,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.tokenizer:
             raise ValueError("--tokenizer checks an env's parser; give an env id (namespace/Name-vN)")
-        results = check_tool(load_tool(args.target, **kwargs))
+        tool = load_tool(args.target, **kwargs)
+        try:
+            results = check_tool(tool)
+        finally:
+            run_coroutine(tool.close())
     width = max(len(r.name) for r in results)
     for r in results:
         print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<{width}}  {r.message}".rstrip())

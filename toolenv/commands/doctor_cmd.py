@@ -34,6 +34,7 @@ def _version(dist: str) -> str | None:
 def collect() -> dict[str, Any]:
     """Versions, plugin distributions, the training stack and plugin reports."""
     from toolenv import __version__
+    from toolenv.cli import error_line
     from toolenv.registry import GROUPS, entries
 
     report: dict[str, Any] = {
@@ -48,7 +49,7 @@ def collect() -> dict[str, Any]:
         try:
             rep = ep.load()()
         except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, not fatal
-            rep = {"error": f"{type(exc).__name__}: {exc}"}
+            rep = {"error": f"{type(exc).__name__}: {error_line(exc)}"}  # one line, as toolenv's errors are
         if not isinstance(rep, dict):  # so is one that returns no report
             rep = {"error": f"the report is {type(rep).__name__}, not a dict"}
         report["reports"][ep.name] = rep
