@@ -67,9 +67,19 @@ def _check_template(parser: ActionParser, tokenizer: Any) -> None:
 
 #: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`): the env ended it (an answer, its
 #: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), the
-#: model's context (`rollout.max_model_len`, likewise), a reply with no token, or a generation the
-#: server aborted.
-STOP_REASONS = ("terminated", "truncated", "max_turns", "response_length", "max_model_len", "empty_reply", "aborted")
+#: model's context (`rollout.max_model_len`, likewise), a reply with no token, a generation the
+#: server aborted, or the env failed (its step or final reward raised, e.g. a remote env's server
+#: lost the session; `extra_fields["toolenv_error"]` says how).
+STOP_REASONS = (
+    "terminated",
+    "truncated",
+    "max_turns",
+    "response_length",
+    "max_model_len",
+    "empty_reply",
+    "aborted",
+    "env_error",
+)
 #: How observations enter the token stream (`observation_role`): chat messages of either role, or
 #: raw text continuing the model's own turn.
 OBSERVATION_ROLES = ("tool", "user", "inline")
@@ -98,6 +108,13 @@ def chat_message(message: Message) -> tuple[dict[str, Any], list[Any]]:
     if message.name:  # the tool's name: Gemma 4's and other templates write tool results under it
         out["name"] = message.name
     return out, images
+
+
+def _env_error(env_id: str, task: Task, exc: Exception) -> str:
+    """`exc` as the episode's `toolenv_error`, logged as a warning."""
+    error = f"{type(exc).__name__}: {exc}"
+    logger.warning("toolenv: env %s failed on task %s; the episode ends here: %s", env_id, task.id, error)
+    return error
 
 
 def _plain(value: Any) -> Any:
@@ -293,6 +310,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         terminated = truncated = False
         answer: str | None = None
         stop_reason = "response_length"
+        #: The env's failure, as "Type: message": verl gathers a batch's episodes, so one env's
+        #: exception would fail the whole training step; it ends this episode instead.
+        error: str | None = None
         #: The stream and the conversation as the model's last turn left them, before the
         #: observation that followed it (inline, that observation is in the last message's text).
         before_observation: _Snapshot | None = None
@@ -359,7 +379,13 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 turn_scores.append(0.0)  # the truncation's final reward goes here, below
                 break
             t0 = time.perf_counter()
-            _, reward, terminated, truncated, step = await env.astep(text)
+            try:
+                _, reward, terminated, truncated, step = await env.astep(text)
+            except Exception as exc:  # noqa: BLE001 - one env's failure ends its episode, not verl's batch
+                env_s += time.perf_counter() - t0
+                error, stop_reason = _env_error(env_id, task, exc), "env_error"
+                turn_scores.append(0.0)  # the env scored nothing for this turn
+                break
             env_s += time.perf_counter() - t0
             turn_scores.append(float(reward))
             for k, v in step["reward_components"].items():
@@ -433,18 +459,27 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 images = [*(images or []), *new_images]
             observation_turns += 1
 
-        if not (terminated or truncated):
+        if error is None and not (terminated or truncated):
             # The loop cut the episode (its max_turns, the response budget): the env scores it as a
             # truncation, so final-only rewards (no-answer penalties, format) count here too.
-            final, parts = await truncate(env)
-            truncated = True
-            if turn_scores:
-                turn_scores[-1] += final
-            else:  # the first reply was empty: no turn to add it to, but the episode still scores it
-                turn_scores.append(final)
-            for k, v in parts.items():
-                if k in components:
-                    components[k] += v
+            try:
+                final, parts = await truncate(env)
+            except Exception as exc:  # noqa: BLE001 - as a failing step
+                error, stop_reason = _env_error(env_id, task, exc), "env_error"
+            else:
+                truncated = True
+                if turn_scores:
+                    turn_scores[-1] += final
+                else:  # the first reply was empty: no turn to add it to, but the episode still scores it
+                    turn_scores.append(final)
+                for k, v in parts.items():
+                    if k in components:
+                        components[k] += v
+        if error is not None:
+            # The env gave no reward for what the model wrote: its tokens are not trained on (verl
+            # leaves fully masked responses out of the loss), rather than trained toward a 0.0
+            # that says nothing about them.
+            mask = [0] * len(mask)
 
         self.messages = messages
         split = len(runtime) - len(mask)
@@ -492,6 +527,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 "toolenv_task_id": task.id,
                 "toolenv_answer": answer or "",
                 "toolenv_stop_reason": stop_reason,
+                "toolenv_error": error or "",
             },
         )
 

@@ -1,0 +1,89 @@
+"""ToolEnvAgentLoop when the env itself fails a step (a remote env's server lost the session):
+that episode ends, the batch goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
+pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
+
+import gymnasium as gym
+
+from toolenv.env import ToolEnv
+from toolenv.integrations.verl.data import abuild_rows
+from toolenv.integrations.verl.demo import DEMO_TASKS, Calculator
+from toolenv.integrations.verl.envs import EnvPool
+from toolenv.remote.client import RemoteEnvError
+
+FLAKY = "toolenv-test/FlakyCalc-v0"
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+
+
+class FlakyEnv(ToolEnv):
+    """The calculator env, whose server goes away at the `fail_at`-th step of an episode (and,
+    with `fail_truncate`, when the loop ends the episode)."""
+
+    def __init__(self, fail_at: int = 2, fail_truncate: bool = False, **kwargs: Any) -> None:
+        super().__init__(tools=[Calculator()], tasks=DEMO_TASKS, **kwargs)
+        self.fail_at, self.fail_truncate = fail_at, fail_truncate
+
+    async def astep(self, action: str, **kwargs: Any) -> Any:
+        ep = self.episode
+        if ep is not None and len(ep.turns) + 1 == self.fail_at:
+            raise RemoteEnvError("the server lost the session")
+        return await super().astep(action, **kwargs)
+
+    async def atruncate(self) -> float:
+        if self.fail_truncate:
+            raise RemoteEnvError("the server is gone")
+        return await super().atruncate()
+
+
+if FLAKY not in gym.registry:
+    gym.register(FLAKY, entry_point=FlakyEnv)
+
+
+async def _row(**env_kwargs: Any) -> dict[str, Any]:
+    row = (await abuild_rows(FLAKY, env_kwargs=env_kwargs))[0]
+    return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"]}
+
+
+async def test_an_env_step_that_raises_ends_that_episode_only(tiny_tokenizer, scripted_server, make_loop, caplog):
+    """verl gathers a batch's episodes with `asyncio.gather`: one env's exception would fail the
+    whole training step. The episode ends on the reply the env could not step; the env scored
+    nothing for it, so its tokens are not trained on (mask 0) and the error is reported."""
+    import asyncio
+
+    pool = EnvPool()
+    good = make_loop(scripted_server([CALL, "<answer>42</answer>"]), pool=pool)
+    flaky_server = scripted_server([CALL, "<answer>42</answer>"])
+    flaky = make_loop(flaky_server, pool=pool)
+    ok_row, bad_row = await _row(fail_at=99), await _row(fail_at=2)
+    with caplog.at_level("WARNING"):
+        ok, bad = await asyncio.gather(good.run({"logprobs": True}, **ok_row), flaky.run({"logprobs": True}, **bad_row))
+    assert ok.reward_score == 1.0 and ok.extra_fields["toolenv_error"] == ""
+    assert bad.extra_fields["toolenv_stop_reason"] == "env_error"
+    assert "RemoteEnvError: the server lost the session" in bad.extra_fields["toolenv_error"]
+    assert "the server lost the session" in caplog.text
+    # The stream is the two generations and the first observation, nothing after the failed turn.
+    assert len(flaky_server.calls) == 2
+    assert bad.response_ids[-len(flaky_server.emitted[1]) :] == flaky_server.emitted[1]
+    assert bad.response_mask == [0] * len(bad.response_ids)
+    assert len(bad.response_logprobs) == len(bad.response_ids)
+    assert bad.reward_score == 0.0 and bad.extra_fields["turn_scores"] == [0.0, 0.0]
+    assert set(bad.extra_fields["reward_extra_info"]) == set(ok.extra_fields["reward_extra_info"])
+    assert bad.extra_fields["reward_extra_info"]["truncated"] == 0.0
+    await pool.aclose()
+
+
+async def test_a_final_reward_the_env_cannot_give_ends_the_episode_as_an_env_error(scripted_server, make_loop):
+    """The loop ends an unfinished episode with `env.atruncate()`; when that fails too, the
+    episode is reported as an env error rather than failing the batch."""
+    loop = make_loop(scripted_server([CALL]), max_turns=1, pool=EnvPool())
+    out = await loop.run({}, **await _row(fail_at=99, fail_truncate=True))
+    assert out.extra_fields["toolenv_stop_reason"] == "env_error"
+    assert "the server is gone" in out.extra_fields["toolenv_error"]
+    assert out.response_mask == [0] * len(out.response_ids) and out.response_ids
