@@ -59,7 +59,11 @@ class ScriptedServer:
 
 
 def rollout_config(
-    prompt_length: int = 1024, response_length: int = 512, max_turns: int = 4, max_model_len: int | None = None
+    prompt_length: int = 1024,
+    response_length: int = 512,
+    max_turns: int = 4,
+    max_model_len: int | None = None,
+    max_user_turns: int | None = None,
 ) -> Any:
     """The slice of verl's trainer config an agent loop reads."""
     from omegaconf import OmegaConf
@@ -74,7 +78,7 @@ def rollout_config(
                     "full_determinism": False,
                     "multi_turn": {
                         "format": "hermes",
-                        "max_user_turns": max_turns,
+                        "max_user_turns": max_turns if max_user_turns is None else max_user_turns,
                         "max_assistant_turns": max_turns,
                         "max_parallel_calls": 1,
                         "max_tool_response_length": 256,
@@ -107,6 +111,7 @@ def make_loop(tiny_tokenizer: Any) -> Any:
         tokenizer: Any = None,
         hf_model_type: str = "qwen2",
         max_model_len: int | None = None,
+        max_user_turns: int | None = None,
         **loop_kwargs: Any,
     ) -> Any:
         from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
@@ -114,7 +119,12 @@ def make_loop(tiny_tokenizer: Any) -> Any:
 
         from toolenv.integrations.verl.agent_loop import ToolEnvAgentLoop
 
-        cfg = rollout_config(response_length=response_length, max_turns=max_turns, max_model_len=max_model_len)
+        cfg = rollout_config(
+            response_length=response_length,
+            max_turns=max_turns,
+            max_model_len=max_model_len,
+            max_user_turns=max_user_turns,
+        )
         return (cls or ToolEnvAgentLoop)(
             trainer_config=DictConfigWrap(cfg),
             server_manager=server,

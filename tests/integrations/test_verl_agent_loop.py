@@ -122,6 +122,16 @@ async def test_a_turn_that_calls_nothing_is_answered_as_the_user(tiny_tokenizer,
     _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
 
 
+@pytest.mark.parametrize(("assistant", "user", "turns"), [(10, 1, 2), (2, 10, 2), (10, 0, 10)])
+async def test_max_user_turns_caps_the_turns_as_verls_tool_agent(scripted_server, make_loop, assistant, user, turns):
+    """verl's `tool_agent` stops after the reply that follows its `max_user_turns`-th observation;
+    the loop read only `max_assistant_turns` (0: no cap, as in verl)."""
+    server = scripted_server([CALL])
+    out = await make_loop(server, max_turns=assistant, max_user_turns=user).run({}, **await _row({"max_turns": 50}))
+    assert len(server.calls) == turns
+    assert out.extra_fields["toolenv_stop_reason"] == "max_turns"
+
+
 async def test_stops_at_max_turns_without_appending_the_last_observation(tiny_tokenizer, scripted_server, make_loop):
     server = scripted_server([CALL])
     loop = make_loop(server, max_turns=2)

@@ -125,8 +125,9 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
     """verl agent loop that runs the toolenv env named by each row's `extra_info`.
 
     Args:
-        max_turns: model turns per episode; default `multi_turn.max_assistant_turns` (the env's
-            own `max_turns` truncates too).
+        max_turns: model turns per episode; default `multi_turn.max_assistant_turns`, or
+            `multi_turn.max_user_turns + 1` when that is fewer, as verl's `tool_agent` stops (the
+            env's own `max_turns` truncates too).
         env_kwargs: overrides merged over each row's `extra_info.env_kwargs` key by key (a key
             replaces the row's whole value, nested mappings included).
         observation_role: `"tool"` (one tool message per tool result; the chat template
@@ -177,7 +178,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         if observation_role not in (None, *OBSERVATION_ROLES):
             raise ValueError(f"observation_role must be 'tool', 'user', 'inline' or None, got {observation_role!r}")
         multi_turn = self.rollout_config.get("multi_turn", {}) or {}
-        self.max_turns: int | None = max_turns or multi_turn.get("max_assistant_turns") or None
+        # verl's own tool_agent stops after a reply once `max_user_turns` observations were sent:
+        # that is `max_user_turns + 1` model turns, whichever cap comes first.
+        caps = [multi_turn.get("max_assistant_turns"), (multi_turn.get("max_user_turns") or -1) + 1]
+        self.max_turns: int | None = max_turns or min((c for c in caps if c), default=None)
         # hydra hands nested YAML values over as OmegaConf containers; envs get plain Python.
         self.env_kwargs: dict[str, Any] = _plain(env_kwargs or {})
         self.observation_role = observation_role
