@@ -485,3 +485,19 @@ def test_close_closes_the_loops_of_sync_calls_made_through_call() -> None:
     assert all(loop is not None and not loop.is_closed() for loop in loops)
     venv.close()
     assert all(loop is not None and loop.is_closed() for loop in loops)
+
+
+def test_close_after_aclose_still_closes_the_loop_sync_calls_made() -> None:
+    """Sync steps, then `aclose` on another loop (it marks the vector env closed), then `close`:
+    Gymnasium's `close` returned at once, leaving the private loop the sync calls made open."""
+    import asyncio
+
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS)] * 2)
+    venv.reset(seed=0)
+    loop = venv._loop
+    assert loop is not None and not loop.is_closed()
+    asyncio.run(venv.aclose())
+    assert venv.closed and not loop.is_closed()
+    venv.close()
+    assert loop.is_closed() and venv._loop is None
+    venv.close()  # again: nothing left to do

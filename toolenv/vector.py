@@ -267,8 +267,8 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         return obs, float(reward) + final, term, True, info
 
     async def aclose(self) -> None:
-        """Close every sub-env's tools (after this, `close` has nothing left to do), also when
-        one fails to; then raise the first failure (the others are logged)."""
+        """Close every sub-env's tools, also when one fails to; then raise the first failure (the
+        others are logged). After this, `close` only closes the private event loops."""
         try:
             await _aio.close_each(self.envs, lambda e: e.aclose(), lambda e: "an env of the vector env", _log)
         finally:
@@ -349,17 +349,29 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         for env, value in zip(self.envs, values, strict=True):
             env.set_wrapper_attr(name, value)
 
+    def close(self, **kwargs: Any) -> None:
+        """Gymnasium's `close`; after `aclose` (which marks the env closed) it still closes the
+        private event loops that sync calls made, which Gymnasium's would skip."""
+        if self.closed:
+            self._close_loops()
+            return
+        super().close(**kwargs)
+
     def close_extras(self, **kwargs: Any) -> None:
         """Close every sub-env, then the private loops (the vector env's, and any a sub-env's sync
         method made): also after the async API alone was used, and inside a running event loop
         (on a worker thread, as `ToolEnv.close`)."""
-        loop, self._loop = self._loop, None
         try:
-            _aio.close_from_sync(loop, self.aclose())
+            _aio.close_from_sync(self._loop, self.aclose())
         finally:
-            if loop is not None:
-                loop.close()
-            for env in self.envs:  # the private loop a sync method reached through `call` made
-                own, env._loop = env._loop, None
-                if own is not None and not own.is_running():
-                    own.close()
+            self._close_loops()
+
+    def _close_loops(self) -> None:
+        """Close the vector env's private loop and those a sub-env's sync method made (`call`)."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
+        for env in self.envs:
+            own, env._loop = env._loop, None
+            if own is not None and not own.is_running():
+                own.close()
