@@ -76,8 +76,18 @@ def flatten_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _nodes(node: Any) -> list[dict[str, Any]]:
+    """Every object inside `node`, `node` first."""
+    if isinstance(node, list):
+        return [d for v in node for d in _nodes(v)]
+    if not isinstance(node, dict):
+        return []
+    return [node, *(d for v in node.values() for d in _nodes(v))]
+
+
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` with every local `$ref` (`#/...`, a JSON pointer into it) replaced by its target.
+    """`schema` with every local `$ref` (`#/...`, a JSON pointer into it, or `#name`, a node's
+    `$anchor`) replaced by its target.
 
     Pydantic writes refs into `$defs`; other writers (TypeScript MCP servers) into
     `definitions` or `properties`. A ref inside the expansion of the same ref (a recursive
@@ -87,8 +97,11 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """
 
     def resolve(ref: str) -> Any:
+        fragment = ref[1:]
+        if fragment and not fragment.startswith("/"):  # a plain name: the node with that `$anchor`
+            return next((d for d in _nodes(schema) if d.get("$anchor") == fragment), None)
         node: Any = schema
-        for part in ref[1:].split("/")[1:]:
+        for part in fragment.split("/")[1:]:
             key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and key in node:
                 node = node[key]

@@ -191,6 +191,14 @@ def test_flat_schema_inlines_every_local_ref() -> None:
     assert "definitions" not in params
     escaped = {"type": "object", "$defs": {"a/b": {"type": "string"}}, "properties": {"p": {"$ref": "#/$defs/a~1b"}}}
     assert flat_parameters(escaped)["properties"] == {"p": {"type": "string"}}
+    # A plain-name fragment names an `$anchor` (draft 2019-09 on): it was read as the root schema.
+    anchored = {
+        "type": "object",
+        "$defs": {"Point": {"$anchor": "point", "type": "object", "properties": {"x": {"type": "number"}}}},
+        "properties": {"p": {"$ref": "#point"}},
+    }
+    p = flat_parameters(anchored)["properties"]["p"]
+    assert p["properties"] == {"x": {"type": "number"}} and p["type"] == "object"
 
 
 def test_flat_schema_of_a_recursive_schema_stops_at_the_recursion() -> None:
