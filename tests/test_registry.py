@@ -28,6 +28,8 @@ class Shout(toolenv.Tool):
 def make_env(**kw):
     kw.setdefault("tasks", [{"id": "a", "question": "shout hi", "answer": "HI!"}])
     return toolenv.ToolEnv(tools=[Shout()], **kw)
+
+LOUD = Shout()  # a plugin may name a ready-made instance
 '''
 
 
@@ -61,7 +63,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "shout-plugin",
             {"shout_plugin": PLUGIN},
             {
-                "toolenv.tools": {"shout": "shout_plugin:Shout"},
+                "toolenv.tools": {"shout": "shout_plugin:Shout", "loud": "shout_plugin:LOUD"},
                 "toolenv.envs": {"Shout-v0": "shout_plugin:make_env"},
             },
         ),
@@ -182,6 +184,27 @@ def test_broken_and_duplicate_plugins_give_clear_errors(site: Path) -> None:
     assert "copycat-plugin 1.0" in res["twin"] and "copycat-two 1.0" in res["twin"]
     assert "no tool named 'missing'" in res["missing"]
     assert res["still_works"] == "shout"
+
+
+def test_arguments_for_a_tool_plugin_that_is_an_instance_are_refused(site: Path) -> None:
+    """A plugin naming a ready-made Tool instance cannot take arguments: `load_tool("loud",
+    timeout=1)` (`toolenv check loud --kwargs ...`) returned the instance with them ignored."""
+    res = run_py(
+        site,
+        """
+        import json
+        from toolenv.registry import PluginError, load_tool
+        plain = load_tool("loud").name
+        try:
+            load_tool("loud", max_rows=7)
+            err = None
+        except PluginError as e:
+            err = str(e)
+        print(json.dumps({"plain": plain, "err": err}))
+        """,
+    )
+    assert res["plain"] == "shout"
+    assert res["err"] is not None and "'loud'" in res["err"] and "max_rows" in res["err"]
 
 
 def test_import_toolenv_is_lazy() -> None:

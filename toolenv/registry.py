@@ -94,6 +94,11 @@ def load_tool(name: str, **kwargs: Any) -> Any:
     from toolenv._tool import Tool
 
     obj = load("tools", name)
+    if isinstance(obj, Tool) and kwargs:
+        raise PluginError(
+            f"tool plugin {name!r} is a ready-made tool instance: it takes no arguments "
+            f"(got {', '.join(sorted(kwargs))})"
+        )
     tool = obj if isinstance(obj, Tool) else obj(**kwargs)
     if not isinstance(tool, Tool):
         raise PluginError(f"tool plugin {name!r} built {type(tool).__name__}, not a toolenv.Tool")

@@ -240,3 +240,16 @@ async def test_tool_agent_trajectories_release_the_tools_episode(scripted_server
     await adapter.execute(iid, {"expression": "1"})
     await adapter.release(iid)
     assert Session.released[-1][0] == iid and len(Session.released) == 4
+
+
+CALCULATOR = Calculator()  # a "module:NAME" reference may name a ready-made instance
+
+
+def test_arguments_for_a_tool_instance_reference_are_refused() -> None:
+    """`tool_kwargs` for a reference to a Tool instance were dropped without a word."""
+    from toolenv.integrations.verl.envs import resolve_tool
+
+    ref = f"{__name__}:CALCULATOR"
+    assert resolve_tool(ref) is CALCULATOR
+    with pytest.raises(ValueError, match=r"tool instance: it takes no arguments \(got timeout\)"):
+        resolve_tool(ref, timeout=3)

@@ -48,6 +48,9 @@ def resolve_tool(ref: Any, **kwargs: Any) -> Tool:
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"cannot import tool {ref!r}: {exc}") from None
+        if isinstance(obj, Tool) and kwargs:
+            got = ", ".join(sorted(kwargs))
+            raise ValueError(f"tool {ref!r} is a tool instance: it takes no arguments (got {got})")
         built = obj if isinstance(obj, Tool) else obj(**kwargs)
         if not isinstance(built, Tool):
             raise ValueError(f"tool reference {ref!r} built {type(built).__name__}, not a toolenv.Tool")
