@@ -336,3 +336,28 @@ def test_a_perfect_score_whose_weights_sum_to_one_in_floats_is_a_success(tmp_pat
     assert again.new == 0 and again.summary.success_rate == 1.0  # recomputed on resume alike
     strict = rollout(make, example.ScriptedAgent(), samples=2, out=tmp_path, success_threshold=1.001)
     assert strict.summary.success_rate == 0.0  # a threshold above the reward still fails it
+
+
+class RawBytes(example.ScriptedAgent):  # type: ignore[name-defined,misc]
+    """Puts bytes that are not UTF-8 (a PNG's, as a dataset's image column holds them) in its metadata."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> AgentAction:
+        action: AgentAction = await super().act(observation, messages, env_info)
+        if env_info.task.id == "price" and env_info.turn == 1:
+            action.metadata = {"raw": b"\x89PNG\r\n", "text": b"plain", "nan": math.nan}
+        return action
+
+
+@pytest.mark.parametrize("images", ["inline", "files"])
+def test_bytes_that_are_not_utf8_end_their_episode_not_the_run(tmp_path: Path, images: str) -> None:
+    res = rollout(example.ENV_ID, RawBytes(), out=tmp_path, images=images)
+    on_disk = {t.task.id: t for t in read_trajectories(tmp_path / "trajectories.jsonl", strict=True)}
+    assert sorted(on_disk) == ["color", "price", "sum-1", "sum-2"] and res.summary.episodes == 4
+    price = on_disk["price"]
+    assert price.error == "could not write turns.1.agent_metadata.raw: bytes that are not UTF-8 (written as null)"
+    assert price.turns[1].agent_metadata["raw"] is None and price.turns[1].agent_metadata["text"] == "plain"
+    assert on_disk["color"].turns[0].results[0].images[0].data.startswith(b"\x89PNG")  # real images untouched
+    traj = Trajectory(env_id="e", agent="a", task=Task(id="t", context={"image": {"bytes": b"\xff\xd8"}}))
+    traj.turns.append(TurnRecord(index=0, action="x", results=[on_disk["color"].turns[0].results[0]]))
+    with pytest.raises(ValueError, match=r"cannot write task\.context\.image\.bytes: bytes that are not UTF-8"):
+        traj.to_json_line()

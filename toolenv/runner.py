@@ -5,16 +5,20 @@ worker owning one env (`gym.make(env_id).unwrapped`, stepped with
 `areset`/`astep`). Each finished trajectory is appended to
 `OUT/trajectories.jsonl` and flushed, so a run stopped by Ctrl-C keeps what it
 wrote and a second run with the same `OUT` skips the finished (task id, sample)
-pairs. Agent and env failures end their episode with `Trajectory.error`, never the
-run, and so does a value the trajectory cannot be written with (it is written as null and
-named in `error`). `OUT/summary.json` holds the summary of every trajectory in the file: it
-is removed when a run starts and written when it ends (Ctrl-C and SIGTERM included).
+pairs; it refuses the file of another run (another env, agent, model, seed, env arguments,
+or a task changed under its id), and one run at a time holds `OUT/.lock`. Agent and env
+failures end their episode with `Trajectory.error`, never the run, and so does a value the
+trajectory cannot be written with (it is written as null and named in `error`).
+`OUT/summary.json` holds the summary of every trajectory in the file: it is removed when a
+run starts and written when it ends (Ctrl-C and SIGTERM included).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import math
 import time
@@ -38,6 +42,7 @@ from toolenv.trajectory import (
     CallStats,
     Trajectory,
     TurnRecord,
+    dump_json,
     dump_line,
     invalid_line_message,
     iter_trajectory_lines,
@@ -49,6 +54,7 @@ __all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
 TRAJECTORIES = "trajectories.jsonl"
 SUMMARY = "summary.json"
 RUN_CONFIG = "run.json"
+LOCK = ".lock"
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 EnvSpec = str | Callable[[], Any]
@@ -305,12 +311,27 @@ class _Output:
         self._load_previous = False
         self._fh: IO[str] | None = None
         out.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
-            if not resume:
-                raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
-            self._load_previous = True
-        elif not self.path.exists():
-            self._rewrite = True
+        self._lock = _lock(out)
+        try:
+            if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
+                if not resume:
+                    raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
+                self._load_previous = True
+            elif not self.path.exists():
+                self._rewrite = True
+        except BaseException:
+            self.unlock()
+            raise
+
+    def previous_config(self) -> dict[str, Any]:
+        """The `run.json` of the run being resumed ({} when starting afresh, or none is readable)."""
+        if not self._load_previous:
+            return {}
+        try:
+            config = json.loads((self.dir / RUN_CONFIG).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return config if isinstance(config, dict) else {}
 
     def load(self, retry_errors: bool, success_threshold: float) -> Iterator[Trajectory]:
         """Each earlier trajectory to keep, its `success` marked at `success_threshold`
@@ -407,6 +428,35 @@ class _Output:
             self._fh.close()
             self._fh = None
 
+    def unlock(self) -> None:
+        """Let another run use the directory."""
+        self.close()
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases its lock
+            self._lock = None
+
+
+def _lock(out: Path) -> IO[bytes] | None:
+    """An exclusive lock on `out` (held by the open file `out/.lock`), so a second run on it
+    fails at once instead of writing into the same file: ours, or None where the platform
+    (Windows) or file system (an NFS mount without locking) has none."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    fh = (out / LOCK).open("a+b")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise RuntimeError(
+            f"another run is writing to {out}; wait for it to end, or use another output directory"
+        ) from None
+    except OSError:  # no locks on this file system: run unguarded, as before
+        fh.close()
+        return None
+    return fh
+
 
 def _who(agent: str, model: str | None) -> str:
     return f"agent {agent!r}" + (f" (model {model!r})" if model is not None else "")
@@ -428,6 +478,82 @@ def _check_same_run(path: Path, previous: Trajectory, env_id: str, agent: Agent)
             f"{path} holds trajectories of {theirs}, not {ours}; "
             "use another output directory, or --overwrite (overwrite=True) to start again"
         )
+
+
+def _task_digest(task: Task, *, read_back: bool) -> str:
+    """What a trajectory line holds of `task`, as a digest that two tasks share when a resume
+    may treat them as one: `read_back` first passes `task` through a line and back, as the
+    file's tasks were (a tuple is a list then, a number answer its text, NaN the text "NaN").
+    Keys are sorted, and an image is its SHA-256 whether inline or in `images/`."""
+    line = dump_json(Trajectory(env_id="", agent="", task=task)).text
+    if read_back:
+        with contextlib.suppress(ValidationError):  # a task that would not read back stays as written
+            line = dump_json(Trajectory.model_validate_json(line)).text
+    text = json.dumps(
+        _image_digests(json.loads(line)["task"]), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _image_digests(value: Any) -> Any:
+    """`value` (JSON) with each image, base64 inline or named in `images/`, as its SHA-256."""
+    if isinstance(value, list):
+        return [_image_digests(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if value.keys() == {"data", "mime", "width", "height"} and isinstance(value["data"], str):
+        with contextlib.suppress(ValueError):
+            return {**value, "data": hashlib.sha256(base64.b64decode(value["data"], validate=True)).hexdigest()}
+    if value.keys() == {"file", "mime", "width", "height"} and isinstance(value["file"], str):
+        return {k: v for k, v in value.items() if k != "file"} | {"data": value["file"].partition(".")[0]}
+    return {k: _image_digests(v) for k, v in value.items()}
+
+
+def _changed_tasks(path: Path, changed: list[str]) -> ValueError:
+    """The refusal of a resume whose tasks changed under their ids (the first few named)."""
+    names = ", ".join(repr(c) for c in changed[:5]) + (", ..." if len(changed) > 5 else "")
+    return ValueError(
+        f"{path} holds trajectories of {len(changed)} task{'s' if len(changed) > 1 else ''} changed since "
+        f"they ran (the same id, another question, answer, context or metadata): {names}; use another "
+        "output directory, or --overwrite (overwrite=True) to start again"
+    )
+
+
+def _check_same_config(output: _Output, seed: int | None, env_kwargs: Mapping[str, Any]) -> None:
+    """Resuming is running the same run: refuse earlier episodes that ran with another seed
+    (each reset with its own `seed + i`) or other env arguments (`max_turns`, `parser`...), as
+    `run.json` records them. A run.json without them (or none) is not checked."""
+    before = output.previous_config()
+    kwargs = _redact(env_kwargs)
+    # An object JSON cannot hold (a parser) is in run.json as its text, its address in it: only
+    # its name is compared. The rest as run.json holds it (a tuple is a list there).
+    objects = {k for k, v in kwargs.items() if not _is_json(v)}
+    now = {"seed": seed, "env_kwargs": json.loads(json.dumps(kwargs, default=str))}
+    if isinstance(before.get("env_kwargs"), dict) and objects <= before["env_kwargs"].keys():
+        before["env_kwargs"] = {k: ("..." if k in objects else v) for k, v in before["env_kwargs"].items()}
+        now["env_kwargs"] = {k: ("..." if k in objects else v) for k, v in now["env_kwargs"].items()}
+    for name, value in now.items():
+        if name in before and before[name] != value:
+            raise ValueError(
+                f"{output.dir} ran with {name} {before[name]!r}, not {value!r}; use another output "
+                "directory, or --overwrite (overwrite=True) to start again"
+            )
+
+
+def _is_json(value: Any) -> bool:
+    """Whether `value` is JSON as it is (run.json records anything else as its text)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+async def _close_envs(envs: list[ToolEnv]) -> None:
+    """Close each env, best effort: the run's data is written by then."""
+    for e in envs:
+        with contextlib.suppress(Exception):
+            await e.aclose()
 
 
 def _redact(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -482,107 +608,119 @@ async def arollout(
     if math.isnan(success_threshold):
         raise ValueError("success_threshold must be a number, got nan")
     the_agent = load_agent(agent, **dict(agent_kwargs or {}))
-    first, env_id = _make_env(env, dict(env_kwargs or {}))
-    chosen = _select_tasks(first, tasks, n)
-    work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
-    output = _Output(Path(out), resume=resume, overwrite=overwrite, images=images) if out is not None else None
-    previous: list[Trajectory] = []  # kept only for the result (`keep_trajectories`)
-    done_keys: set[tuple[str, int]] = set()
-    totals = SummaryBuilder()  # fed as episodes end, so the closing summary is quick
-    if output is not None:
-        for t in output.load(retry_errors, success_threshold):
-            _check_same_run(output.path, t, env_id, the_agent)
-            done_keys.add(t.key)
-            totals.add(t)
-            if keep_trajectories:
-                previous.append(t)
-        output.start()
-    todo = [w for w in work if (w[1].id, w[2]) not in done_keys]
-    if output:
-        output.write_config(
-            {
-                "env_id": env if isinstance(env, str) else env_id,  # as given: a module prefix says what to import
-                "agent": the_agent.label,
-                "model": the_agent.model,
-                "episodes": len(work),
-                "samples": samples,
-                "concurrency": concurrency,
-                "seed": seed,
-                "success_threshold": success_threshold,
-                "tune_gc": tune_gc,
-                "images": images,
-                "episode_timeout": episode_timeout,
-                "env_kwargs": _redact(env_kwargs or {}),
-                "agent_kwargs": _redact(agent_kwargs or {}),
-                "started_at": _now(),
-            }
-        )
-    # The first worker steps `first`; each other one builds its env when it takes its first task,
-    # so episodes start at once rather than after every env is built (1,024 envs: ~16 ms), and a
-    # build's cost lands in the first round of tool calls, which the later rounds outlast.
-    envs = [first]
-    queue: asyncio.Queue[tuple[int, Task, int]] = asyncio.Queue()
-    for w in todo:
-        queue.put_nowait(w)
-    new: list[Trajectory] = []
-    written = failed = 0
-    started = time.perf_counter()
-    bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
-
-    async def worker(w_env: ToolEnv | None) -> None:
-        nonlocal written, failed
-        while True:
-            try:
-                index, task, sample = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            if w_env is None:
-                w_env = _make_env(env, dict(env_kwargs or {}))[0]
-                envs.append(w_env)
-            traj = await run_episode(
-                w_env,
-                the_agent.spawn(),
-                task,
-                env_id=env_id,
-                sample=sample,
-                seed=None if seed is None else seed + index,
-                success_threshold=success_threshold,
-                timeout=episode_timeout,
-            )
-            if output:
-                traj = output.write(traj)
-            written += 1
-            failed += traj.error is not None
-            if keep_trajectories:
-                new.append(traj)
-            totals.add(traj)  # after the write: the summary counts what the file holds
-            bar.update(traj)
-            if on_trajectory is not None:
-                on_trajectory(traj)
-
-    workers = min(concurrency, len(todo))
-    interrupted = False
-    try:
-        with bar, tuned_gc(gen0_threshold_for(workers)) if tune_gc else contextlib.nullcontext():
-            # A worker that fails (an env that cannot be built, a disk that is full) stops the
-            # others rather than leaving them to write on after the run has failed.
-            await _aio.gather_all([worker(first), *(worker(None) for _ in range(workers - 1))])
-    except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: either way the run did not finish
-        interrupted = True
-        raise
-    finally:
-        everything = previous + new
-        summary = totals.build(wall_time_s=time.perf_counter() - started, interrupted=interrupted)
+    envs: list[ToolEnv] = []  # closed, with the agent, however the run ends (a refused resume too)
+    async with contextlib.AsyncExitStack() as closing:
+        closing.push_async_callback(the_agent.aclose)
+        closing.push_async_callback(_close_envs, envs)
+        first, env_id = _make_env(env, dict(env_kwargs or {}))
+        envs.append(first)
+        chosen = _select_tasks(first, tasks, n)
+        work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
+        output = _Output(Path(out), resume=resume, overwrite=overwrite, images=images) if out is not None else None
+        if output is not None:
+            closing.callback(output.unlock)
+            _check_same_config(output, seed, env_kwargs or {})
+        previous: list[Trajectory] = []  # kept only for the result (`keep_trajectories`)
+        done_keys: set[tuple[str, int]] = set()
+        totals = SummaryBuilder()  # fed as episodes end, so the closing summary is quick
+        if output is not None:
+            given: dict[str, str] | None = None  # task id -> digest, made when there is a line to check
+            changed: set[str] = set()
+            for t in output.load(retry_errors, success_threshold):
+                _check_same_run(output.path, t, env_id, the_agent)
+                if given is None:
+                    given = {task.id: _task_digest(task, read_back=True) for task in chosen}
+                want = given.get(t.task.id)  # a task no longer given is kept, unchecked
+                if want is not None and t.task.id not in changed and _task_digest(t.task, read_back=False) != want:
+                    changed.add(t.task.id)
+                done_keys.add(t.key)
+                totals.add(t)
+                if keep_trajectories:
+                    previous.append(t)
+            if changed:  # named in the order of the task list
+                raise _changed_tasks(output.path, [task.id for task in chosen if task.id in changed])
+            output.start()
+        todo = [w for w in work if (w[1].id, w[2]) not in done_keys]
         if output:
-            output.close()
-            output.write_summary(summary)
-        for e in envs:
-            with contextlib.suppress(Exception):  # closing is best effort; the run's data is written
-                await e.aclose()
-        await the_agent.aclose()
-    return RolloutResult(
-        everything, summary, Path(out) if out is not None else None, written, len(work) - len(todo), failed
-    )
+            output.write_config(
+                {
+                    "env_id": env if isinstance(env, str) else env_id,  # as given: a module prefix says what to import
+                    "agent": the_agent.label,
+                    "model": the_agent.model,
+                    "episodes": len(work),
+                    "samples": samples,
+                    "concurrency": concurrency,
+                    "seed": seed,
+                    "success_threshold": success_threshold,
+                    "tune_gc": tune_gc,
+                    "images": images,
+                    "episode_timeout": episode_timeout,
+                    "env_kwargs": _redact(env_kwargs or {}),
+                    "agent_kwargs": _redact(agent_kwargs or {}),
+                    "started_at": _now(),
+                }
+            )
+        # The first worker steps `first`; each other one builds its env when it takes its first task,
+        # so episodes start at once rather than after every env is built (1,024 envs: ~16 ms), and a
+        # build's cost lands in the first round of tool calls, which the later rounds outlast.
+        queue: asyncio.Queue[tuple[int, Task, int]] = asyncio.Queue()
+        for w in todo:
+            queue.put_nowait(w)
+        new: list[Trajectory] = []
+        written = failed = 0
+        started = time.perf_counter()
+        bar = Progress(len(todo), enabled=progress, stream=progress_stream, label=env_id or "rollout")
+
+        async def worker(w_env: ToolEnv | None) -> None:
+            nonlocal written, failed
+            while True:
+                try:
+                    index, task, sample = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                if w_env is None:
+                    w_env = _make_env(env, dict(env_kwargs or {}))[0]
+                    envs.append(w_env)
+                traj = await run_episode(
+                    w_env,
+                    the_agent.spawn(),
+                    task,
+                    env_id=env_id,
+                    sample=sample,
+                    seed=None if seed is None else seed + index,
+                    success_threshold=success_threshold,
+                    timeout=episode_timeout,
+                )
+                if output:
+                    traj = output.write(traj)
+                written += 1
+                failed += traj.error is not None
+                if keep_trajectories:
+                    new.append(traj)
+                totals.add(traj)  # after the write: the summary counts what the file holds
+                bar.update(traj)
+                if on_trajectory is not None:
+                    on_trajectory(traj)
+
+        workers = min(concurrency, len(todo))
+        interrupted = False
+        try:
+            with bar, tuned_gc(gen0_threshold_for(workers)) if tune_gc else contextlib.nullcontext():
+                # A worker that fails (an env that cannot be built, a disk that is full) stops the
+                # others rather than leaving them to write on after the run has failed.
+                await _aio.gather_all([worker(first), *(worker(None) for _ in range(workers - 1))])
+        except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: either way the run did not finish
+            interrupted = True
+            raise
+        finally:
+            everything = previous + new
+            summary = totals.build(wall_time_s=time.perf_counter() - started, interrupted=interrupted)
+            if output:
+                output.close()
+                output.write_summary(summary)
+        return RolloutResult(
+            everything, summary, Path(out) if out is not None else None, written, len(work) - len(todo), failed
+        )
 
 
 def rollout(
@@ -620,9 +758,11 @@ def rollout(
         concurrency: episodes in flight at once.
         out: a directory for `trajectories.jsonl`, `summary.json` and `run.json`.
         resume: skip (task id, sample) pairs already in `out`. The file must hold the same
-            env, agent and model (else ValueError) and valid lines (a partial last line, from a
-            killed run, is dropped; any other invalid line is a ValueError naming it). Earlier
-            episodes' `success` is recomputed at `success_threshold` (their lines rewritten).
+            env, agent and model, the same task under each id that is still given, and have run
+            with the same `seed` and `env_kwargs` (else ValueError), and valid lines (a partial
+            last line, from a killed run, is dropped; any other invalid line is a ValueError
+            naming it). Earlier episodes' `success` is recomputed at `success_threshold`
+            (their lines rewritten). Another run using `out` at the time is a RuntimeError.
         overwrite: start `out` afresh.
         retry_errors: on resume, drop and rerun episodes that ended with an error.
         seed: episode `i` resets with `seed + i` (None: unseeded); at least 0.

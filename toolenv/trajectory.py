@@ -8,6 +8,7 @@ components, timings and token counts when the agent knows them.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import uuid
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.types import Message, ParsedAction, Task, ToolResult
@@ -212,13 +213,19 @@ def dump_json(model: BaseModel, context: Any = None, *, warnings: bool = True) -
         plain = plain_value(value)
         return plain if plain is not value else token + type(value).__qualname__
 
-    data = model.model_dump(mode="json", context=context, fallback=fallback, warnings=warnings)
+    try:
+        data = model.model_dump(mode="json", context=context, fallback=fallback, warnings=warnings)
+    except UnicodeDecodeError:  # bytes that are not UTF-8 where any value goes (a PNG in a task's context)
+        data = model.model_dump(context=context, fallback=fallback, warnings=warnings)
+        data = to_jsonable_python(_bytes_as_text(data, token), fallback=fallback)
     problems: list[str] = []
 
     def clean(value: Any, where: tuple[str, ...]) -> Any:
         if isinstance(value, str):
             if value.startswith(token):
-                problems.append(f"{'.'.join(where)}: {value[len(token) :]} is not JSON (written as null)")
+                what = value[len(token) :]
+                said = _NOT_UTF8 if what == _NOT_UTF8 else f"{what} is not JSON"
+                problems.append(f"{'.'.join(where)}: {said} (written as null)")
                 return None
             return fix_text(value)
         if isinstance(value, float) and not math.isfinite(value):  # a float field (Any ones are null by now)
@@ -233,6 +240,27 @@ def dump_json(model: BaseModel, context: Any = None, *, warnings: bool = True) -
 
     data = clean(data, ())
     return JsonLine(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False), problems, True)
+
+
+_NOT_UTF8 = "bytes that are not UTF-8"
+_IMAGE_KEYS = frozenset({"data", "mime", "width", "height"})
+
+
+def _bytes_as_text(value: Any, token: str) -> Any:
+    """A python-mode dump with bytes as JSON mode writes them: an image's as base64, others as
+    their UTF-8 text, and those that are not UTF-8 as `token` naming them (written as null)."""
+    if isinstance(value, dict):
+        if value.keys() == _IMAGE_KEYS and isinstance(value["data"], bytes):  # a ToolImage, inline
+            return {**value, "data": base64.b64encode(value["data"]).decode("ascii")}
+        return {k: _bytes_as_text(v, token) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_bytes_as_text(v, token) for v in value]
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return token + _NOT_UTF8
+    return value
 
 
 def iter_trajectory_lines(path: str | Path) -> Iterator[tuple[int, Trajectory | None, str]]:
