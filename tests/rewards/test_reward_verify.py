@@ -180,3 +180,16 @@ def test_a_tool_with_an_argument_called_name_can_verify() -> None:
     _, r, term, _, info = env.step("<answer>bob</answer>")
     env.close()
     assert term and r == 1.0 and info["reward_components"] == {"tool_verified": 1.0}
+
+
+@pytest.mark.parametrize("blank", ["<answer></answer>", "<answer> \n </answer>"])
+def test_a_blank_answer_is_not_verified(blank: str) -> None:
+    """`<answer></answer>` answers nothing, as for the judge, the format reward and the answer
+    avoidance penalty: running it would pass a verifier whose tool accepts empty input (empty
+    code runs without error, so the default judge scored it 1)."""
+    runs_the_answer = ToolVerified("python", lambda ep: {"code": ep.answer or ""})
+    comps, reward_value, env = run([blank], runs_the_answer)
+    assert comps == {"tool_verified": 0.0} and reward_value == 0.0
+    assert env.episode is not None and reward_info(env.episode)["tool_verified"]["skipped"] == "no answer"
+    comps, reward_value, _ = run(["<answer>print(1)</answer>"], runs_the_answer)
+    assert comps == {"tool_verified": 1.0}

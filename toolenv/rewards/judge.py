@@ -52,6 +52,10 @@ Reply with "yes" or "no" first, then a short reason."""
 # A prediction may not close its own block and write instructions after it (a policy under
 # RL finds that); the tag is escaped where it appears in the prediction.
 _CLOSING_TAG = re.compile(r"</\s*prediction\s*>", re.IGNORECASE)
+# Nor may it hold a reasoning tag: a reasoning judge that quotes it while it thinks would end
+# its reasoning at the prediction's `</think>`, and the policy's words after it would be read
+# as the verdict (`parse_judgement` reads what follows the reasoning).
+_THINK_TAG = re.compile(r"<\s*(/?)\s*think\s*>", re.IGNORECASE)
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _OF = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
@@ -59,7 +63,10 @@ _SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)" + _O
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*\.?\s*$", re.IGNORECASE)
 _WORDS = r"(yes|no|correct|incorrect|true|false)\b"
 _LEADING_VERDICT = re.compile(r"\W*" + _WORDS, re.IGNORECASE)
-_VERDICT = re.compile(r"(\bnot\s+|n['\u2019]t\s+)?\b" + _WORDS, re.IGNORECASE)
+# "not the correct answer", "not entirely correct": a negation a few such words before the verdict.
+_FILLER = r"the|a|an|entirely|quite|fully|completely|totally|exactly|really|wholly|strictly|necessarily"
+_FILLERS = r"(?:(?:" + _FILLER + r")\s+){0,3}"
+_VERDICT = re.compile(r"(\bnot\s+" + _FILLERS + r"|n['\u2019]t\s+" + _FILLERS + r")?\b" + _WORDS, re.IGNORECASE)
 _POSITIVE = frozenset({"yes", "correct", "true"})
 # A quoted span: "…", “…”, ‘…’, `…`, or '…' that no letter touches (an apostrophe is no quote).
 _QUOTED = re.compile(r"\"[^\"\n]*\"|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|`[^`\n]*`|(?<!\w)'[^'\n]*'(?!\w)")
@@ -83,7 +90,7 @@ def _fraction(num: str, den: str | None) -> float | None:
         if d <= 0:
             return None
         value /= d
-    return value if 0.0 <= value <= 1.0 else None
+    return value + 0.0 if 0.0 <= value <= 1.0 else None  # + 0.0: "-0" scores 0.0, not -0.0
 
 
 def _contains(haystack: str, needle: str) -> bool:
@@ -121,7 +128,8 @@ def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
     Understood, in this order: a reply that starts with a yes/no (correct/incorrect,
     true/false) word, as the default prompt asks; `score: 0.8`, `score: 4/5` or
     `score: 4 out of 5`; a reply that is just a number or fraction; the first yes/no word
-    anywhere, where "not correct" or "isn't true" counts as the opposite verdict. Markdown
+    anywhere, where "not correct" or "isn't true" counts as the opposite verdict, and so do
+    "not the correct answer" and "not entirely correct" (articles and degree adverbs). Markdown
     bold is ignored. A reasoning model's `<think>…</think>` is skipped (an unclosed one runs
     to the end of the reply, and text before a `</think>` that no `<think>` opens is
     reasoning too, as vLLM's reasoning parsers read it).
@@ -165,6 +173,11 @@ def _check_prompt(prompt: str) -> None:
         ) from None
     if "prediction" not in fields:
         raise ValueError("the judge's prompt has no {prediction}: the judge would never see the answer")
+
+
+def _escaped(prediction: str) -> str:
+    """`prediction` as the judge's prompt holds it: its `</prediction>` and reasoning tags escaped."""
+    return _THINK_TAG.sub(r"&lt;\1think&gt;", _CLOSING_TAG.sub("&lt;/prediction&gt;", prediction))
 
 
 def _ends_in_reasoning(text: str) -> bool:
@@ -262,8 +275,7 @@ class LLMJudge(Reward):
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
         """The chat messages sent for `episode`."""
         gold = " | ".join(episode.task.answers) or "(none given)"
-        prediction = _CLOSING_TAG.sub("&lt;/prediction&gt;", episode.answer or "")
-        fields = {"question": episode.task.question, "gold": gold, "prediction": prediction}
+        fields = {"question": episode.task.question, "gold": gold, "prediction": _escaped(episode.answer or "")}
         user = self.prompt.format_map(fields)
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         return [*msgs, {"role": "user", "content": user}]
@@ -282,7 +294,9 @@ class LLMJudge(Reward):
             return self._fail(episode, str(exc), None, exc.attempts)
         except Exception as exc:  # noqa: BLE001 - a judge failure must not end the training step
             return self._fail(episode, f"{type(exc).__name__}: {exc}", None, 0)
-        score = parse_judgement(reply, mentions=[episode.answer, *episode.task.answers])
+        # The judge may restate the prediction as it saw it (escaped) or as it was written.
+        mentions = [episode.answer, _escaped(episode.answer), *episode.task.answers]
+        score = parse_judgement(reply, mentions=mentions)
         if score is None:
             error = (
                 "the judge's reply ends inside its <think> reasoning: raise max_tokens"

@@ -20,14 +20,33 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
 
 
+def _keep_articles(text: str) -> str:
+    return " ".join(text.lower().translate(_PUNCT).split())
+
+
+def _normalized(prediction: str, gold: str) -> tuple[str, str]:
+    """Both sides normalised as SQuAD does, unless the gold normalises to nothing: a gold that
+    is only an article ("A" of a multiple choice) then became "", which every empty answer (or
+    "the", or "?") equalled, and which F1 scored 0 even against itself. Such a gold and its
+    prediction keep their articles, and a gold of punctuation alone keeps its punctuation. A
+    blank gold (a dataset's missing answer) stays "", which nothing matches."""
+    for norm in (normalize_answer, _keep_articles):
+        g = norm(gold)
+        if g:
+            return norm(prediction), g
+    return " ".join(prediction.lower().split()), " ".join(gold.lower().split())
+
+
 def exact_match(prediction: str, gold: str) -> float:
-    """1.0 when the normalised strings are equal."""
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    """1.0 when the normalised strings are equal (see `_normalized` for a gold that normalises
+    to nothing); a blank gold is matched by nothing."""
+    p, g = _normalized(prediction, gold)
+    return float(bool(g) and p == g)
 
 
 def token_f1(prediction: str, gold: str) -> float:
     """Token-level F1 between normalised strings (yes/no/noanswer must match exactly)."""
-    p, g = normalize_answer(prediction), normalize_answer(gold)
+    p, g = _normalized(prediction, gold)
     if p in {"yes", "no", "noanswer"} or g in {"yes", "no", "noanswer"}:
         return float(p == g)
     ptoks, gtoks = p.split(), g.split()

@@ -47,7 +47,8 @@ class ToolVerified(Reward):
             task's tests); returning None skips the call and scores 0.
         judge: score of the `ToolResult` (sync or async); by default 1.0 unless it is an error.
         score_errors: pass failed tool results to `judge` too (by default they score 0).
-        require_answer: score 0 without calling the tool when the episode has no answer.
+        require_answer: score 0 without calling the tool when the episode has no answer or a
+            blank one (`<answer></answer>`).
         name: the component name.
 
     Nothing raises: a failure in `build_args` (or arguments that are not a mapping of
@@ -73,7 +74,7 @@ class ToolVerified(Reward):
         self.name = name
 
     async def final(self, episode: Episode) -> float:
-        if self.require_answer and episode.answer is None:
+        if self.require_answer and (episode.answer is None or not episode.answer.strip()):  # `<answer></answer>`
             record_reward_info(episode, self.name, score=0.0, error=None, skipped="no answer")
             return 0.0
         try:
