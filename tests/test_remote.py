@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
+import pickle
 import time
 from typing import Any
 
@@ -122,6 +124,46 @@ async def test_async_api_and_end_episode(url: str) -> None:
     await env.aend_episode()  # a sample cut short: the server's tools free the episode now
     assert env.episode is not None and env.episode.released
     await env.aend_episode()  # idempotent
+    await env.aclose()
+
+
+@pytest.mark.parametrize(
+    "copy_env", [copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))], ids=["deepcopy", "pickle"]
+)
+def test_a_remote_env_copies_and_the_copy_has_a_session_of_its_own(url: str, copy_env: Any) -> None:
+    """As a local env, a remote one pickles and deep-copies (fresh, and mid-episode); the copy does
+    not share the original's session (its close would end the original's episode), and it cannot
+    step the original's episode, which lives on the server: one clear error, then its own reset."""
+    env = RemoteToolEnv(url)
+    fresh = copy_env(env)
+    assert fresh.reset(options={"task_id": "t1"})[1]["task_id"] == "t1"
+    fresh.close()
+    env.reset(options={"task_id": "t1"})
+    env.step(CALL_ADD)
+    branch = copy_env(env)
+    assert branch.episode is not None and branch.episode.turns == env.episode.turns  # type: ignore[union-attr]
+    with pytest.raises(RemoteEnvError, match="copy"):
+        branch.step("<answer>5</answer>")
+    assert branch.reset(options={"task_id": "t2"})[1]["task_id"] == "t2"
+    assert branch._session is not None and branch._session != env._session
+    branch.close()  # deletes the copy's session only
+    assert env.step("<answer>5</answer>")[1:3] == (1.0, True)
+    env.close()
+
+
+async def test_a_remote_env_does_not_score_on_the_client_as_zero(url: str) -> None:
+    """The reward runs on the server; asked to score here (verl's `compute_score` on rows built
+    from `toolenv/Remote-v0`), the client's stand-in parts scored 0.0: a right answer got 0,
+    silently. Now that is one clear error; steps still bring the server's rewards."""
+    from toolenv.integrations.verl.reward import acompute_score
+
+    row = {"env_id": "toolenv/Remote-v0", "env_kwargs": json.dumps({"url": url}), "task": json.dumps(TASKS[0])}
+    with pytest.raises(RuntimeError, match="computed on the server"):
+        await acompute_score("toolenv/Remote-v0", "<answer>5</answer>", None, row)
+    env = RemoteToolEnv(url)
+    await env.areset(options={"task_id": "t1"})
+    assert env.reward_fn.zero_components() == {"exact_match": 0.0}
+    assert (await env.astep("<answer>5</answer>"))[1] == 1.0
     await env.aclose()
 
 
@@ -578,6 +620,26 @@ def test_a_url_that_is_not_a_toolenv_server_is_a_clear_error() -> None:
         RemoteToolEnv(other)
     assert exc.value.status == 404
     assert f"the toolenv server at {other} answered 404" in str(exc.value), str(exc.value)
+
+
+def test_a_server_of_another_protocol_is_one_error_that_says_so() -> None:
+    """A newer server's metadata has fields this client does not know (what a protocol bump
+    brings): the error names both protocols, not a field the client refuses."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    newer = {"protocol": 3, "toolenv_version": "9.0", "parser": "hermes", "max_turns": 4, "sandboxes": {}}
+
+    async def metadata(request: Any) -> JSONResponse:
+        return JSONResponse(newer)
+
+    with asgi_server(Starlette(routes=[Route("/metadata", metadata)])) as u, pytest.raises(RemoteEnvError) as exc:
+        RemoteToolEnv(u)
+    assert str(exc.value) == (
+        f"the server at {u} speaks toolenv protocol 3 (toolenv 9.0), this client protocol 2; "
+        "install the same toolenv version on both sides"
+    )
 
 
 async def test_tasks_are_listed_after_steps_through_a_given_transport(url: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import json
 import logging
 import secrets
 import weakref
@@ -89,6 +90,15 @@ class _ServerReward(Reward):
     def __init__(self, name: str) -> None:
         self.name = name
 
+    async def final(self, episode: Episode) -> float:
+        """Refused: the reward runs on the server, in its steps and truncates. Scored here, every
+        part would be 0.0 whatever the answer (verl's `compute_score` on `toolenv/Remote-v0` rows)."""
+        raise RuntimeError(
+            f"reward {self.name!r} of a RemoteToolEnv is computed on the server, by its steps and truncate: "
+            "it cannot score an episode on the client (to score a response, use the served env's id and "
+            "arguments, or let ToolEnvAgentLoop step the remote env)"
+        )
+
 
 def _blocking(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` from sync code, also when this thread runs an event loop (the rollout
@@ -153,11 +163,6 @@ class RemoteToolEnv(ToolEnv):
         # was cancelled, or timed out): the next reset moves to a new session, not behind it.
         self._busy = False
         meta, tasks, self._replays = _blocking(self._describe())
-        if meta.protocol != PROTOCOL_VERSION:
-            raise RemoteEnvError(
-                f"the server at {self.url} speaks toolenv protocol {meta.protocol} (toolenv {meta.toolenv_version}), "
-                f"this client protocol {PROTOCOL_VERSION}; install the same toolenv version on both sides"
-            )
         try:
             parser = get_parser(meta.parser, **meta.parser_kwargs)
         except (ValueError, TypeError) as exc:
@@ -354,6 +359,30 @@ class RemoteToolEnv(ToolEnv):
         elif self._session is not None or self._create_key is not None:
             _blocking(self.aclose())
 
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict[str, Any]:
+        """The env without its HTTP clients and its session: a copy (pickled to a worker, or
+        deep-copied) opens a session of its own at its first reset. Sharing the original's,
+        its steps would interleave with the original's and its close would end them. The
+        mirrored episode comes along, but the server's is not copied: the copy cannot step it.
+        A given `transport` is copied as far as it can be (an httpx one cannot)."""
+        state = super().__getstate__()
+        state["_clients"] = None
+        state["_session"] = state["_create_key"] = None
+        state["_busy"] = False
+        ep = self._episode
+        if ep is not None and not (ep.terminated or ep.truncated):
+            state["_lost"] = (
+                "this env is a copy, and the episode it was copied in lives on the server with the "
+                "original's session; call reset() to start one of its own"
+            )
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a copy; its HTTP clients are made on first use."""
+        self.__dict__.update(state)
+        self._clients = weakref.WeakKeyDictionary()
+
     # ------------------------------------------------------------------ HTTP
     def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
         # Every request says what this client reads: the server then sends the fields of those features.
@@ -426,18 +455,41 @@ class RemoteToolEnv(ToolEnv):
         keeps; read later, from a short-lived loop (`tasks` is a property), the tasks would
         reach for a connection of another loop. Without one, they are fetched on first use.
         """
-        meta, resp = await self._get_once("/metadata", EnvMetadata, "read the server's metadata")
+        what = "read the server's metadata"
+        resp = await self._get_raw("/metadata", what)
+        self._check_protocol(resp)
+        meta = self._parse(resp, EnvMetadata, what)
         replays = REPLAY in feature_set(resp.headers.get(FEATURES_HEADER))
-        if self._transport is None or meta.protocol != PROTOCOL_VERSION:
+        if self._transport is None:
             return meta, None, replays
         return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks"))[0].tasks, replays
 
+    def _check_protocol(self, resp: httpx.Response) -> None:
+        """Refuse a server of another protocol, read before the metadata is validated: a newer
+        one's has fields this client does not know, and that error would not say why."""
+        try:
+            found = json.loads(resp.content)
+        except ValueError:
+            return  # not JSON: validating it says what it is
+        if not isinstance(found, dict):
+            return
+        protocol, version = found.get("protocol", PROTOCOL_VERSION), found.get("toolenv_version", "unknown")
+        if protocol != PROTOCOL_VERSION:
+            raise RemoteEnvError(
+                f"the server at {self.url} speaks toolenv protocol {protocol} (toolenv {version}), "
+                f"this client protocol {PROTOCOL_VERSION}; install the same toolenv version on both sides"
+            )
+
     async def _get_once(self, path: str, model: type[M], what: str) -> tuple[M, httpx.Response]:
+        """One GET on a client of its own, its answer validated as `model`."""
+        resp = await self._get_raw(path, what)
+        return self._parse(resp, model, what), resp
+
+    async def _get_raw(self, path: str, what: str) -> httpx.Response:
         """One GET on a client of its own, for the blocking calls (their loop is short-lived)."""
         client = self._new_client(connection="close")
         try:
-            resp = await self._send(client, "GET", path, None, what)
-            return self._parse(resp, model, what), resp
+            return await self._send(client, "GET", path, None, what)
         finally:
             if self._transport is None:  # a given transport lives on with the env
                 await client.aclose()
