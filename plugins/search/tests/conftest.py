@@ -107,6 +107,9 @@ async def bad_server() -> AsyncIterator[BadServer]:
             state.requests += 1
             if mode == "close":
                 pass  # drop the connection without answering
+            elif mode == "slow":  # answers, after a while
+                await asyncio.sleep(0.6)
+                writer.write(_response("200 OK", GOOD_BODY))
             elif mode == "hang":
                 await asyncio.sleep(60)
             elif mode == "500":
@@ -115,6 +118,9 @@ async def bad_server() -> AsyncIterator[BadServer]:
                 writer.write(_response("429 Too Many Requests", b'{"detail": "rate limit exceeded"}'))
             elif mode == "garbage":
                 writer.write(_response("200 OK", b"<html>\x00\xff not json", "text/html"))
+            elif mode == "badgzip":  # says gzip, is not: httpx fails decoding the body
+                head_end = b"\r\nContent-Encoding: gzip\r\n\r\n"
+                writer.write(_response("200 OK", b"not gzip").replace(b"\r\n\r\n", head_end, 1))
             elif mode == "badshape":
                 writer.write(_response("200 OK", b'{"result": [[{"document": 42}]]}'))
             elif mode == "ok":

@@ -6,6 +6,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.batching import Batcher
@@ -100,3 +104,45 @@ async def test_batched_backends_close_their_shared_client(bm25_server: str) -> N
     assert hit.title == "Jonny Craig"
     await second.aclose()
     assert client.is_closed
+
+
+async def test_one_refused_query_fails_only_its_own_episode(app_server: Any) -> None:
+    """A batch the server refuses (4xx) or answers unreadably may be one episode's query's fault:
+    each caller's queries are then sent alone, so the other episodes of the batch get their passages.
+
+    Before, every episode that happened to share the request got the one bad query's error.
+    """
+    bodies: list[list[str]] = []
+
+    async def retrieve(request: Request) -> JSONResponse:
+        queries = (await request.json())["queries"]
+        bodies.append(queries)
+        if any(len(q) > 40 for q in queries):  # a retriever with a query-length limit, as some deployments have
+            return JSONResponse({"detail": "query too long"}, status_code=400)
+        docs = [[{"document": {"id": q, "contents": f'"{q}"\ntext'}, "score": 1.0}] for q in queries]
+        return JSONResponse({"result": docs})
+
+    app = Starlette(routes=[Route("/retrieve", retrieve, methods=["POST"])])
+    with app_server(app) as url:
+        backends = [HTTPBackend(url, batch_wait=0.05, retries=0) for _ in range(4)]
+        queries = ["alpha", "beta", "a query far too long for this retriever to take", "gamma"]
+        outcomes = await asyncio.gather(*(b.search([q], 1) for b, q in zip(backends, queries)), return_exceptions=True)
+        for b in backends:
+            await b.aclose()
+    assert [o[0][0].id if isinstance(o, list) else type(o).__name__ for o in outcomes] == [
+        "alpha",
+        "beta",
+        "SearchError",
+        "gamma",
+    ]
+    assert "HTTP 400" in str(outcomes[2])
+    assert bodies[0] == queries  # tried together first
+    assert sorted(map(tuple, bodies[1:])) == sorted((q,) for q in queries)
+
+
+async def test_isolating_callers_is_for_refusals_not_for_a_server_that_is_down() -> None:
+    """A retryable failure (down, overloaded, timing out) would fail each caller alone too: no resend."""
+    rec = Recorder(SearchError("down", retryable=True))
+    batcher = Batcher(rec.send, wait=0.01, max_batch=64)
+    await asyncio.gather(*(batcher.submit([f"q{i}"], 3) for i in range(3)), return_exceptions=True)
+    assert len(rec.calls) == 1

@@ -175,6 +175,7 @@ async def test_rate_limited_requests_are_retried(bad_server: Any) -> None:
     [
         ("garbage", "not JSON"),
         ("badshape", "malformed response"),
+        ("badgzip", "could not be decoded"),
         ("close", "could not reach the retrieval server"),
         ("hang", "did not answer within 0.3 s"),
     ],
@@ -218,6 +219,31 @@ async def test_a_failing_retriever_opens_the_circuit_for_every_env(bad_server: A
     for tool in tools:
         await tool.close()
     reset_breakers()
+
+
+async def test_waiting_for_a_pooled_connection_is_not_a_server_timeout(bad_server: Any) -> None:
+    """`timeout` bounds connect, read and write, as documented: not the wait for a free connection.
+
+    With more episodes searching than the pool has connections, requests queue in the
+    client; httpx's pool timeout (the same `timeout`) failed the last ones as "did not
+    answer" before they were ever sent, though the server answered every request in time.
+    """
+    bad_server.modes = ["slow"]  # each answer takes 0.6 s, well inside the 1.5 s timeout
+    backend = HTTPBackend(bad_server.url, timeout=1.5, retries=0, max_connections=1)
+    results = await asyncio.gather(*(backend.search([f"q{i}"], 1) for i in range(4)), return_exceptions=True)
+    assert [r if isinstance(r, BaseException) else r[0][0].title for r in results] == ["Paris"] * 4
+    assert bad_server.requests == 4
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000/retrieve", "ftp://127.0.0.1/retrieve"])
+def test_a_url_without_http_scheme_is_refused_when_made(url: str) -> None:
+    """A config slip (no `http://`) fails making the env, not every search of the run as a
+    "retryable" connection failure that retries, then opens the circuit."""
+    with pytest.raises(ValueError, match=r"http:// or https://"):
+        HTTPBackend(url)
+    with pytest.raises(ValueError, match=r"http:// or https://"):
+        make_hotpotqa_env(backend="http", backend_options={"url": url})
 
 
 async def test_no_server_listening_is_an_error(tmp_path: Path) -> None:

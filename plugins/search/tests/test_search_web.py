@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import os
 import socket
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,56 @@ def test_a_forked_worker_never_uses_its_parents_sqlite_connection(tmp_path: Path
     # The parent's connection still works and sees the child's entry.
     assert backend.cache.get(cache_key("duckduckgo", "wt-wt", "moderate", "from child"), 1) == SEEDED[1:]
     assert len(backend.cache) == 2
+
+
+async def test_a_corrupt_cache_file_is_set_aside_not_fatal(tmp_path: Path) -> None:
+    """A cache file that is not SQLite (a crash mid-copy, another program's file) only costs its entries.
+
+    It made the backend's constructor raise `sqlite3.DatabaseError: file is not a database`,
+    so `gym.make(..., backend="duckduckgo")` failed until someone found and deleted the file.
+    """
+    db = tmp_path / "web.sqlite"
+    db.write_bytes(b"not a database, whatever it once was\n" * 200)
+    backend = DuckDuckGoBackend(cache_path=db, offline=True)
+    with pytest.raises(SearchError, match="offline mode"):
+        await backend.search(["capital of France"], 1)
+    assert (tmp_path / "web.sqlite.corrupt").read_bytes().startswith(b"not a database")  # kept for a look
+    seed(db, "capital of France")
+    assert await backend.search(["capital of France"], 1) == [SEEDED[:1]]
+
+
+async def test_a_damaged_cache_entry_is_a_miss(tmp_path: Path) -> None:
+    """An entry whose stored passages do not load is fetched again (and replaced), not a failed search."""
+    db = tmp_path / "web.sqlite"
+    seed(db, "capital of France")
+    key = cache_key("duckduckgo", "wt-wt", "moderate", "capital of France")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE results SET passages = ? WHERE key = ?", ('[{"id": 1, "tit', key))
+    backend = DuckDuckGoBackend(cache_path=db)
+    fetched: list[str] = []
+
+    def fetch(query: str, topk: int) -> list[Passage]:
+        fetched.append(query)
+        return SEEDED[:topk]
+
+    backend._fetch = fetch  # type: ignore[method-assign]
+    assert await backend.search(["capital of France"], 2) == [SEEDED]
+    assert fetched == ["capital of France"]
+    assert ResultCache(db).get(key, 2) == SEEDED
+
+
+async def test_a_cache_damaged_inside_only_costs_its_entries(tmp_path: Path) -> None:
+    """A file that opens but whose pages are damaged ("database disk image is malformed" on a read
+    or a write) is a miss and a skipped store: the search itself still answers."""
+    db = tmp_path / "web.sqlite"
+    cache = ResultCache(db)
+    for i in range(300):
+        cache.put(f"k{i}", "q", 3, [Passage(id=str(i), text="x" * 200)])
+    cache.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    ResultCache._shared.pop((os.getpid(), db.resolve()))[0].close()  # as a new process, open it afresh below
+    with db.open("r+b") as fh:  # keep the header and the schema page, damage the rest
+        fh.seek(8192)
+        fh.write(b"Z" * (db.stat().st_size - 8192))
+    backend = DuckDuckGoBackend(cache_path=db)
+    backend._fetch = lambda query, topk: SEEDED[:topk]  # type: ignore[method-assign]
+    assert await backend.search(["capital of France", "k150"], 2) == [SEEDED, SEEDED]

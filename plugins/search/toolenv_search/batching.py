@@ -3,7 +3,9 @@
 When 1,024 envs in one event loop each search at about the same moment, one request
 with 64 queries costs far less than 64 requests. A `Batcher` holds each search
 for at most `wait` seconds (or until `max_batch` queries are waiting), sends them
-together, and hands each caller its own slice of the answer.
+together, and hands each caller its own slice of the answer. When the server refuses
+the batch or answers it unreadably, each caller's queries are sent again on their own,
+so that one episode's bad query fails that episode only.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Batcher:
         try:
             results = await self.send([q for qs, _ in live for q in qs], topk)
         except SearchError as exc:
+            if not exc.retryable and len(live) > 1:
+                # A refusal or an unreadable answer may be one caller's queries' fault: send each alone,
+                # so that only its own caller fails. (A retryable failure is the server's state, shared by all.)
+                await asyncio.gather(*(self._send_alone(qs, f, topk) for qs, f in live))
+                return
             for _, f in live:
                 if not f.done():  # each caller gets its own exception object
                     f.set_exception(SearchError(str(exc), retryable=exc.retryable))
@@ -75,3 +82,21 @@ class Batcher:
             if not f.done():
                 f.set_result(results[start : start + len(qs)])
             start += len(qs)
+
+    async def _send_alone(self, queries: list[str], fut: asyncio.Future[list[list[Passage]]], topk: int) -> None:
+        """One caller's queries in a request of their own, the outcome to its future only."""
+        if fut.done():
+            return
+        self.batches += 1
+        try:
+            results = await self.send(queries, topk)
+        except SearchError as exc:
+            if not fut.done():
+                fut.set_exception(SearchError(str(exc), retryable=exc.retryable))
+            return
+        except Exception as exc:  # noqa: BLE001 - delivered to its caller
+            if not fut.done():
+                fut.set_exception(SearchError(f"{type(exc).__name__}: {exc}"))
+            return
+        if not fut.done():
+            fut.set_result(results)

@@ -51,12 +51,16 @@ class HTTPBackend:
 
     Args:
         url: the server's base URL (`/retrieve` is appended unless the URL already ends with it).
-        timeout: seconds for one request (connect, read and write each).
+        timeout: seconds for one request (connect, read and write each; waiting for a free pooled
+            connection is not counted).
         retries: extra attempts after a transient failure.
         backoff: first retry delay in seconds; doubles each attempt (with jitter).
         max_connections: connection pool size shared by all backends with the same settings in a loop.
         batch_wait: seconds a search may wait for others to share its request (0 = send at once).
         max_batch: queries per request at most when batching.
+
+    Raises:
+        ValueError: the URL is not an http:// or https:// one.
     """
 
     name = "http"
@@ -73,6 +77,8 @@ class HTTPBackend:
         max_batch: int = 64,
     ) -> None:
         base = url.rstrip("/")
+        if httpx.URL(base).scheme not in ("http", "https"):  # else every search fails, as if the server were down
+            raise ValueError(f"the retrieval server URL must start with http:// or https://, got {url!r}")
         self.url = base if base.endswith("/retrieve") else base + "/retrieve"
         self.timeout = timeout
         self.retries = retries
@@ -90,7 +96,9 @@ class HTTPBackend:
         shared = per_loop.get(key)
         if shared is None or shared.client.is_closed:
             client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout),
+                # No pool timeout: a request queued behind the pool's busy connections has not reached the
+                # server, so it is not "the server did not answer" (the tool's own timeout bounds the call).
+                timeout=httpx.Timeout(self.timeout, pool=None),
                 limits=httpx.Limits(
                     max_connections=self.max_connections, max_keepalive_connections=self.max_connections
                 ),
@@ -112,6 +120,8 @@ class HTTPBackend:
             raise SearchError(
                 f"could not reach the retrieval server at {self.url} ({type(exc).__name__}: {exc})", retryable=True
             ) from None
+        except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode: not a transport error
+            raise SearchError(f"the retrieval server sent a response that could not be decoded ({exc})") from None
         if resp.status_code >= 500 or resp.status_code in _TRANSIENT_4XX:
             raise SearchError(
                 f"the retrieval server at {self.url} answered HTTP {resp.status_code}{_reason(resp)}", retryable=True
