@@ -602,3 +602,91 @@ async def test_the_template_check_runs_once_per_parser(tiny_model: Path, monkeyp
         assert twin.uses_native_tools(hermes) and not twin.uses_native_tools(tags)
         assert twin.uses_native_tools(toolenv.parsers.get_parser("hermes"))
     assert sorted(calls) == ["hermes", "tags"]
+
+
+async def test_a_prompt_over_the_models_context_is_an_agent_error(tiny_model: Path) -> None:
+    """A prompt longer than the model's context (`max_position_embeddings`) is refused with one
+    clear line, as a server refuses it, rather than generated from past the positions the model
+    was trained on (transformers only logs a warning and returns garbage tokens to train on)."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=8)
+    context = agent.lm.config.max_position_embeddings
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    long = [toolenv.Message(role="user", content="What is 2 + 3? " * context)]
+    assert len(agent.prompt_ids(long, info)) > context
+    with pytest.raises(toolenv.agent.AgentError, match=rf"prompt of \d+ tokens.*context of {context} tokens"):
+        await agent.act("", long, info)
+
+
+async def test_the_budget_stops_at_the_models_context(tiny_model: Path) -> None:
+    """A prompt that fits but leaves less room than `max_new_tokens` generates up to the context
+    and no further, marked `length`, as vLLM caps `max_tokens`."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=50)
+    context = agent.lm.config.max_position_embeddings
+    tok = agent.tokenizer
+    _steer(agent, tok("answer", add_special_tokens=False)["input_ids"][:1])  # never EOS
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    filler = "x" * (context - 20 - len(agent.prompt_ids([toolenv.Message(role="user", content="")], info)))
+    msgs = [toolenv.Message(role="user", content=filler)]
+    prompt = agent.prompt_ids(msgs, info)
+    assert context - 50 < len(prompt) < context
+    action = await agent.act("", msgs, info)
+    assert len(prompt) + len(action.token_ids or []) == context
+    assert action.metadata["finish_reason"] == "length"
+
+
+def test_the_context_of_a_rope_scaled_model_is_its_scaled_length() -> None:
+    """Qwen's documented YaRN setting (factor 4 over 32,768 positions) gives 131,072 tokens, as
+    vLLM reads it: long prompts that the scaled model takes are not refused."""
+    pytest.importorskip("transformers", reason="needs transformers")
+    from transformers import Qwen2Config
+
+    from toolenv_agents.hf import _context_length
+
+    yarn = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
+    assert _context_length(Qwen2Config(max_position_embeddings=32768, rope_scaling=yarn)) == 131072
+    assert _context_length(Qwen2Config(max_position_embeddings=32768)) == 32768
+
+
+async def test_an_image_in_the_conversation_is_an_agent_error_not_dropped(tiny_model: Path) -> None:
+    """The agent feeds the model text only: a message with images (VisualSearch's photo, a crop
+    tool's result) ends the episode with one clear line rather than asking the model about a
+    photo it never receives."""
+    from PIL import Image
+
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=2)
+    image = toolenv.ToolImage.from_pil(Image.new("RGB", (8, 8), "red"))
+    msgs = [toolenv.Message(role="user", content="What colour is this photo?", images=[image])]
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="colour?"))
+    with pytest.raises(toolenv.agent.AgentError, match=r"message 0 \(user\) carries 1 image.*text only"):
+        await agent.act("", msgs, info)
+
+
+THINKING_TEMPLATE = CHAT_TEMPLATE + (
+    "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+)
+
+
+async def test_chat_template_kwargs_reach_the_template(tiny_model: Path) -> None:
+    """`chat_template_kwargs` (Qwen3's `enable_thinking=False`) go to every rendering of the
+    prompt, as verl and vLLM pass them; without them the template renders its default."""
+    from toolenv_agents.hf import TransformersAgent
+
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"))
+    msgs = [toolenv.Message(role="user", content="What is 2 + 3?")]
+    off = TransformersAgent(tiny_model, max_new_tokens=2, chat_template_kwargs={"enable_thinking": False})
+    off.tokenizer.chat_template = THINKING_TEMPLATE
+    assert off.tokenizer.decode(off.prompt_ids(msgs, info)).endswith("<|im_start|>assistant<think>\n\n</think>\n\n")
+    action = await off.act("", msgs, info)
+    assert action.prompt_tokens == len(off.prompt_ids(msgs, info))
+    default = TransformersAgent(tiny_model, max_new_tokens=2)
+    default.tokenizer.chat_template = THINKING_TEMPLATE
+    assert "<think>" not in default.tokenizer.decode(default.prompt_ids(msgs, info))
+    with pytest.raises(toolenv.agent.AgentError, match="cannot set add_generation_prompt, tools"):
+        TransformersAgent(tiny_model, chat_template_kwargs={"tools": [], "add_generation_prompt": False})

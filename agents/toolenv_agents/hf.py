@@ -9,8 +9,10 @@ tools and one call format. The model
 generates until EOS (the tokenizer's or the generation config's) or one of the parser's
 stop strings, and the action carries the generated token ids and their log-probabilities —
 what an RL trainer needs, computed token by token so that no vocab-sized scores are kept —
-and a `finish_reason` (`length` when `max_new_tokens` ran out). A cancelled `act` (an
-episode timeout) stops its generation at the next token.
+and a `finish_reason` (`length` when `max_new_tokens` or the model's context ran out; a
+prompt that fills the context is an `AgentError`). A cancelled `act` (an episode timeout)
+stops its generation at the next token. The model is fed text only: a message with images
+is an `AgentError`, never silently dropped.
 Formats written in special tokens (`parser.special_tokens`: Harmony, Mistral...) are
 decoded with those tokens kept, as vLLM and verl do for them.
 Generation runs in the model's own worker thread, one at a time per model, so the event
@@ -67,6 +69,22 @@ def _step_watch_class() -> type[Any]:
     return _StepWatch
 
 
+def _context_length(config: Any) -> int | None:
+    """The model's context in tokens, as vLLM derives it: `max_position_embeddings`, times a
+    linear, dynamic or YaRN RoPE scaling factor (YaRN's from its original length); None if unknown."""
+    text = config.get_text_config()
+    length = getattr(text, "max_position_embeddings", None)
+    if not isinstance(length, int):
+        return None
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if kind in ("linear", "dynamic", "yarn") and isinstance(factor, int | float) and factor > 1:
+        base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+        return int((base if isinstance(base, int) else length) * factor)
+    return length
+
+
 class TransformersAgent(Agent):
     """Generates actions with a local model.
 
@@ -90,6 +108,12 @@ class TransformersAgent(Agent):
             describe them and its call format (False). None (the default) decides per env: native
             when the template writes tool calls that the env's parser reads
             (`toolenv.parsers.template_mismatch`), checked once per parser.
+        max_model_len: the model's context in tokens (default: its config's
+            `max_position_embeddings`, times a linear, dynamic or YaRN RoPE scaling factor, as vLLM
+            derives it). A prompt that fills it is an `AgentError`, and generation stops at it
+            (`finish_reason` `length`), as vLLM does.
+        chat_template_kwargs: more variables for the chat template on every turn, e.g.
+            `{"enable_thinking": False}` for Qwen3 (as vLLM's and verl's `chat_template_kwargs`).
     """
 
     name = "transformers"
@@ -107,6 +131,8 @@ class TransformersAgent(Agent):
         dtype: str = "float32",
         record_prompt_ids: bool = False,
         native_tools: bool | None = None,
+        max_model_len: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         try:
             import torch
@@ -125,6 +151,11 @@ class TransformersAgent(Agent):
         self.tool_role = tool_role
         self.record_prompt_ids = record_prompt_ids
         self.force_native_tools = native_tools
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        own = {"conversation", "tools", "add_generation_prompt", "tokenize"}  # what prompt_ids passes
+        taken = sorted(self.chat_template_kwargs.keys() & own)
+        if taken:
+            raise AgentError(f"chat_template_kwargs cannot set {', '.join(taken)}: the agent sets them")
         # The template check's verdicts by parser (type, name), shared by spawned copies; the key
         # None: whether the template writes tool calls at all.
         self._native: dict[tuple[type[ActionParser], str] | None, bool] = {}
@@ -135,6 +166,7 @@ class TransformersAgent(Agent):
         self.lm.eval()
         if self.tokenizer.chat_template is None:
             raise AgentError(f"the tokenizer of {self.model} has no chat template")
+        self.max_model_len = _context_length(self.lm.config) if max_model_len is None else max_model_len
         self._lock = threading.Lock()  # one generate() at a time per model
         # The model's own thread: episodes queued for it hold none of the default executor's.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolenv-transformers")
@@ -171,10 +203,21 @@ class TransformersAgent(Agent):
         """The messages as chat-template dicts. A turn's tool results keep their call id and tool
         name (Mistral's templates require the id, Gemma 4's write the name); results that answer
         no call (parse errors) follow as one user message, as `toolenv.types.reply_messages` sends
-        them, since templates that pair results with calls reject a tool message without an id."""
+        them, since templates that pair results with calls reject a tool message without an id.
+
+        Raises:
+            AgentError: a message carries images, which this agent cannot give the model (it
+                feeds text only): refused rather than dropped, so no episode asks about a photo
+                the model never saw.
+        """
         out: list[dict[str, Any]] = []
         unanswered: list[str] = []
-        for m in messages:
+        for i, m in enumerate(messages):
+            if m.images:
+                raise AgentError(
+                    f"message {i} ({m.role}) carries {len(m.images)} image(s), and the transformers agent "
+                    "gives the model text only; serve a vision-language model and use the openai agent"
+                )
             if m.role == "tool" and not m.tool_call_id:
                 unanswered.append(m.content)
                 continue
@@ -201,11 +244,29 @@ class TransformersAgent(Agent):
             tools=(list[Any](env_info.tool_schemas) or None) if native else None,
             add_generation_prompt=True,
             tokenize=False,
+            **self.chat_template_kwargs,
         )
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
+    def _budget(self, prompt: list[int]) -> int:
+        """The tokens this turn may generate: `max_new_tokens`, up to the model's context.
+
+        Raises:
+            AgentError: the prompt fills the context (generating past the positions a model was
+                trained on gives garbage; transformers only logs a warning).
+        """
+        if self.max_model_len is None:
+            return self.max_new_tokens
+        room = self.max_model_len - len(prompt)
+        if room <= 0:
+            raise AgentError(
+                f"the prompt of {len(prompt)} tokens leaves no room in the model's context of "
+                f"{self.max_model_len} tokens (max_model_len)"
+            )
+        return min(self.max_new_tokens, room)
+
     def _generate(
-        self, prompt: list[int], stop: tuple[str, ...], seed: int, cancelled: threading.Event
+        self, prompt: list[int], stop: tuple[str, ...], seed: int, cancelled: threading.Event, budget: int
     ) -> tuple[list[int], list[float] | None]:
         from transformers import StoppingCriteriaList
 
@@ -215,7 +276,7 @@ class TransformersAgent(Agent):
             torch.manual_seed(seed)
             input_ids = torch.tensor([prompt], device=self.device)
             kwargs: dict[str, Any] = {
-                "max_new_tokens": self.max_new_tokens,
+                "max_new_tokens": budget,
                 "do_sample": self.temperature > 0,
                 # Only so do stopping criteria receive each step's scores: `watch` keeps the
                 # chosen token's log-prob and frees the step's scores at once.
@@ -244,12 +305,13 @@ class TransformersAgent(Agent):
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
+        budget = self._budget(prompt)
         seed = turn_seed(self.seed, self._episode, env_info.turn)
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         try:
             ids, logprobs = await loop.run_in_executor(
-                self._executor, self._generate, prompt, env_info.stop, seed, cancelled
+                self._executor, self._generate, prompt, env_info.stop, seed, cancelled, budget
             )
         except asyncio.CancelledError:  # an episode timeout, a stopped run: free the model now
             cancelled.set()  # generation stops at its next token (a queued one never starts)
@@ -267,10 +329,10 @@ class TransformersAgent(Agent):
         # first one, so the earliest end is it.
         ends = [text.find(s) + len(s) for s in env_info.stop if s in text]
         text = text[: min(ends)] if ends else text
-        # `length`: the budget ran out before EOS or a stop string (a half-written call), as
-        # OpenAI-compatible servers report it.
+        # `length`: the budget (or the context) ran out before EOS or a stop string (a half-written
+        # call), as OpenAI-compatible servers report it.
         at_stop = ended or bool(ends) or any(s in str(self.tokenizer.decode(ids)) for s in env_info.stop)
-        cut = not at_stop and len(ids) >= self.max_new_tokens
+        cut = not at_stop and len(ids) >= budget
         return AgentAction(
             text=text,
             token_ids=ids,
