@@ -176,6 +176,40 @@ def test_descriptions_transformers_docstring_parser_would_misread_reach_the_mode
     assert env.query(sql="SELECT 1", scale=2.5) == "SELECT 1|asc|2.5"
 
 
+class Plot(toolenv.Tool):
+    """Plot points."""
+
+    name = "plot"
+
+    class Args(BaseModel):
+        points: list[Any] = Field(description="The points.")
+        size: tuple[int, int] = Field(default=(4, 3), description="Width and height.")
+        style: Literal["line", "dots"] | None = Field(default=None, description="How to draw.")
+        kind: Literal["xy"] = Field(default="xy", description="The axes.")  # pydantic writes `const`, not `enum`
+        ticks: int | list[int] = Field(default=5, description="How many ticks, or where.")  # `anyOf`
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=f"{len(args.points)}|{args.size}|{args.style}|{args.kind}|{args.ticks}")
+
+
+def test_arrays_without_item_types_and_optional_enums_keep_their_schema() -> None:
+    """A `list[Any]` or tuple argument is an array, not an object; an optional or one-value `Literal`
+    keeps its choices; a union with a list keeps its types: the model writes what the schema shows,
+    and toolenv would refuse `{}` for a list."""
+    get_json_schema = pytest.importorskip(
+        "transformers.utils", reason="schemas are read by transformers"
+    ).get_json_schema
+    env = environment_factory(lambda: make_env(tools=[Plot()]))()
+    props = get_json_schema(tool_methods(env)["plot"])["function"]["parameters"]["properties"]
+    assert props["points"]["type"] == "array"
+    assert props["size"]["type"] == "array"
+    assert props["style"]["enum"] == ["line", "dots"] and props["style"]["nullable"] is True
+    assert props["kind"]["enum"] == ["xy"]
+    assert sorted(props["ticks"]["type"]) == ["array", "integer"]
+    env.reset(task_id="t1")
+    assert env.plot(points=[[0, 1], [2, 3]], size=[5, 5], style="dots", ticks=[0, 2]) == "2|(5, 5)|dots|xy|[0, 2]"
+
+
 def test_calls_run_through_the_env_and_only_what_the_model_wrote_is_passed() -> None:
     env = environment_factory(make_env)()
     assert env.reset(prompt=[{"role": "user", "content": "2+3?"}], task_id="t1") is None  # the row has the prompt

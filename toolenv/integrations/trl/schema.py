@@ -4,7 +4,7 @@ TRL hands an environment's methods to the chat template as tools, and transforme
 builds each tool's JSON schema from the method's type hints and docstring
 (`transformers.utils.get_json_schema`). So each toolenv tool becomes a method whose
 hints and docstring say what its Pydantic `Args` schema says, as far as hints can:
-types, lists, enums (`Literal`), optional and nested objects (`dict`). Bounds such as
+types, lists, enums (`Literal`), unions, optional and nested objects (`dict`). Bounds such as
 `maxLength` have no hint; toolenv still checks them on every call.
 
 transformers reads the docstring back with regular expressions that end a section at
@@ -29,10 +29,19 @@ _SCALARS: dict[str, Any] = {"string": str, "integer": int, "number": float, "boo
 
 def _hint(node: dict[str, Any]) -> Any:
     """The type hint for one JSON-schema node (what transformers turns back into that node)."""
-    enum = node.get("enum")
-    if isinstance(enum, list) and enum and all(isinstance(v, (str, int, float, bool)) for v in enum):
-        return cast(Any, Literal)[tuple(enum)]  # hints built at run time, hence the casts
+    enum = node.get("enum", [node["const"]] if "const" in node else None)  # pydantic writes a 1-value Literal so
+    if isinstance(enum, list):
+        values = [v for v in enum if v is not None]  # an optional Literal's None is `Optional`, not a choice
+        if values and all(isinstance(v, (str, int, float, bool)) for v in values):
+            choices = cast(Any, Literal)[tuple(values)]  # hints built at run time, hence the casts
+            return cast(Any, Optional)[choices] if len(values) < len(enum) else choices
     kind = node.get("type")
+    branches = node.get("anyOf") or node.get("oneOf")
+    if kind is None and isinstance(branches, list) and branches:  # a union of types that are not all plain
+        nodes = [b for b in branches if isinstance(b, dict)]
+        hints = [_hint(b) for b in nodes if b.get("type") != "null"]
+        inner = cast(Any, Union)[tuple(hints)] if hints else Any
+        return cast(Any, Optional)[inner] if len(hints) < len(nodes) else inner
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         if len(kinds) == 1:
@@ -42,9 +51,9 @@ def _hint(node: dict[str, Any]) -> Any:
         return cast(Any, Optional)[inner] if "null" in kind else inner
     if kind in _SCALARS:
         return _SCALARS[kind]
-    if kind == "array":
+    if kind == "array":  # a bare `list` hint would reach the model as an object: no item type is `list[Any]`
         items = node.get("items")
-        return cast(Any, list)[_hint(items)] if isinstance(items, dict) and items else list
+        return cast(Any, list)[_hint(items) if isinstance(items, dict) and items else Any]
     if kind == "object":
         extra = node.get("additionalProperties")
         return cast(Any, dict)[str, _hint(extra)] if isinstance(extra, dict) and extra.get("type") else dict
