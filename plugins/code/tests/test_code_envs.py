@@ -69,6 +69,45 @@ def test_mbpp_hermes_and_fenced_answer() -> None:
         env.close()
 
 
+_BODY = (
+    "    for i, a in enumerate(numbers):\n"
+    "        for b in numbers[i + 1 :]:\n"
+    "            if abs(a - b) < threshold:\n"
+    "                return True\n"
+    "    return False"
+)
+_ONE_LINE = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1 :])"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        f"<answer>\n{_BODY}\n</answer>",  # the parser strips the answer: the first line loses its indentation
+        f"<answer>\n{_ONE_LINE}\n</answer>",
+        f"<answer>\n```python\n{_BODY}\n```\n</answer>",
+    ],
+)
+def test_a_body_only_completion_scores_with_or_without_a_fence(answer: str) -> None:
+    env = make_humaneval_env(limit=1)
+    try:
+        env.reset(seed=0)
+        _, reward, terminated, _, _ = env.step(answer)
+        assert terminated and reward == 1.0, env.unwrapped.episode.state["tests_passed"]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("answer", ["-" * 100_000 + "1", "not " * 100_000 + "x", "f" + "()" * 100_000])
+def test_an_answer_too_deep_for_the_parser_scores_zero_without_raising(answer: str) -> None:
+    env = make_humaneval_env(limit=1)
+    try:
+        env.reset(seed=0)
+        _, reward, terminated, _, _ = env.step(f"<answer>\n{answer}\n</answer>")
+        assert terminated and reward == 0.0
+    finally:
+        env.close()
+
+
 def test_mbpp_splits_are_the_datasets_own_and_disjoint() -> None:
     """Training on `train` and reporting on `test` uses MBPP's own splits (its README's task ids;
     Hugging Face's `mbpp` has the same sizes), with no task in two of them."""

@@ -171,3 +171,21 @@ async def test_a_sandbox_failure_is_an_error_not_a_score_of_zero(monkeypatch: py
     finally:
         monkeypatch.undo()
         pool.close()
+
+
+def test_the_solution_s_own_error_is_reported_not_what_it_caused_in_the_setup() -> None:
+    """A solution that does not compile leaves the setup (`candidate = inc`) failing with a
+    NameError: the report names the cause, the solution's SyntaxError."""
+    spec = TestSpec(tests=["assert candidate(1) == 2"], setup="candidate = inc")
+    report = run_tests("def inc(x) return x + 1", spec)
+    assert report.passed == [False] and report.solution_error.startswith("SyntaxError"), report.solution_error
+
+
+def test_a_completion_that_lost_its_indentation_gets_it_back() -> None:
+    prefix = "def f(x):\n    '''doc'''\n"
+    assert solution_source("return x + 1", prefix) == prefix + "    return x + 1"
+    assert solution_source("y = x + 1\n    return y", prefix) == prefix + "    y = x + 1\n    return y"
+    assert solution_source("```python\ny = x + 1\nreturn y\n```", prefix) == prefix + "    y = x + 1\n    return y"
+    assert solution_source("def f(x):\n    return x", prefix) == prefix.rstrip("\n") + "\n\ndef f(x):\n    return x"
+    assert solution_source("return x", "import math\n") == "import math\nreturn x"  # no function to complete
+    assert run_tests("return x + 1", TestSpec(tests=["assert f(1) == 2"], solution_prefix=prefix)).fraction == 1.0

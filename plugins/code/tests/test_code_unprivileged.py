@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,88 @@ def test_the_sandbox_works_and_confines_for_an_unprivileged_user(tmp_path: Path)
         while _marked_sleeps(mark) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _marked_sleeps(mark), f"a background process outlived its {what}"
+
+
+#: As root: a pool started by uid NOBODY in a user namespace that may create no other, so the
+#: fork servers get no namespace at all (as for an ordinary user where the kernel refuses them).
+_NO_NAMESPACES = f"""
+import os, sys
+from toolenv_code import _linux
+
+program = sys.argv[1]
+unshared_r, unshared_w = os.pipe()
+mapped_r, mapped_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    _linux.unshare(_linux.CLONE_NEWUSER)
+    os.write(unshared_w, b"1")
+    os.read(mapped_r, 1)
+    with open("/proc/sys/user/max_user_namespaces", "w") as fh:
+        fh.write("0")
+    os.setgroups([])
+    os.setgid({NOBODY})
+    os.setuid({NOBODY})
+    os.execv(sys.executable, [sys.executable, "-c", program])
+os.read(unshared_r, 1)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{{pid}}/{{name}}", "w") as fh:
+        fh.write("0 0 1\\n{NOBODY} {NOBODY} 1\\n")
+os.write(mapped_w, b"1")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+_REPORT = "import json, toolenv_code; print(json.dumps(toolenv_code.isolation_report().model_dump()))"
+
+
+def _without_namespaces(program: str, tmp_path: Path) -> Any:
+    """What `program` prints last (JSON), run by uid NOBODY where no namespace can be made."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("making a user namespace that allows no other needs root (CI runs as root)")
+    tmp_path.chmod(0o777)
+    reachable = _as_nobody([sys.executable, "-c", "import toolenv_code"], tmp_path)
+    if reachable.returncode:
+        pytest.skip(f"this Python or checkout is not usable by uid {NOBODY}: {reachable.stderr.strip()[-200:]}")
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_NAMESPACES, program], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_without_namespaces_the_report_says_the_code_runs_as_the_host_user(tmp_path: Path) -> None:
+    """No namespace and no uid drop: the code runs as the user who started the pool, and can
+    signal that user's processes (the trainer). The report must say `same-as-host`."""
+    report = _without_namespaces(_REPORT, tmp_path)
+    assert (report["network"], report["filesystem"], report["processes"]) == ("none", "none", "process-group")
+    assert report["user"] == "same-as-host"
+
+
+_LOCKED = """
+import json, os
+from toolenv_code.sandbox import SandboxPool
+
+os.mkdir("outside", 0o755)
+pool = SandboxPool(1)
+code = (
+    "import os\\n"
+    "os.makedirs('d/e')\\n"
+    "open('d/e/f', 'w').write('x')\\n"
+    "os.chmod('d/e', 0o500)\\n"
+    "os.chmod('d', 0)\\n"
+    f"os.symlink({os.path.abspath('outside')!r}, 'link')\\n"
+    "print(os.getcwd())\\n"
+)
+workdir = pool.run(code).stdout.strip()
+pool.run("pass")  # the last run's work dir is removed before the next starts
+after_run = os.path.exists(workdir)
+pool.close()
+out = [after_run, os.path.exists(os.path.dirname(workdir)), oct(os.stat("outside").st_mode & 0o777)]
+print(json.dumps(out))
+"""
+
+
+def test_without_namespaces_a_work_dir_the_code_locked_is_removed_all_the_same(tmp_path: Path) -> None:
+    """There the work dirs lie in the host's /tmp, owned by the user the code runs as: a
+    directory it made unreadable (`chmod 0`) must not stay behind, run after run."""
+    assert _without_namespaces(_LOCKED, tmp_path) == [False, False, "0o755"]

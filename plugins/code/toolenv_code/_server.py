@@ -57,6 +57,39 @@ def _rmtree(path: str) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):  # a directory the code locked (chmod 0) where it runs as our own uid
+        _unlock_tree(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _unlock_tree(path: str, dir_fd: int | None = None, depth: int = 0) -> None:
+    """Give the owner back every right on the directories under `path`, never through a symlink.
+
+    Without namespaces the code runs as the server's own uid, so it can make a directory of its
+    work dir unreadable or unwritable, and removing it fails: run after run, such work dirs
+    would pile up in the host's /tmp. Each directory is opened `O_PATH | O_NOFOLLOW` (which
+    needs no right on it) and changed through its descriptor, so a symlink the code left
+    there (to the host user's files) is never followed. At most 64 levels deep: a descriptor each.
+    """
+    if depth > 64:
+        return
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
+        listing = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            names = [e.name for e in os.scandir(listing) if e.is_dir(follow_symlinks=False)]
+            for name in names:
+                _unlock_tree(name, listing, depth + 1)
+        finally:
+            os.close(listing)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # Imported once here so every forked child starts with them loaded.

@@ -56,6 +56,7 @@ import base64
 import functools
 import marshal
 import secrets
+import textwrap
 import warnings
 from typing import Any
 
@@ -662,16 +663,54 @@ def extract_code(answer: str) -> str:
     return "\n\n".join(body.strip("\n") for body in code) if code else answer.strip("\n")
 
 
+def _compiles(source: str) -> bool:
+    """Whether `source` compiles (`return` outside a function included, which `ast.parse` lets by).
+
+    An answer too deeply nested for the parser (`-` repeated 100,000 times) does not: the
+    parser's MemoryError or RecursionError must not escape from the reward.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, "<solution>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # 3.10 raises ValueError for a null byte
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _body_indent(prefix: str) -> str:
+    """The indentation of the body of the function the prompt ends with, if it ends with one."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = ast.parse(prefix).body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return ""
+    if not body or not isinstance(body[-1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return ""
+    line = prefix.splitlines()[body[-1].body[0].lineno - 1]
+    return line[: len(line) - len(line.lstrip())]
+
+
 def solution_source(answer: str, prefix: str = "") -> str:
-    """Join `prefix` and the answer's code: a whole program after the prefix, or a completion of it."""
+    """Join `prefix` and the answer's code: a whole program after the prefix, or a completion of it.
+
+    A completion (HumanEval style: the body of the prompt's last function) has its first line's
+    indentation back if it lost it: the answer parsers strip the text around an answer.
+    """
     code = extract_code(answer).replace("\r\n", "\n")
     if not prefix:
         return code
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):  # 3.10 raises ValueError for a null byte
-        return prefix + code  # a body that continues the prompt's signature (HumanEval completion style)
-    return prefix.rstrip("\n") + "\n\n" + code
+    if _compiles(code):
+        return prefix.rstrip("\n") + "\n\n" + code
+    completion = prefix + code  # a body that continues the prompt's signature
+    indent = _body_indent(prefix)
+    if indent and code[:1] not in (" ", "\t") and not _compiles(completion):
+        for candidate in (prefix + indent + code, prefix + textwrap.indent(code, indent)):
+            if _compiles(candidate):
+                return candidate
+    return completion
 
 
 def _limits(spec: TestSpec, tests: int | None = None, output: int = 1 << 20) -> SandboxLimits:
@@ -935,8 +974,8 @@ class _Grading:
         for kind, index, ok, msg in results.lines:
             if kind == "test" and 0 <= index < len(self.passed) and self.splits[index] is None:
                 self.passed[index], self.messages[index] = ok, msg
-            elif kind in ("solution", "setup") and not ok:
-                self.solution_error = msg
+            elif kind in ("solution", "setup") and not ok and not self.solution_error:
+                self.solution_error = msg  # the first: a setup that fails for want of the solution's names follows
         values: list[str] = []
         errors: dict[tuple[int, int], str] = {}
         levels_at: dict[tuple[int, int], int] = {}

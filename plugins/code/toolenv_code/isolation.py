@@ -9,6 +9,7 @@ rlimits in force). `toolenv doctor` prints it.
 from __future__ import annotations
 
 import json
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,7 +56,8 @@ class IsolationReport(BaseModel):
         description="How leftover processes are killed: with their own PID namespace, or by process group."
     )
     user: Literal["unprivileged-uid", "user-namespace", "same-as-host"] = Field(
-        description="The identity the code runs as."
+        description="The identity the code runs as: a uid of its own, root of a user namespace (your uid "
+        "outside), or the uid that started the pool (which can signal your processes)."
     )
     rlimits: list[str] = Field(description="Resource limits in force (names of `resource.RLIMIT_*`).")
     limits: dict[str, int | None] = Field(description="The rlimit values seen by the probe (soft limits).")
@@ -83,9 +85,13 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
     setup = pool.stats()[0].get("isolation", {})
     # Only a loopback interface visible means a network namespace of our own: nothing routes out.
     isolated_net = seen["interfaces"] is not None and set(seen["interfaces"]) <= {"lo"}
+    # The servers run as this process's uid: code seen with it (root, or an ordinary user
+    # without namespaces) can signal the host's processes, whatever that uid is.
     user: Literal["unprivileged-uid", "user-namespace", "same-as-host"] = "unprivileged-uid"
-    if seen["uid"] == 0:
-        user = "user-namespace" if setup.get("user_ns") else "same-as-host"
+    if seen["uid"] == 0 and setup.get("user_ns"):
+        user = "user-namespace"
+    elif seen["uid"] == os.getuid():
+        user = "same-as-host"
     limits = seen["limits"]
     return IsolationReport(
         network="namespace" if isolated_net else "none",
