@@ -191,3 +191,21 @@ def test_a_url_servers_label_keeps_no_key_from_its_url() -> None:
     assert server.label == "https://mcp.example.com:8443/mcp"
     assert "s3cret" not in server.label
     assert MCPServer(url="http://[::1]:9000/mcp").label == "http://[::1]:9000/mcp"
+
+
+def test_secrets_stay_out_of_labels_and_reprs() -> None:
+    """A label goes into every error the model reads (and the saved trajectories), a repr into
+    logs and tracebacks: a key passed as an argument (`--key ...`, as Smithery's CLI takes it),
+    a header or an env value was shown in full."""
+    stdio = MCPServer(
+        command="npx",
+        args=["-y", "@smithery/cli", "run", "@a/b", "--key", "sk-arg-1", "--api-token=sk-arg-2"],
+        env={"GITHUB_TOKEN": "sk-env-3"},
+    )
+    assert stdio.label.startswith("npx -y @smithery/cli run @a/b --key ")
+    web = MCPServer(name="docs", url="http://127.0.0.1:1/mcp", headers={"Authorization": "Bearer sk-head-4"})
+    shown = " ".join([stdio.label, repr(stdio), repr(web), str(stdio), str(web)])
+    for secret in ("sk-arg-1", "sk-arg-2", "sk-env-3", "sk-head-4"):
+        assert secret not in shown
+    assert "GITHUB_TOKEN" in repr(stdio) and "Authorization" in repr(web)  # which keys: yes; their values: no
+    assert MCPServer(command="python", args=["server.py", "--port", "8000"]).label == "python server.py --port 8000"

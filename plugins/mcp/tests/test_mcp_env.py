@@ -213,6 +213,115 @@ def test_an_http_server_refusing_the_handshake_says_its_status() -> None:
     assert "\n" not in message
 
 
+class _StatusServer:
+    """A minimal streamable HTTP MCP server on 127.0.0.1 whose tool calls answer `status` (200: a result).
+
+    Plain JSON responses, no SSE: the handshake and the listing succeed, so a test can make
+    the server refuse calls later in the session, as a server whose token was revoked (401)
+    or a proxy whose backend is down (502, 503) does.
+    """
+
+    def __init__(self) -> None:
+        import http.server
+
+        self.status = 200
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def reply(self, code: int, body: Any = None, headers: tuple[tuple[str, str], ...] = ()) -> None:
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(code)
+                if body is not None:
+                    self.send_header("Content-Type", "application/json")
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                method, rid = message.get("method"), message.get("id")
+                if rid is None:
+                    return self.reply(202)
+                if method == "initialize":
+                    version = message["params"]["protocolVersion"]
+                    info = {"name": "status", "version": "0"}
+                    result = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
+                    return self.reply(200, {"jsonrpc": "2.0", "id": rid, "result": result}, (("Mcp-Session-Id", "s1"),))
+                if method == "tools/list":
+                    tools = [{"name": "t", "inputSchema": {"type": "object"}}]
+                    return self.reply(200, {"jsonrpc": "2.0", "id": rid, "result": {"tools": tools}})
+                if method == "ping" or owner.status == 200:
+                    result = {} if method == "ping" else {"content": [{"type": "text", "text": "ok"}]}
+                    return self.reply(200, {"jsonrpc": "2.0", "id": rid, "result": result})
+                data = b"no"
+                self.send_response(owner.status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self.reply(405)
+
+            def do_DELETE(self) -> None:
+                self.reply(200)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/mcp"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+async def test_an_http_status_refusing_a_call_is_named() -> None:
+    """A token revoked mid-run (401), or a proxy whose backend is down (503): the MCP SDK
+    reports either as "Server returned an error response", and the model (and whoever reads
+    the trajectories) could not tell a bad token from a bad argument. A 503 is worth a
+    retry; a 401 is not. The session is not thrown away: once the server answers again, so do the calls."""
+    from toolenv import Task, ToolCall, ToolCaller, ToolContext
+
+    server = _StatusServer()
+    tools = await amcp_tools(MCPServer(name="docs", url=server.url, headers={"Authorization": "Bearer x"}))
+    try:
+        conn = tools[0]._conn
+        assert conn is not None
+        caller = ToolCaller(tools)
+
+        async def call() -> Any:
+            [result], _ = await caller.invoke([ToolCall(name="t", arguments={})], ToolContext(Task()))
+            return result
+
+        assert (await call()).text == "ok"
+        starts = conn.starts
+        server.status = 401
+        refused = await call()
+        assert refused.is_error and not refused.retryable
+        assert refused.text.startswith(
+            "MCP server 'docs' refused the call to 't': it answered HTTP 401 Unauthorized, check its headers (a token?)"
+        ), refused.text
+        server.status = 503
+        unavailable = await call()
+        assert unavailable.is_error and unavailable.retryable
+        assert unavailable.text.startswith(
+            "MCP server 'docs' refused the call to 't': it answered HTTP 503 Service Unavailable"
+        ), unavailable.text
+        server.status = 200
+        assert ((await call()).text, conn.starts) == ("ok", starts)
+    finally:
+        for t in tools:
+            await t.close()
+        server.stop()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX process checks")
 def test_the_registry_forgets_closed_servers(fresh_server: Factory) -> None:
     from toolenv_mcp import connection

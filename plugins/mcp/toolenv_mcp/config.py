@@ -31,6 +31,9 @@ _CLIENT_KEYS = frozenset({"autoApprove", "alwaysAllow", "disabled", "enabled", "
 _HTTP = frozenset({"http", "streamable-http", "streamable_http", "streamableHttp"})
 # `${VAR}` and `${VAR:-default}` (Claude Code), `${env:VAR}` (Cursor, VS Code).
 _VAR = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A command-line flag whose value is a secret (`--key`, `--api-token=...`, `--password`).
+_SECRET_FLAG = re.compile(r"-{1,2}[\w-]*(?:key|token|secret|password|passwd|credential|auth)[\w-]*", re.IGNORECASE)
+_HIDDEN = "***"
 
 
 class MCPServer(BaseModel):
@@ -92,14 +95,22 @@ class MCPServer(BaseModel):
         if self.name:
             return self.name
         if self.command is not None:
-            text = " ".join([Path(self.command).name, *self.args])
+            text = " ".join([Path(self.command).name, *_shown_args(self.args)])
         else:
-            url = urllib.parse.urlsplit(str(self.url))
-            host = url.hostname or ""
-            host = f"[{host}]" if ":" in host else host
-            netloc = host + (f":{url.port}" if url.port is not None else "")
-            text = urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
+            text = _shown_url(str(self.url))
         return text if len(text) <= 60 else text[:57] + "..."
+
+    def __repr_args__(self) -> Any:
+        """As pydantic's, with what may be secret hidden: env and header values, flagged
+        arguments' values (`--key ...`), the URL's user info and query."""
+        for field, value in super().__repr_args__():
+            if field in ("env", "headers"):
+                value = dict.fromkeys(value, _HIDDEN)
+            elif field == "args":
+                value = tuple(_shown_args(value))
+            elif field == "url" and value is not None:
+                value = _shown_url(value)
+            yield field, value
 
     @property
     def key(self) -> str:
@@ -160,6 +171,28 @@ class MCPServer(BaseModel):
 
     def __str__(self) -> str:
         return f"MCPServer({self.label!r}, {self.transport})"
+
+
+def _shown_args(args: tuple[str, ...]) -> list[str]:
+    """`args` with the values of secret-looking flags (`--key sk-...`, `--api-token=...`) hidden."""
+    shown: list[str] = []
+    for arg in args:
+        flag, eq, _ = arg.partition("=")
+        if eq and _SECRET_FLAG.fullmatch(flag):
+            arg = f"{flag}={_HIDDEN}"
+        elif shown and _SECRET_FLAG.fullmatch(shown[-1]):
+            arg = _HIDDEN
+        shown.append(arg)
+    return shown
+
+
+def _shown_url(text: str) -> str:
+    """The URL without its user info, query and fragment (which may hold a key)."""
+    url = urllib.parse.urlsplit(text)
+    host = url.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = host + (f":{url.port}" if url.port is not None else "")
+    return urllib.parse.urlunsplit((url.scheme, netloc, url.path, "", ""))
 
 
 def load_servers(source: str | Path | Mapping[str, Any]) -> dict[str, MCPServer]:

@@ -46,7 +46,7 @@ import anyio
 
 from toolenv_mcp import loop
 from toolenv_mcp.config import MCPServer
-from toolenv_mcp.errors import MCPConnectionLost, MCPServerError
+from toolenv_mcp.errors import MCPConnectionLost, MCPHTTPError, MCPServerError
 
 __all__ = ["Connection", "acquire", "acquire_episode", "drop_holder", "new_holder", "release", "release_episode"]
 
@@ -84,6 +84,24 @@ class _StartFailure:
         return None
 
 
+class _Refusals:
+    """The HTTP error statuses a session's requests were answered with: how many, and the last one."""
+
+    __slots__ = ("code", "count", "status")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.code = 0
+        self.status = ""  # e.g. "401 Unauthorized"
+
+    def add(self, code: int, status: str) -> None:
+        self.count, self.code, self.status = self.count + 1, code, status
+
+    def hint(self) -> str:
+        """The last status, and what it most likely means."""
+        return f"it answered HTTP {self.status}{_HINTS.get(str(self.code), '')}"
+
+
 class Connection:
     """The live session to one server, restarted on demand.
 
@@ -102,6 +120,7 @@ class Connection:
         self.closed = False
         # Below: touched on the background loop only.
         self._session: Any = None
+        self._refusals = _Refusals()  # the HTTP statuses refusing the session's requests
         self._lost = True
         self._expired = 0  # the start whose HTTP session the server no longer knows (404), else 0
         self._listed = 0  # the start whose session listed every tool (all pages), else 0
@@ -176,6 +195,8 @@ class Connection:
                 listing.add_done_callback(_retrieve)
             try:
                 await asyncio.shield(listing)  # shared: one caller's timeout must not end it for the others
+            except MCPHTTPError:  # a refused listing: the call goes ahead (and says why if refused too)
+                return
             except MCPServerError:
                 raise
             except Exception:  # noqa: BLE001 - a refused listing: the call goes ahead, as before
@@ -204,7 +225,8 @@ class Connection:
         """
         for attempt in range(2):
             session = await self._live()
-            generation = self.starts
+            generation, refusals = self.starts, self._refusals
+            refused = refusals.count
             try:
                 return await request(session)
             except asyncio.CancelledError:  # the caller gave up (its timeout): is the server stuck?
@@ -214,6 +236,11 @@ class Connection:
                 if attempt == 0 and self.episode is None and self._expired == generation:
                     continue
                 gone = await self._gone(exc, session, generation)
+                if not gone and refusals.count > refused:  # the SDK's "Server returned an error response"
+                    raise MCPHTTPError(
+                        f"MCP server {self.label!r} refused {during}: {refusals.hint()} ({describe(exc)})",
+                        refusals.code,
+                    ) from exc
                 raise self._failed(exc, generation, during, gone=gone) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -340,7 +367,8 @@ class Connection:
         ready: asyncio.Future[Any] = running.create_future()
         ready.add_done_callback(_retrieve)
         stop = asyncio.Event()
-        owner = running.create_task(self._own(self.starts, ready, stop))
+        refusals = _Refusals()
+        owner = running.create_task(self._own(self.starts, ready, stop, refusals))
         try:
             session = await asyncio.wait_for(asyncio.shield(ready), self.server.startup_timeout)
         except BaseException as exc:  # a failed start, the handshake timing out, or close()
@@ -355,9 +383,10 @@ class Connection:
                 ) from None
             raise
         self._session, self._stop, self._owner, self._lost = session, stop, owner, False
+        self._refusals = refusals
         return session
 
-    async def _own(self, generation: int, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
+    async def _own(self, generation: int, ready: asyncio.Future[Any], stop: asyncio.Event, refusals: _Refusals) -> None:
         """Open the transport and session, hand the session over, and hold both open until `stop`.
 
         The transport's context managers must be entered and left in one task: this one.
@@ -372,7 +401,6 @@ class Connection:
             if generation == self.starts:
                 self._lost, self._expired = True, generation
 
-        refusals: list[str] = []  # HTTP error statuses of the requests, for a start that fails
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await _open_transport(stack, self.server, expired, refusals)
@@ -385,8 +413,8 @@ class Connection:
         except Exception as exc:  # noqa: BLE001 - reported through `ready`, or logged
             if not ready.done():
                 problem = _start_problem(exc)
-                if refusals:  # the SDK's message ("Server returned an error response") does not say which
-                    problem = f"it answered HTTP {refusals[-1]}{_HINTS.get(refusals[-1][:3], '')} ({problem})"
+                if refusals.count:  # the SDK's message ("Server returned an error response") does not say which
+                    problem = f"{refusals.hint()} ({problem})"
                 ready.set_exception(MCPServerError(f"MCP server {self.label!r} could not start: {problem}"))
             else:
                 _log.debug("MCP server %r: session ended with %s", self.label, describe(exc))
@@ -465,14 +493,14 @@ class _Watched:
 
 
 async def _open_transport(
-    stack: contextlib.AsyncExitStack, server: MCPServer, on_expired: Callable[[], None], refusals: list[str]
+    stack: contextlib.AsyncExitStack, server: MCPServer, on_expired: Callable[[], None], refusals: _Refusals
 ) -> tuple[Any, Any]:
     """The (read, write) streams of the server's transport, entered on `stack`.
 
     Over HTTP, `on_expired` is called when the server answers 404 to a request carrying
     the session id: it no longer knows the session (the MCP SDK reports that as an
     ordinary JSON-RPC error, indistinguishable from a refusal). The status of every
-    request the server refuses (`401 Unauthorized`) is added to `refusals`.
+    request the server refuses (`401 Unauthorized`) is counted in `refusals`.
     """
     streams: Any
     if server.command is not None:
@@ -489,7 +517,7 @@ async def _open_transport(
             if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
                 on_expired()
             if response.status_code >= 400 and response.request.method == "POST":  # not the optional GET stream
-                refusals.append(f"{response.status_code} {response.reason_phrase}".strip())
+                refusals.add(response.status_code, f"{response.status_code} {response.reason_phrase}".strip())
 
         client = _http_client(server.headers)
         client.event_hooks["response"].append(watch)

@@ -37,7 +37,7 @@ from toolenv_mcp.connection import (
     release,
     release_episode,
 )
-from toolenv_mcp.errors import MCPServerError
+from toolenv_mcp.errors import MCPHTTPError, MCPServerError
 from toolenv_mcp.results import to_tool_result
 
 __all__ = ["MCPTool", "Servers", "amcp_tools", "mcp_tools", "resolve_servers"]
@@ -112,6 +112,8 @@ class MCPTool(Tool):
         conn = self._connection() if self.server.scope == "process" else self._episode(ctx)
         try:
             result = await loop.call(conn.call_tool(self.mcp_name, arguments_of(args)))
+        except MCPHTTPError as exc:  # an HTTP status refused the call: retryable if it says "later"
+            return ToolResult.error(str(exc), retryable=exc.retryable)
         except MCPServerError as exc:  # could not start, or the connection ended mid-call
             return ToolResult.error(str(exc), retryable=True)
         except Exception as exc:
