@@ -305,19 +305,22 @@ def test_build_report_holds_one_trajectory_at_a_time(tmp_path: Path, monkeypatch
             super().add(traj)
 
     monkeypatch.setattr(html, "SummaryBuilder", Counting)
+    before = {p.name for p in run.iterdir()}
+    assert {"run.json", "summary.json", "trajectories.jsonl"} <= before and "report.html" not in before
     page = build_report(run)
     assert len(live) == 120 and max(live) <= 3
     assert len(page_data(page.read_text())["episodes"]) == 120
-    assert sorted(p.name for p in run.iterdir()) == ["report.html", "run.json", "summary.json", "trajectories.jsonl"]
+    assert {p.name for p in run.iterdir()} == before | {"report.html"}  # the report, nothing else
 
 
 def test_no_report_from_a_run_with_an_invalid_line(run_dir: Path) -> None:
     path = run_dir / "trajectories.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:2]) + '{"not": "a trajectory"}\n' + "".join(lines[2:]))
+    before = {p.name for p in run_dir.iterdir()}
     with pytest.raises(ValueError, match=r"trajectories\.jsonl:3: not a valid trajectory"):
         build_report(run_dir)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json", "summary.json", "trajectories.jsonl"]
+    assert {p.name for p in run_dir.iterdir()} == before and "report.html" not in before
 
 
 def _serving(run: Path) -> tuple[Any, int]:
