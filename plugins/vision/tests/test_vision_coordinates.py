@@ -337,3 +337,16 @@ def test_the_overview_matches_a_processor_with_min_pixels() -> None:
         assert not result.is_error, result.text
     (tool,) = env.tools
     assert "as you were shown it" in tool.description and "448 px" not in tool.description  # it is larger
+
+
+def test_view_dims_matches_the_processor_for_a_side_under_half_a_patch() -> None:
+    """`smart_resize` rounds a side under 14 px to 0 and lets `min_pixels` enlarge the image; `view_dims`
+    floored that side at 28 px first and kept a 2000x10 strip at 1988x28 where the model saw 812x28."""
+    qwen = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    processor = qwen.Qwen2VLImageProcessorPil(
+        patch_size=14, merge_size=2, size={"shortest_edge": 3136, "longest_edge": 12845056}
+    )
+    for size in [(2000, 10), (1000, 13), (200, 5), (100, 12), (13, 13), (1, 1)]:
+        (grid,) = processor(images=[Image.new("RGB", size)], return_tensors="np")["image_grid_thw"]
+        assert view_dims(*size, None, 28, 3136, 12845056) == (int(grid[2]) * 14, int(grid[1]) * 14), size
+    assert view_dims(2000, 10, None, 28) == (1988, 28)  # no min_pixels: still at least one multiple

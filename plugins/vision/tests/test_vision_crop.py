@@ -151,3 +151,31 @@ def test_the_model_sees_the_strict_argument_schema() -> None:
     assert params["properties"]["bbox"]["items"] == {"minimum": 0, "type": "number"}
     assert params["properties"]["bbox"]["minItems"] == params["properties"]["bbox"]["maxItems"] == 4
     assert params["required"] == ["bbox"]
+
+
+@pytest.mark.parametrize(
+    ("options", "bbox"),
+    [
+        ({}, [0, 0, 512, 8]),  # 64:1 at the default min_pixels: shown 1792x28 before
+        ({"max_aspect_ratio": 200}, [0, 0, 8, 512]),
+        ({"min_size": 1, "min_pixels": 1}, [5, 5, 6, 6]),  # a 1x1 crop, shown 1x1 before
+        ({"min_pixels": 16 * 16, "max_pixels": 64 * 64}, [0, 0, 400, 40]),  # shrunk to 202x20 before
+    ],
+)
+def test_every_side_of_a_crop_is_at_least_32_px(options: dict[str, int], bbox: list[int]) -> None:
+    """Qwen-VL processors cut images into 28 px (Qwen2.5-VL) or 32 px (Qwen3-VL) squares, and many
+    raise on a side under that (transformers up to 4.50, its Qwen3-VL video processor, GLM-4V,
+    mistral.rs, Ollama), stopping the rollout batch: a thin or tiny crop is shown larger."""
+    r = call(CropTool(**options), PHOTO, bbox=bbox)
+    assert not r.is_error, r.text
+    (img,) = r.images
+    assert min(img.width, img.height) >= 32 and [img.width, img.height] == r.metadata["size"]
+    w, h = bbox[2] - bbox[0], bbox[3] - bbox[1]
+    assert math.isclose(img.width / img.height, w / h, rel_tol=0.05)  # aspect kept
+    assert img.to_pil().size == (img.width, img.height)
+
+
+def test_zoom_size_min_side() -> None:
+    assert zoom_size(1, 1, 1, 100, min_side=32) == (32, 32)
+    assert zoom_size(1000, 10, 224 * 224, 1024 * 1024, min_side=32) == (3200, 32)
+    assert zoom_size(1000, 10, 224 * 224, 1024 * 1024) == (2240, 23)  # no floor unless asked

@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env
 from PIL import Image, ImageChops
 
 import toolenv
+import toolenv_vision
 from toolenv_vision import CropArgs, CropTool, code_patch, generate_tasks, task_image, visualsearch_oracle
 from toolenv_vision.envs import DEFAULT_OVERVIEW_SIZE, make_visualsearch_env
 
@@ -140,3 +141,37 @@ def test_a_code_that_is_an_article_is_not_the_empty_answer() -> None:
     other = next(t for t in env.tasks if t.answer == "C")
     env.reset(options={"task": other})
     assert env.step("<answer>c</answer>")[1] == 1.0
+
+
+def test_spaces_inside_a_code_are_ignored_like_punctuation() -> None:
+    # The docs promise case, punctuation and spacing ignored: "J6-TA" matched "J6TA", "J6 TA" did not.
+    env = make_visualsearch_env(num_tasks=1)
+    (task,) = env.tasks
+    code = task.answer
+    assert code is not None and len(code) == 4
+    for answer, reward in [
+        (code, 1.0),
+        (f"{code[:2]}-{code[2:]}", 1.0),
+        (f"{code[:2]} {code[2:]}", 1.0),
+        (" ".join(code.lower()), 1.0),
+        (code[:3], 0.0),
+    ]:
+        env.reset(options={"task": task})
+        assert env.step(f"<answer>{answer}</answer>")[1] == reward, answer
+
+
+def test_generated_tasks_use_the_photos_of_the_image_root(tmp_path: Path) -> None:
+    # make_visualsearch_env(image_root=...) generated tasks over the bundled photo names, which the
+    # env then looked for under the given root: every reset raised "image 'chelsea.png' not found".
+    Image.open(Path(toolenv_vision.DATA_DIR) / "coffee.png").save(tmp_path / "mine.png")
+    Image.open(Path(toolenv_vision.DATA_DIR) / "coins.png").convert("RGB").save(tmp_path / "other.jpg")
+    (tmp_path / "notes.txt").write_text("not a photo")
+    env = make_visualsearch_env(num_tasks=6, image_root=tmp_path)
+    assert {t.context["image"] for t in env.tasks} == {"mine.png", "other.jpg"}
+    for task in env.tasks:
+        _, info = env.reset(options={"task": task})
+        assert info["messages"][-1].images
+        (result,) = env.step(visualsearch_oracle(task, 0, ""))[4]["tool_results"]
+        assert not result.is_error, result.text
+        assert env.step(visualsearch_oracle(task, 1, ""))[1] == 1.0
+    assert [t.context["image"] for t in generate_tasks(3, photos=["mine.png"], image_root=tmp_path)] == ["mine.png"] * 3

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageChops, ImageCms
 
-from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolResult
+from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolImage, ToolResult
 from toolenv_vision import CropTool, images, task_image
 from toolenv_vision.envs import overview_image
 
@@ -64,7 +64,7 @@ def test_16_bit_greyscale_keeps_its_tones(tmp_path: Path) -> None:
             grey.putpixel((x, y), x * 257)  # 0 … 65535 across
     grey.save(tmp_path / "grey16.png")
     assert Image.open(tmp_path / "grey16.png").mode.startswith("I;16")
-    r = crop(tmp_path, "grey16.png", [0, 0, 256, 16], min_pixels=16, max_pixels=256 * 16)
+    r = crop(tmp_path, "grey16.png", [0, 0, 256, 16], min_pixels=16, max_pixels=256 * 16, min_shown_side=16)
     assert [pixel(r, x)[0] for x in (0, 64, 128, 255)] == [0, 64, 128, 255]  # not white from 1 on
 
 
@@ -178,3 +178,19 @@ def test_a_failed_decode_is_not_shared_with_waiting_callers() -> None:
         with pytest.raises(OSError):
             cache.get("bad", broken)
     assert cache.get("bad", lambda: Image.new("RGB", (2, 2))).size == (2, 2)
+
+
+@pytest.mark.parametrize("name", ["rocket.jpg", "chelsea.png", "astronaut.png", "hubble_deep_field.jpg"])
+def test_a_crop_is_its_pixels_alone_whatever_the_source_profile(name: str) -> None:
+    """Photos with a colour profile are converted to sRGB, and the converted image carried the new
+    sRGB profile, which lcms stamps with the time it was made: every crop PNG embedded it, so the
+    same crop had other bytes in another process or after the decode cache dropped the photo (its
+    hash, hence image-store files and caches, differed). The bytes are now the pixels' alone."""
+    images.cache_clear()
+    r = crop(images.DATA_DIR, name, [0, 0, 64, 64], min_pixels=64 * 64)
+    assert not r.is_error, r.text
+    shown = r.images[0].to_pil()
+    assert "icc_profile" not in shown.info  # sRGB pixels, untagged: what every processor assumes
+    bare = Image.frombytes(shown.mode, shown.size, shown.tobytes())
+    assert r.images[0].data == ToolImage.from_pil(bare).data
+    assert "icc_profile" not in task_image({"image": name}).info

@@ -22,7 +22,7 @@ from toolenv_vision.crop import (
 from toolenv_vision.envs import CodeMatch, VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
 from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
 from toolenv_vision.render import CodeOverlay, code_patch, task_image
-from toolenv_vision.tasks import ALPHABET, generate_tasks
+from toolenv_vision.tasks import ALPHABET, generate_tasks, photos_in
 
 __all__ = [
     "ALPHABET",
@@ -45,6 +45,7 @@ __all__ = [
     "generate_tasks",
     "make_visualsearch_env",
     "overview_image",
+    "photos_in",
     "resolve_image",
     "task_image",
     "view_dims",

@@ -25,7 +25,9 @@ Box rules (also in the tool description the model sees):
   stop a whole rollout batch).
 
 The crop is resized, aspect ratio kept, so that its pixel count lies within
-[`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk.
+[`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk; and
+each side is at least `min_shown_side` (32) pixels, even past `max_pixels`: Qwen-VL processors
+cut images into 28 px (Qwen2.5-VL) or 32 px (Qwen3-VL) squares and many raise on a shorter side.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "COORDINATES",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
+    "DEFAULT_MIN_SHOWN_SIDE",
     "Coordinates",
     "CropArgs",
     "CropCall",
@@ -63,6 +66,10 @@ DEFAULT_MIN_PIXELS = 224 * 224
 DEFAULT_MAX_PIXELS = 1024 * 1024
 DEFAULT_MIN_SIZE = 8
 DEFAULT_MAX_ASPECT_RATIO = 100
+DEFAULT_MIN_SHOWN_SIDE = 32
+"""Each side of a returned crop is at least this long: Qwen2.5-VL's processor works in 28 px
+squares and Qwen3-VL's in 32 px ones, and many of them (transformers up to 4.50, its Qwen3-VL
+video processor, GLM-4V, mistral.rs, Ollama) raise on an image with a shorter side."""
 
 Coordinates = Literal["pixels", "relative1000", "relative"]
 """How a crop box is read: pixels of the image the model was shown, 0-1000 across its width and
@@ -273,8 +280,8 @@ def view_dims(
 ) -> tuple[int, int]:
     """The size at which a `width`×`height` image is shown: shrunk (never enlarged) so its longer
     side is at most `size` (None: not shrunk), then each side rounded to the nearest multiple of
-    `multiple`, at least one multiple, then, if that is more than `max_pixels` or fewer than
-    `min_pixels` pixels, scaled (aspect kept) into that range, sides floored or ceiled to multiples.
+    `multiple`, then, if that is more than `max_pixels` or fewer than `min_pixels` pixels, scaled
+    (aspect kept) into that range, sides floored or ceiled to multiples; each side at least one multiple.
 
     The last two steps are Qwen2.5-VL's `smart_resize` (with `multiple` 28 and the processor's
     `min_pixels`/`max_pixels`): the size of the image the model sees and gives coordinates in.
@@ -284,14 +291,14 @@ def view_dims(
         scale = size / max(w, h)
         w, h = max(1, round(w * scale)), max(1, round(h * scale))
     m = multiple
-    vw, vh = max(m, round(w / m) * m), max(m, round(h / m) * m)
+    vw, vh = round(w / m) * m, round(h / m) * m  # a side under m/2 rounds to 0, as in smart_resize
     if max_pixels is not None and vw * vh > max_pixels:
         beta = math.sqrt(w * h / max_pixels)
         vw, vh = max(m, math.floor(w / beta / m) * m), max(m, math.floor(h / beta / m) * m)
     elif min_pixels is not None and vw * vh < min_pixels:
         beta = math.sqrt(min_pixels / (w * h))
         vw, vh = math.ceil(w * beta / m) * m, math.ceil(h * beta / m) * m
-    return vw, vh
+    return max(m, vw), max(m, vh)  # without min_pixels, a side rounded to 0 is one multiple
 
 
 def box_in(
@@ -318,15 +325,19 @@ def box_in(
     return [math.floor(x1), math.floor(y1), min(math.ceil(x2), ex), min(math.ceil(y2), ey)]
 
 
-def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Output size for a `width`×`height` crop: same aspect ratio, pixel count in [min_pixels, max_pixels]."""
+def zoom_size(width: int, height: int, min_pixels: int, max_pixels: int, min_side: int = 1) -> tuple[int, int]:
+    """Output size for a `width`×`height` crop: same aspect ratio, pixel count in [min_pixels, max_pixels],
+    then each side at least `min_side` (which wins over `max_pixels`)."""
     area = width * height
-    if min_pixels <= area <= max_pixels:
-        return width, height
-    scale = math.sqrt((min_pixels if area < min_pixels else max_pixels) / area)
-    w, h = max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
-    if w * h > max_pixels:  # rounding up overshot the cap (or the range is narrow): round down instead
-        w, h = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+    w, h = width, height
+    if not min_pixels <= area <= max_pixels:
+        scale = math.sqrt((min_pixels if area < min_pixels else max_pixels) / area)
+        w, h = max(1, math.ceil(width * scale)), max(1, math.ceil(height * scale))
+        if w * h > max_pixels:  # rounding up overshot the cap (or the range is narrow): round down instead
+            w, h = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+    if min(w, h) < min_side:
+        scale = min_side / min(width, height)
+        w, h = max(min_side, math.ceil(width * scale - _SNAP)), max(min_side, math.ceil(height * scale - _SNAP))
     return w, h
 
 
@@ -403,6 +414,8 @@ class CropTool(Tool):
         max_pixels: and shrunk to at most this many.
         min_size: each side of a box covers at least this many task-image pixels.
         max_aspect_ratio: long side over short side of a box, at most.
+        min_shown_side: each side of the returned image is at least this long, even past
+            `max_pixels` (32: Qwen-VL processors raise on a side under their 28 or 32 px grid).
         **limits: `ToolLimits` overrides.
     """
 
@@ -427,6 +440,7 @@ class CropTool(Tool):
         max_pixels: int = DEFAULT_MAX_PIXELS,
         min_size: int = DEFAULT_MIN_SIZE,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+        min_shown_side: int = DEFAULT_MIN_SHOWN_SIDE,
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
@@ -446,12 +460,14 @@ class CropTool(Tool):
             raise ValueError(f"min_size must be at least 1, got {min_size}")
         if not max_aspect_ratio >= 1:
             raise ValueError(f"max_aspect_ratio must be at least 1, got {max_aspect_ratio}")
+        if min_shown_side < 1:
+            raise ValueError(f"min_shown_side must be at least 1, got {min_shown_side}")
         self.image_root = Path(image_root) if image_root is not None else None
         self.coordinates: Coordinates = coordinates
         self.view_size, self.view_multiple = view_size, view_multiple
         self.view_min_pixels, self.view_max_pixels = view_min_pixels, view_max_pixels
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
-        self.max_aspect_ratio = max_aspect_ratio
+        self.max_aspect_ratio, self.min_shown_side = max_aspect_ratio, min_shown_side
         self._strict, self.Args = _MODELS[coordinates]  # type: ignore[misc]  # per instance, like FunctionTool
         self.description = self._describe()  # type: ignore[misc]
 
@@ -541,7 +557,7 @@ class CropTool(Tool):
         except ValidationError as exc:
             return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): {_error_text(exc)}. {trailer}")
         region = image.crop((box.x1, box.y1, box.x2, box.y2))
-        zoomed = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels)
+        zoomed = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels, self.min_shown_side)
         if zoomed != region.size:
             region = region.resize(zoomed, Image.Resampling.LANCZOS)
         zoom = zoomed[0] / (box.x2 - box.x1)

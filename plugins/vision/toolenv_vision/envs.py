@@ -53,13 +53,13 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def _code(text: str) -> str:
-    return " ".join(text.lower().translate(_PUNCTUATION).split())
+    return "".join(text.lower().translate(_PUNCTUATION).split())
 
 
 class CodeMatch(ExactMatch):
-    """`exact_match` for codes: case, punctuation and spacing ignored as SQuAD's normalisation
-    does, but no articles dropped, which turned the codes "A", "AN" and "THE" into "" and let an
-    empty answer (or "the") match them."""
+    """`exact_match` for codes: case, punctuation and whitespace ignored ("j6 ta" and "J6-TA" are
+    "J6TA"), but no articles dropped as SQuAD's normalisation does, which turned the codes "A",
+    "AN" and "THE" into "" and let an empty answer (or "the") match them."""
 
     name = "exact_match"
 
@@ -161,13 +161,14 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
 
     Overrides: `num_tasks` (200), `seed` (0), `code_length` (4), `long_side` (1344),
     `limit` (first N tasks), `tasks` (replace the generated ones, used as given: their question
-    should state the crop convention), `image_root`, `overview_size` (448), `overview_multiple` (28),
+    should state the crop convention), `image_root` (where the photos are: the generated tasks
+    use every image under it; default the bundled photos), `overview_size` (448), `overview_multiple` (28),
     `overview_min_pixels`/`overview_max_pixels` (None: your processor's `min_pixels`/`max_pixels`
     when the overview's size is outside them, so that the processor shows it as it is),
     `coordinates` (`"pixels"` of the overview, `"relative1000"` for Qwen3-VL, `"relative"`: the
     crop tool's convention, which the generated questions state), `min_pixels` (224²)/`max_pixels`
     (`overview_size`², so that cropping the whole picture shows no more than the overview)/
-    `min_size`/`max_aspect_ratio` (crop tool), and any `ToolEnv` argument (`max_turns`,
+    `min_size`/`max_aspect_ratio`/`min_shown_side` (crop tool), and any `ToolEnv` argument (`max_turns`,
     `parser`, `reward` (`CodeMatch`: exact match of the code, case and punctuation ignored), ...).
     """
     num_tasks = overrides.pop("num_tasks", 200)
@@ -177,7 +178,7 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     limit = overrides.pop("limit", None)
     image_root = overrides.pop("image_root", None)
     coordinates = overrides.pop("coordinates", "pixels")
-    crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio")
+    crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio", "min_shown_side")
     crop_options = {k: overrides.pop(k) for k in crop_keys if k in overrides}
     overview_size = overrides.get("overview_size", DEFAULT_OVERVIEW_SIZE)
     overview_multiple = overrides.get("overview_multiple", DEFAULT_OVERVIEW_MULTIPLE)
@@ -204,6 +205,7 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
             seed,
             code_length=code_length,
             long_side=long_side,
+            image_root=image_root,
             coordinates=coordinates,
             overview_size=overview_size,
             overview_multiple=overview_multiple,

@@ -145,7 +145,17 @@ def as_shown(image: Image.Image) -> Image.Image:
     """`image` in RGB as a viewer shows it: EXIF orientation applied, transparency over white,
     16-bit greyscale scaled to 8 bits (Pillow's own conversion clips it: all white from 256 up),
     and an embedded colour profile (Adobe RGB, a CMYK print profile) converted to sRGB, the
-    space models and image processors take pixel values to be in."""
+    space models and image processors take pixel values to be in.
+
+    The result carries no colour profile: its pixels are sRGB, what an untagged image means, and
+    the sRGB profile lcms makes is stamped with the time, which PNG crops then embedded (the same
+    crop had other bytes, hence another hash, in every process)."""
+    shown = _as_shown(image)
+    shown.info.pop("icc_profile", None)
+    return shown
+
+
+def _as_shown(image: Image.Image) -> Image.Image:
     with contextlib.suppress(OSError, ValueError, SyntaxError):  # a broken EXIF block: the pixels as stored
         ImageOps.exif_transpose(image, in_place=True)
     icc = image.info.get("icc_profile")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 from PIL import ImageStat
 
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_OVERVIEW_SIZE",
     "QUESTION",
     "generate_tasks",
+    "photos_in",
 ]
 
 ALPHABET = "ACDEFHJKLMNPRTUVWXY34679"
@@ -68,14 +70,18 @@ def generate_tasks(
     *,
     code_length: int = 4,
     long_side: int = DEFAULT_LONG_SIDE,
-    photos: Sequence[str] = PHOTOS,
+    photos: Sequence[str] | None = None,
+    image_root: str | Path | None = None,
     coordinates: Coordinates = "pixels",
     overview_size: int = DEFAULT_OVERVIEW_SIZE,
     overview_multiple: int = DEFAULT_OVERVIEW_MULTIPLE,
     overview_min_pixels: int | None = None,
     overview_max_pixels: int | None = None,
 ) -> list[Task]:
-    """`num_tasks` VisualSearch tasks drawn from `seed` over the bundled `photos`.
+    """`num_tasks` VisualSearch tasks drawn from `seed` over `photos` under `image_root`.
+
+    `photos` are paths relative to `image_root`; by default, with no root, the bundled photos,
+    and with a root, every image file under it (`photos_in`). Give the env the same root.
 
     Task `i` depends only on `(seed, i)`: asking for more tasks extends the list. The question
     states the crop tool's `coordinates` convention; with `"pixels"`, the pixels of the overview
@@ -84,13 +90,32 @@ def generate_tasks(
     (`context["size"]` is the task image's, `context["box"]` the code's box in its pixels).
 
     Raises:
-        ValueError: a non-positive count or code length, a canvas too small for the code, or an
-            unknown convention.
+        ValueError: a non-positive count or code length, a canvas too small for the code, an
+            unknown convention, or no photos.
+        ImageRefError: a photo that is missing, outside the root or not an image.
     """
     if coordinates not in COORDINATES:
         raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
+    root = str(Path(image_root).resolve()) if image_root is not None else None
+    if photos is None:
+        photos = PHOTOS if root is None else photos_in(root)
     view = (overview_size, overview_multiple, overview_min_pixels, overview_max_pixels)
-    return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos), coordinates, view))
+    return list(_generate(num_tasks, seed, code_length, long_side, tuple(photos), root, coordinates, view))
+
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+
+
+def photos_in(root: str | Path) -> tuple[str, ...]:
+    """Paths (relative, `/`-separated, sorted) of the image files under `root`, by suffix
+    (`IMAGE_SUFFIXES`), hidden files and folders skipped."""
+    base = Path(root).resolve()
+    found = []
+    for path in base.rglob("*"):
+        rel = path.relative_to(base)
+        if path.suffix.lower() in IMAGE_SUFFIXES and not any(p.startswith(".") for p in rel.parts) and path.is_file():
+            found.append(rel.as_posix())
+    return tuple(sorted(found))
 
 
 @functools.lru_cache(maxsize=16)
@@ -100,13 +125,16 @@ def _generate(
     code_length: int,
     long_side: int,
     photos: tuple[str, ...],
+    root: str | None,
     coordinates: str,
     view: tuple[int, int, int | None, int | None],
 ) -> tuple[Task, ...]:
     # Cached so that many env factory calls (a vector env) share one task list.
     if num_tasks < 1 or code_length < 1 or not photos:
-        raise ValueError(f"need num_tasks >= 1, code_length >= 1 and photos, got {num_tasks}, {code_length}, {photos}")
-    return tuple(_task(seed, i, code_length, long_side, photos, coordinates, view) for i in range(num_tasks))
+        raise ValueError(
+            f"need num_tasks >= 1, code_length >= 1 and photos, got {num_tasks}, {code_length}, {photos[:8]}"
+        )
+    return tuple(_task(seed, i, code_length, long_side, photos, root, coordinates, view) for i in range(num_tasks))
 
 
 def _task(
@@ -115,13 +143,14 @@ def _task(
     code_length: int,
     long_side: int,
     photos: tuple[str, ...],
+    root: str | None,
     coordinates: str,
     view: tuple[int, int, int | None, int | None],
 ) -> Task:
     rng = random.Random(f"toolenv-vision/VisualSearch:{seed}:{index}")  # str seeds hash deterministically
     photo = photos[rng.randrange(len(photos))]
     code = "".join(rng.choice(ALPHABET) for _ in range(code_length))
-    canvas = scaled_photo(resolve_image(photo), long_side)
+    canvas = scaled_photo(resolve_image(photo, root), long_side)
     w, h = patch_size(code)
     if canvas.width < w + 2 * MARGIN or canvas.height < h + 2 * MARGIN:
         raise ValueError(f"a {long_side} px canvas is too small for a {code_length}-character code")
