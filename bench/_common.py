@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+import venv
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,20 @@ def interleaved(subjects: dict[str, Callable[[int], Any]], n: int, rounds: int =
             subjects[name](n)
             per[name].append((time.perf_counter() - t0) / n)
     return per
+
+
+@contextlib.contextmanager
+def bare_python() -> Iterator[Path]:
+    """The interpreter of a throwaway venv with nothing installed: what a spawned `python -c` is timed with.
+
+    The bench venvs hold toolenv and its plugins as editable installs, whose `.pth` finders
+    import pathlib, re, urllib... at every interpreter start (a ~10 ms start became ~20 ms):
+    a peer's or the `python -c` row's subprocess started there would pay for toolenv's
+    development install, which no user of the peer has.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-bare-python-") as tmp:
+        venv.create(tmp, with_pip=False, symlinks=os.name != "nt")
+        yield Path(tmp) / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
 
 
 def write(name: str, data: dict[str, Any], out: Path | None) -> Path:

@@ -41,13 +41,15 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def ensure(extras: dict[str, list[str]], *, peers: bool = True) -> None:
-    """Complete `.venv-bench` (peers, then `extras`: distribution -> pip arguments), never pulling torch."""
+    """Complete `.venv-bench` (peers, then `extras`: distribution -> pip arguments, a peer pinned
+    as `name==version`, and brought to that version when another is there), never pulling torch."""
     if peers:
         peers_env.ensure()
     for dist, spec in extras.items():
         stamp = _stamp(spec)
         mark = Path(peers_env.VENV) / f".installed-{dist}"
-        if _pip("show", dist).returncode == 0 and (stamp is None or _read(mark) == stamp):
+        info = _pip("show", dist)
+        if info.returncode == 0 and (stamp is None or _read(mark) == stamp) and _at_pin(spec, info.stdout):
             continue
         report = Path(peers_env.VENV) / f".dry-run-{dist}.json"
         proc = _pip("install", "--dry-run", "--quiet", "--report", str(report), *spec)
@@ -75,6 +77,15 @@ def _stamp(spec: list[str]) -> str | None:
     if spec[:1] != ["-e"]:
         return None
     return hashlib.sha256((Path(spec[1]) / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def _at_pin(spec: list[str], pip_show: str) -> bool:
+    """False when `spec` pins a version (`name==1.2.3`) and `pip show`'s output names another one."""
+    if len(spec) != 1 or "==" not in spec[0]:
+        return True
+    pinned = spec[0].split("==", 1)[1].strip()
+    versions = [line.split(":", 1)[1].strip() for line in pip_show.splitlines() if line.startswith("Version:")]
+    return versions == [pinned]
 
 
 def _read(path: Path) -> str | None:

@@ -3,7 +3,10 @@
 For three snippets (trivial print, a 50 ms compute loop, a failing snippet) it
 measures sequential latency (median, p90) and throughput (executions per second
 with as many parallel callers as the pool has servers), prints a side-by-side
-table with ratios and writes bench/results/code.json. A second table times the
+table with ratios and writes bench/results/code.json. The `python -c` row starts the
+interpreter of a throwaway venv with nothing installed (`bare_python`): the project's
+venv holds editable installs whose finders add ~10 ms to every interpreter start.
+Each side's answer to each snippet is checked before it is timed. A second table times the
 hidden-test grader on reference solutions, split (the default: the solution's
 process never holds the expected values) against every test run in the solution's
 process (`split_tests=False`), the two taking turns.
@@ -15,12 +18,12 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from _common import parse_args, table, write
+from _common import bare_python, parse_args, table, write
 
 from toolenv_code import get_pool, isolation_report
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
@@ -32,20 +35,39 @@ GRADED = ("HumanEval/0", "HumanEval/151", "MBPP/11", "MBPP/324")
 
 SNIPPETS = {
     "trivial": "print(1)",
-    "compute_50ms": "import time\nt = time.perf_counter()\nn = 0\nwhile time.perf_counter() - t < 0.05:\n    n += 1\n",
+    "compute_50ms": (
+        "import time\nt = time.perf_counter()\nn = 0\nwhile time.perf_counter() - t < 0.05:\n    n += 1\nprint(n > 0)"
+    ),
     "failing": "def f():\n    return 1 / 0\nf()\n",
 }
 
 
-def run_toolenv(code: str) -> None:
-    get_pool().run(code)
+#: What each snippet must print (stdout), and whether it must fail.
+EXPECTED = {"trivial": ("1\n", False), "compute_50ms": ("True\n", False), "failing": ("", True)}
 
 
-def run_subprocess(code: str) -> None:
-    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=False)
+def run_toolenv(code: str) -> tuple[bool, str, str]:
+    r = get_pool().run(code)
+    return r.ok, r.stdout, r.stderr
 
 
-def latency(fn: Callable[[str], None], code: str, n: int) -> tuple[float, float]:
+def subprocess_runner(python: Path) -> Callable[[str], tuple[bool, str, str]]:
+    def run_subprocess(code: str) -> tuple[bool, str, str]:
+        p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        return p.returncode == 0, p.stdout, p.stderr
+
+    return run_subprocess
+
+
+def check(label: str, snippet: str, fn: Callable[[str], tuple[bool, str, str]]) -> None:
+    """A side that fails, or does less, must not be timed as faster: its answer is checked first."""
+    ok, out, err = fn(SNIPPETS[snippet])
+    stdout, fails = EXPECTED[snippet]
+    assert ok is not fails and out == stdout, (label, snippet, ok, out, err)
+    assert not fails or "ZeroDivisionError" in err, (label, snippet, err)
+
+
+def latency(fn: Callable[[str], object], code: str, n: int) -> tuple[float, float]:
     times = []
     for _ in range(n):
         start = time.perf_counter()
@@ -55,7 +77,7 @@ def latency(fn: Callable[[str], None], code: str, n: int) -> tuple[float, float]
     return statistics.median(times) * 1000, times[int(0.9 * (len(times) - 1))] * 1000
 
 
-def throughput(fn: Callable[[str], None], code: str, n: int, workers: int) -> float:
+def throughput(fn: Callable[[str], object], code: str, n: int, workers: int) -> float:
     start = time.perf_counter()
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(fn, [code] * n))
@@ -100,17 +122,19 @@ def main() -> int:
     report = isolation_report()  # also starts and warms every server
     pool.stats()
     rows: list[dict[str, float | str]] = []
-    for name, code in SNIPPETS.items():
-        row: dict[str, float | str] = {"snippet": name}
-        slow = name == "compute_50ms"
-        for label, fn in (("toolenv", run_toolenv), ("subprocess", run_subprocess)):
-            fn(code)  # warm-up
-            med, p90 = latency(fn, code, max(5, n_lat // 4) if slow else n_lat)
-            tp = throughput(fn, code, max(8, n_tp // 4) if slow else n_tp, workers)
-            row.update({f"{label}_median_ms": med, f"{label}_p90_ms": p90, f"{label}_per_s": tp})
-        row["latency_ratio"] = float(row["subprocess_median_ms"]) / float(row["toolenv_median_ms"])
-        row["throughput_ratio"] = float(row["toolenv_per_s"]) / float(row["subprocess_per_s"])
-        rows.append(row)
+    with bare_python() as python:
+        run_subprocess = subprocess_runner(python)
+        for name, code in SNIPPETS.items():
+            row: dict[str, float | str] = {"snippet": name}
+            slow = name == "compute_50ms"
+            for label, fn in (("toolenv", run_toolenv), ("subprocess", run_subprocess)):
+                check(label, name, fn)  # also the warm-up
+                med, p90 = latency(fn, code, max(5, n_lat // 4) if slow else n_lat)
+                tp = throughput(fn, code, max(8, n_tp // 4) if slow else n_tp, workers)
+                row.update({f"{label}_median_ms": med, f"{label}_p90_ms": p90, f"{label}_per_s": tp})
+            row["latency_ratio"] = float(row["subprocess_median_ms"]) / float(row["toolenv_median_ms"])
+            row["throughput_ratio"] = float(row["toolenv_per_s"]) / float(row["subprocess_per_s"])
+            rows.append(row)
 
     print(f"isolation: {report.summary()}  parallel callers: {workers}  quick: {args.quick}")
     keys = ["toolenv_median_ms", "toolenv_p90_ms", "toolenv_per_s", "subprocess_median_ms", "subprocess_p90_ms",

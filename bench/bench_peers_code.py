@@ -9,9 +9,14 @@ loop, a failing snippet) through its framework's own entry point:
   (a `python -c` subprocess in a fresh temp dir, import blacklist, no bwrap here).
 - SkyRL-gym (`skyrl-gym`): `PythonCodeExecutorToolGroup().execute_tool("python", code)`
   (an unsandboxed `python -c` subprocess).
-- `python -c`: `subprocess.run([sys.executable, "-c", code])`, the bare floor of the peers.
+- `python -c`: `subprocess.run([python, "-c", code])`, the bare floor of the peers.
 
-It reports median and p90 latency of sequential calls, executions per second
+Every spawned `python` (the peers' and the `python -c` row's) is the interpreter of a
+throwaway venv with nothing installed (`bare_python`): started in `.venv-bench`, it
+would also import the finders of toolenv's editable installs, about 10 ms per start
+that no user of the peers pays.
+
+It reports median and p90 latency of sequential calls (the rows taking turns), executions per second
 with as many parallel callers as toolenv's pool has servers (the same for every
 row), and each row's median latency over the fastest non-toolenv row. Goal:
 toolenv at least 10x faster than the fastest of those on the trivial snippet.
@@ -33,7 +38,7 @@ from typing import Any
 
 import _peers
 import peers_env
-from _common import machine, median, table, write
+from _common import bare_python, machine, median, table, write
 
 SNIPPETS = {
     "trivial": "print(1)",
@@ -46,8 +51,9 @@ TOOLENV = "toolenv run_code"
 Runner = Callable[[str], tuple[bool, str]]  # code -> (ok, output): ok is False for an error
 
 
-def runners() -> tuple[dict[str, Runner], dict[str, str]]:
-    """Every row importable here, and why the others were skipped."""
+def runners(python: Path) -> tuple[dict[str, Runner], dict[str, str]]:
+    """Every row importable here, and why the others were skipped; `python` is the spawned interpreter
+    (the peers find it first on PATH)."""
     from toolenv_code import run_code
 
     def toolenv(code: str) -> tuple[bool, str]:
@@ -55,7 +61,7 @@ def runners() -> tuple[dict[str, Runner], dict[str, str]]:
         return r.ok, r.stdout + r.stderr
 
     def plain(code: str) -> tuple[bool, str]:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, check=False)
         return p.returncode == 0, p.stdout + p.stderr
 
     rows: dict[str, Runner] = {TOOLENV: toolenv, "python -c": plain}
@@ -87,20 +93,32 @@ def runners() -> tuple[dict[str, Runner], dict[str, str]]:
     return rows, skipped
 
 
-def check(name: str, fn: Runner) -> None:
-    """Every row must really run the snippets: right output, and the failure seen as one."""
+def check(name: str, fn: Runner, python: Path) -> None:
+    """Every row must really run the snippets: right output, and the failure seen as one; a row
+    that spawns an interpreter must spawn `python` (not one whose start costs more)."""
     ok, out = fn(SNIPPETS["trivial"])
     assert ok and "1" in out, (name, out)
     ok, out = fn(SNIPPETS["failing"])
     assert not ok and "ZeroDivisionError" in out, (name, out)
+    ok, out = fn(SNIPPETS["compute_50ms"])
+    assert ok and "True" in out, (name, out)
+    if name != TOOLENV:
+        ok, out = fn("import sys\nprint(sys.prefix)")
+        assert ok and str(python.parent.parent) in out, (name, out)
 
 
-def latencies(fn: Runner, code: str, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn(code)
-        out.append(time.perf_counter() - t0)
+def latencies(rows: dict[str, Runner], code: str, n: dict[str, int]) -> dict[str, list[float]]:
+    """Seconds per call of each row, `n[row]` calls, the rows taking turns (each round starting
+    with the next row): a shared host's speed drifts, and rows timed in blocks one after
+    another would compare its moments as much as the runners."""
+    names = list(rows)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(max(n.values())):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            if i < n[name]:
+                t0 = time.perf_counter()
+                rows[name](code)
+                out[name].append(time.perf_counter() - t0)
     return out
 
 
@@ -116,18 +134,21 @@ def measure_all(rows: dict[str, Runner], quick: bool, workers: int) -> dict[str,
     results: dict[str, dict[str, dict[str, float]]] = {}
     for snippet, code in SNIPPETS.items():
         slow = snippet == "compute_50ms"
-        results[snippet] = {}
+        n = {}
         for name, fn in rows.items():
             fast = name == TOOLENV and not slow
-            n = (20 if fast else 5) if quick else (300 if fast else 20 if slow else 40)
+            n[name] = (20 if fast else 5) if quick else (300 if fast else 20 if slow else 40)
             fn(code)  # warm-up
-            lat = latencies(fn, code, n)
-            results[snippet][name] = {
-                "median_ms": median(lat) * 1e3,
-                "p90_ms": _peers.percentile(lat, 0.9) * 1e3,
-                "exec_per_s": throughput(fn, code, max(n, 2 * workers), workers),
-                "n": n,
+        lat = latencies(rows, code, n)
+        results[snippet] = {
+            name: {
+                "median_ms": median(lat[name]) * 1e3,
+                "p90_ms": _peers.percentile(lat[name], 0.9) * 1e3,
+                "exec_per_s": throughput(fn, code, max(n[name], 2 * workers), workers),
+                "n": n[name],
             }
+            for name, fn in rows.items()
+        }
     return results
 
 
@@ -137,22 +158,25 @@ def measure(quick: bool) -> dict[str, Any]:
 
     report = isolation_report()  # also starts and warms every server
     workers = get_pool().size
-    rows, skipped = runners()
-    for name, fn in rows.items():
-        check(name, fn)
-    here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="bench-peers-code-") as tmp:
+    here, path = os.getcwd(), os.environ.get("PATH", "")
+    with bare_python() as python, tempfile.TemporaryDirectory(prefix="bench-peers-code-") as tmp:
+        os.environ["PATH"] = f"{python.parent}{os.pathsep}{path}"  # GEM and SkyRL spawn `python` from PATH
         os.chdir(tmp)  # GEM makes its temp dirs in the cwd
         try:
+            rows, skipped = runners(python)
+            for name, fn in rows.items():
+                check(name, fn, python)
             results = measure_all(rows, quick, workers)
         finally:
             os.chdir(here)
+            os.environ["PATH"] = path
     return {
         "results": results,
         "skipped": skipped,
         "isolation": report.model_dump(),
         "isolation_summary": report.summary(),
         "workers": workers,
+        "spawned_python": f"a venv with nothing installed, Python {sys.version.split()[0]}",
         "versions": _peers.versions("toolenv", "toolenv-code", "gem-llm", "skyrl-gym"),
         "python": peers_env.shown(sys.executable),
     }
@@ -199,6 +223,7 @@ def main() -> int:
             "goal_10x_trivial_met": met,
             "isolation": result["isolation"],
             "workers": result["workers"],
+            "spawned_python": result.get("spawned_python"),
             "skipped": result["skipped"],
             "versions": result["versions"],
             "measured_with": result["python"],

@@ -149,7 +149,7 @@ def measure(quick: bool) -> dict[str, Any]:
 
 def main() -> int:
     args = _peers.parse_args(__doc__.splitlines()[0])
-    extras = {"toolenv-search": _peers.editable("search"), "rank-bm25": ["rank-bm25"]}
+    extras = {"toolenv-search": _peers.editable("search"), "rank-bm25": ["rank-bm25==0.2.2"]}
     got = _peers.run(__file__, args, measure, extras)
     if got is None:
         return 1

@@ -5,10 +5,12 @@ query per question, each on its own database) and do their whole job per call:
 
 - toolenv: `SQLTool.Args` validation, then `SQLTool.run` (sqlglot read-only
   guard, execution on a pooled read-only connection with a timeout, table
-  formatting). The guard caches parsed queries, so two rows: "cold guard"
-  clears that cache before every call (a query the model never sent before),
-  "warm" keeps it (a repeated query).
-- SkyRL-gym: `SQLCodeExecutorToolGroup(db_root).execute_tool("sql", db_id, sql, 5)`
+  formatting). The guard caches parsed queries and the pooled connection its
+  prepared statements, so two rows: "cold guard" clears the guard's cache and
+  sends a text never sent before (the query behind a fresh `/* call N */`
+  comment), as a model's new query is; "warm" repeats the same text.
+- SkyRL-gym: `SQLCodeExecutorToolGroup(db_root).execute_tool("sql", db_id, sql, 5)` on
+  the cold row's texts
   (a fresh sqlite3 connection in a new thread per call, a rolled-back
   transaction, pandas formatting).
 
@@ -20,6 +22,7 @@ process in `.venv-bench`; `--quick` without it measures toolenv only.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -58,25 +61,33 @@ async def measure_async(quick: bool) -> dict[str, Any]:
             _prepare.cache_clear()
         return await tool.run(tool.Args.model_validate({"query": sql}), ctx)
 
+    calls = itertools.count()
+
+    def fresh(sql: str) -> str:
+        """`sql` as a text never sent before: neither the guard's cache nor SQLite's statement
+        cache on a pooled connection has it (a repeated text would skip SQLite's prepare)."""
+        return f"/* call {next(calls)} */ {sql}"
+
     per_query: dict[str, list[float]] = {name: [] for name in ROWS if name not in skipped}
     errors = dict.fromkeys(per_query, 0)
     for task in tasks:
         sql, db_id = task.context["gold_sql"], task.context["db_id"]
         ctx = ToolContext(task)
-        res = await toolenv_call(sql, ctx, cold=False)  # warm connections; check it answers
-        errors[ROWS[0]] += res.is_error
-        errors[ROWS[1]] += res.is_error
+        # Warm the connections, and check that each row's texts are answered.
+        errors[ROWS[1]] += (await toolenv_call(sql, ctx, cold=False)).is_error
+        errors[ROWS[0]] += (await toolenv_call(fresh(sql), ctx, cold=True)).is_error
         if skyrl is not None:
-            out = skyrl.execute_tool("sql", db_id, sql, 5)
+            out = skyrl.execute_tool("sql", db_id, fresh(sql), 5)
             errors[ROWS[2]] += "Error executing SQL" in out or "SQL Timeout" in out
         times: dict[str, list[float]] = {name: [] for name in per_query}
         for _ in range(reps):  # interleaved, so drift hits every row alike
             for name in per_query:
+                text = sql if name == ROWS[1] else fresh(sql)
                 t0 = time.perf_counter()
                 if name == "SkyRL SQL tool":
-                    skyrl.execute_tool("sql", db_id, sql, 5)
+                    skyrl.execute_tool("sql", db_id, text, 5)
                 else:
-                    await toolenv_call(sql, ctx, cold=name == ROWS[0])
+                    await toolenv_call(text, ctx, cold=name == ROWS[0])
                 times[name].append(time.perf_counter() - t0)
         for name, xs in times.items():
             per_query[name].append(median(xs))

@@ -1,9 +1,11 @@
 """The separate virtualenv `.venv-bench` that holds the peers (GEM, SkyRL-gym) for side-by-side benchmarks.
 
-Peers are installed from the package index, never vendored, and kept out of the
-project's own venv. Before installing, a `pip install --dry-run --report` shows
-what each peer would pull; a peer that would bring torch (or any CUDA wheel) is
-left out and reported, so a multi-GB CUDA torch is never downloaded.
+Peers are installed from the package index at the versions pinned in `PEERS` (a
+rerun measures the same peer code; a venv holding another version is brought to the
+pin), never vendored, and kept out of the project's own venv. Before installing, a
+`pip install --dry-run --report` shows what each peer would pull; a peer that would
+bring torch (or any CUDA wheel) is left out and reported, so a multi-GB CUDA torch is
+never downloaded.
 
     python bench/peers_env.py          # create or complete .venv-bench, print its state
 """
@@ -31,18 +33,24 @@ def shown(path: str | Path) -> str:
         return p.name
 
 
-# distribution name -> module it provides
-PEERS = {"gem-llm": "gem", "skyrl-gym": "skyrl_gym"}
+# distribution name -> (module it provides, the pinned version the published tables measured)
+PEERS = {"gem-llm": ("gem", "0.1.0"), "skyrl-gym": ("skyrl_gym", "0.4.0")}
 FORBIDDEN = ("torch", "nvidia-", "triton")
 
 
+def requirement(dist: str) -> str:
+    """The pip requirement that installs `dist` at its pinned version."""
+    return f"{dist}=={PEERS[dist][1]}"
+
+
 def installed() -> dict[str, bool]:
-    """Which peers import in the bench venv (all False when it does not exist)."""
+    """Which peers import in the bench venv at their pinned version (all False when it does not exist)."""
     if not PY.exists():
         return dict.fromkeys(PEERS, False)
     out = {}
-    for dist, module in PEERS.items():
-        rc = subprocess.call([str(PY), "-c", f"import {module}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for dist, (module, version) in PEERS.items():
+        check = f"import {module}; from importlib.metadata import version; assert version({dist!r}) == {version!r}"
+        rc = subprocess.call([str(PY), "-c", check], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out[dist] = rc == 0
     return out
 
@@ -52,11 +60,11 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
-def _pulls_forbidden(dist: str) -> list[str]:
-    """Names of forbidden packages `pip install dist` would bring in (dry run)."""
-    proc = _pip("install", "--dry-run", "--quiet", "--report", "-", dist)
+def _pulls_forbidden(req: str) -> list[str]:
+    """Names of forbidden packages `pip install req` would bring in (dry run)."""
+    proc = _pip("install", "--dry-run", "--quiet", "--report", "-", req)
     if proc.returncode != 0:
-        raise RuntimeError(f"pip cannot resolve {dist}: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"pip cannot resolve {req}: {proc.stderr.strip().splitlines()[-1:]}")
     report = json.loads(proc.stdout)
     names = [item["metadata"]["name"].lower() for item in report.get("install", [])]
     return [n for n in names if n.startswith(FORBIDDEN)]
@@ -76,14 +84,15 @@ def ensure(verbose: bool = True) -> dict[str, bool]:
     for dist, ok in state.items():
         if ok:
             continue
-        heavy = _pulls_forbidden(dist)
+        req = requirement(dist)
+        heavy = _pulls_forbidden(req)
         if heavy:
-            say(f"skipping {dist}: it would install {', '.join(heavy)} (no torch in the bench venv)")
+            say(f"skipping {req}: it would install {', '.join(heavy)} (no torch in the bench venv)")
             continue
-        say(f"installing {dist}")
-        proc = _pip("install", "--quiet", dist)
+        say(f"installing {req}")
+        proc = _pip("install", "--quiet", req)
         if proc.returncode != 0:
-            say(f"installing {dist} failed: {proc.stderr.strip()[-300:]}")
+            say(f"installing {req} failed: {proc.stderr.strip()[-300:]}")
     return installed()
 
 
