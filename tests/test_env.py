@@ -430,3 +430,37 @@ def test_an_env_copies_with_and_without_an_episode(copier: str) -> None:
     assert env.step("<answer>4</answer>")[1:3] == (0.0, True)
     for e in (env, fresh, branch):
         e.close()
+
+
+def test_a_task_index_out_of_range_is_refused_not_wrapped() -> None:
+    """`reset(options={"task_index": 5})` of a three-task env ran task 2 (`5 % 3`): a dataset row
+    naming a task the env does not have trained on another task, silently."""
+    env = make()
+    assert env.reset(options={"task_index": 2})[1]["task_id"] == "t3"
+    assert env.reset(options={"task_index": -1})[1]["task_id"] == "t3"  # Python's indexing
+    for index in (3, 5, -4):
+        with pytest.raises(IndexError, match=f"task_index {index} is out of range: this env has 3 tasks"):
+            env.reset(options={"task_index": index})
+    env.close()
+
+
+def test_calls_parsed_elsewhere_without_ids_get_ids_their_results_answer() -> None:
+    """`step(text, parsed=...)` with calls that carry no id (a trainer's own parser need not
+    make them) gave every result the call id "": the assistant message's calls and the tool
+    messages were not paired, and `reply_messages` (verl, SkyRL) sent the results as a user
+    message, as if they were parse errors. The env names them as a parser does: call_0, ..."""
+    from toolenv.env import written_turn
+    from toolenv.types import ParsedAction, ToolCall, reply_messages
+
+    env = make()
+    env.reset(options={"task_id": "t1"})
+    given = [ToolCall(name="add", arguments={"a": 1, "b": 2}), ToolCall(name="add", arguments={"a": 3, "b": 4}, id="x")]
+    parsed = ParsedAction(tool_calls=given)
+    *_, info = env.step(written_turn(env.parser, parsed), parsed=parsed)
+    assistant, *tools = info["messages"]
+    assert [c.id for c in assistant.tool_calls] == ["call_0", "x"] == [c.id for c in info["action"].tool_calls]
+    assert [(m.role, m.tool_call_id, m.content) for m in tools] == [("tool", "call_0", "3"), ("tool", "x", "7")]
+    assert [m.role for m in reply_messages(info["tool_results"])] == ["tool", "tool"]
+    assert [r.call_id for r in info["tool_calls"]] == ["call_0", "x"]
+    assert given[0].id == "" and parsed.tool_calls[0] is given[0]  # the caller's objects are left as they were
+    env.close()

@@ -205,3 +205,21 @@ def test_a_failed_reset_leaves_no_released_episode_to_step() -> None:
         env.step(CALL)  # ... so it cannot be stepped on, its tools running after their release
     assert [e[0] for e in tool.events] == ["run", "release"]
     env.close()
+
+
+@pytest.mark.parametrize("ending", ["end_episode", "close"])
+def test_an_episode_ended_by_end_episode_or_close_cannot_be_stepped(ending: str) -> None:
+    """`end_episode()` and `close()` release an unfinished episode's tools (close closes them too):
+    a step after them ran the tools again in the released (or closed) episode, and its end then
+    released nothing, leaving what those calls made behind."""
+    tool = Closing()
+    env = make(tool, max_turns=3)
+    env.reset(seed=0)
+    env.step(CALL)
+    getattr(env, ending)()
+    with pytest.raises(RuntimeError, match=r"call reset\(\)"):
+        env.step(CALL)
+    assert [e[0] for e in tool.events] == ["run", "release"]
+    env.reset(seed=0)  # a new episode steps as usual
+    assert env.step(CALL)[0] == "<tool_response>\n1\n</tool_response>"
+    env.close()

@@ -20,6 +20,7 @@ from toolenv import _aio
 from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller
 from toolenv.episode import Episode, Turn, new_episode_id
+from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, get_parser
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
@@ -210,7 +211,10 @@ class ToolEnv(gym.Env[str, str]):
                     return t
             raise KeyError(f"no task with id {wanted!r}")
         if "task_index" in options:
-            return self.tasks[int(options["task_index"]) % len(self.tasks)]
+            index = int(options["task_index"])
+            if not -len(self.tasks) <= index < len(self.tasks):
+                raise IndexError(f"task_index {index} is out of range: this env has {len(self.tasks)} tasks")
+            return self.tasks[index]
         if self.task_order == "sequential":
             task = self.tasks[self._next_index % len(self.tasks)]
             self._next_index += 1
@@ -237,10 +241,10 @@ class ToolEnv(gym.Env[str, str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Start an episode. Options: `task` (Task or dict), `task_id`, or `task_index`; and
-        `native_tools: True` when the agent gives the model the tools itself (`tool_schemas()`
-        through the chat template or the API's `tools`): the prompt then says only how to
-        answer, not the tools and call format again."""
+        """Start an episode. Options: `task` (Task or dict), `task_id` (KeyError when no task has
+        it), or `task_index` (IndexError out of range); and `native_tools: True` when the agent
+        gives the model the tools itself (`tool_schemas()` through the chat template or the API's
+        `tools`): the prompt then says only how to answer, not the tools and call format again."""
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         if seed is not None and self.task_order == "sequential" and self.tasks:
             self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
@@ -267,6 +271,8 @@ class ToolEnv(gym.Env[str, str]):
             action = str(action)
         if parsed is None:
             parsed = self.parser.parse(action)
+        elif not all(c.id for c in parsed.tool_calls):
+            parsed = _with_call_ids(parsed)
         if parsed.tool_calls:
             results, records = await self.caller.invoke_for(
                 parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
@@ -321,6 +327,8 @@ class ToolEnv(gym.Env[str, str]):
             raise RuntimeError("call reset() before step()")
         if ep.terminated or ep.truncated:
             raise RuntimeError("this episode has ended; call reset() to start another")
+        if ep.released:  # its tools freed what it held (and may be closed): they must not run for it again
+            raise RuntimeError("this episode was ended by end_episode() or close(); call reset() to start another")
         return ep
 
     async def aend_episode(self) -> None:
@@ -418,7 +426,8 @@ class ToolEnv(gym.Env[str, str]):
     # ------------------------------------------------------------------ introspection
     @property
     def episode(self) -> Episode | None:
-        """The current episode (None before the first reset)."""
+        """The current episode: None before the first reset (and after a reset that failed); after
+        `close`, the last one, released (it cannot be stepped)."""
         return self._episode
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -447,6 +456,13 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     for r in results:  # the message shares the result's image list (one object fewer per step)
         msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
     return msgs
+
+
+def _with_call_ids(parsed: ParsedAction) -> ParsedAction:
+    """A copy of `parsed` whose calls without an id are named by position (`call_0`, ...), as a
+    parser names them: each tool result and message must answer its call by id."""
+    calls = [c if c.id else c.model_copy(update={"id": positional_id(i)}) for i, c in enumerate(parsed.tool_calls)]
+    return parsed.model_copy(update={"tool_calls": calls})
 
 
 def written_turn(parser: ActionParser, parsed: ParsedAction) -> str:
