@@ -136,6 +136,14 @@ def test_prompt_template_uses_task_context() -> None:
     )
     obs, _ = env.reset()
     assert "Schema: CREATE TABLE t(x)\nQ: q? {missing}" in obs
+    # Chat agents, verl and SkyRL read the messages: the template's own text reaches them too
+    # (the user message held the question alone, without the schema), the instructions apart.
+    system, user = env.episode.messages  # type: ignore[union-attr]
+    assert user.role == "user" and user.content == "Schema: CREATE TABLE t(x)\nQ: q? {missing}"
+    assert system.role == "system" and system.content and system.content not in user.content
+    default = make(tasks=[{"question": "q?", "context": {"schema": "CREATE TABLE t(x)"}}])
+    default.reset()
+    assert default.episode.messages[1].content == "q?"  # type: ignore[union-attr]  # the default: the question
 
 
 def test_a_prompt_template_keeps_braces_that_are_no_task_field_as_written() -> None:

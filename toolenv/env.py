@@ -229,8 +229,17 @@ class ToolEnv(gym.Env[str, str]):
         system = "\n\n".join(p for p in (self.system_prompt, self._prompt_instructions) if p)
         if task.prompt is not None:
             return task.prompt, [Message(role="system", content=system), Message(role="user", content=task.prompt)]
-        text = _render(self.prompt_template, {**task.context, "instructions": system, "question": task.question})
-        return text, [Message(role="system", content=system), Message(role="user", content=task.question)]
+        fields = {**task.context, "question": task.question}
+        text = _render(self.prompt_template, {**fields, "instructions": system})
+        # The chat form: the instructions go in the system message; the user message is the
+        # question, or for a template of one's own what it makes of the task (a schema from
+        # `context`, a line of its own), which would otherwise reach only text-mode agents.
+        user = (
+            task.question
+            if self.prompt_template == DEFAULT_TEMPLATE
+            else _render(self.prompt_template, {**fields, "instructions": ""}).strip()
+        )
+        return text, [Message(role="system", content=system), Message(role="user", content=user)]
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """`render_prompt` as `areset` calls it: override to move heavy rendering (images)
