@@ -39,15 +39,24 @@ def test_numeric_answers_and_ids_of_a_dataset_load_as_text(tmp_path: Path) -> No
     (task,) = load_tasks(p)
     assert (task.id, task.answers) == ("17", ["72"])
     assert Task.model_validate({"answer": [1, 2.5, "x"]}).answers == ["1", "2.5", "x"]
+    # pandas writes an integer column with gaps as floats: 72.0 is the number 72, not "72.0"
+    # (which an answer of 72 never matched, and which normalises to "720")
+    assert Task.model_validate({"id": 17.0, "answer": [72.0, -3.0, 1e20]}).model_dump(include={"id", "answer"}) == {
+        "id": "17",
+        "answer": ["72", "-3", "1e+20"],
+    }
     for bad in ({"answer": True}, {"answer": float("nan")}, {"answer": [False]}, {"id": True}):
         with pytest.raises(ValueError):
             Task.model_validate(bad)
     import toolenv
 
-    env = toolenv.ToolEnv(tools=[], tasks=[{"question": "6*12?", "answer": 72}])
+    env = toolenv.ToolEnv(
+        tools=[], tasks=[{"question": "6*12?", "answer": 72}, {"question": "6*12.0?", "answer": 72.0}]
+    )
     try:
-        env.reset(seed=0)
-        assert env.step("<answer>72</answer>")[1] == 1.0
+        for i in range(2):
+            env.reset(options={"task_index": i})
+            assert env.step("<answer>72</answer>")[1] == 1.0
     finally:
         env.close()
 

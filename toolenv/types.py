@@ -354,7 +354,9 @@ class Task(_Model):
     @field_validator("id", mode="before")
     @classmethod
     def _id_as_text(cls, value: Any) -> Any:
-        """An int id (a dataset's row number) as its text."""
+        """An int id (a dataset's row number) as its text, a whole float one (pandas') too."""
+        if type(value) is float and value.is_integer() and abs(value) < 2**53:
+            return str(int(value))
         return str(value) if type(value) is int else value
 
     @field_validator("answer", mode="before")
@@ -375,7 +377,13 @@ class Task(_Model):
 
 
 def _number_text(value: Any) -> Any:
-    """An int or a finite float as text (`72`, `3.5`); anything else as it is, for the model to check."""
+    """An int or a finite float as text (`72`, `3.5`); anything else as it is, for the model to check.
+
+    A whole float is written as the integer it is (`72.0` is `"72"`, as JSON writers such as
+    JavaScript's write that number): pandas stores an integer column with gaps as floats, and
+    `"72.0"` would score 0 against an answer of 72 (and normalise to `"720"`)."""
+    if type(value) is float and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
     if type(value) is int or (type(value) is float and math.isfinite(value)):
         return str(value)
     return value
