@@ -477,3 +477,74 @@ def test_agents_page_gives_the_reference_agents_arguments() -> None:
         n for n in inspect.signature(hf.TransformersAgent).parameters if n != "model" and f"`{n}`" not in section
     ]
     assert not unnamed, f"transformers agent arguments docs/agents.md does not name: {unnamed}"
+
+
+def test_env_args_take_tool_references_in_rollout_and_check(tmp_path: Path) -> None:
+    """docs/remote.md: `--env-arg` are `gym.make` keywords "as for `toolenv rollout`", and `tools`
+    takes references (`module:Name` or a plugin name), since tool objects cannot be typed on a
+    command line. `toolenv rollout --env-arg` and `toolenv check --kwargs` take them as
+    `toolenv serve` does (they failed with "'str' object has no attribute 'name'")."""
+    import json
+    import os
+
+    exe = str(Path(sys.executable).parent / "toolenv")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
+    tasks = [{"id": "s", "question": "2+3?", "answer": "5", "context": {"call": ["add", {"a": 2, "b": 3}]}}]
+    tools = ["rollout_example:add", "rollout_example:Lookup"]  # a tool instance and a Tool class
+    out = tmp_path / "run"
+    env_args = ["--env-arg", f"tools={json.dumps(tools)}", "--env-arg", f"tasks={json.dumps(tasks)}", "--out", str(out)]
+    rollout = subprocess.run(
+        [exe, "rollout", "toolenv/ToolEnv-v0", "--agent", "rollout_example:ScriptedAgent", "--no-progress", *env_args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert rollout.returncode == 0, rollout.stderr
+    (line,) = (out / "trajectories.jsonl").read_text().splitlines()
+    traj = json.loads(line)
+    assert traj["error"] is None and traj["reward"] == 1.0
+    assert traj["turns"][0]["results"][0]["text"] == "5"
+    assert json.loads((out / "run.json").read_text())["env_kwargs"]["tools"] == tools  # as given, for resuming
+    check = subprocess.run(
+        [exe, "check", "toolenv/ToolEnv-v0", "--kwargs", json.dumps({"tools": [*tools, "sql"], "tasks": tasks})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "tool_schema[lookup]" in check.stdout and "tool_schema[sql]" in check.stdout
+    bad_ref = ["--env-arg", 'tools=["rollout_example:nope"]']
+    bad = subprocess.run(
+        [exe, "rollout", "toolenv/ToolEnv-v0", "--agent", "oracle", *bad_ref, "--out", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "cannot import tool 'rollout_example:nope'" in bad.stderr
+
+
+def test_every_reward_toolenv_list_shows_is_usable_by_name() -> None:
+    """docs/cli.md: `toolenv list` shows plugins' rewards (found in their source, without
+    importing them). Each name it lists works in `reward=` as it stands, in a fresh process
+    where the plugin's env module was never imported (it was "unknown reward", with a list of
+    known rewards that left it out)."""
+    import json
+
+    code = (
+        "import json, sys, toolenv\n"
+        "from toolenv.commands.list_cmd import collect\n"
+        "names = [r['name'] for r in collect()['rewards']]\n"
+        "assert 'toolenv_sql' not in sys.modules and 'toolenv_code' not in sys.modules\n"
+        "for name in names:\n"
+        "    toolenv.rewards.get_reward(name)\n"
+        "env = toolenv.ToolEnv(tasks=[{'question': 'q', 'answer': 'a'}], reward={'tests_passed': 1.0})\n"
+        "print(json.dumps(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    names = json.loads(out.stdout.splitlines()[-1])
+    assert {"execution_match", "tests_passed"} <= set(names)

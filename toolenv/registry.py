@@ -8,11 +8,27 @@ name, registered as `toolenv/<name>`), `toolenv.agents` (an Agent factory), `too
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["GROUPS", "PluginEntry", "PluginError", "entries", "find", "load", "load_tool"]
+__all__ = [
+    "GROUPS",
+    "PluginEntry",
+    "PluginError",
+    "entries",
+    "find",
+    "load",
+    "load_tool",
+    "plugin_rewards",
+    "resolve_tool",
+    "resolved_tools",
+]
 
 Kind = Literal["tools", "envs", "agents", "oracles"]
 GROUPS: dict[str, str] = {
@@ -103,3 +119,94 @@ def load_tool(name: str, **kwargs: Any) -> Any:
     if not isinstance(tool, Tool):
         raise PluginError(f"tool plugin {name!r} built {type(tool).__name__}, not a toolenv.Tool")
     return tool
+
+
+def resolve_tool(ref: Any, **kwargs: Any) -> Any:
+    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin
+    name (what a command line, a YAML config or a dataset row can hold). `kwargs` go to the class
+    or factory; a ready-made instance takes none.
+
+    Raises:
+        ValueError: not a reference, or it cannot be imported or builds no Tool.
+        PluginError: an unknown or broken tool plugin.
+    """
+    from toolenv._tool import Tool
+
+    if isinstance(ref, Tool):
+        return ref
+    if not isinstance(ref, str) or not ref:
+        raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
+    if ":" not in ref:
+        return load_tool(ref, **kwargs)
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import tool {ref!r}: {exc}") from None
+    if isinstance(obj, Tool) and kwargs:
+        got = ", ".join(sorted(kwargs))
+        raise ValueError(f"tool {ref!r} is a tool instance: it takes no arguments (got {got})")
+    built = obj if isinstance(obj, Tool) else obj(**kwargs)
+    if not isinstance(built, Tool):
+        raise ValueError(f"tool reference {ref!r} built {type(built).__name__}, not a toolenv.Tool")
+    return built
+
+
+def resolved_tools(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`env_kwargs` with the references in `tools` made into tools (`resolve_tool`): each call
+    builds its own, so every env made with the result has tools of its own."""
+    kwargs = dict(env_kwargs)
+    if isinstance(kwargs.get("tools"), list | tuple):
+        kwargs["tools"] = [resolve_tool(t) for t in kwargs["tools"]]
+    return kwargs
+
+
+def _registered_rewards(package: str) -> list[tuple[str, str]]:
+    """(name, module) of each `register_reward("name", ...)` call in a package's source, read
+    without importing it (a plugin registers its rewards when its env module is imported)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found: list[tuple[str, str]] = []
+    for folder in spec.submodule_search_locations:
+        for file in sorted(Path(folder).rglob("*.py")):
+            try:
+                source = file.read_text(encoding="utf-8")
+                if "register_reward(" not in source:  # most files: no need to parse them
+                    continue
+                tree = ast.parse(source)
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+                continue
+            module = ".".join((package, *file.relative_to(folder).with_suffix("").parts))
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "register_reward"
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
+                ):
+                    found.append((node.args[0].value, module.removesuffix(".__init__")))
+    return found
+
+
+def plugin_rewards(known: set[str]) -> list[dict[str, str]]:
+    """Rewards that plugin distributions register (`name`, `dist`, the `target` module that
+    registers it when imported), read from their source: no plugin is imported."""
+    rows: list[dict[str, str]] = []
+    seen = set(known)
+    packages: dict[str, str] = {}
+    for kind in ("envs", "tools"):
+        for e in entries(kind):
+            packages.setdefault(e.value.split(":")[0].split(".")[0], e.dist)
+    for package, dist in sorted(packages.items()):
+        for name, module in _registered_rewards(package):
+            if name not in seen:
+                seen.add(name)
+                rows.append({"name": name, "dist": dist, "target": module})
+    return sorted(rows, key=lambda r: r["name"])

@@ -36,6 +36,7 @@ from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
+from toolenv.registry import resolved_tools
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.trajectory import (
@@ -87,7 +88,7 @@ def _make_env(env: EnvSpec, env_kwargs: Mapping[str, Any]) -> tuple[ToolEnv, str
 
         if env.rpartition(":")[2] not in gym.registry:  # each call reads every entry point (~4 ms)
             toolenv._gym.register_envs()
-        made = gym.make(env, **env_kwargs)
+        made = gym.make(env, **resolved_tools(env_kwargs))  # `--env-arg tools=["sql"]`: tools of its own
         env_id = _bare_id(env)  # `module:ns/Name-v0` is `ns/Name-v0`, its module imported first
     else:
         if env_kwargs:

@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if _is_env_id(args.target):
         import gymnasium as gym
 
+        from toolenv.registry import resolved_tools
+
         tokenizer = _tokenizer(args.tokenizer) if args.tokenizer else None  # before the env: nothing to close
-        made = gym.make(args.target, **kwargs)
+        made = gym.make(args.target, **resolved_tools(kwargs))
         try:
             env = made.unwrapped
             if not isinstance(env, ToolEnv):

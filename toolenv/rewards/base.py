@@ -8,6 +8,7 @@ component of every step in `info["reward_components"]`.
 from __future__ import annotations
 
 import abc
+import importlib
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -210,13 +211,26 @@ def reward_names() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def _plugin_factory(name: str) -> Callable[..., Reward] | None:
+    """The factory a plugin registers as `name` when its module is imported (`toolenv list`
+    shows it, read from the plugin's source): that module is imported now, so every reward
+    `toolenv list` names works in a spec before the plugin's env was made."""
+    from toolenv.registry import plugin_rewards
+
+    for row in plugin_rewards(set(_FACTORIES)):
+        if row["name"] == name:
+            importlib.import_module(row["target"])
+            return _FACTORIES.get(name)
+    return None
+
+
 def _by_name(name: str, /, **settings: Any) -> Reward:
     """The reward registered as `name`, made with `settings` (a config's keyword arguments).
 
     Raises:
         ValueError: an unknown name, or settings the factory does not take.
     """
-    factory = _FACTORIES.get(name)  # looked up apart from the call: a factory's own KeyError is its own
+    factory = _FACTORIES.get(name) or _plugin_factory(name)  # apart from the call: its own KeyError is its own
     if factory is None:
         raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}")
     if settings:

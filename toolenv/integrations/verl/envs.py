@@ -14,57 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import json
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from toolenv._tool import Tool
 from toolenv.env import ToolEnv
+from toolenv.registry import resolve_tool, resolved_tools
 from toolenv.types import Task
 
 __all__ = ["EnvPool", "env_spec_from_row", "make_env", "plain", "resolve_tool", "shared_pool", "task_from_row"]
 
 #: Factory arguments that select tasks; a row names its task itself, so they are not stored with it.
 TASK_SELECTION_KEYS = frozenset({"tasks", "limit"})
-
-
-def resolve_tool(ref: Any, **kwargs: Any) -> Tool:
-    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin name.
-
-    `kwargs` go to the class or factory.
-    """
-    if isinstance(ref, Tool):
-        return ref
-    if not isinstance(ref, str) or not ref:
-        raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
-    if ":" in ref:
-        module_name, _, attr = ref.partition(":")
-        try:
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import tool {ref!r}: {exc}") from None
-        if isinstance(obj, Tool) and kwargs:
-            got = ", ".join(sorted(kwargs))
-            raise ValueError(f"tool {ref!r} is a tool instance: it takes no arguments (got {got})")
-        built = obj if isinstance(obj, Tool) else obj(**kwargs)
-        if not isinstance(built, Tool):
-            raise ValueError(f"tool reference {ref!r} built {type(built).__name__}, not a toolenv.Tool")
-        return built
-    from toolenv.registry import load_tool
-
-    return load_tool(ref, **kwargs)  # type: ignore[no-any-return]
-
-
-def _resolve_kwargs(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    kwargs = dict(env_kwargs)
-    if "tools" in kwargs:
-        kwargs["tools"] = [resolve_tool(t) for t in kwargs["tools"]]
-    return kwargs
 
 
 def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> ToolEnv:
@@ -78,7 +41,7 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> ToolEn
     import toolenv  # noqa: F401 - registers toolenv/* ids with Gymnasium
 
     try:
-        env = gym.make(env_id, **_resolve_kwargs(env_kwargs or {}))
+        env = gym.make(env_id, **resolved_tools(env_kwargs or {}))
     except gym.error.Error as exc:
         raise ValueError(f"cannot make env {env_id!r}: {exc}") from None
     except TypeError as exc:
