@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sqlite3
 import sys
@@ -267,3 +268,48 @@ async def test_a_relative_path_is_taken_from_the_working_directory(
     assert sqlite_uri(relative) == sqlite_uri(numbers_db)
     with pytest.raises(SQLError, match="unable to open"):
         run_query(Path("missing.sqlite"), "sqlite", "SELECT 1")
+
+
+# A text of 60,000 different characters, as `y`.
+_DISTINCT = (
+    "WITH RECURSIVE c(i) AS (SELECT 65536 UNION ALL SELECT i + 1 FROM c WHERE i < 125535),"
+    " s(y) AS (SELECT group_concat(char(i), '') FROM c)"
+)
+
+
+# One call of these runs as a single SQLite VM step, which neither the progress handler nor
+# interrupt() can stop: past a few hundred kB of arguments it ran far past the timeout (inline,
+# on the event loop). Here about 6 s each before; at the 10 MB value cap, hours.
+@pytest.mark.parametrize(
+    ("sql", "needle"),
+    [
+        (f"{_DISTINCT} SELECT length(trim(y || y, y)) FROM s", "trim()"),
+        (f"{_DISTINCT} SELECT length(rtrim(y || y, y)) FROM s", "rtrim()"),
+        ("SELECT instr(zeroblob(1200000), CAST(zeroblob(600000) || x'01' AS BLOB))", "instr()"),
+        ("SELECT printf('%.*c', 1000000, 'a') LIKE '%' || printf('%.*c', 2000, 'a') || 'b'", "LIKE or GLOB pattern"),
+    ],
+)
+def test_one_long_function_call_is_refused_not_run_past_the_timeout(numbers_db: Path, sql: str, needle: str) -> None:
+    with pytest.raises(SQLError, match=re.escape(needle)):
+        run_query(numbers_db, "sqlite", sql, timeout=1.0)
+    assert run_query(numbers_db, "sqlite", "SELECT trim('  a  '), instr('abc', 'c')").rows == [("a", 3)]
+
+
+def test_bounded_functions_answer_as_sqlite_s_own(numbers_db: Path) -> None:
+    """`instr`, `replace` and two-argument `trim`/`ltrim`/`rtrim` are the executor's own (to
+    bound their work); on every kind of value they answer exactly as SQLite's built-ins."""
+    values = ["NULL", "''", "'abcabc'", "'bc'", "'ä€𝄞ä'", "'ä'", "x'616263'", "x'62'", "x''", "12", "2", "1.5", "-0.0"]
+    calls = [f"{f}({a}, {b})" for f in ("instr", "trim", "ltrim", "rtrim") for a in values for b in values]
+    calls += [f"replace({a}, {b}, {c})" for a in values for b in values for c in ("NULL", "'Z'", "x'5a'", "7", "''")]
+    sql = "SELECT " + ", ".join(f"quote({c})" for c in calls)
+    plain = sqlite3.connect(":memory:")
+    try:
+        expected = plain.execute(sql).fetchone()
+    finally:
+        plain.close()
+    assert run_query(numbers_db, "sqlite", sql).rows == [expected]
+    sql = "SELECT trim(printf('%.*c', 60000, 'a'), printf('%.*c', 60000, 'b') || 'a')"  # few different characters
+    assert run_query(numbers_db, "sqlite", sql).rows == [("",)]
+    sql = "SELECT quote(replace(printf('%.*c', 2000000, 'a'), 'a', 'bcdefghijk'))"
+    with pytest.raises(SQLError, match="too big"):
+        run_query(numbers_db, "sqlite", sql)

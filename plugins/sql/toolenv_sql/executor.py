@@ -4,7 +4,8 @@ SQLite connections must stay on the thread that made them, so queries run on a
 small process-wide thread pool whose threads each keep their own connections
 (one pool however many envs exist). Every connection is opened read-only; SQLite
 also gets an authorizer that denies anything but reading, a length limit and a
-progress-handler deadline; DuckDB gets external access disabled and a watchdog
+progress-handler deadline (and its few functions whose one call could outlast any deadline
+are replaced by bounded ones: `_BoundedFunctions`); DuckDB gets external access disabled and a watchdog
 that interrupts it at the deadline.
 
 DuckDB's memory_limit does not cover values built by scalar functions, and its
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from toolenv_sql.errors import QueryTimeout, SQLError
 from toolenv_sql.guard import DENIED_FUNCTIONS
@@ -60,6 +61,15 @@ _MAX_KEPT_BYTES = 16_000_000
 # sqlite3_limit() categories (C API constants; the sqlite3 module names them from Python 3.11 on).
 _SQLITE_LIMIT_LENGTH = 0
 _SQLITE_LIMIT_ATTACHED = 7
+_SQLITE_LIMIT_LIKE_PATTERN_LENGTH = 8
+# One call of a built-in SQLite function is one VM step, which neither the progress handler
+# nor interrupt() stops: `trim(X, Y)` scans Y for each character of X, `instr` and `replace`
+# compare Y at each place in X, so at the value cap one call ran for hours (inline, on the
+# event loop). Such a call may do this much work (length times length) at most: ~0.2 s.
+_MAX_CALL_WORK = 100_000_000
+# Longest LIKE/GLOB pattern (bytes): matching costs up to the value's length times the
+# pattern's (SQLite's default of 50,000 allowed minutes per call; 100 is under 1 s at 10 MB).
+_MAX_LIKE_PATTERN = 100
 _SQLITE_BUSY = 5
 # Seconds between tries while another connection holds a lock (doubling up to the max).
 _LOCK_PAUSE = 0.001
@@ -105,6 +115,79 @@ def _authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None
     return sqlite3.SQLITE_DENY
 
 
+def _length(value: Any) -> int:
+    """Characters or bytes of a function argument as SQLite sees it (a number as its text)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return 0 if value is None else len(str(value))
+
+
+class _BoundedFunctions:
+    """SQLite's `instr`, `replace` and two-argument `trim`/`ltrim`/`rtrim`, answering as the
+    built-ins do but refusing a call whose work is past `_MAX_CALL_WORK` (see there).
+
+    Text arguments are handled in Python (its `find`/`replace` take linear time); any other
+    (NULL, numbers, blobs) go to SQLite's own function on a private in-memory connection, so
+    every type conversion stays SQLite's.
+    """
+
+    def __init__(self) -> None:
+        self.refused: str | None = None  # why the last call was refused: the query's error
+        self._builtin = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        setlimit = getattr(self._builtin, "setlimit", None)  # Python >= 3.11
+        if setlimit is not None:
+            setlimit(_SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
+
+    def install(self, conn: sqlite3.Connection) -> None:
+        """Make these the functions `conn`'s queries call."""
+        conn.create_function("instr", 2, self.instr, deterministic=True)
+        conn.create_function("replace", 3, self.replace, deterministic=True)
+        for name, strip in (("trim", str.strip), ("ltrim", str.lstrip), ("rtrim", str.rstrip)):
+            conn.create_function(name, 2, functools.partial(self.trim, name, strip), deterministic=True)
+
+    def close(self) -> None:
+        self._builtin.close()
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.refused = message
+        raise ValueError(message)
+
+    def _bounded(self, name: str, work: int) -> None:
+        if work > _MAX_CALL_WORK:
+            self._refuse(
+                f"{name}() over values this long could run past any timeout (about {work:,} steps, "
+                f"{_MAX_CALL_WORK:,} at most): use shorter values"
+            )
+
+    def _call_builtin(self, name: str, *args: Any) -> Any:
+        self._bounded(name, _length(args[0]) * _length(args[1]))
+        try:
+            return self._builtin.execute(f"SELECT {name}({', '.join('?' * len(args))})", args).fetchone()[0]
+        except sqlite3.Error as exc:
+            self._refuse(str(exc))
+
+    def instr(self, x: Any, y: Any) -> Any:
+        if isinstance(x, str) and isinstance(y, str):
+            return x.find(y) + 1
+        return self._call_builtin("instr", x, y)
+
+    def replace(self, x: Any, y: Any, z: Any) -> Any:
+        if not (isinstance(x, str) and isinstance(y, str) and isinstance(z, str)):
+            return self._call_builtin("replace", x, y, z)
+        if not y:
+            return x
+        if len(z) > len(y) and len(x) + x.count(y) * (len(z) - len(y)) > _MAX_VALUE_BYTES:
+            self._refuse("string or blob too big")  # (before Python builds it)
+        return x.replace(y, z)
+
+    def trim(self, name: str, strip: Callable[[str, str], str], x: Any, y: Any) -> Any:
+        if not (isinstance(x, str) and isinstance(y, str)):
+            return self._call_builtin(name, x, y)
+        chars = "".join(dict.fromkeys(y))  # each character once: the work is len(x) times this
+        self._bounded(name, len(x) * len(chars))
+        return strip(x, chars)
+
+
 def _locked(exc: sqlite3.OperationalError) -> bool:
     """True when `exc` is SQLITE_BUSY: another connection holds a lock the query needs."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
@@ -128,6 +211,9 @@ class _SQLiteConnection:
         if setlimit is not None:
             setlimit(_SQLITE_LIMIT_ATTACHED, 0)
             setlimit(_SQLITE_LIMIT_LENGTH, _MAX_VALUE_BYTES)
+            setlimit(_SQLITE_LIMIT_LIKE_PATTERN_LENGTH, _MAX_LIKE_PATTERN)
+        self._functions = _BoundedFunctions()
+        self._functions.install(self.conn)
         self.conn.set_authorizer(_authorizer)
         self.conn.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
         self._setlimit = setlimit
@@ -181,6 +267,7 @@ class _SQLiteConnection:
             while True:
                 try:
                     self._cap_values(sql)
+                    self._functions.refused = None
                     cur = self.conn.execute(sql)
                     columns = [d[0] for d in cur.description or ()]
                     rows, count = _drain(cur, max_rows, count_all)  # one row at a time: no batch of big rows
@@ -194,6 +281,12 @@ class _SQLiteConnection:
                 time.sleep(max(0.0, min(pause, self.deadline - time.monotonic())))
                 pause = min(2 * pause, _LOCK_PAUSE_MAX)
         except sqlite3.OperationalError as exc:
+            refused = self._functions.refused
+            if refused is None and str(exc) == "user-defined function raised exception":
+                # The functions above are the only ones: Python could not read a text argument.
+                refused = "instr(), replace() and two-argument trim() need text that is valid UTF-8"
+            if refused is not None:  # (SQLite says only "user-defined function raised exception")
+                raise _engine_error("SQLite", Exception(refused)) from None
             if self._past_deadline() or str(exc) == "interrupted":
                 raise _timeout_error(timeout) from None
             raise _engine_error("SQLite", exc) from None
@@ -210,6 +303,7 @@ class _SQLiteConnection:
 
     def close(self) -> None:
         self.conn.close()
+        self._functions.close()
 
 
 # ---------------------------------------------------------------------------- DuckDB
