@@ -472,3 +472,20 @@ def test_calls_parsed_elsewhere_without_ids_get_ids_their_results_answer() -> No
     assert [r.call_id for r in info["tool_calls"]] == ["call_0", "x"]
     assert given[0].id == "" and parsed.tool_calls[0] is given[0]  # the caller's objects are left as they were
     env.close()
+
+
+def test_tools_may_be_given_as_references() -> None:
+    """`tools=["module:Name"]` (a YAML config, `gym.make` from a command line) builds the tool
+    for this env; it failed with "'str' object has no attribute 'name'"."""
+    env = toolenv.ToolEnv(tools=[f"{Add.__module__}:Add"], tasks=TASKS, parser="hermes")
+    other = toolenv.ToolEnv(tools=[f"{Add.__module__}:Add"], tasks=TASKS, parser="hermes")
+    try:
+        assert [type(t) for t in env.tools] == [Add] and env.tools[0] is not other.tools[0]
+        env.reset(options={"task_index": 0})
+        obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>')
+        assert "5" in obs
+        with pytest.raises(ValueError, match="cannot import tool 'no_such_module:X'"):
+            toolenv.ToolEnv(tools=["no_such_module:X"], tasks=TASKS)
+    finally:
+        env.close()
+        other.close()

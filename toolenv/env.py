@@ -22,6 +22,7 @@ from toolenv.caller import ToolCaller
 from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, get_parser
+from toolenv.registry import resolve_tool
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message
@@ -106,10 +107,12 @@ class ToolEnv(gym.Env[str, str]):
     carries the same turn as typed chat messages for chat-template users.
 
     Args:
-        tools: the tools the model may call.
+        tools: the tools the model may call: Tools, or references a config or command line
+            can hold (`"module:Name"`, a tool plugin's name), each built for this env.
         tasks: Tasks, dicts, or a JSONL path.
         parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`,
-            `qwen3_xml`, `llama3_json`, `pythonic`, `mistral`).
+            `qwen3_xml`, `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`,
+            `deepseek_v31`, `gemma4`, `kimi_k2`, `muse_glimmer`; `toolenv list` shows them all).
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
         system_prompt: text put before the tool instructions.
@@ -131,7 +134,7 @@ class ToolEnv(gym.Env[str, str]):
 
     def __init__(
         self,
-        tools: Iterable[Tool] = (),
+        tools: Iterable[Tool | str] = (),
         tasks: str | Path | Iterable[Task | Mapping[str, Any]] = (),
         *,
         parser: str | ActionParser = "hermes",
@@ -151,7 +154,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"task_order must be 'random' or 'sequential', got {task_order!r}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        self.tools: list[Tool] = with_limits(tools, tool_limits)
+        self.tools: list[Tool] = with_limits([resolve_tool(t) if isinstance(t, str) else t for t in tools], tool_limits)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]
         self.parser = get_parser(parser, **dict(parser_kwargs or {})).bind(self.tools)
