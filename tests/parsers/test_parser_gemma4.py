@@ -684,3 +684,14 @@ def test_diffusion_gemma_writes_calls_the_same_way(tok: Any) -> None:
     assert template_mismatch(get_parser("gemma4"), tok) is None
     (call,) = P.parse(rendered_call(tok, "search", ARGS)).tool_calls
     assert same(call.arguments, ARGS)
+
+
+def test_gemma4_thinking_is_reasoning_with_its_channel_tags() -> None:
+    """docs/parsers.md: Gemma 4's thought channel needs `reasoning=["<|channel>", "<channel|>"]`."""
+    from toolenv.parsers import get_parser
+
+    thought = "<|channel>thought I will call <|tool_call>call:g{}<tool_call|><channel|>"
+    reply = thought + "<|tool_call>call:f{a:1}<tool_call|>"
+    assert [c.name for c in get_parser("gemma4").parse(reply).tool_calls] == ["g", "f"]
+    parser = get_parser("gemma4", reasoning=["<|channel>", "<channel|>"])
+    assert [c.name for c in parser.parse(reply).tool_calls] == ["f"]

@@ -331,3 +331,13 @@ def test_the_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "observation: '[TOOL_RESULTS]call00000[TOOL_CONTENT]212 F[/TOOL_RESULTS]'" in out
     assert "observation: '[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]100 C[/TOOL_RESULTS]'" in out
     assert "reward=1.0 terminated=True answer='212'" in out
+
+
+def test_magistral_thinking_is_reasoning_with_its_own_tags() -> None:
+    """docs/parsers.md: Magistral's `[THINK]…[/THINK]` needs `reasoning=["[THINK]", "[/THINK]"]`;
+    with it, a call drafted while thinking does not run."""
+    from toolenv.parsers import get_parser
+
+    reply = '[THINK]plan [TOOL_CALLS]g[ARGS]{}[/THINK][TOOL_CALLS]f[ARGS]{"a": 1}</s>'
+    assert [c.name for c in get_parser("mistral").parse(reply).tool_calls] == ["g", "f"]
+    assert [c.name for c in get_parser("mistral", reasoning=["[THINK]", "[/THINK]"]).parse(reply).tool_calls] == ["f"]
