@@ -308,7 +308,10 @@ def check_step(env: toolenv.ToolEnv, action: str, out: tuple[Any, ...], stats: S
         malformed = True
         assert any(r.is_error for r in results), "an action with nothing usable gets an error observation"
     if not terminated and any(r.is_error for r in results):
-        assert obs, "an error is shown to the model"
+        # Shown to the model: some error's own words are in the observation, not only in `info`.
+        shown = [r.text.strip()[:40] for r in results if r.is_error and r.text.strip()]
+        forms = {f for s in shown for f in (s, json.dumps(s)[1:-1], json.dumps(s, ensure_ascii=False)[1:-1])}
+        assert any(f in obs for f in forms), f"no error reaches the observation: {shown[:3]} / {obs[:300]!r}"
     stats.actions += 1
     stats.malformed += malformed
     stats.tool_calls += len(calls)

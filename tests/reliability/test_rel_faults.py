@@ -129,6 +129,7 @@ def assert_timed_out(result: toolenv.ToolResult, record: toolenv.ToolCallRecord,
 def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
     env = faulty_env(hanger)
     HELD.clear()
+    fired: list[float] = []
     try:
         for i in range(3):
             t0 = time.perf_counter()
@@ -136,6 +137,7 @@ def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
             wall = time.perf_counter() - t0
             (result,) = info["tool_results"]
             assert_timed_out(result, info["tool_calls"][0], wall)
+            fired.append(info["tool_calls"][0].latency_s)
             assert HANGING["now"] == 0  # the async hang was cancelled, not left running
             if hanger is hang_sync:  # the step answered while the thread was still held
                 assert len(HELD) == i + 1 and not HELD[i].is_set()
@@ -145,6 +147,11 @@ def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
         for held in HELD:
             held.set()
         env.close()
+    # Reported, not asserted (how late a timer fires under load is a benchmark's business): the
+    # figure docs/reliability.md sets against the "within 10% of the setting".
+    late = max(fired) / TIMEOUT - 1
+    span = f"{min(fired):.4f}-{max(fired):.4f} s"
+    print(f"\n[faults] {hanger.name}: timeout {TIMEOUT} s fired after {span} (+{late:.1%})")
 
 
 def test_rel_concurrent_hangs_in_one_turn_time_out_together() -> None:

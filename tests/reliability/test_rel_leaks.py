@@ -48,8 +48,9 @@ def core_policy(task: toolenv.Task, turn: int, observation: str) -> str:
 
 
 def play(env: toolenv.ToolEnv, policy: Callable[..., str], index: int) -> None:
-    """One episode: a malformed turn, then the oracle until the episode ends."""
-    obs, _ = env.reset(options={"task_index": index})
+    """One episode: a malformed turn, then the oracle until the episode ends (the working set
+    wraps round an env with fewer tasks: `task_index` past the last one is refused)."""
+    obs, _ = env.reset(options={"task_index": index % len(env.tasks)})
     assert env.episode is not None
     _, _, term, trunc, info = env.step(MALFORMED)
     assert any(r.is_error for r in info["tool_results"]) and not term
