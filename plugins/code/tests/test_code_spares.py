@@ -61,6 +61,21 @@ def test_spare_waits_as_a_child_of_the_server_and_is_replaced_per_run(pool: Sand
     assert after is not None and after != spare and _alive(after)
 
 
+def test_each_run_has_ipc_and_mount_namespaces_of_its_own(pool: SandboxPool) -> None:
+    """Spares are cloned straight into new IPC and mount namespaces (or enter them themselves):
+    either way a run shares them neither with the host nor with the server. (Namespace ids
+    are reused once freed, so runs one after another may show the same ones.)"""
+    stats = pool.stats()[0]
+    if not stats["isolation"]["mount_ns"]:
+        pytest.skip("the kernel refused the server its namespaces")
+    outside = {os.readlink(f"/proc/{pid}/ns/{kind}") for pid in (os.getpid(), stats["pid"]) for kind in ("ipc", "mnt")}
+    probe = "import os\nprint(os.readlink('/proc/self/ns/ipc'), os.readlink('/proc/self/ns/mnt'))"
+    for _ in range(3):
+        run = pool.run(probe)
+        ours = set(run.stdout.split())
+        assert run.ok and len(ours) == 2 and not ours & outside, (run, outside)
+
+
 def test_limits_are_applied_per_run_not_per_spare(pool: SandboxPool) -> None:
     tight = json.loads(pool.run(_PROBE, SandboxLimits(max_open_files=16, max_processes=4)).stdout)
     default = json.loads(pool.run(_PROBE).stdout)

@@ -46,6 +46,7 @@ __all__ = [
     "premake_stdio",
     "session_loop",
     "spare_main",
+    "spare_namespaces",
     "warm_interpreter",
 ]
 
@@ -228,9 +229,10 @@ def _drop_privileges(limits: dict[str, Any], uid: int) -> None:
 
 
 def _set_env(workdir: str) -> None:
-    if os.environ.keys() - {"HOME", "TMPDIR"} != CHILD_ENV.keys():  # the server normally did this once
-        os.environ.clear()
-        os.environ.update(CHILD_ENV)
+    """HOME and TMPDIR: the rest of the environment is `CHILD_ENV`, adopted by the fork server at start.
+
+    (Not checked here: comparing the whole environment touches, so copies, some 60 pages per child.)
+    """
     os.environ["HOME"] = os.environ["TMPDIR"] = workdir
     tempfile = sys.modules.get("tempfile")  # not imported in the server: it would read TMPDIR itself
     if tempfile is not None:
@@ -246,7 +248,7 @@ def confine_children(
     _EXPOSED = list(exposed)
 
 
-def _own_mounts(workdir: str) -> None:
+def _own_mounts(workdir: str, entered: int) -> None:
     """A mount namespace of the child's own: /tmp holds only `workdir`, /dev/shm is a tmpfs of
     its own, and /proc shows its own PID namespace.
 
@@ -262,7 +264,8 @@ def _own_mounts(workdir: str) -> None:
     cannot change them. (~0.25 ms per child, in the spare's preparation.)
     """
     flags = _linux.MS_NOSUID | _linux.MS_NODEV
-    _linux.unshare(_linux.CLONE_NEWNS)
+    if not entered & _linux.CLONE_NEWNS:
+        _linux.unshare(_linux.CLONE_NEWNS)
     exposed = open_hidden(_EXPOSED)  # the server's read-only binds, before this child covers them
     _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", flags, SHM_OPTIONS)
     stash = os.path.join(PRIVATE_SHM, ".workdir")  # holds the work dir while /tmp is covered
@@ -281,7 +284,13 @@ def _own_mounts(workdir: str) -> None:
             _linux.mount("proc", "/proc", "proc", flags | _linux.MS_NOEXEC)
 
 
-def _enter_namespaces(workdir: str) -> None:
+def spare_namespaces() -> int:
+    """The namespaces (`CLONE_NEW*` flags) a spare may be cloned into rather than enter itself:
+    see `_enter_namespaces`, given them as `entered`."""
+    return (_linux.CLONE_NEWIPC if _NEW_IPC_NS else 0) | (_linux.CLONE_NEWNS if _OWN_MOUNTS else 0)
+
+
+def _enter_namespaces(workdir: str, entered: int) -> None:
     """A System V IPC namespace of the child's own, its own mounts, the server's nested user
     namespace, then a Landlock domain of its own.
 
@@ -293,24 +302,26 @@ def _enter_namespaces(workdir: str) -> None:
     namespace (one of their own costs ~0.45 ms each), so abstract unix sockets, which
     live there, would let a session and a concurrent run (other episodes) talk: the
     Landlock scope keeps each child to its own. A failure here stops the child: it must
-    not run code less confined than the server says.
+    not run code less confined than the server says. `entered`: the `CLONE_NEW*` namespaces
+    the process was cloned into (see `spare_namespaces`), so already has.
     """
-    if _NEW_IPC_NS:
+    if _NEW_IPC_NS and not entered & _linux.CLONE_NEWIPC:
         _linux.unshare(_linux.CLONE_NEWIPC)
     if _OWN_MOUNTS:
-        _own_mounts(workdir)
+        _own_mounts(workdir, entered)
     if _USER_NS_FD is not None:
         _linux.setns(_USER_NS_FD, _linux.CLONE_NEWUSER)
     if _SOCKET_SCOPE:
         _linux.landlock_scope_abstract_sockets()
 
 
-def _prepare(workdir: str, fds: list[int]) -> None:
+def _prepare(workdir: str, fds: list[int], entered: int = 0) -> None:
     """Everything that does not depend on the request: namespaces, session, stdio, cwd, env, signals.
 
     `fds` become descriptors 1, 2, 3... in order; everything else above 2 is closed.
+    `entered`: the namespaces the process was cloned into (see `_enter_namespaces`).
     """
-    _enter_namespaces(workdir)
+    _enter_namespaces(workdir, entered)
     os.setsid()
     high = [os.dup(fd) for fd in fds]  # move out of the way before dup2 into place
     null = os.open(os.devnull, os.O_RDONLY)
@@ -321,9 +332,8 @@ def _prepare(workdir: str, fds: list[int]) -> None:
     os.chdir(workdir)
     _set_env(workdir)
     # `random` reseeds itself after `os.fork` (its at-fork hook); `spare_main` reseeds explicitly.
-    sys.argv = [""]
-    sys.stdin, sys.stdout, sys.stderr = _STDIO or _make_stdio()
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+    if _STDIO is None or sys.stdout is not _STDIO[1]:  # the fork server installs them once (`premake_stdio`)
+        _install_stdio(_STDIO or _make_stdio())
     # `_signal` rather than `signal`: the latter's enum conversions touch (so copy) many more pages.
     _signal.signal(signal.SIGINT, _signal.default_int_handler)
     _signal.signal(signal.SIGPIPE, _signal.SIG_DFL)
@@ -348,12 +358,21 @@ def _make_stdio() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]
 _STDIO: tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper] | None = None
 
 
-def premake_stdio() -> None:
-    """Build the children's stdio objects once, in the fork server, on stand-in pipes.
+def _install_stdio(streams: tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]) -> None:
+    """`streams` as `sys.stdin`/`stdout`/`stderr` (and their `__dunder__` twins); `sys.argv` as `python -c`'s."""
+    sys.argv = [""]
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
 
-    The objects only hold descriptor numbers: in a child, 1 and 2 are its output pipes.
-    Built here (with pipes in place, so they know they are not seekable), every child
-    inherits them instead of constructing three streams itself.
+
+def premake_stdio() -> None:
+    """Build the children's stdio objects once, in the fork server, on stand-in pipes, and install them.
+
+    The objects only hold descriptor numbers: in a child, 1 and 2 are its output pipes
+    (in the server, 0 and 1 are /dev/null and 2 is its stderr, as before). Built and
+    installed here (with pipes in place, so they know they are not seekable), every child
+    inherits them instead of constructing three streams itself, and no child frees the
+    interpreter's own streams (which touches, so copies, some 40 pages of memory).
     """
     global _STDIO
     saved = os.dup(1), os.dup(2)
@@ -364,6 +383,7 @@ def premake_stdio() -> None:
         _STDIO = _make_stdio()
         for stream in _STDIO:
             stream.seekable()
+        _install_stdio(_STDIO)
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
@@ -499,12 +519,13 @@ def _read_to_eof(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoReturn:
+def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int, entered: int = 0) -> NoReturn:
     """A warm spare: prepare, wait for the go message, drop privileges, run it, report, exit.
 
     `fds` are the stdout and stderr pipes and the read end of the go pipe (→ 1, 2, 3);
     `status_fd` is a memfd shared with the server (mapped here, then closed), for the
-    status of the code (or the signal that killed it, see `_die_of`).
+    status of the code (or the signal that killed it, see `_die_of`). `entered`: the
+    namespaces it was cloned into (see `spare_namespaces`).
     The go pipe is closed before the code runs, so the code sees only 0, 1 and 2.
     When the code is done (its non-daemon threads and `atexit` handlers too, as at
     interpreter exit), the status goes to the page shared with the server, then
@@ -513,7 +534,7 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int) -> NoRetu
     """
     try:
         status = mmap.mmap(status_fd, mmap.PAGESIZE)
-        _prepare(workdir, fds)  # closes status_fd with every other stray descriptor
+        _prepare(workdir, fds, entered)  # closes status_fd with every other stray descriptor
         if os.getpid() == 1:
             _stand_in_for_default_actions(status)
         random.seed()  # a spare cloned by the zygote ran no at-fork hooks

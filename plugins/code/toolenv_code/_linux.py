@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import Any
 
 __all__ = [
     "CLONE_NEWIPC",
@@ -161,23 +162,34 @@ class _CloneArgs(ctypes.Structure):
 _clone3 = ctypes.PyDLL(None, use_errno=True).syscall
 
 
-def _clone(args: _CloneArgs) -> int:
-    pid = int(_clone3(_SYS_CLONE3, ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args))))
+#: The arguments of each kind of clone, built once: the clones are on a hot path, and every
+#: object touched after one (in a process whose memory is now shared with the new one) costs a page copy.
+_CLONE_ARGS: dict[tuple[int, int], tuple[Any, ctypes.c_size_t]] = {}
+
+
+def _clone(flags: int, exit_signal: int = 0) -> int:
+    key = (flags, exit_signal)
+    prepared = _CLONE_ARGS.get(key)
+    if prepared is None:
+        args = _CloneArgs(flags=flags, exit_signal=exit_signal)
+        prepared = _CLONE_ARGS[key] = (ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+    pid = int(_clone3(_SYS_CLONE3, *prepared))
     if pid < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"clone3: {os.strerror(err)}")
     return pid
 
 
-def clone_sibling(new_pid_ns: bool) -> int:
-    """`clone3(CLONE_PARENT [| CLONE_NEWPID])`: fork a *sibling* (a child of our parent).
+def clone_sibling(new_pid_ns: bool, namespaces: int = 0) -> int:
+    """`clone3(CLONE_PARENT [| CLONE_NEWPID] | namespaces)`: fork a *sibling* (a child of our parent).
 
     Returns 0 in the new process and its pid in the caller, like `fork`. Unlike
     `os.fork`, no at-fork hooks run in the new process (it must reseed `random` itself).
     This lets a pristine helper process fork children that belong to the fork server,
     so the server itself never forks and its memory is never shared copy-on-write again.
+    The new process starts in new namespaces of the `namespaces` kinds (`CLONE_NEWIPC`...).
     """
-    return _clone(_CloneArgs(flags=_CLONE_PARENT | (CLONE_NEWPID if new_pid_ns else 0)))
+    return _clone(_CLONE_PARENT | (CLONE_NEWPID if new_pid_ns else 0) | namespaces)
 
 
 def fork_bare() -> int:
@@ -185,4 +197,4 @@ def fork_bare() -> int:
 
     For a single-threaded process that forks on a hot path and needs none of them.
     """
-    return _clone(_CloneArgs(exit_signal=signal.SIGCHLD))
+    return _clone(0, signal.SIGCHLD)

@@ -45,6 +45,7 @@ from toolenv_code._child import (
     premake_stdio,
     session_loop,
     spare_main,
+    spare_namespaces,
     warm_interpreter,
 )
 from toolenv_code._confine import PRIVATE_SHM, Isolation, setup_isolation
@@ -807,8 +808,11 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
     Each child gets a PID namespace of its own wherever `clone3(CLONE_NEWPID)` is allowed,
     which includes a user namespace, where the server's own unshare-and-back (`_spawn`) is
     refused; where it is not allowed, children are cloned without one from then on.
+    Spares are cloned into their other new namespaces too (`spare_namespaces`), which
+    saves them the calls that enter them; where that is refused, they enter them themselves.
     """
     pid_ns = True
+    spare_ns = spare_namespaces()
     # None of the server's descriptors (the client's pipes above all), but the socket and
     # the user namespace the children join.
     keep = sorted({sock.fileno(), *([user_ns_fd] if user_ns_fd is not None and user_ns_fd >= 0 else [])})
@@ -822,16 +826,21 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
         if not msg or len(fds) not in (4, 5):
             return
         kind, workdir, uid, extra = msg.decode().split("\0", 3)
-        try:
-            pid = _linux.clone_sibling(pid_ns)
-        except OSError as exc:
-            pid = -(exc.errno or 1)
-            if pid_ns and exc.errno in (errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS):
-                pid_ns = False
-                try:
-                    pid = _linux.clone_sibling(False)
-                except OSError as again:
-                    pid = -(again.errno or 1)
+        namespaces = spare_ns if kind == "spare" else 0
+        while True:
+            try:
+                pid = _linux.clone_sibling(pid_ns, namespaces)
+                break
+            except OSError as exc:
+                pid = -(exc.errno or 1)
+                if exc.errno not in (errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS):
+                    break
+                if namespaces:  # from now on spares enter them themselves, as sessions do
+                    spare_ns = namespaces = 0
+                elif pid_ns:
+                    pid_ns = False
+                else:
+                    break
         if pid == 0:
             try:
                 if kind == "session":
@@ -839,7 +848,7 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
                     random.seed()  # a clone ran no at-fork hooks: not the zygote's sequence
                     session_loop()
                 else:
-                    spare_main(workdir, int(uid), fds[:3], fds[3])
+                    spare_main(workdir, int(uid), fds[:3], fds[3], namespaces)
             finally:
                 os._exit(120)
         for fd in fds:
