@@ -253,3 +253,17 @@ def test_arguments_for_a_tool_instance_reference_are_refused() -> None:
     assert resolve_tool(ref) is CALCULATOR
     with pytest.raises(ValueError, match=r"tool instance: it takes no arguments \(got timeout\)"):
         resolve_tool(ref, timeout=3)
+
+
+async def test_an_invalid_task_is_reported_by_execute_not_run_on_an_empty_task():
+    """verl's tool_agent drops what `create` returns (`instance_id, _ = await tool.create(...)`):
+    a row whose task did not validate ran the tool on an empty Task without a word."""
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+
+    adapter = ToolEnvBaseTool(tool=Stats())
+    iid, created = await adapter.create(create_kwargs={"task": '{"id": "t1", "answer": {"not": "a string"}}'})
+    assert "Invalid task for tool 'stats'" in (created.text or "")
+    resp, reward, metrics = await adapter.execute(iid, {"values": [1, 2]})
+    assert "Invalid task for tool 'stats'" in (resp.text or "") and metrics["is_error"] is True and reward == 0.0
+    await adapter.release(iid)
+    assert not adapter._create_errors and not adapter._contexts

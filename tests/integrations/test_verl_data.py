@@ -225,3 +225,64 @@ def test_tool_objects_are_refused_with_what_to_pass_instead():
 
     with pytest.raises(ValueError, match=r"'module:Name'.*Calculator"):
         build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [Calculator()], "tasks": DEMO_TASKS})
+
+
+def test_a_failed_write_keeps_the_previous_file(tmp_path):
+    """pyarrow deletes a file it fails to write (and a killed write leaves it truncated): writing
+    over the training file in place lost the old data when the new rows could not be written."""
+    import pyarrow.parquet as pq
+
+    rows = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": DEMO_TASKS})
+    out = write_parquet(rows, tmp_path / "d.parquet")
+    bad = [{**rows[0], "extra_info": {**rows[0]["extra_info"], "meta": {}}}]  # an empty struct: parquet refuses it
+    with pytest.raises(Exception, match="no child field"):
+        write_parquet(bad, out)
+    assert pq.read_table(out).to_pylist() == rows
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet"]  # no temporary file left behind
+    assert write_parquet(rows[:1], out) == out and pq.read_table(out).num_rows == 1  # replaced when it works
+
+
+def test_writing_through_a_symlink_replaces_its_target(tmp_path):
+    """The file is renamed into place: over the file a link points to, so the link stays a link."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "v1").mkdir()
+    real = write_parquet([{"a": 1}], tmp_path / "v1" / "d.parquet")
+    link = tmp_path / "latest.parquet"
+    link.symlink_to(real)
+    assert write_parquet([{"a": 2}], link) == link
+    assert link.is_symlink() and pq.read_table(real).to_pylist() == [{"a": 2}]
+
+
+def test_compute_score_reports_the_same_keys_for_every_env_with_reward_keys():
+    """verl reads the keys of a batch's first sample from every sample (`info[key]`): a batch
+    mixing envs whose rewards have different parts failed with a KeyError. `reward_keys`, given
+    through `reward.custom_reward_function.reward_kwargs`, fixes them as the agent loop's does."""
+    from omegaconf import OmegaConf
+
+    plain = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": DEMO_TASKS})[0]
+    graded = build_rows(
+        "toolenv/ToolEnv-v0",
+        env_kwargs={"tools": [CALC], "tasks": DEMO_TASKS, "reward": {"exact_match": 1.0, "format": 0.5}},
+    )[0]
+    keys = OmegaConf.create({"k": ["exact_match", "format"]}).k  # as verl's config hands them over
+    scores = [
+        compute_score(r["data_source"], "<answer>42</answer>", None, r["extra_info"], reward_keys=keys)
+        for r in (plain, graded)
+    ]
+    assert [sorted(s) for s in scores] == [["answered", "reward/exact_match", "reward/format", "score"]] * 2
+    assert scores[0]["reward/format"] == 0.0 and scores[0]["score"] == 1.0  # not part of this env's reward
+    assert scores[1]["reward/format"] == 1.0 and scores[1]["score"] == 1.5
+    only = compute_score(plain["data_source"], "<answer>42</answer>", None, plain["extra_info"], reward_keys=[])
+    assert only == {"score": 1.0, "answered": 1.0}
+
+
+def test_cli_refuses_a_directory_as_out_in_one_line(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    tasks = json.dumps({"tools": [CALC], "tasks": DEMO_TASKS})
+    proc = _cli("toolenv/ToolEnv-v0", "--out", str(out), "--env-kwargs", tasks)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a directory" in lines[0] and str(out) in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"] and not any(out.iterdir())

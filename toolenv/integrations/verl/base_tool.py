@@ -120,6 +120,8 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc,unused-ignore]
         self.tool = tool
         self.caller = ToolCaller([tool])
         self._contexts: dict[str, ToolContext] = {}
+        #: Instances whose `create` failed: verl drops what `create` returns, so `execute` says it.
+        self._create_errors: dict[str, str] = {}
         #: Instances run without an `AgentData`: each is its own episode, released with the instance.
         self._standalone: set[str] = set()
         #: Trajectories (AgentData) whose release is registered, and the releases in flight.
@@ -128,13 +130,19 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc,unused-ignore]
         super().__init__(cfg, tool_schema or verl_tool_schema(tool))
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
-        """Start an instance; `create_kwargs.task` (a Task, dict or JSON) sets the tool's `ctx.task`."""
+        """Start an instance; `create_kwargs.task` (a Task, dict or JSON) sets the tool's `ctx.task`.
+
+        An invalid task is reported by every `execute` of the instance (verl's `tool_agent`
+        ignores what `create` returns), rather than the tool running on an empty task.
+        """
         instance_id = instance_id or uuid4().hex
         create_kwargs = kwargs.get("create_kwargs") or {}
         try:
             task = _task(create_kwargs.get("task"))
         except ValueError as exc:
-            return instance_id, ToolResponse(text=f"Invalid task for tool '{self.tool.name}': {exc}")
+            text = f"Invalid task for tool '{self.tool.name}': {exc}"
+            self._create_errors[instance_id] = text
+            return instance_id, ToolResponse(text=text)
         self._contexts[instance_id] = ToolContext(task=task, episode_id=instance_id)
         return instance_id, ToolResponse()
 
@@ -142,6 +150,8 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc,unused-ignore]
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
         """Run the tool; returns (response with text and images, reward 0.0, call metrics)."""
+        if instance_id in self._create_errors:
+            return ToolResponse(text=self._create_errors[instance_id]), 0.0, {"is_error": True}
         ctx = self._contexts.get(instance_id) or ToolContext(task=Task(), episode_id=instance_id)
         agent_data = kwargs.get("agent_data")
         if agent_data is not None:  # share state across the calls of one trajectory
@@ -172,6 +182,7 @@ class ToolEnvBaseTool(BaseTool):  # type: ignore[misc,unused-ignore]
         """Forget the instance (verl calls this after every call). An instance that ran without
         verl's `AgentData` is its own episode: the tool's `release(ctx)` runs now."""
         ctx = self._contexts.pop(instance_id, None)
+        self._create_errors.pop(instance_id, None)
         if instance_id in self._standalone:
             self._standalone.discard(instance_id)
             if ctx is not None and self.caller.releases:

@@ -14,8 +14,11 @@ pyarrow cannot write an empty struct, so nested values are JSON strings or left 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -151,6 +154,10 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     Columns are those of every row (rows of several envs: only image rows have `images`);
     a row without one holds null there, which verl's dataset reads as absent.
+
+    The file is written beside `path` and then renamed over it, so a write that fails or is
+    killed leaves the previous file whole (pyarrow deletes the file it fails to write, and a
+    killed write would leave a truncated one that verl reads as corrupt).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -162,5 +169,19 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     table = pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in names})
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out)
+    # Renamed over the file a symlink points to, not over the link. The temporary file has a
+    # hidden name in the same folder (same file system, so the rename is atomic) and is made by
+    # pyarrow itself, so that it gets the usual permissions, not a temp file's 0600.
+    target = Path(os.path.realpath(out))
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a parquet file", str(out))
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno:  # about `out`, not the temporary file
+            raise type(exc)(exc.errno, os.strerror(exc.errno), str(out)) from exc
+        raise
     return out

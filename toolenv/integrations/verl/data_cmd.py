@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         default="all",
         choices=["all", "train", "test"],
-        help="train: 90%% of the tasks, test: the other 10%% (a fixed hash of the task id); all: every task",
+        help="train: 90%% of the tasks, test: the other 10%% (a fixed hash of the task id), or the dataset's own "
+        "train/test split when every task has one (MBPP); all: every task",
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     parser.add_argument(

@@ -16,12 +16,12 @@ episode's one turn (its calls parsed, with no results), so rewards that read tur
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv import _aio
 from toolenv.episode import Turn
-from toolenv.integrations.verl.envs import env_spec_from_row, shared_pool, task_from_row
+from toolenv.integrations.verl.envs import env_spec_from_row, plain, shared_pool, task_from_row
 
 __all__ = ["acompute_score", "compute_score"]
 
@@ -31,9 +31,16 @@ async def acompute_score(
     solution_str: str,
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
+    *,
+    reward_keys: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
     """The env's final reward for the answer in `solution_str`: `{"score", "answered", "reward/<part>"...}`.
+
+    `reward_keys` fixes the `reward/<part>` keys (missing parts 0.0, others left out): verl takes
+    the keys of a batch's first sample and reads them from every sample, so a batch mixing envs
+    whose rewards have different parts needs them (`reward.custom_reward_function.reward_kwargs`).
+    The default is the env's reward parts.
 
     Raises:
         ValueError: `extra_info` does not name an env and a task (rows from `toolenv verl-data` do).
@@ -55,7 +62,8 @@ async def acompute_score(
             components[k] = components.get(k, 0.0) + v
         score = rf.weighted(components)
     out = {"score": score, "answered": float(episode.answer is not None)}
-    out.update({f"reward/{k}": float(v) for k, v in components.items()})
+    keys = list(components) if reward_keys is None else [str(k) for k in plain(reward_keys)]
+    out.update({f"reward/{k}": float(components.get(k, 0.0)) for k in keys})
     return out
 
 
@@ -64,6 +72,8 @@ def compute_score(
     solution_str: str,
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
+    *,
+    reward_keys: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
     """Sync twin of `acompute_score`, on an event loop the calling thread keeps between calls
@@ -74,4 +84,5 @@ def compute_score(
     """
     if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per call
         raise RuntimeError("compute_score cannot run inside an event loop; use `await acompute_score(...)`")
-    return _aio.run_on_thread_loop(acompute_score(data_source, solution_str, ground_truth, extra_info, **kwargs))
+    coro = acompute_score(data_source, solution_str, ground_truth, extra_info, reward_keys=reward_keys, **kwargs)
+    return _aio.run_on_thread_loop(coro)
