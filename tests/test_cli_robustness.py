@@ -4,9 +4,11 @@ keeps what it wrote and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -83,6 +85,70 @@ def test_a_missing_image_file_is_named(tmp_path: Path) -> None:
         assert "not a valid trajectory" in line and f"{stored.name} is missing" in line
 
 
+def test_export_into_a_fifo_writes_into_it(run_dir: Path, tmp_path: Path) -> None:
+    """`--out` a FIFO (or /dev/stdout, /dev/null: not regular files) is written into, as `tee` or a
+    shell's `>` would; renaming a temporary file over it would replace the FIFO (and, run as
+    root, /dev/stdout or /dev/null themselves) with a regular file."""
+    fifo = tmp_path / "sft.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there: the writer's open goes through
+    try:
+        out = _toolenv("export", str(run_dir), "--out", str(fifo))
+        data = b""
+        while chunk := os.read(reader, 65536):  # the writer has closed: the rest, then EOF
+            data += chunk
+    finally:
+        os.close(reader)
+    assert out.returncode == 0, out.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
+    assert len(data.decode().splitlines()) == 4 and "wrote 4 of 4 trajectories" in out.stdout
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="no /dev/fd")
+@pytest.mark.parametrize("earlier", ["", '{"earlier": "export"}\n'])
+def test_export_to_stdout_writes_the_data_alone(tmp_path: Path, earlier: str) -> None:
+    """`--out /dev/stdout` (here /dev/fd/1: the same descriptor) writes the data into stdout as the
+    shell opened it (`| jq`, `> f`, `>> f` keeps what f held), and the count goes to stderr, not
+    into the data."""
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run", n=3)  # the 4th has an image
+    dest = tmp_path / "all.jsonl"
+    dest.write_text(earlier)
+
+    def export(run: Path) -> subprocess.CompletedProcess[str]:
+        with dest.open("a") as stdout:  # the shell's `>> all.jsonl`
+            return subprocess.run(
+                [TOOLENV, "export", str(run), "--out", "/dev/fd/1"],
+                stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120, env=_env(),
+            )  # fmt: skip
+
+    out = export(tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == "wrote 3 of 3 trajectories to /dev/fd/1"
+    text = dest.read_text()
+    assert text.startswith(earlier)
+    assert [sorted(json.loads(line)) for line in text[len(earlier) :].splitlines()] == [["messages", "metadata"]] * 3
+    # images go to images/ beside the file: a stream has no such folder
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run")
+    line = _one_line_error(export(tmp_path / "run"), "toolenv export: error: a trajectory has images")
+    assert line.endswith("export to a file, not /dev/fd/1")
+    assert not Path("/dev/fd/images").exists()
+
+
+def test_export_through_a_symlink_writes_its_target(run_dir: Path, tmp_path: Path) -> None:
+    """`--out` a symlink (data kept on another disk) writes the file it points to, whole, and
+    keeps the link."""
+    (tmp_path / "disk").mkdir()
+    real = tmp_path / "disk" / "sft.jsonl"
+    real.write_text("an earlier export\n")
+    link = tmp_path / "sft.jsonl"
+    link.symlink_to(real)
+    out = _toolenv("export", str(run_dir), "--out", str(link))
+    assert out.returncode == 0, out.stderr
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert len(real.read_text().splitlines()) == 4
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
@@ -153,6 +219,41 @@ def test_sigterm_is_handled_like_ctrl_c_and_no_stale_summary_is_left(tmp_path: P
     assert _lines(path) == 3 and not summary.exists()
 
 
+SLOW_LOAD = (
+    "import pathlib, time\nfrom rollout_example import ScriptedAgent\n"
+    "class SlowLoad(ScriptedAgent):\n"
+    "    def __init__(self, marker):\n"
+    "        pathlib.Path(marker).write_text('loading')\n"
+    "        time.sleep(20)  # a model's weights loading: a blocking call on the event loop\n"
+    "        pathlib.Path(marker).write_text('loaded')\n"
+)
+
+
+def test_a_second_ctrl_c_stops_a_blocking_load_at_once(tmp_path: Path) -> None:
+    """Loading an agent (a model's weights) or building an env blocks the event loop: the first
+    Ctrl-C asks for a clean stop, which can come only when the load returns, and a second one
+    acts as usual and interrupts the load itself (docs/rollout.md: "A second signal acts as usual")."""
+    (tmp_path / "slow_load_agent.py").write_text(SLOW_LOAD)
+    marker = tmp_path / "marker"
+    cmd = [
+        TOOLENV, "rollout", f"rollout_example:{example.ENV_ID}", "--agent", "slow_load_agent:SlowLoad",
+        "--agent-arg", f"marker={marker}", "--out", str(tmp_path / "run"), "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (marker.exists() and marker.read_text() == "loading"):
+        time.sleep(0.05)
+    assert marker.read_text() == "loading"
+    while proc.poll() is None and marker.read_text() != "loaded":  # Ctrl-C, again, until it stops
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+    _, err = proc.communicate(timeout=60)
+    assert marker.read_text() == "loading", "the load ran to its end: Ctrl-C could not stop it"
+    assert proc.returncode == 130, err
+    assert err.strip().startswith("toolenv rollout: interrupted;"), err
+
+
 FAILING = (
     "from rollout_example import ScriptedAgent\n"
     "class Down(ScriptedAgent):\n"
@@ -195,6 +296,29 @@ def test_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
     line = _one_line_error(out, "toolenv rollout: error: argument --seed: must be 0 or more")
     assert line.endswith("got -2 (see toolenv rollout --help)")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("max_turns=3", 3),
+        ("name=007", "007"),  # not a JSON number: the string as typed
+        ("strict=true", True),
+        ("strict=True", "True"),
+        ('tools=["sql"]', ["sql"]),
+        ("model=Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B"),
+        ("stop=a=b", "a=b"),
+        ("name=NaN", "NaN"),  # JSON has no NaN or Infinity: strings, not floats run.json cannot hold
+        ("name=Infinity", "Infinity"),
+        ("name=-Infinity", "-Infinity"),
+    ],
+)
+def test_key_value_arguments_read_json_values_only(text: str, value: object) -> None:
+    """`--env-arg` / `--agent-arg K=V`: V is read as JSON when it is JSON, else kept as typed."""
+    from toolenv.commands.rollout_cmd import _kv
+
+    key, parsed = _kv(text)
+    assert (key, parsed, type(parsed)) == (text.partition("=")[0], value, type(value))
 
 
 def test_unknown_option_is_reported_by_the_subcommand(tmp_path: Path) -> None:

@@ -26,10 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
+from toolenv._outputs import in_system_folder, written_in_place
 from toolenv.image_store import IMAGES_DIR, ImageStore
 from toolenv.trajectory import Trajectory, TurnRecord, fix_text
 from toolenv.types import Message, ToolResult, reply_messages
@@ -195,6 +197,19 @@ def _metadata(t: Trajectory) -> dict[str, Any]:
     return {"task_id": t.task.id, "sample": t.sample, "reward": t.reward, "env_id": t.env_id}
 
 
+class _NoImageFolder(ImageStore):
+    """The image store of an export into a device or a descriptor (stdout), which has no folder beside it."""
+
+    def __init__(self, target: Path) -> None:
+        super().__init__(target.parent / IMAGES_DIR)
+        self.target = target
+
+    def put(self, data: bytes, mime: str) -> str:
+        raise ValueError(
+            f"a trajectory has images, which go to {IMAGES_DIR}/ beside the output: export to a file, not {self.target}"
+        )
+
+
 def _write_lines(
     trajectories: Iterable[Trajectory],
     target: Path,
@@ -202,18 +217,34 @@ def _write_lines(
     lines: Callable[[Trajectory], list[dict[str, Any]] | None],
 ) -> int:
     """Write `lines(t)` for each kept trajectory (None: it has none to give) to `target`, whole or
-    not at all; returns how many trajectories gave lines."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    not at all; returns how many trajectories gave lines.
+
+    A regular file (or a new one) is written beside itself and renamed over, through a symlink
+    to the file it points to. Anything else (a FIFO, /dev/null) and a descriptor the shell opened
+    (/dev/stdout, /dev/fd/N, even onto a file: `>> all.jsonl`) is written into, as a shell's `>`
+    does: renaming over it would replace it with a regular file, or lose what was appended to.
+    """
     written = 0
+
+    def write(fh: IO[str]) -> None:
+        nonlocal written
+        for t in trajectories:
+            if not keep(t) or (out := lines(t)) is None:
+                continue
+            # U+FFFD for a lone surrogate (half an emoji a server cut), as the run's file has it
+            fh.writelines(fix_text(json.dumps(line, ensure_ascii=False)) + "\n" for line in out)
+            written += 1
+
+    if written_in_place(target):
+        with target.open("a", encoding="utf-8") as fh:  # "a": what the shell opened stays (`>>`)
+            write(fh)
+        return written
+    target = Path(os.path.realpath(target))  # a symlink stays one: its file is replaced
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     try:
         with tmp.open("w", encoding="utf-8") as fh:
-            for t in trajectories:
-                if not keep(t) or (out := lines(t)) is None:
-                    continue
-                # U+FFFD for a lone surrogate (half an emoji a server cut), as the run's file has it
-                fh.writelines(fix_text(json.dumps(line, ensure_ascii=False)) + "\n" for line in out)
-                written += 1
+            write(fh)
         tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
     except BaseException:
         with contextlib.suppress(OSError):
@@ -252,7 +283,7 @@ def export_chat(
     """
     _check(calls, arguments)
     target = Path(path)
-    store = ImageStore(target.parent / IMAGES_DIR)
+    store = _NoImageFolder(target) if in_system_folder(target) else ImageStore(target.parent / IMAGES_DIR)
 
     def lines(t: Trajectory) -> list[dict[str, Any]]:
         line = _line(t, calls, arguments, weights, store)

@@ -286,3 +286,24 @@ def test_cli_refuses_a_directory_as_out_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "is a directory" in lines[0] and str(out) in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"] and not any(out.iterdir())
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path):
+    """Renamed over, a FIFO (or /dev/stdout, as root) would become a regular file and its reader
+    would get nothing: what is not a regular file is written into, as a shell's `>` does."""
+    import io
+    import os
+    import stat
+    import threading
+
+    import pyarrow.parquet as pq
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_parquet([{"a": 1}, {"a": 2}], fifo)
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert pq.read_table(io.BytesIO(got[0])).to_pylist() == [{"a": 1}, {"a": 2}]

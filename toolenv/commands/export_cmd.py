@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,5 +168,16 @@ def run(args: argparse.Namespace) -> int:
             tools=tools,
             weights=args.weights,
         )
-    print(f"wrote {written} of {read} trajectories to {args.out}")
+    # Not into the data when the data goes to stdout (`--out /dev/stdout | jq`, `> all.jsonl`)
+    print(
+        f"wrote {written} of {read} trajectories to {args.out}", file=sys.stderr if _is_stdout(args.out) else sys.stdout
+    )
     return 0
+
+
+def _is_stdout(path: Path) -> bool:
+    """Whether `path` is this process's stdout (`/dev/stdout`, `/dev/fd/1`)."""
+    try:
+        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
+    except (AttributeError, OSError, ValueError):  # no such file, or stdout is not a file
+        return False

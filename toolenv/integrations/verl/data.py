@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv import _aio
+from toolenv._outputs import written_in_place
 from toolenv.integrations.verl.envs import TASK_SELECTION_KEYS, make_env
 from toolenv.types import Message, Task
 
@@ -157,7 +158,8 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
     The file is written beside `path` and then renamed over it, so a write that fails or is
     killed leaves the previous file whole (pyarrow deletes the file it fails to write, and a
-    killed write would leave a truncated one that verl reads as corrupt).
+    killed write would leave a truncated one that verl reads as corrupt); what is not a regular
+    file (a FIFO, /dev/stdout) is written into (`toolenv._outputs`).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -175,6 +177,12 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     target = Path(os.path.realpath(out))
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a parquet file", str(out))
+    if written_in_place(target):  # a FIFO, /dev/stdout: renamed over, it would become a file
+        buffer = pa.BufferOutputStream()  # built whole first: the parquet writer seeks, a pipe cannot
+        pq.write_table(table, buffer)
+        with out.open("wb") as fh:
+            fh.write(buffer.getvalue().to_pybytes())
+        return out
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
         pq.write_table(table, tmp)
