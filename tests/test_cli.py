@@ -104,6 +104,14 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "toolenv COMMAND --help" in capsys.readouterr().out
 
 
+def test_version_prints_the_installed_version() -> None:
+    """`toolenv --version`, as pip, uvicorn or vllm answer it: the version, exit 0, no command needed."""
+    from importlib.metadata import version
+
+    out = subprocess.run([TOOLENV, "--version"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"toolenv {version('toolenv')}\n", "")
+
+
 def test_help_lists_every_command_with_its_help_line(capsys: pytest.CaptureFixture[str]) -> None:
     # Built-in commands and plugins' (toolenv-search's serve-search), each with the HELP its
     # module defines, though `--help` imports none of them.

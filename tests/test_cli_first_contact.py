@@ -131,3 +131,45 @@ def test_a_gymnasium_checker_warning_fails_the_check(tmp_path: Path) -> None:
     fail = next(line for line in out.stdout.splitlines() if line.startswith("FAIL gymnasium"))
     assert "Calling `env.close()` on the closed environment should be allowed" in fail
     assert "already closed" in fail and "\x1b[" not in fail
+
+
+@pytest.fixture
+def half_plugin(tmp_path: Path) -> Path:
+    """A distribution whose command modules import but do not make a command: one has no
+    `add_arguments`, the other's raises."""
+    pkg = tmp_path / "halfplug"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nothing.py").write_text("HELP = 'A command with no options.'\n")
+    (pkg / "raising.py").write_text(
+        "HELP = 'A command whose options fail.'\n\n"
+        "def add_arguments(parser):\n"
+        "    raise ImportError('needs a newer toolenv')\n\n"
+        "def run(args):\n"
+        "    return 0\n"
+    )
+    info = tmp_path / "halfplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: halfplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[toolenv.commands]\nnothing = halfplug.nothing\nraising = halfplug.raising\n"
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("nothing", "AttributeError: module 'halfplug.nothing' has no attribute 'add_arguments'"),
+        ("raising", "ImportError: needs a newer toolenv"),
+    ],
+)
+def test_a_plugin_command_that_cannot_build_its_options_is_one_error_line(
+    half_plugin: Path, command: str, why: str
+) -> None:
+    out = _toolenv(command, path=half_plugin)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith(f"toolenv {command}: not available ({why})"), out.stderr
+    listed = _toolenv("--help", path=half_plugin)  # the others still work
+    assert listed.returncode == 0 and "A command with no options." in listed.stdout

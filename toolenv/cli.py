@@ -24,6 +24,8 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+from toolenv import __version__
+
 __all__ = ["error_line", "main"]
 
 COMMANDS: dict[str, str] = {
@@ -156,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Typed tool-use environments for LLM agents.",
         epilog="`toolenv COMMAND --help` shows a command's options.",
     )
+    parser.add_argument("--version", action="version", version=f"toolenv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     # Only the chosen subcommand's module is imported; others are listed by name.
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -173,7 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             loaded[name] = mod
             p = sub.add_parser(name, help=getattr(mod, "HELP", None), description=getattr(mod, "HELP", None))
-            mod.add_arguments(p)
+            try:
+                mod.add_arguments(p)
+            except Exception as exc:  # noqa: BLE001 - a plugin's command with no or broken options: one line
+                print(f"toolenv {name}: not available ({type(exc).__name__}: {error_line(exc)})", file=sys.stderr)
+                return 2
             subparsers[name] = p
         else:  # listed by name, with its help line when the whole list is asked for
             sub.add_parser(name, help=_help_of(target) if chosen is None else None)

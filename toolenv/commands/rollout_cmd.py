@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from toolenv import _aio
@@ -17,13 +18,19 @@ from toolenv import _aio
 HELP = "Run an agent on an env concurrently; write trajectories (JSONL), a summary table and summary.json."
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _kv(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE`, VALUE read as JSON when it is JSON (`3`, `true`, `["sql"]`), else the string
+    as typed (`007`, `True`, a path; `NaN` and `Infinity` too, which Python's json reads)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
+        return key, json.loads(value, parse_constant=_not_json)
+    except ValueError:  # json.JSONDecodeError is one
         return key, value  # a bare string such as a path or a model name
 
 
@@ -102,41 +109,46 @@ async def _cancel_on_signal(coro: Coroutine[Any, Any, Any]) -> Any:
     `timeout`, `docker stop`, a preempted Slurm or Kubernetes job) would otherwise end the
     process at once. Python 3.10's `asyncio.run` raises KeyboardInterrupt wherever the
     signal lands, inside the event loop's own code too, and its shutdown can then hang.
-    A second signal acts as usual (Ctrl-C interrupts, SIGTERM kills).
+    A second signal acts as usual (Ctrl-C interrupts, SIGTERM kills), even while a blocking
+    call holds the event loop (an agent loading a model's weights, an env building its
+    index): the handlers are Python's, which run between bytecodes, not the loop's, which
+    would wait for the loop to get control back.
     """
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     stopped_by: int | None = None
-    installed: list[signal.Signals] = []
+    waiting = True  # a signal after `coro` returned cancels nothing
+    previous: dict[signal.Signals, Any] = {}
 
-    def on_signal(signum: int) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopped_by
         if stopped_by is None:
             stopped_by = signum
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        installed.clear()
-        if task is not None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one acts as usual
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if waiting and task is not None and not task.done():
             task.cancel()
+            loop.call_soon_threadsafe(lambda: None)  # wakes a loop waiting in select()
 
     try:
         for sig in _STOP_SIGNALS:
-            loop.add_signal_handler(sig, on_signal, sig)
-            installed.append(sig)
-    except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        installed.clear()
+            previous[sig] = signal.signal(sig, on_signal)
+    except ValueError:  # not the main thread
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         return await coro
     try:
-        return await coro
+        result = await coro
+        waiting = False
+        return result
     except asyncio.CancelledError:
         if stopped_by is not None:
             raise _Stopped(stopped_by) from None
         raise
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        waiting = False
+        for sig, handler in previous.items():  # None: one not set from Python, left as the default
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _non_negative_int(text: str) -> int:
