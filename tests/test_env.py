@@ -141,6 +141,9 @@ def test_prompt_template_uses_task_context() -> None:
     system, user = env.episode.messages  # type: ignore[union-attr]
     assert user.role == "user" and user.content == "Schema: CREATE TABLE t(x)\nQ: q? {missing}"
     assert system.role == "system" and system.content and system.content not in user.content
+    whole = make(prompt_template="{question}", tasks=[{"question": "Answer briefly.\nQ: q?\n"}])
+    obs, _ = whole.reset()  # Search-R1's prompt is all in the question: the message is the text, as written
+    assert whole.episode.messages[1].content == obs == "Answer briefly.\nQ: q?\n"  # type: ignore[union-attr]
     default = make(tasks=[{"question": "q?", "context": {"schema": "CREATE TABLE t(x)"}}])
     default.reset()
     assert default.episode.messages[1].content == "q?"  # type: ignore[union-attr]  # the default: the question

@@ -237,11 +237,12 @@ class ToolEnv(gym.Env[str, str]):
         # The chat form: the instructions go in the system message; the user message is the
         # question, or for a template of one's own what it makes of the task (a schema from
         # `context`, a line of its own), which would otherwise reach only text-mode agents.
-        user = (
-            task.question
-            if self.prompt_template == DEFAULT_TEMPLATE
-            else _render(self.prompt_template, {**fields, "instructions": ""}).strip()
-        )
+        if self.prompt_template == DEFAULT_TEMPLATE:
+            user = task.question
+        elif "instructions" not in _roots(self.prompt_template):  # nothing to take out: the text itself
+            user = text
+        else:  # without the instructions, and the white space that set them apart
+            user = _render(self.prompt_template, {**fields, "instructions": ""}).strip()
         return text, [Message(role="system", content=system), Message(role="user", content=user)]
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
