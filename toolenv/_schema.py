@@ -85,6 +85,24 @@ def _nodes(node: Any) -> list[dict[str, Any]]:
     return [node, *(d for v in node.values() for d in _nodes(v))]
 
 
+def local_ref_target(root: dict[str, Any], fragment: str) -> Any:
+    """What the fragment of a local `$ref` (after its `#`) names in `root`: a JSON pointer
+    (`/$defs/a~1b`, `""` for the root) or a plain name (the node with that `$anchor`); None
+    when it names nothing."""
+    if fragment and not fragment.startswith("/"):
+        return next((d for d in _nodes(root) if d.get("$anchor") == fragment), None)
+    node: Any = root
+    for part in fragment.split("/")[1:]:
+        key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
+
+
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """`schema` with every local `$ref` (`#/...`, a JSON pointer into it, or `#name`, a node's
     `$anchor`) replaced by its target.
@@ -97,19 +115,7 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
     """
 
     def resolve(ref: str) -> Any:
-        fragment = ref[1:]
-        if fragment and not fragment.startswith("/"):  # a plain name: the node with that `$anchor`
-            return next((d for d in _nodes(schema) if d.get("$anchor") == fragment), None)
-        node: Any = schema
-        for part in fragment.split("/")[1:]:
-            key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and key in node:
-                node = node[key]
-            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            else:
-                return None
-        return node
+        return local_ref_target(schema, ref[1:])
 
     def walk(node: Any, expanding: frozenset[str]) -> Any:
         if isinstance(node, list):

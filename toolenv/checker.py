@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.parse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from toolenv import _aio
+from toolenv._schema import local_ref_target
 from toolenv._tool import Tool, ToolContext
 from toolenv.env import ToolEnv
 from toolenv.types import Task
@@ -69,18 +69,7 @@ def _resolves(ref: str, root: dict[str, Any]) -> bool:
     base, _, fragment = ref.partition("#")
     if base and base != root.get("$id"):
         return False
-    if fragment and not fragment.startswith("/"):  # a plain-name fragment: an `$anchor`
-        return any(d.get("$anchor") == fragment for d in _walk(root))
-    node: Any = root
-    for part in fragment.split("/")[1:]:
-        key = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and key in node:
-            node = node[key]
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-            node = node[int(key)]
-        else:
-            return False
-    return isinstance(node, (dict, bool))
+    return isinstance(local_ref_target(root, fragment), (dict, bool))
 
 
 def _schema_error(params: dict[str, Any]) -> str | None:
