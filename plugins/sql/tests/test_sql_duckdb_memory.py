@@ -120,7 +120,7 @@ def _stopped_worker(shop: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, t
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between it and the read
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no one reaped yet
 
