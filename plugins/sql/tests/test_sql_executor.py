@@ -285,8 +285,18 @@ _DISTINCT = (
     [
         (f"{_DISTINCT} SELECT length(trim(y || y, y)) FROM s", "trim()"),
         (f"{_DISTINCT} SELECT length(rtrim(y || y, y)) FROM s", "rtrim()"),
-        ("SELECT instr(zeroblob(1200000), CAST(zeroblob(600000) || x'01' AS BLOB))", "instr()"),
-        ("SELECT printf('%.*c', 1000000, 'a') LIKE '%' || printf('%.*c', 2000, 'a') || 'b'", "LIKE or GLOB pattern"),
+        (
+            "SELECT instr(CAST(printf('%.*c', 1200000, 'a') AS BLOB),"
+            " CAST(printf('%.*c', 600000, 'a') || 'b' AS BLOB))",
+            "instr()",
+        ),
+        pytest.param(
+            "SELECT printf('%.*c', 1000000, 'a') LIKE '%' || printf('%.*c', 2000, 'a') || 'b'",
+            "LIKE or GLOB pattern",
+            marks=pytest.mark.skipif(
+                sys.version_info < (3, 11), reason="the LIKE pattern cap needs Connection.setlimit (Python 3.11+)"
+            ),
+        ),
     ],
 )
 def test_one_long_function_call_is_refused_not_run_past_the_timeout(numbers_db: Path, sql: str, needle: str) -> None:
