@@ -35,14 +35,6 @@ class CheckResult:
     message: str = ""
 
 
-def _walk(node: Any) -> list[dict[str, Any]]:
-    if isinstance(node, dict):
-        return [node, *(d for v in node.values() for d in _walk(v))]
-    if isinstance(node, list):
-        return [d for v in node for d in _walk(v)]
-    return []
-
-
 #: The function names the OpenAI API (and servers that follow it) accept.
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 

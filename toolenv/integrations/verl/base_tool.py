@@ -48,7 +48,7 @@ from verl.tools.schemas import (
 
 from toolenv._tool import Tool, ToolContext
 from toolenv.caller import ToolCaller
-from toolenv.integrations.verl.envs import resolve_tool
+from toolenv.registry import resolve_tool
 from toolenv.types import Task, ToolCall
 
 __all__ = ["FullToolSchema", "ToolEnvBaseTool", "verl_tool_schema"]
