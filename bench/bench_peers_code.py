@@ -16,6 +16,10 @@ throwaway venv with nothing installed (`bare_python`): started in `.venv-bench`,
 would also import the finders of toolenv's editable installs, about 10 ms per start
 that no user of the peers pays.
 
+Beside the rows, a floor: what `fork()`, `_exit(0)` and `waitpid` of the bare interpreter
+cost, no isolation and no code run (the least any fresh-process-per-run design pays), printed
+next to the goal's threshold (the fastest peer's median over 10).
+
 It reports median and p90 latency of sequential calls (the rows taking turns), executions per second
 with as many parallel callers as toolenv's pool has servers (the same for every
 row), and each row's median latency over the fastest non-toolenv row. Goal:
@@ -48,6 +52,21 @@ SNIPPETS = {
     "failing": "def f():\n    return 1 / 0\nf()\n",
 }
 TOOLENV = "toolenv run_code"
+# The floor, run inside the bare interpreter: median ms of fork + _exit(0) + waitpid, no code.
+FORK_FLOOR = """
+import os, sys, time
+n = int(sys.argv[1])
+times = []
+for _ in range(n):
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    times.append(time.perf_counter() - t0)
+times.sort()
+print(times[n // 2] * 1e3)
+"""
 Runner = Callable[[str], tuple[bool, str]]  # code -> (ok, output): ok is False for an error
 
 
@@ -167,6 +186,9 @@ def measure(quick: bool) -> dict[str, Any]:
             for name, fn in rows.items():
                 check(name, fn, python)
             results = measure_all(rows, quick, workers)
+            floor = subprocess.run(
+                [str(python), "-c", FORK_FLOOR, "50" if quick else "1000"], capture_output=True, text=True, check=True
+            )
         finally:
             os.chdir(here)
             os.environ["PATH"] = path
@@ -176,6 +198,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "isolation": report.model_dump(),
         "isolation_summary": report.summary(),
         "workers": workers,
+        "fork_floor_ms": float(floor.stdout),
         "spawned_python": f"a venv with nothing installed, Python {sys.version.split()[0]}",
         "versions": _peers.versions("toolenv", "toolenv-code", "gem-llm", "skyrl-gym"),
         "python": peers_env.shown(sys.executable),
@@ -197,7 +220,8 @@ def main() -> int:
         peers = {k: v for k, v in by_row.items() if k != TOOLENV}
         fastest = min(peers, key=lambda k: peers[k]["median_ms"])
         base = peers[fastest]["median_ms"]
-        ratios[snippet] = {"fastest_peer": fastest, "speedup": base / by_row[TOOLENV]["median_ms"]}
+        speedup = base / by_row[TOOLENV]["median_ms"]
+        ratios[snippet] = {"fastest_peer": fastest, "fastest_peer_ms": base, "speedup": speedup}
         for name, r in sorted(by_row.items(), key=lambda kv: kv[1]["median_ms"]):
             row = [snippet, name, r["median_ms"], r["p90_ms"], r["exec_per_s"], r["median_ms"] / base]
             table_rows.append(row)
@@ -211,6 +235,12 @@ def main() -> int:
         f"{'met' if met else 'NOT met'}: {trivial['speedup']:.1f}× vs {trivial['fastest_peer']}"
     )
     print(goal)
+    floor = result.get("fork_floor_ms")
+    if floor is not None:  # absent from an older worker's JSON
+        print(
+            f"floor: fork() + _exit(0) + waitpid of the bare interpreter, no isolation, no code: "
+            f"{floor:.2f} ms; the goal needs at most {trivial['fastest_peer_ms'] / 10:.2f} ms"
+        )
     if note:
         print(note)
     write(
@@ -221,6 +251,7 @@ def main() -> int:
             "results": result["results"],
             "speedup_vs_fastest_peer": ratios,
             "goal_10x_trivial_met": met,
+            "fork_floor_ms": result.get("fork_floor_ms"),
             "isolation": result["isolation"],
             "workers": result["workers"],
             "spawned_python": result.get("spawned_python"),
