@@ -151,7 +151,9 @@ def test_cli_streams_a_run_of_any_size(tmp_path: Path, monkeypatch: pytest.Monke
         return real(trajectory, **kwargs)
 
     monkeypatch.setattr(toolenv.export, "chat_messages", counting)
-    assert main(["export", str(run), str(run / "trajectories.jsonl"), "--out", str(tmp_path / "sft.jsonl")]) == 0
+    copy = tmp_path / "copy.jsonl"  # a second file: the same run twice is refused
+    copy.write_bytes((run / "trajectories.jsonl").read_bytes())
+    assert main(["export", str(run), str(copy), "--out", str(tmp_path / "sft.jsonl")]) == 0
     assert len(live) == 160 and max(live) <= 3
     assert len((tmp_path / "sft.jsonl").read_text().splitlines()) == 160
 
@@ -470,6 +472,36 @@ def test_cli_refuses_to_write_over_a_runs_trajectories(run_dir: Path, capsys: py
     err = capsys.readouterr().err
     assert err == f"toolenv export: error: --out {path} is the trajectories file of a run being exported\n"
     assert path.read_bytes() == before
+
+
+def test_cli_refuses_a_run_given_twice(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run named twice (twice alike, or as its folder and its file) would put every episode in
+    the data twice: one line, exit 2, nothing written."""
+    out = tmp_path / "sft.jsonl"
+    for again in (run_dir, run_dir / "trajectories.jsonl", run_dir / ".." / run_dir.name):
+        assert main(["export", str(run_dir), str(again), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"toolenv export: error: {again} is {run_dir} again (the same trajectories file): "
+            "its episodes would be read twice\n"
+        )
+    assert not out.exists()
+
+
+def test_a_failed_write_keeps_the_previous_export(run_dir: Path, tmp_path: Path) -> None:
+    """An export that fails halfway (a trajectory the writer cannot take) leaves the previous file whole."""
+    out = tmp_path / "sft.jsonl"
+    trajs = read_trajectories(run_dir / "trajectories.jsonl")
+    assert export_chat(trajs, out) == 2
+    before = out.read_bytes()
+
+    def failing() -> Any:
+        yield trajs[0]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        export_chat(failing(), out)
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["sft.jsonl"]
 
 
 # ---------------------------------------------------------------------- text a server cut

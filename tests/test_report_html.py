@@ -413,3 +413,100 @@ def test_a_report_of_numpy_metadata_in_memory_is_written(run_dir: Path) -> None:
     episode = page_data(render_report(trajs))["episodes"][0]
     assert episode["turns"][0]["results"][0]["metadata"]["score"] == 0.5
     assert episode["turns"][0]["agent_metadata"]["ids"] == [0, 1, 2]
+
+
+def _cut_write(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
+    """The page's copy of its data into the report writes a little, then fails as a full disk or
+    a Ctrl-C would."""
+    import shutil
+
+    def cut(src: Any, dst: Any, *args: Any) -> None:
+        dst.write(src.read(100))
+        raise exc
+
+    monkeypatch.setattr(shutil, "copyfileobj", cut)
+
+
+@pytest.mark.parametrize("exc", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_report_cut_in_the_middle_leaves_the_previous_one_whole(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    """A write that fails or is interrupted halfway leaves the report that was there, and nothing beside it."""
+    before = build_report(run_dir).read_bytes()
+    files = sorted(p.name for p in run_dir.iterdir())
+    _cut_write(monkeypatch, exc)
+    with pytest.raises(type(exc)):
+        build_report(run_dir)
+    assert (run_dir / "report.html").read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == files
+
+
+def test_cli_view_that_fails_writing_is_one_line_and_keeps_the_report(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from toolenv.cli import main
+
+    before = build_report(run_dir).read_bytes()
+    _cut_write(monkeypatch, OSError(28, "No space left on device"))
+    assert main(["view", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("toolenv view: error: ") and err.count("\n") == 1
+    assert (run_dir / "report.html").read_bytes() == before
+
+
+def test_a_report_through_a_symlink_or_into_dev_null(run_dir: Path, tmp_path: Path) -> None:
+    """A symlinked report is replaced at the file it points to, the link kept; /dev/null is written into."""
+    real = tmp_path / "elsewhere" / "page.html"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "link.html"
+    link.symlink_to(real)
+    assert build_report(run_dir, link) == link
+    assert link.is_symlink() and real.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in real.parent.iterdir()) == ["page.html"]
+    build_report(run_dir, "/dev/null")
+    assert Path("/dev/null").is_char_device()
+
+
+def test_the_same_run_twice_is_refused(run_dir: Path) -> None:
+    """A run named twice (as its folder and its file) would show every episode twice."""
+    with pytest.raises(ValueError, match=r"again \(the same trajectories file\): its episodes would be read twice"):
+        build_report([run_dir, run_dir / "trajectories.jsonl"])
+    with pytest.raises(ValueError, match="again"):
+        build_report([run_dir, run_dir])
+    assert not (run_dir / "report.html").exists()
+
+
+def test_view_to_dev_stdout_keeps_its_message_out_of_the_page(run_dir: Path, tmp_path: Path) -> None:
+    """`toolenv view RUN --out /dev/stdout > page.html`: the page whole, the "wrote" line on stderr
+    (on stdout it went over the start of the page)."""
+    page = tmp_path / "page.html"
+    with page.open("w") as fh:
+        out = subprocess.run(
+            [sys.executable, "-m", "toolenv.cli", "view", str(run_dir), "--out", "/dev/stdout"],
+            stdout=fh,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.endswith("</html>\n")
+    assert out.stderr.startswith("wrote /dev/stdout")
+
+
+def test_two_reports_written_at_once_do_not_share_a_temporary_file(run_dir: Path, tmp_path: Path) -> None:
+    """A second report of the same run written while the first is being read (two `toolenv view`
+    processes, a watcher re-rendering) leaves the first one's data alone: both pages are whole."""
+    path = run_dir / "trajectories.jsonl"
+    path.write_text(path.read_text() + '{"cut')  # a partial last line: `warn` is called mid-report
+    pages: list[Path] = []
+
+    def meanwhile(message: str) -> None:
+        if not pages:
+            pages.append(build_report(run_dir, tmp_path / "r.html", warn=lambda _: None))
+
+    first = build_report(run_dir, tmp_path / "r.html", warn=meanwhile)
+    for page in (first, pages[0]):
+        assert len(page_data(page.read_text())["episodes"]) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "run"]

@@ -9,11 +9,16 @@ would lose what it appends to. Those are written into instead, as a shell's `>` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
-__all__ = ["in_system_folder", "written_in_place"]
+__all__ = ["in_system_folder", "is_stdout", "open_output", "written_in_place"]
 
 
 def in_system_folder(target: Path) -> bool:
@@ -31,3 +36,39 @@ def written_in_place(target: Path) -> bool:
     except OSError:  # not there yet
         return False
     return in_system_folder(target)
+
+
+@contextlib.contextmanager
+def open_output(target: Path) -> Iterator[IO[str]]:
+    """A text file to write `target` through, whole or not at all.
+
+    A regular file (or a new one; its folders are made) is written under a hidden name beside
+    it and renamed over it when the block ends without an error, through a symlink to the file
+    it points to: a write that fails or is interrupted (a full disk, Ctrl-C) leaves the previous
+    file as it was, and no temporary file behind. What `written_in_place` names is written into,
+    in append mode, so that what a shell's `>>` opened keeps what it held.
+    """
+    if written_in_place(target):
+        with target.open("a", encoding="utf-8") as fh:
+            yield fh
+        return
+    real = Path(os.path.realpath(target))  # a symlink stays one: its file is replaced
+    real.parent.mkdir(parents=True, exist_ok=True)
+    tmp = real.with_name(f".{real.name}.{uuid.uuid4().hex}.tmp")  # same folder: an atomic rename
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            yield fh
+        tmp.replace(real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def is_stdout(path: Path) -> bool:
+    """Whether `path` is this process's stdout (`/dev/stdout`, `/dev/fd/1`): a command writing
+    its output there prints what it says about it to stderr, not into the data."""
+    try:
+        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
+    except (AttributeError, OSError, ValueError):  # no such file, or stdout is not a file
+        return False

@@ -23,15 +23,13 @@ the env could not use (`trains_on`), 1 on the others.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from toolenv._outputs import in_system_folder, written_in_place
+from toolenv._outputs import in_system_folder, open_output
 from toolenv.image_store import IMAGES_DIR, ImageStore
 from toolenv.trajectory import Trajectory, TurnRecord, fix_text
 from toolenv.types import Message, ToolResult, reply_messages
@@ -222,7 +220,8 @@ def _write_lines(
     A regular file (or a new one) is written beside itself and renamed over, through a symlink
     to the file it points to. Anything else (a FIFO, /dev/null) and a descriptor the shell opened
     (/dev/stdout, /dev/fd/N, even onto a file: `>> all.jsonl`) is written into, as a shell's `>`
-    does: renaming over it would replace it with a regular file, or lose what was appended to.
+    does: renaming over it would replace it with a regular file, or lose what was appended to
+    (`toolenv._outputs.open_output`).
     """
     written = 0
 
@@ -235,21 +234,8 @@ def _write_lines(
             fh.writelines(fix_text(json.dumps(line, ensure_ascii=False)) + "\n" for line in out)
             written += 1
 
-    if written_in_place(target):
-        with target.open("a", encoding="utf-8") as fh:  # "a": what the shell opened stays (`>>`)
-            write(fh)
-        return written
-    target = Path(os.path.realpath(target))  # a symlink stays one: its file is replaced
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            write(fh)
-        tmp.replace(target)  # whole or not at all: a killed export leaves no half file under the name
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a failed write or rename leaves nothing behind either
-        raise
+    with open_output(target) as fh:
+        write(fh)
     return written
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,13 +116,15 @@ def tool_schemas(source: str) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     import itertools
 
+    from toolenv._outputs import is_stdout
     from toolenv.export import export_chat, export_tokens
-    from toolenv.report.html import iter_run
+    from toolenv.report.html import check_distinct, iter_run
 
     if args.format == "tokens" and (args.calls or args.arguments or args.tools):
         raise ValueError("--calls, --arguments and --tools shape chat messages; --format tokens writes token ids")
     tools = None if args.tools is None else tool_schemas(args.tools)
     runs = [iter_run(r, warn=_warn)[0] for r in args.run]  # a missing file is an error before any work
+    check_distinct(args.run)
     inputs = {(r if r.is_file() else r / "trajectories.jsonl").resolve() for r in args.run}
     if args.out.resolve() in inputs:  # the export would replace the run it reads
         raise ValueError(f"--out {args.out} is the trajectories file of a run being exported")
@@ -170,14 +171,6 @@ def run(args: argparse.Namespace) -> int:
         )
     # Not into the data when the data goes to stdout (`--out /dev/stdout | jq`, `> all.jsonl`)
     print(
-        f"wrote {written} of {read} trajectories to {args.out}", file=sys.stderr if _is_stdout(args.out) else sys.stdout
+        f"wrote {written} of {read} trajectories to {args.out}", file=sys.stderr if is_stdout(args.out) else sys.stdout
     )
     return 0
-
-
-def _is_stdout(path: Path) -> bool:
-    """Whether `path` is this process's stdout (`/dev/stdout`, `/dev/fd/1`)."""
-    try:
-        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
-    except (AttributeError, OSError, ValueError):  # no such file, or stdout is not a file
-        return False

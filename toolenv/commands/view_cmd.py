@@ -103,10 +103,16 @@ def _warn(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolenv._outputs import is_stdout
     from toolenv.report.html import build_report
 
     page = build_report(args.run, args.out, title=args.title, warn=_warn)
-    print(f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB)", flush=True)
+    # Not into the page when the page goes to stdout (`--out /dev/stdout > page.html`)
+    print(
+        f"wrote {page} ({page.stat().st_size / 1024:.0f} KiB)",
+        file=sys.stderr if is_stdout(page) else sys.stdout,
+        flush=True,
+    )
     if args.serve:
         from toolenv.report.served import RunIndex
 

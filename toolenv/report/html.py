@@ -11,8 +11,10 @@ import base64
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
@@ -23,6 +25,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError
 
+from toolenv._outputs import in_system_folder, open_output
 from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, SummaryBuilder
@@ -64,6 +67,25 @@ def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
         raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
 
     return iter_trajectory_file(file, on_partial=partial_line_warning(file, warn)), file.parent
+
+
+def check_distinct(runs: Sequence[str | Path]) -> None:
+    """Refuse runs that name one trajectories file more than once (a run twice, its folder and
+    its file, a link to it), whose episodes would all be read, reported or exported twice.
+
+    Raises:
+        ValueError: naming the run given again and the one it repeats.
+    """
+    seen: dict[tuple[int, int], str | Path] = {}
+    for run in runs:
+        path = Path(run)
+        try:
+            st = (path if path.is_file() else path / "trajectories.jsonl").stat()
+        except OSError:  # not there: the reader's own error says so
+            continue
+        if (first := seen.get((st.st_dev, st.st_ino))) is not None:
+            raise ValueError(f"{run} is {first} again (the same trajectories file): its episodes would be read twice")
+        seen[st.st_dev, st.st_ino] = run
 
 
 def partial_line_warning(file: Path, warn: Callable[[str], None] | None) -> Callable[[int], None]:
@@ -238,33 +260,37 @@ def build_report(
     Several runs (e.g. one per env) make one page whose env filter tells them apart. Each
     file is read as `load_run` reads it (`warn` as there), one trajectory at a time: the
     page's data goes to a temporary file beside the report as it is read, so memory stays
-    flat however large the run, and no report is written when a line is invalid.
+    flat however large the run, and no report is written when a line is invalid. The report
+    is replaced whole (`toolenv._outputs.open_output`): a write that fails or is interrupted
+    leaves the previous one; a FIFO or /dev/null is written into.
 
     Raises:
         FileNotFoundError: a run has no trajectories file.
-        ValueError: a line is not a valid trajectory, or a file holds none.
+        ValueError: a line is not a valid trajectory, a file holds none, or a run is given twice.
     """
     runs = [run] if isinstance(run, (str, Path)) else list(run)
     if not runs:
         raise ValueError("no run to report on")
     opened = [iter_run(r, warn=warn) for r in runs]  # a missing file is an error before any work
+    check_distinct(runs)
     folders = [folder for _, folder in opened]
     target = Path(out) if out is not None else folders[0] / REPORT
-    target.parent.mkdir(parents=True, exist_ok=True)
     title = title or f"toolenv · {' + '.join(f.name for f in folders)}"
-    tmp = target.with_name(f".{target.name}.data.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            data = _PageData(fh.write, title)
-            for trajs, _ in opened:
-                for t in trajs:
-                    data.add(t)
-            data.flush()
+    # The data's file is nameless (gone however the process ends) and its own (two reports at
+    # once), beside the report, or in the run's folder for /dev/stdout (/dev is not writable).
+    spool = folders[0] if in_system_folder(target) else Path(os.path.realpath(target)).parent
+    spool.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile("w+", encoding="utf-8", dir=spool) as src:
+        data = _PageData(src.write, title)
+        for trajs, _ in opened:
+            for t in trajs:
+                data.add(t)
+        data.flush()
         before, after = _page_parts(title, data.summary.build(), data.rewards, data.turns)
-        with target.open("w", encoding="utf-8") as page, tmp.open(encoding="utf-8") as src:
+        src.seek(0)
+        # Whole or not at all: a failed or interrupted write leaves the report that was there
+        with open_output(target) as page:
             page.write(before)
             shutil.copyfileobj(src, page)
             page.write(after)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target

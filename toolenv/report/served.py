@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
-from toolenv.report.html import _ImageTable, _json_for_script, _page_parts, partial_line_warning
+from toolenv.report.html import _ImageTable, _json_for_script, _page_parts, check_distinct, partial_line_warning
 from toolenv.report.summary import SummaryBuilder
 from toolenv.trajectory import Trajectory, kept_lines
 
@@ -63,7 +63,7 @@ class RunIndex:
 
     Raises (at construction), as `toolenv.report.load_run` does:
         FileNotFoundError: a run has no trajectories file.
-        ValueError: a line is not a valid trajectory, or a file holds none.
+        ValueError: a line is not a valid trajectory, a file holds none, or a run is given twice.
     """
 
     def __init__(
@@ -84,6 +84,7 @@ class RunIndex:
                     f"no trajectories at {file} (expected a run directory written by toolenv rollout)"
                 )
             files.append(file)
+        check_distinct(runs)
         self.title = title or f"toolenv · {' + '.join(f.parent.name for f in files)}"
         self.lines: list[_Line] = []
         rows: list[dict[str, Any]] = []
