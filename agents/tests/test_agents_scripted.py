@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,76 @@ def test_replay_rejects_bad_lines(tmp_path: Path) -> None:
     path.write_text('{"task_id": "t1", "actions": ["x"]}\n{oops\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
         ReplayAgent(path)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _killed_run(tmp_path: Path) -> Path:
+    """A real run's trajectories file (t1, then t2) whose last line a kill cut in the middle."""
+    actions = "".join(
+        json.dumps({"task_id": t["id"], "actions": [f"<answer>{t['answer']}</answer>"]}) + "\n" for t in TASKS
+    )
+    out = tmp_path / "run"
+    rollout("toolenv/ToolEnv-v0", ReplayAgent(_write(tmp_path / "a.jsonl", actions)), env_kwargs=ENV_KW, out=out)
+    path = out / "trajectories.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    assert [json.loads(line)["task"]["id"] for line in lines] == ["t1", "t2"]
+    path.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    return path
+
+
+def test_replay_of_a_killed_run_skips_its_cut_last_line_with_a_warning(tmp_path: Path) -> None:
+    """A run killed mid-write replays: its partial last line is left out, with a warning naming
+    it, as `toolenv view`, `export` and resuming the run leave it out."""
+    path = _killed_run(tmp_path)
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(path))}:2: left out a partial last line"):
+        agent = ReplayAgent(path)
+    res = rollout("toolenv/ToolEnv-v0", agent, env_kwargs=ENV_KW)
+    by_id = {t.task.id: t for t in res.trajectories}
+    assert by_id["t1"].success and by_id["t1"].error is None
+    assert (by_id["t2"].error or "").endswith("trajectories.jsonl has no actions for task 't2'")
+
+
+def test_replay_skips_a_last_line_cut_inside_a_character(tmp_path: Path) -> None:
+    """A kill inside a multi-byte character leaves bytes that are not UTF-8: still a partial last line."""
+    good = json.dumps({"task_id": "t1", "actions": ["<answer>5</answer>"]}) + "\n"
+    cut = json.dumps({"task_id": "t2", "actions": ["é"]}, ensure_ascii=False).encode()[:-4]
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(good.encode() + cut)
+    with pytest.warns(UserWarning, match=r"a\.jsonl:2: left out a partial last line"):
+        assert load_replay(path) == {"t1": ["<answer>5</answer>"]}
+    path.write_bytes(good.encode() + cut + b'"]}\n')  # a whole line with a byte that is not UTF-8
+    with pytest.raises(ValueError, match=r"a\.jsonl:2: not valid JSON \(bytes that are not UTF-8\)"):
+        load_replay(path)
+
+
+def test_replay_refuses_a_bad_line_that_is_not_the_last(tmp_path: Path) -> None:
+    """Only the last line can be cut by a kill: a malformed one before it stays an error, and so
+    does a malformed last line that ends in a newline (a write that finished)."""
+    good = json.dumps({"task_id": "t1", "actions": ["x"]}) + "\n"
+    path = _write(tmp_path / "a.jsonl", '{"task_id": "t2", "act\n' + good)
+    with pytest.raises(ValueError, match=r"a\.jsonl:1: not valid JSON"):
+        ReplayAgent(path)
+    _write(path, good + '{"task_id": "t2", "act\n')
+    with pytest.raises(ValueError, match=r"a\.jsonl:2: not valid JSON"):
+        ReplayAgent(path)
+    _write(path, good + '{"task_id": "t2"}')
+    with pytest.raises(ValueError, match=r"a\.jsonl:2: expected"):  # whole JSON, the wrong shape: not a cut
+        ReplayAgent(path)
+
+
+def test_cli_replays_a_killed_run(tmp_path: Path) -> None:
+    """`toolenv rollout --agent replay` of a killed run's file: exit 0, one warning line naming the cut line."""
+    path = _killed_run(tmp_path)
+    tasks = _write(tmp_path / "tasks.jsonl", "".join(json.dumps(t) + "\n" for t in TASKS))
+    cmd = [sys.executable, "-m", "toolenv.cli", "rollout", "toolenv/ToolEnv-v0", "--agent", "replay"]
+    cmd += ["--agent-arg", f"path={path}", "--tasks", str(tasks), "--out", str(tmp_path / "again"), "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    assert f"{path}:2: left out a partial last line" in out.stderr
 
 
 def test_cli_replay_on_example_env(tmp_path: Path) -> None:

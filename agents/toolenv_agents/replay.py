@@ -4,7 +4,8 @@ Two line shapes are accepted:
 - `{"task_id": "t1", "actions": ["<tool_call>...</tool_call>", "<answer>5</answer>"]}`
   ;
 - a trajectory line written by `toolenv rollout` (its `task.id` and turn actions),
-  so a recorded run can be replayed against a changed env or reward.
+  so a recorded run can be replayed against a changed env or reward, a killed run's too
+  (its partial last line is left out with a warning).
 When a task id appears on several lines (several samples), the first line is used.
 """
 
@@ -23,18 +24,31 @@ __all__ = ["ReplayAgent", "load_replay"]
 def load_replay(path: str | Path) -> dict[str, list[str]]:
     """Task id → actions, from a JSONL file.
 
+    A partial last line (one with no newline at its end that is not a whole line: what a run
+    killed mid-write leaves) is left out with a warning naming it, as `toolenv view`, `toolenv
+    export` and resuming the run leave it out, so a killed run's own output replays.
+
     Raises:
-        ValueError: a line is not JSON or has neither shape (the message names the line).
+        ValueError: any other line is not JSON or has neither shape (the message names the line).
     """
+    from toolenv.report.html import partial_line_warning
+
+    file = Path(path)
     table: dict[str, list[str]] = {}
-    with Path(path).open(encoding="utf-8") as fh:
+    # surrogateescape: bytes a kill cut inside a character make their line invalid, not the file
+    with file.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
+                line.encode("utf-8")
                 row: Any = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except (UnicodeEncodeError, json.JSONDecodeError) as exc:
+                if not line.endswith("\n"):  # only the last line lacks one: cut by a kill
+                    partial_line_warning(file, None)(lineno)
+                    continue
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "bytes that are not UTF-8"
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({why})") from None
             key, actions = _row(row)
             if key is None or actions is None:
                 raise ValueError(f'{path}:{lineno}: expected {{"task_id": ..., "actions": [...]}} or a trajectory')
