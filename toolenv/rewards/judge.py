@@ -62,11 +62,71 @@ _OF = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
 _SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)" + _OF, re.IGNORECASE)
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*\.?\s*$", re.IGNORECASE)
 _WORDS = r"(yes|no|correct|incorrect|true|false)\b"
-_LEADING_VERDICT = re.compile(r"\W*" + _WORDS, re.IGNORECASE)
-# "not the correct answer", "not entirely correct": a negation a few such words before the verdict.
+# "not correct", "not the correct answer", "not entirely correct", "no longer correct": a
+# negation a few such words before the verdict.
 _FILLER = r"the|a|an|entirely|quite|fully|completely|totally|exactly|really|wholly|strictly|necessarily"
 _FILLERS = r"(?:(?:" + _FILLER + r")\s+){0,3}"
-_VERDICT = re.compile(r"(\bnot\s+" + _FILLERS + r"|n['\u2019]t\s+" + _FILLERS + r")?\b" + _WORDS, re.IGNORECASE)
+_NEGATION = (
+    r"(\bnot\s+"
+    + _FILLERS
+    + r"|n['\u2019]t\s+"
+    + _FILLERS
+    + r"|\bno\s+longer\s+"
+    + _FILLERS
+    + r"|\bnever\s+"
+    + _FILLERS
+    + r")?"
+)
+_VERDICT = re.compile(_NEGATION + r"\b" + _WORDS, re.IGNORECASE)
+_LEADING_VERDICT = re.compile(r"\W*" + _VERDICT.pattern, re.IGNORECASE)
+# "Final verdict: no", "Correctness: yes", "The verdict is: correct", "### Verdict\nNo".
+_LABELLED = re.compile(
+    r"\b(?:(?:final\s+)?(?:verdict|judge?ment|decision|conclusion|assessment|evaluation)|final\s+answer|correctness)"
+    r"\s*(?:is\b)?\s*[:=\-\u2013\u2014]?\s*[\"'\u201c\u2018`]?\s*" + _VERDICT.pattern,
+    re.IGNORECASE,
+)
+_QUOTE_MARKS = "[\"'\u201c\u201d\u2018\u2019`]?"
+# "yes or no", "correct/incorrect", "true or false": the choice, not a pick.
+_PAIR_AFTER = re.compile(
+    _QUOTE_MARKS + r"\s*(?:/|\bn?or\b)\s*" + _QUOTE_MARKS + r"\s*(?:not\b|" + _WORDS + ")", re.IGNORECASE
+)
+_PAIR_BEFORE = re.compile(
+    r"\b" + _WORDS + _QUOTE_MARKS + r"\s*(?:/|\bn?or\b)\s*" + _QUOTE_MARKS + r"\s*$", re.IGNORECASE
+)
+# A verdict word asked about: "correct?", or in a sentence that opens as a question and ends in "?".
+_ASKED = re.compile(r"\s*\?")
+_SENTENCE_ASKS = re.compile(r"[^.!?\n]*\?")
+_ASKING_START = re.compile(
+    r"\W*(?:is|are|was|were|does|do|did|can|could|would|should|will|has|have|isn['\u2019]t)\b", re.IGNORECASE
+)
+# "Correct: no", "True = yes": a label whose verdict follows.
+_LABEL_TAIL = re.compile(r"\s*[:=]\s*" + _QUOTE_MARKS + r"\s*" + _WORDS, re.IGNORECASE)
+# "Incorrect answer." as the whole first sentence: a verdict, as "Incorrect." is.
+_LEADING_FRAGMENT = re.compile(
+    r"\W*(correct|incorrect|true|false)\s+(?:answer|prediction|response)\s*(?:[.!;\n]|$)", re.IGNORECASE
+)
+# "It is true that ...": a concession, not a verdict on the prediction.
+_THAT_TAIL = re.compile(r"\s+that\b", re.IGNORECASE)
+# "partially correct", "almost correct", "half-true": not a yes, and no verdict either.
+_HEDGE = re.compile(
+    r"\b(?:partially|partly|mostly|almost|nearly|somewhat|largely|half|semi|technically)\W*$", re.IGNORECASE
+)
+# "is the correct answer", "seems entirely correct": a predicate; "the correct answer is": a name.
+_COPULA = re.compile(
+    r"(?:\b(?:is|are|was|were|be|been|being|seems?|looks?|appears?|remains?|sounds?)|['\u2019]s)\s+"
+    r"(?:(?:" + _FILLER + r"|also|therefore|thus|hence|indeed|still|clearly|definitely|so)\s+){0,3}$",
+    re.IGNORECASE,
+)
+_DETERMINER = re.compile(
+    r"\b(?:the|a|an|this|that|these|those|its|their|his|her|your|my|our|whose|which|any|every|some|no)\s+$",
+    re.IGNORECASE,
+)
+# What may follow a verdict word that stands on its own ("Correct.", "no, because ...").
+_STANDS_BEFORE = re.compile(
+    r"(?!-\w)\s*(?:$|[^\w\s]|(?:because|since|as|and|but|so|though|although|while|given|overall|here|in|for|"
+    r"per|according|now|then|too|either|indeed|enough)\b)",
+    re.IGNORECASE,
+)
 _POSITIVE = frozenset({"yes", "correct", "true"})
 # A quoted span: "…", “…”, ‘…’, `…`, or '…' that no letter touches (an apostrophe is no quote).
 _QUOTED = re.compile(r"\"[^\"\n]*\"|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|`[^`\n]*`|(?<!\w)'[^'\n]*'(?!\w)")
@@ -122,17 +182,59 @@ def _unmention(text: str, mentions: Iterable[str]) -> str:
     return text
 
 
+def _asked(text: str, m: re.Match[str]) -> bool:
+    """True when the verdict word `m` is part of a question or of a choice ("yes or no")."""
+    head = m.start(1) if m.group(1) is not None else m.start(2)
+    after, before = text[m.end() : m.end() + 300], text[max(0, head - 300) : head]
+    if _PAIR_AFTER.match(after) or _PAIR_BEFORE.search(before[-40:]) or _ASKED.match(after):
+        return True
+    sentence = before[max(before.rfind(c) for c in ".!?\n") + 1 :]
+    return bool(_SENTENCE_ASKS.match(after) and _ASKING_START.match(sentence))
+
+
+def _stands(text: str, m: re.Match[str]) -> bool:
+    """True when the verdict word `m` (of `_VERDICT`) is a verdict: not asked about, not a label
+    ("Correct: no"), not a determiner ("no errors"), not hedged ("partially correct"), and not
+    attributive ("the correct answer is ...") unless it is predicated ("is the correct answer")."""
+    word, after = m.group(2).lower(), text[m.end() : m.end() + 80]
+    before = text[max(0, m.start() - 80) : m.start()]
+    if _asked(text, m):
+        return False
+    if word == "yes":
+        return True
+    if word == "no":
+        return bool(m.group(1)) or _STANDS_BEFORE.match(after) is not None
+    if _LABEL_TAIL.match(after) or _THAT_TAIL.match(after) or _HEDGE.search(text[max(0, m.start(2) - 40) : m.start(2)]):
+        return False
+    if m.group(1) or _COPULA.search(before):
+        return True
+    return not _DETERMINER.search(before) and _STANDS_BEFORE.match(after) is not None
+
+
+def _verdict(m: re.Match[str]) -> float:
+    return float((m.group(2).lower() in _POSITIVE) != bool(m.group(1)))
+
+
 def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
     """A score in [0, 1] from a judge reply, or None when the reply gives none.
 
     Understood, in this order: a reply that starts with a yes/no (correct/incorrect,
-    true/false) word, as the default prompt asks; `score: 0.8`, `score: 4/5` or
-    `score: 4 out of 5`; a reply that is just a number or fraction; the first yes/no word
-    anywhere, where "not correct" or "isn't true" counts as the opposite verdict, and so do
-    "not the correct answer" and "not entirely correct" (articles and degree adverbs). Markdown
-    bold is ignored. A reasoning model's `<think>…</think>` is skipped (an unclosed one runs
-    to the end of the reply, and text before a `</think>` that no `<think>` opens is
-    reasoning too, as vLLM's reasoning parsers read it).
+    true/false) verdict, as the default prompt asks; `score: 0.8`, `score: 4/5` or
+    `score: 4 out of 5`; a reply that is just a number or fraction; the last labelled verdict
+    ("Verdict: no", "Final verdict: yes", "Correctness: incorrect"); the first yes/no word
+    anywhere that stands as a verdict, where "not correct" or "isn't true" counts as the
+    opposite verdict, and so do "not the correct answer", "not entirely correct" and "no
+    longer correct" (articles and degree adverbs). Markdown bold is ignored. A reasoning
+    model's `<think>…</think>` is skipped (an unclosed one runs to the end of the reply, and
+    text before a `</think>` that no `<think>` opens is reasoning too, as vLLM's reasoning
+    parsers read it).
+
+    A verdict word that is not a verdict is skipped, so that a reply that gives none scores
+    None (a failure) rather than a wrong verdict: "correct" or "true" naming the gold ("The
+    correct answer is Paris", "the true answer", "matches the correct answer", but "is the
+    correct answer" is a verdict), a word asked about ("Is it correct? No.") or offered as a
+    choice ("yes or no"), a label ("Correct: no"), "no" as a determiner ("no errors"), a
+    hedged word ("partially correct", "almost correct") and "it is true that ...".
 
     `mentions` are texts the judge may quote (`LLMJudge` passes the prediction and the gold
     answers): past the first word, a score or verdict inside a quote of one of them, or in a
@@ -141,16 +243,18 @@ def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
     """
     text = split_reasoning(text)[1].replace("*", "")
     lead = _LEADING_VERDICT.match(text)
-    if lead:
-        return 1.0 if lead.group(1).lower() in _POSITIVE else 0.0
+    if lead and _stands(text, lead):
+        return _verdict(lead)
+    if fragment := _LEADING_FRAGMENT.match(text):
+        return 1.0 if fragment.group(1).lower() in _POSITIVE else 0.0
     text = text if _NUMBER.match(text) else _unmention(text, mentions)  # a bare number is the judge's own
     m = _NUMBER.match(text) or _SCORE.search(text)
     if m:
         return _fraction(m.group(1), m.group(2))
-    v = _VERDICT.search(text)
-    if v:
-        return float((v.group(2).lower() in _POSITIVE) != bool(v.group(1)))
-    return None
+    labelled = [v for v in _LABELLED.finditer(text) if not _asked(text, v)]
+    if labelled:
+        return _verdict(labelled[-1])
+    return next((_verdict(v) for v in _VERDICT.finditer(text) if _stands(text, v)), None)
 
 
 _PROMPT_FIELDS = ("question", "gold", "prediction")
