@@ -156,7 +156,8 @@ def resolve_tool(ref: Any, **kwargs: Any) -> Any:
 
 def resolved_tools(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """`env_kwargs` with the references in `tools` made into tools (`resolve_tool`): each call
-    builds its own, so every env made with the result has tools of its own."""
+    builds its own, so every env made with the result has tools of its own, but for a
+    reference to a Tool instance, which is that same object every time."""
     kwargs = dict(env_kwargs)
     if isinstance(kwargs.get("tools"), list | tuple):
         kwargs["tools"] = [resolve_tool(t) for t in kwargs["tools"]]

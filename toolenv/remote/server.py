@@ -203,8 +203,8 @@ def create_app(
 
     The factory is called once right away, to describe the env (`GET /metadata`) and to fail
     before serving when it cannot build one; that env serves the first session. It must
-    build a fresh env (with its own tools) on every call: a session's env is closed when
-    the session ends.
+    build a fresh env on every call: a session's env is closed when the session ends, with
+    its tools, but for tool objects that another session's env holds too (the last closes them).
 
     Args:
         env_factory: a zero-argument callable returning a ToolEnv (or a `gym.make` result).
