@@ -196,6 +196,53 @@ def _limiter(tool: Tool) -> _Limiter | None:
     return limiter
 
 
+# How many open callers (envs) hold each tool object, by id: one tool object may be given to
+# several envs (a vector env's, a factory's sharing one instance, a throwaway env built to read
+# a prompt), and closing one env must not close it under the others: the last caller closed
+# closes it. Counted by identity (a tool may define `__eq__` or be unhashable, and a copy is
+# another object); an entry is dropped at 0. A caller collected unclosed lets go through a
+# `weakref.finalize`: it queues its ids (it may run in a collection anywhere, even inside the
+# lock), and every change drains the queue first, so a dead tool's count is gone before any
+# new object that reuses its id can be counted.
+_HOLDERS: dict[int, int] = {}
+_HOLDERS_LOCK = threading.Lock()
+_LET_GO: collections.deque[tuple[int, ...]] = collections.deque()  # ids of callers collected unclosed
+
+
+def _drop(ids: tuple[int, ...]) -> None:
+    for i in ids:
+        left = _HOLDERS.get(i, 0) - 1
+        if left > 0:
+            _HOLDERS[i] = left
+        else:
+            _HOLDERS.pop(i, None)
+
+
+def _drain() -> None:
+    """Apply the let-gos of the callers collected unclosed (with the lock held)."""
+    while _LET_GO:
+        _drop(_LET_GO.popleft())
+
+
+def _hold(ids: tuple[int, ...]) -> None:
+    with _HOLDERS_LOCK:
+        _drain()
+        for i in ids:
+            _HOLDERS[i] = _HOLDERS.get(i, 0) + 1
+
+
+def _let_go_and_pick(held: weakref.finalize | None, tools: Iterable[Tool]) -> list[Tool]:  # type: ignore[type-arg]
+    """Let go of what `held` holds (unless let go already), then pick the `tools` no open
+    caller holds: those are this caller's to close. One step under the lock, so that of two
+    callers closing at once exactly one sees a shared tool's count reach 0."""
+    with _HOLDERS_LOCK:
+        _drain()
+        detached = held.detach() if held is not None else None
+        if detached is not None:
+            _drop(detached[2][0])
+        return [t for t in tools if id(t) not in _HOLDERS]
+
+
 def truncate_middle(text: str, limit: int | None) -> tuple[str, bool]:
     """Cut `text` to at most `limit` characters, keeping head and tail, and say how much went.
 
@@ -509,7 +556,11 @@ def _checked(tool: Tool, result: Any) -> ToolResult:
 
 
 class ToolCaller:
-    """Invokes tool calls by name against a fixed set of tools."""
+    """Invokes tool calls by name against a fixed set of tools.
+
+    A caller holds its tools from when it is built until `aclose`: a tool object several
+    callers (envs) hold is closed by the last of them to close, and only then.
+    """
 
     def __init__(self, tools: Iterable[Tool]) -> None:
         self.tools: dict[str, Tool] = {}
@@ -523,6 +574,19 @@ class ToolCaller:
         self._validate = {name: _validator(t.Args) for name, t in self.tools.items()}
         # Only tools that override `release` are called at episode end (the common case is none).
         self._releasing = [t for t in self.tools.values() if type(t).release is not Tool.release]
+        self._held: weakref.finalize | None = None  # type: ignore[type-arg]  # lets go if collected unclosed
+        self.hold()
+
+    def hold(self) -> None:
+        """Hold the tools again after `aclose` (an env reset after its close does this), so that
+        another holder's close leaves them open; does nothing while they are held."""
+        if self._held is not None:
+            return
+        ids = tuple({id(t): None for t in self.tools.values()})
+        _hold(ids)
+        held = weakref.finalize(self, _LET_GO.append, ids)
+        held.atexit = False
+        self._held = held
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy (pickle, `copy.deepcopy`) is built again from its tools: the validators it keeps
@@ -678,6 +742,9 @@ class ToolCaller:
                 _log.warning("tool %r failed to release episode %s", t.name, ctx.episode_id, exc_info=True)
 
     async def aclose(self) -> None:
-        """Close every tool, even when one fails to; then raise the first failure (the
+        """Let go of the tools and close every one no other open caller holds (the last holder
+        closes a shared tool, once), even when one fails to; then raise the first failure (the
         others are logged), so one broken `close` leaves no other tool's processes behind."""
-        await _aio.close_each(self.tools.values(), lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)
+        held, self._held = self._held, None
+        closing = _let_go_and_pick(held, self.tools.values())
+        await _aio.close_each(closing, lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)

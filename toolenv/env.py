@@ -263,6 +263,7 @@ class ToolEnv(gym.Env[str, str]):
             self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
         await self.aend_episode()
         self._episode, self._closed = None, False  # a reset failing below leaves no released episode to step
+        self.caller.hold()  # after a close: its tools are this env's again (another holder's close leaves them open)
         task = self._pick_task(options or {})
         native = bool((options or {}).get("native_tools"))
         self._prompt_instructions = self.parser.answer_instructions() if native else self._instructions
@@ -377,7 +378,9 @@ class ToolEnv(gym.Env[str, str]):
         return reward
 
     async def aclose(self) -> None:
-        """Release the current episode, then close the tools; again only once the env is reset."""
+        """Release the current episode from every tool, then close the tools no other open env
+        holds (a tool object several envs share is closed by the last of them to close); again
+        only once the env is reset, which holds its tools again."""
         if self._closed:
             return
         await self.aend_episode()
@@ -412,9 +415,9 @@ class ToolEnv(gym.Env[str, str]):
         self._run(self.aend_episode())
 
     def close(self) -> None:
-        """`aclose`, then close the private event loop: also after the async twins alone were
-        used, and inside a running event loop (a notebook), where `aclose` runs on a worker
-        thread; after `await env.aclose()` there is nothing left to do."""
+        """`aclose` (tools another open env holds stay open), then close the private event loop:
+        also after the async twins alone were used, and inside a running event loop (a notebook),
+        where `aclose` runs on a worker thread; after `await env.aclose()` there is nothing left to do."""
         loop, self._loop = self._loop, None
         try:
             if not self._closed:

@@ -13,7 +13,8 @@ backend) therefore holds its slot for the TTL at most, not for the life of the s
 A tool object may be shared by the envs of several sessions (a `tools` reference to a Tool
 instance, an `@toolenv.tool` function: every env the factory builds gets that object, as a
 vector env's envs share theirs). Ending a session releases its episode from such a tool but
-leaves it open for the others: the last session that holds it closes it.
+leaves it open for the others: as for any env (`ToolEnv.aclose`), the last env holding it
+closes it.
 
 Closing an env (its tools' `release` and `close`) is bounded by `close_timeout`: a close
 still running then is cancelled and left behind, logged with its session's id, so a tool
@@ -32,7 +33,6 @@ gets that answer rather than a second run. One answer per session, dropped at th
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import secrets
@@ -185,24 +185,6 @@ class SessionStore:
         self._closing = 0  # ended (deleted, reaped) sessions whose env is not closed yet: they still hold a slot
         self._closers: dict[asyncio.Task[None], Session] = {}  # ended, closing (once their call in flight ends)
         self._reaper: asyncio.Task[None] | None = None
-        self._holders: collections.Counter[int] = collections.Counter()  # envs not closed holding each tool, by id
-        if spare is not None:
-            self._hold(spare)
-
-    def _hold(self, env: ToolEnv) -> None:
-        for tool_id in {id(t) for t in env.tools}:
-            self._holders[tool_id] += 1
-
-    def _let_go(self, env: ToolEnv) -> frozenset[int]:
-        """Drop `env`'s hold on its tools; the ids of those another env still holds (not to close)."""
-        shared = set()
-        for tool_id in {id(t) for t in env.tools}:
-            self._holders[tool_id] -= 1
-            if self._holders[tool_id] > 0:
-                shared.add(tool_id)
-            else:
-                del self._holders[tool_id]
-        return frozenset(shared)
 
     def __len__(self) -> int:
         """Sessions holding a slot: alive, or deleted with their env not closed yet."""
@@ -243,7 +225,6 @@ class SessionStore:
             env, self._spare = self._spare, None
             if env is None:
                 env = as_tool_env(await asyncio.to_thread(self.factory))
-                self._hold(env)
             session = Session(secrets.token_urlsafe(16), env, key)
             self._sessions[session.id] = session
             if key is not None:
@@ -289,24 +270,22 @@ class SessionStore:
         `wait`, now when it is free; else in a task of its own (once the call has unwound)."""
         self._forget(session)  # calls waiting for its lock find it gone
         self._closing += 1
-        shared = self._let_go(session.env)  # now: a stop must not wait for this close to close a shared tool
         if wait and not session.lock.locked():
-            await self._close_when_free(session, shared)
+            await self._close_when_free(session)
             return
         session.cancel(why)
-        closer = asyncio.get_running_loop().create_task(self._close_when_free(session, shared))
+        closer = asyncio.get_running_loop().create_task(self._close_when_free(session))
         self._closers[closer] = session
         closer.add_done_callback(self._forget_closer)
 
     def _forget_closer(self, closer: asyncio.Task[None]) -> None:
         self._closers.pop(closer, None)
 
-    async def _close_when_free(self, session: Session, shared: frozenset[int]) -> None:
-        """Close a deleted session's env (but its `shared` tools) once no call holds its lock,
-        then free its slot."""
+    async def _close_when_free(self, session: Session) -> None:
+        """Close a deleted session's env once no call holds its lock, then free its slot."""
         try:
             async with session.lock:
-                await _close(session, self.close_timeout, shared)
+                await _close(session, self.close_timeout)
         finally:
             self._closing -= 1
 
@@ -326,8 +305,7 @@ class SessionStore:
         if self._spare is not None:
             spare, self._spare = self._spare, None
             sessions.append(Session("spare", spare))
-        closes = [_close(s, self.close_timeout, self._let_go(s.env)) for s in sessions]  # each let go of, in turn
-        await asyncio.gather(*closes, self._wait_closers())
+        await asyncio.gather(*(_close(s, self.close_timeout) for s in sessions), self._wait_closers())
 
     async def _wait_closers(self) -> None:
         """Wait up to `close_timeout` for the deleted sessions still closing; give up on the rest."""
@@ -391,12 +369,12 @@ class SessionStore:
         return closed
 
 
-async def _close(session: Session, timeout: float, shared: frozenset[int] = frozenset()) -> None:
-    """Close the env's tools, but those in `shared` (ids of tools another session's env holds:
-    their episode is released only), within `timeout` seconds; a failure is logged, never
-    raised (the session is gone either way). A close still running then is cancelled and left
-    behind, logged: one stuck teardown must not hold a DELETE, a slot, or the server's stop."""
-    closing = asyncio.ensure_future(_close_env(session.env, shared))
+async def _close(session: Session, timeout: float) -> None:
+    """Close the env (its tools but those another open env holds: their episode is released
+    only) within `timeout` seconds; a failure is logged, never raised (the session is gone
+    either way). A close still running then is cancelled and left behind, logged: one stuck
+    teardown must not hold a DELETE, a slot, or the server's stop."""
+    closing = asyncio.ensure_future(session.env.aclose())
     closing.add_done_callback(_retrieve)
     try:
         await asyncio.wait({closing}, timeout=timeout)
@@ -412,15 +390,6 @@ async def _close(session: Session, timeout: float, shared: frozenset[int] = froz
         )
     elif not closing.cancelled() and (exc := closing.exception()) is not None:
         log.error("closing the env of session %s failed", session.id, exc_info=exc)
-
-
-async def _close_env(env: ToolEnv, shared: frozenset[int]) -> None:
-    """`env.aclose()`, leaving open the tools whose ids are in `shared`."""
-    if shared:
-        await env.aend_episode()  # the episode is released from every tool, the shared ones too
-        # The env is dropped after this: its close leaves the tools other envs hold alone.
-        env.caller.tools = {name: t for name, t in env.caller.tools.items() if id(t) not in shared}
-    await env.aclose()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

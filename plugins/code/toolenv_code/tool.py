@@ -112,6 +112,16 @@ class PythonTool(Tool):
         self.__dict__.update(state)
         self._handles = weakref.WeakSet(handles)
 
+    def __copy__(self) -> PythonTool:
+        """A shallow copy (`tool_limits` steps one per env) with no sessions yet: those the
+        original opened stay its own, for its `close` alone to end (`__getstate__` would give
+        the copy them too, and closing the copy's env ended another env's episode)."""
+        cls = type(self)
+        copied = cls.__new__(cls)
+        copied.__dict__.update(self.__dict__)
+        copied._handles = weakref.WeakSet()
+        return copied
+
     @property
     def pool(self) -> SandboxPool:
         """The pool this tool runs in (the process-wide one unless given)."""
