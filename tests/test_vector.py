@@ -222,6 +222,50 @@ def test_reset_mask_resets_only_the_masked_envs() -> None:
     venv.close()
 
 
+def test_masked_reset_infos_match_gymnasiums_layout() -> None:
+    """A reset of some envs gives their infos in Gymnasium's layout, the others masked out,
+    also when only some of the reset envs' infos hold a key."""
+    venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS, task_order="sequential")] * 4)
+    venv.reset()
+    infos = [{"task_id": "t1", "turn": 0, "extra": [1, 2]}, {"task_id": "t2", "turn": 0}]
+    ours_infos = iter(infos)
+
+    async def fake_reset(**_: Any) -> tuple[str, dict[str, Any]]:
+        return "obs", next(ours_infos)
+
+    for i in (1, 3):
+        venv.envs[i].areset = fake_reset  # type: ignore[method-assign]
+    _, ours = venv.reset(options={"reset_mask": np.array([False, True, False, True])})
+    theirs: dict[str, Any] = {}
+    for i, info in zip((1, 3), infos, strict=True):
+        theirs = venv._add_info(theirs, info, i)
+    _same(ours, theirs)
+    assert list(ours["extra"]) == [None, [1, 2], None, None]  # a list value stays one cell
+    venv.close()
+
+
+def test_batched_spaces_are_gymnasiums() -> None:
+    """The batched spaces, built when first read, are what Gymnasium's SyncVectorEnv builds: a
+    Tuple of one text space per env, each sampled from its own generator; and they can be set."""
+
+    def make() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=TASKS)
+
+    ours, theirs = ToolVectorEnv([make] * 3), gym.vector.SyncVectorEnv([make] * 3)
+    for name in ("observation_space", "action_space"):
+        space, reference = getattr(ours, name), getattr(theirs, name)
+        assert space is getattr(ours, name)  # built once
+        assert space == reference and len(space) == 3
+        space.seed(7)
+        sample = space.sample()
+        assert len(sample) == 3 and all(isinstance(x, str) for x in sample) and space.contains(sample)
+        assert len(set(map(id, space.spaces))) == 3  # a copy per env
+        setattr(ours, name, reference)
+        assert getattr(ours, name) is reference
+    ours.close()
+    theirs.close()
+
+
 def test_render_gives_each_envs_frame() -> None:
     venv = ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[Add()], tasks=TASKS, render_mode="ansi")] * 2)
     venv.reset(seed=0)
