@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Hashable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,17 +363,13 @@ class _Resumed(Generator[Any, Any, Any]):
 
     It is its own iterator (no generator frame per call): `await` forwards `send`, `throw`
     and `close` to it as it would to a coroutine, and the coroutine's StopIteration ends it.
-    Under a `deadline` that has fired, a coroutine that suspends again as its cancellation is
-    thrown in, instead of ending (it swallowed it, or cleans up at length), raises `_Detach` to
-    its caller. Only `throw` checks: a `send` costs no more than it did without a deadline.
     """
 
-    __slots__ = ("coro", "deadline", "first")
+    __slots__ = ("coro", "first")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any, deadline: Deadline | None = None) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
         self.coro = coro
         self.first = first
-        self.deadline = deadline
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return self
@@ -390,69 +386,10 @@ class _Resumed(Generator[Any, Any, Any]):
 
     def throw(self, *exc: Any) -> Any:
         self.first = _SENT
-        pending = self.coro.throw(*exc)
-        deadline = self.deadline
-        if deadline is not None and deadline.alone():
-            raise _Detach(pending)  # it caught its deadline's cancellation and waits again
-        return pending
+        return self.coro.throw(*exc)
 
     def close(self) -> None:
         self.coro.close()
-
-
-class _Detach(Exception):
-    """The tool's deadline fired and the tool, suspended on `pending`, goes on past it."""
-
-    def __init__(self, pending: Any) -> None:
-        super().__init__()
-        self.pending = pending
-
-
-#: Tools left running past their deadline (`_detach`), each task with its tool: a task the loop
-#: holds only weakly would be collected mid-run. Each leaves as it ends, or when its tool is closed.
-_DETACHED: dict[asyncio.Task[Any], Tool] = {}
-
-
-def _forget(task: asyncio.Task[Any]) -> None:
-    _DETACHED.pop(task, None)
-
-
-def _detach(tool: Tool, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
-    """Leave `coro`, suspended on `pending` past its deadline, to finish in a task of its own."""
-    for stale in [t for t in _DETACHED if t.get_loop().is_closed()]:  # a closed sync env's loop: never ends
-        del _DETACHED[stale]
-    name = tool.name
-    task = asyncio.get_running_loop().create_task(_run_detached(name, coro, pending), name=f"toolenv:{name}:detached")
-    _DETACHED[task] = tool
-    task.add_done_callback(_forget)
-    _log.warning(
-        "tool %r went on past its %g s timeout (it caught its cancellation): the step goes on without "
-        "it, and it is left to finish in the background",
-        name,
-        tool.limits.timeout,
-    )
-
-
-async def _cancel_detached(tools: list[Tool]) -> None:
-    """Cancel the calls of `tools` still running past their timeout on this loop, as the tools
-    close (a sync env closes its loop next), and let them take the cancellation in."""
-    loop = asyncio.get_running_loop()
-    ids = {id(t) for t in tools}
-    mine = [task for task, t in _DETACHED.items() if id(t) in ids and task.get_loop() is loop]
-    for task in mine:
-        task.cancel()
-    if mine:
-        await asyncio.sleep(0)  # each cancelled task's wake-up is queued ahead of this one
-
-
-async def _run_detached(name: str, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
-    """Drive a detached tool to its end; its outcome is only logged (no one awaits it)."""
-    try:
-        await _Resumed(coro, pending)
-    except asyncio.CancelledError:
-        raise
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - nobody is left to give it to
-        _log.debug("tool %r ended past its timeout with %s", name, _describe(exc), exc_info=exc)
 
 
 _SENT = object()
@@ -474,114 +411,46 @@ class _Exited:
     exc: SystemExit
 
 
-async def _catch_exit(coro: Awaitable[Any]) -> Any:  # pragma: no cover - Python 3.10
+async def _catch_exit(coro: Coroutine[Any, Any, Any]) -> Any:  # pragma: no cover - Python 3.10
     try:
         return await coro
     except SystemExit as exc:
         return _Exited(exc)
 
 
-async def _run_in_task(  # pragma: no cover - Python 3.10
-    tool: Tool, coro: Coroutine[Any, Any, Any], timeout: float | None
-) -> Any:
+async def _run_in_task(coro: Coroutine[Any, Any, Any], timeout: float | None) -> Any:  # pragma: no cover - 3.10
     """Python 3.10's deadline (it has no `asyncio.timeout`): the whole tool in one child task.
 
     The whole call runs in that task, so libraries that pin state to the current task
-    (anyio's cancel scopes inside httpx) see one task throughout. Waiting on the task through
-    a future of its own tells apart the three ways it can end cancelled, which 3.10's `Task`
-    cannot (no `cancelling()`): our deadline, the step's own cancellation, and the tool
-    cancelling itself. A tool that goes on past its deadline (it caught the cancellation and
-    waits again) is left running there, as on 3.11+ (`_detach`): the step stops waiting.
+    (anyio's cancel scopes inside httpx) see one task throughout. Shielding the task tells
+    apart the three ways it can end cancelled, which 3.10's `Task` cannot (no
+    `cancelling()`): our deadline, the step's own cancellation, and the tool cancelling itself.
     """
     loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    watch = _Watch(coro, wake)
-    task = loop.create_task(_catch_exit(watch))
-    task.add_done_callback(wake)
+    task = loop.create_task(_catch_exit(coro))
+    expired = False
 
     def expire() -> None:
-        watch.expired = True
+        nonlocal expired
+        expired = True
         task.cancel()
 
     handle = loop.call_later(timeout, expire) if timeout is not None else None
     try:
-        await waiter  # only the step's own cancellation cancels it
+        result = await asyncio.shield(task)
     except asyncio.CancelledError:
         if not task.done():  # the step is being cancelled: take the tool down with it, and wait
             await _aio.cancel_and_wait(task)  # until it is down, as on 3.11+ (the step's own task)
-        elif not task.cancelled():
-            task.exception()  # retrieved: no "exception was never retrieved"
-        raise
+            raise
+        if expired:
+            raise _DeadlineExpired from None
+        raise _SelfCancelled from None
     finally:
         if handle is not None:
             handle.cancel()
-    if not task.done():  # past its deadline, it waits on: it finishes in the background
-        _DETACHED[task] = tool
-        task.add_done_callback(functools.partial(_forget_detached, tool.name))
-        _log.warning(
-            "tool %r went on past its %g s timeout (it caught its cancellation): the step goes on without "
-            "it, and it is left to finish in the background",
-            tool.name,
-            timeout,
-        )
-        raise _DeadlineExpired
-    if task.cancelled():
-        if watch.expired:
-            raise _DeadlineExpired
-        raise _SelfCancelled
-    result = task.result()
     if isinstance(result, _Exited):
         raise result.exc
     return result
-
-
-def _forget_detached(name: str, task: asyncio.Task[Any]) -> None:  # pragma: no cover - Python 3.10
-    """A detached tool's task (3.10) ended: drop it and log how, if it failed."""
-    _DETACHED.pop(task, None)
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is None:
-        result = task.result()
-        exc = result.exc if isinstance(result, _Exited) else None
-    if exc is not None:
-        _log.debug("tool %r ended past its timeout with %s", name, _describe(exc), exc_info=exc)
-
-
-class _Watch(Generator[Any, Any, Any]):  # pragma: no cover - Python 3.10
-    """Awaitable that runs a whole coroutine in 3.10's child task (`_run_in_task`) and calls
-    `wake` when, after its deadline fired, the coroutine suspends again as its cancellation is
-    thrown in, instead of ending."""
-
-    __slots__ = ("coro", "expired", "wake")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], wake: Callable[[], None]) -> None:
-        self.coro = coro
-        self.wake = wake
-        self.expired = False
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: Any) -> Any:
-        return self.coro.send(value)
-
-    def throw(self, *exc: Any) -> Any:
-        pending = self.coro.throw(*exc)
-        if self.expired:
-            self.wake()
-        return pending
-
-    def close(self) -> None:
-        self.coro.close()
 
 
 _NOT_STARTED = object()
@@ -611,17 +480,13 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
     timeout = tool.limits.timeout
     try:
         if first is _NOT_STARTED:  # pragma: no cover - Python 3.10
-            result = await _run_in_task(tool, coro, timeout)
+            result = await _run_in_task(coro, timeout)
         elif timeout is None:
             result = await _Resumed(coro, first)
         else:  # `asyncio.timeout`'s rule, at a fraction of its cost per call (toolenv.deadlines)
             deadline = Deadline(timeout)
             try:
-                result = await _Resumed(coro, first, deadline)
-            except _Detach as detach:  # past its deadline, the tool waits on: the step does not
-                _detach(tool, coro, detach.pending)
-                deadline.close(None)  # takes its cancel back from the step's task
-                raise _DeadlineExpired from None
+                result = await _Resumed(coro, first)
             except BaseException as exc:
                 if deadline.close(exc):
                     raise _DeadlineExpired from exc
@@ -882,5 +747,4 @@ class ToolCaller:
         others are logged), so one broken `close` leaves no other tool's processes behind."""
         held, self._held = self._held, None
         closing = _let_go_and_pick(held, self.tools.values())
-        await _cancel_detached(closing)
         await _aio.close_each(closing, lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)

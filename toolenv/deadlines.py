@@ -65,13 +65,6 @@ class Deadline:
             self.expired = True
             self._task.cancel()
 
-    def alone(self) -> bool:
-        """True when it fired and its cancel is the only one asked of its task: the step itself
-        is not being cancelled (Ctrl-C, a shutdown, an outer timeout)."""
-        if not self.expired or sys.version_info < (3, 11):
-            return False
-        return self._cancelling == 0 and self._task.cancelling() == 1
-
     def close(self, exc: BaseException | None) -> bool:
         """Disarm it as its call ends with `exc` (None: a result). True when `exc` is the
         cancellation this deadline caused and nothing else asked for: raise `TimeoutError`."""
