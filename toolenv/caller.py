@@ -363,13 +363,24 @@ class _Resumed(Generator[Any, Any, Any]):
 
     It is its own iterator (no generator frame per call): `await` forwards `send`, `throw`
     and `close` to it as it would to a coroutine, and the coroutine's StopIteration ends it.
+
+    Under a `deadline` that has fired alone (not the step's own cancellation), a coroutine
+    that suspends again as the cancellation is thrown in, instead of ending, is past its
+    deadline: the object turns into `_ResumedPastDeadline`, which gives it the deadline's
+    grace to end and raises `_Detach` if it is still running after it. Only `throw` checks:
+    a `send` costs no more than it did without a deadline.
     """
 
-    __slots__ = ("coro", "first")
+    # The last three are `_ResumedPastDeadline`'s (one layout, so that `__class__` can change).
+    __slots__ = ("coro", "deadline", "first", "pending", "timer", "until")
+    pending: Any
+    timer: asyncio.TimerHandle | None
+    until: float
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any, deadline: Deadline | None = None) -> None:
         self.coro = coro
         self.first = first
+        self.deadline = deadline
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return self
@@ -386,10 +397,173 @@ class _Resumed(Generator[Any, Any, Any]):
 
     def throw(self, *exc: Any) -> Any:
         self.first = _SENT
-        return self.coro.throw(*exc)
+        pending = self.coro.throw(*exc)
+        deadline = self.deadline
+        if deadline is not None and deadline.alone():  # it took its deadline's cancellation in and waits on
+            # A change of class, not a flag: `send` stays as cheap as it was before the deadline.
+            self.__class__ = _ResumedPastDeadline  # same layout
+            self.timer = None
+            self.until = asyncio.get_running_loop().time() + deadline.grace()
+            return self._wait(pending)  # type: ignore[attr-defined]
+        return pending
 
     def close(self) -> None:
         self.coro.close()
+
+
+class _ResumedPastDeadline(_Resumed):
+    """A `_Resumed` whose deadline fired while the coroutine went on (it cleans up, or it
+    swallowed the cancellation): until `until` (the deadline's grace) it runs as before, then
+    `_Detach` is raised with what it waits on, and the step stops waiting for it.
+
+    The task is not given the future the coroutine waits on (`pending`) but one of our own
+    that completes when `pending` does or the grace runs out, whichever is first.
+    """
+
+    __slots__ = ()
+
+    def send(self, value: Any) -> Any:
+        pending = self.pending
+        self._disarm()
+        if pending is not None and not pending.done():  # the grace ran out first: leave it there
+            raise _Detach(pending)
+        return self._wait(self.coro.send(value))
+
+    def throw(self, *exc: Any) -> Any:
+        """The step's own cancellation (Ctrl-C, a shutdown: nothing else cancels our future):
+        today's behaviour, as if the task had waited on `pending` all along."""
+        pending = self.pending
+        self._disarm()
+        self.__class__ = _Resumed  # type: ignore[assignment]  # same layout
+        if pending is not None and not pending.done():
+            pending.cancel()  # what the task's cancel does to the future it waits on
+            return pending  # the task takes it up and throws its cancellation in, as usual
+        return self.coro.throw(*exc)
+
+    def close(self) -> None:
+        self._disarm()
+        self.coro.close()
+
+    def _disarm(self) -> None:
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+
+    def _wait(self, pending: Any) -> Any:
+        """What to give the task while the coroutine waits on `pending` past its deadline."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self.until:
+            raise _Detach(pending)
+        self.pending = pending
+        if pending is None:  # a bare yield (`sleep(0)`): the grace is checked on the next send
+            return None
+        if getattr(pending, "_asyncio_future_blocking", None) is None:  # not a future: the task's to refuse
+            self.__class__ = _Resumed  # type: ignore[assignment]  # same layout
+            return pending
+        proxy = loop.create_future()
+        wake = functools.partial(_wake, proxy)
+        pending.add_done_callback(wake)
+        self.timer = loop.call_at(self.until, wake, None)
+        proxy._asyncio_future_blocking = True  # as `Future.__await__` yields it, or the task refuses it
+        return proxy
+
+
+def _wake(proxy: asyncio.Future[None], _: object) -> None:
+    if not proxy.done():
+        proxy.set_result(None)
+
+
+class _Detach(Exception):
+    """The tool's deadline fired and, its grace over, the tool is still running, suspended on
+    `pending` (a future, or None after a bare yield)."""
+
+    def __init__(self, pending: Any) -> None:
+        super().__init__()
+        self.pending = pending
+
+
+#: Tools left running past their deadline and its grace (`_detach`), each task with its tool:
+#: a task the loop holds only weakly would be collected mid-run. Each leaves as it ends, when
+#: its tool is closed, or when a sync env closes the loop it runs on (`end_detached`). Sync envs
+#: on several threads share it: it is read through `list(...)`, one step under the GIL.
+_DETACHED: dict[asyncio.Task[Any], Tool] = {}
+
+#: How long closing a sync env's loop waits, at most, for its detached calls to take their
+#: cancellation in (`end_detached`).
+_END_DETACHED_S = 1.0
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    _DETACHED.pop(task, None)
+
+
+def _detach(tool: Tool, coro: Coroutine[Any, Any, Any], pending: Any, grace: float) -> None:
+    """Leave `coro`, suspended on `pending` past its deadline, to finish in a task of its own."""
+    for stale in [t for t in list(_DETACHED) if t.get_loop().is_closed()]:  # a loop closed by others: never ends
+        _DETACHED.pop(stale, None)
+    name = tool.name
+    task = asyncio.get_running_loop().create_task(_run_detached(name, coro, pending), name=f"toolenv:{name}:detached")
+    _DETACHED[task] = tool
+    task.add_done_callback(_forget)
+    _log.warning(
+        "tool %r was still running %g s after its %g s timeout cancelled it: the step goes on without it, "
+        "and it is left to finish in the background",
+        name,
+        grace,
+        tool.limits.timeout,
+    )
+
+
+async def _run_detached(name: str, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+    """Drive a detached tool to its end; its outcome is only logged (no one awaits it)."""
+    try:
+        await _Resumed(coro, pending)
+    except asyncio.CancelledError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - nobody is left to give it to
+        _log.debug("tool %r ended past its timeout with %s", name, _describe(exc), exc_info=exc)
+
+
+async def _cancel_detached(tools: list[Tool]) -> None:
+    """Cancel the calls of `tools` still running past their timeout on this loop, as the tools
+    close, and let them take the cancellation in."""
+    loop = asyncio.get_running_loop()
+    ids = {id(t) for t in tools}
+    mine = [task for task, t in list(_DETACHED.items()) if id(t) in ids and task.get_loop() is loop]
+    for task in mine:
+        task.cancel()
+    if mine:
+        await asyncio.sleep(0)  # each cancelled task's wake-up is queued ahead of this one
+
+
+def end_detached(loop: asyncio.AbstractEventLoop) -> None:
+    """Before `loop` closes (a sync env's own): cancel the tool calls left running on it past
+    their timeout and run it until they end, for `_END_DETACHED_S` at most; one still running
+    then is given up, with a WARNING. Left pending on a closed loop, their coroutines would be
+    closed by the garbage collector, outside any loop (errors printed as "Exception ignored")."""
+    if loop.is_closed() or loop.is_running():
+        return
+    on_loop = [task for task in list(_DETACHED) if task.get_loop() is loop]
+    for task in on_loop:
+        if task.done():  # ended, its `_forget` callback still queued on the loop about to close
+            _DETACHED.pop(task, None)
+    mine = [task for task in on_loop if not task.done()]
+    if not mine:
+        return
+    for task in mine:
+        if sys.version_info < (3, 11) or not task.cancelling():  # closing its tool cancelled it: let it clean up
+            task.cancel()
+    _aio.call_off_loop(_aio.complete, loop, asyncio.wait(mine, timeout=_END_DETACHED_S))
+    for task in mine:
+        if not task.done():
+            tool = _DETACHED.pop(task, None)
+            _log.warning(
+                "tool %r, left running past its timeout, did not end within %g s of its cancellation "
+                "as its env's event loop closes: given up",
+                tool.name if tool is not None else task.get_name(),
+                _END_DETACHED_S,
+            )
 
 
 _SENT = object()
@@ -486,7 +660,11 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
         else:  # `asyncio.timeout`'s rule, at a fraction of its cost per call (toolenv.deadlines)
             deadline = Deadline(timeout)
             try:
-                result = await _Resumed(coro, first)
+                result = await _Resumed(coro, first, deadline)
+            except _Detach as detach:  # still running past its deadline's grace: the step goes on
+                deadline.close(None)  # takes its cancel back from the step's task
+                _detach(tool, coro, detach.pending, deadline.grace())
+                raise _DeadlineExpired from None
             except BaseException as exc:
                 if deadline.close(exc):
                     raise _DeadlineExpired from exc
@@ -747,4 +925,5 @@ class ToolCaller:
         others are logged), so one broken `close` leaves no other tool's processes behind."""
         held, self._held = self._held, None
         closing = _let_go_and_pick(held, self.tools.values())
+        await _cancel_detached(closing)
         await _aio.close_each(closing, lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)

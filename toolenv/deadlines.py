@@ -13,7 +13,12 @@ flight. asyncio offers nothing lighter, so this is the same rule in a plain obje
 - deadlines share timers: each is rounded *up* to a bucket (1% of its timeout, at least
   1 ms), and the calls whose deadlines fall in one bucket share one loop timer. A deadline
   fires never early and at most 1% (or 1 ms) late. A bucket's timer is left to fire when
-  its calls have all returned: the next calls of the same window reuse it.
+  its calls have all returned: the next calls of the same window reuse it;
+- a call that has not ended when its deadline fired gets a short grace (`GRACE` of its
+  timeout, at least `MIN_GRACE_S`) to take the cancellation in: a cleanup that awaits (an
+  HTTP client closing its pool) ends within it. One still running after it (a tool that
+  swallowed the cancellation) is left to finish in the background by the caller
+  (`toolenv.caller`), so a call ends within SLACK + GRACE (6%) of its timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ __all__ = ["Deadline"]
 SLACK = 0.01
 #: ... or this many seconds late, whichever is more: no bucket is finer than a millisecond.
 MIN_BUCKET_S = 0.001
+#: A call still running this fraction of its timeout after its deadline fired is left behind
+#: (it caught the cancellation and waits on); a cleanup that awaits briefly ends well within it.
+GRACE = 0.05
+#: ... or after this many seconds, whichever is more.
+MIN_GRACE_S = 0.001
 
 
 class Deadline:
@@ -38,9 +48,10 @@ class Deadline:
     Needs Python 3.11+ (`Task.cancelling`/`uncancel`).
     """
 
-    __slots__ = ("_cancelling", "_members", "_task", "expired")
+    __slots__ = ("_cancelling", "_delay", "_members", "_task", "expired")
     _task: asyncio.Task[Any]
     _cancelling: int
+    _delay: float
     _members: set[Deadline]
     expired: bool
 
@@ -53,6 +64,7 @@ class Deadline:
             raise RuntimeError("a Deadline needs Python 3.11+ (Task.uncancel)")
         self._task = task
         self._cancelling = task.cancelling()
+        self._delay = delay
         self.expired = False
         buckets = _BUCKETS.get(loop)
         if buckets is None:
@@ -64,6 +76,17 @@ class Deadline:
         if not self.expired:
             self.expired = True
             self._task.cancel()
+
+    def alone(self) -> bool:
+        """True when it fired and its cancel is the only one asked of its task: the step itself
+        is not being cancelled (Ctrl-C, a shutdown, an outer timeout)."""
+        if not self.expired or sys.version_info < (3, 11):
+            return False
+        return self._cancelling == 0 and self._task.cancelling() == 1
+
+    def grace(self) -> float:
+        """Seconds its call may still run after it fired before it is left behind (`GRACE`)."""
+        return max(self._delay * GRACE, MIN_GRACE_S)
 
     def close(self, exc: BaseException | None) -> bool:
         """Disarm it as its call ends with `exc` (None: a result). True when `exc` is the

@@ -18,7 +18,7 @@ from gymnasium.utils import seeding
 
 from toolenv import _aio
 from toolenv._tool import Tool, with_limits
-from toolenv.caller import ToolCaller
+from toolenv.caller import ToolCaller, end_detached
 from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, get_parser
@@ -417,14 +417,19 @@ class ToolEnv(gym.Env[str, str]):
     def close(self) -> None:
         """`aclose` (tools another open env holds stay open), then close the private event loop:
         also after the async twins alone were used, and inside a running event loop (a notebook),
-        where `aclose` runs on a worker thread; after `await env.aclose()` there is nothing left to do."""
+        where `aclose` runs on a worker thread; after `await env.aclose()` there is nothing left to do.
+        Tool calls left running on that loop past their timeout are cancelled and run to their
+        end first (for a second at most), not left to be closed outside any loop."""
         loop, self._loop = self._loop, None
         try:
             if not self._closed:
                 _aio.close_from_sync(loop, self.aclose())
         finally:
             if loop is not None:
-                loop.close()
+                try:
+                    end_detached(loop)
+                finally:
+                    loop.close()
 
     def __getstate__(self) -> dict[str, Any]:
         """The env without its private event loop, which cannot be pickled or deep-copied

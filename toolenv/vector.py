@@ -19,6 +19,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from toolenv import _aio
+from toolenv.caller import end_detached
 from toolenv.env import ToolEnv, end_info
 
 __all__ = ["ToolVectorEnv", "batch_infos"]
@@ -467,11 +468,18 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             self._close_loops()
 
     def _close_loops(self) -> None:
-        """Close the vector env's private loop and those a sub-env's sync method made (`call`)."""
+        """Close the vector env's private loop and those a sub-env's sync method made (`call`),
+        each once the tool calls left running on it past their timeout have ended (`end_detached`)."""
         loop, self._loop = self._loop, None
         if loop is not None:
-            loop.close()
+            try:
+                end_detached(loop)
+            finally:
+                loop.close()
         for env in self.envs:
             own, env._loop = env._loop, None
             if own is not None and not own.is_running():
-                own.close()
+                try:
+                    end_detached(own)
+                finally:
+                    own.close()

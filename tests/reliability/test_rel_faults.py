@@ -154,6 +154,53 @@ def test_rel_hanging_tool_times_out_on_time(hanger: toolenv.Tool) -> None:
     print(f"\n[faults] {hanger.name}: timeout {TIMEOUT} s fired after {span} (+{late:.1%})")
 
 
+#: One event per call of `hang_stubborn`: the test lets each go once it has seen the step return.
+STUBBORN: list[asyncio.Event] = []
+STUBBORN_ENDED: list[int] = []
+
+
+@tool(timeout=TIMEOUT)
+async def hang_stubborn() -> str:
+    """Catch the timeout's cancellation and wait on (a retry loop's `except BaseException`)."""
+    held = asyncio.Event()
+    STUBBORN.append(held)
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        await held.wait()
+    STUBBORN_ENDED.append(len(STUBBORN))
+    return "late"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 waits for such a tool (docs/reliability.md)")
+def test_rel_a_tool_that_swallows_its_timeout_still_times_out_on_time() -> None:
+    """The step answers at the timeout (and its grace), not when the tool chooses to end; the
+    tool finishes in the background (on a later step of the same env's loop) and the episode
+    goes on."""
+    env = faulty_env(hang_stubborn)
+    STUBBORN.clear()
+    STUBBORN_ENDED.clear()
+    fired: list[float] = []
+    try:
+        for i in range(3):
+            t0 = time.perf_counter()
+            _, _, _, _, info = env.step(call("hang_stubborn"))
+            wall = time.perf_counter() - t0
+            (result,) = info["tool_results"]
+            assert_timed_out(result, info["tool_calls"][0], wall)
+            fired.append(info["tool_calls"][0].latency_s)
+            assert len(STUBBORN) == i + 1 and not STUBBORN[i].is_set()  # answered without it
+            STUBBORN[i].set()
+            still_works(env)  # its loop turns: the released tool ends in the background
+        assert STUBBORN_ENDED == [1, 2, 3]
+    finally:
+        for held in STUBBORN:
+            held.set()
+        env.close()
+    late, span = max(fired) / TIMEOUT - 1, f"{min(fired):.4f}-{max(fired):.4f} s"
+    print(f"\n[faults] {hang_stubborn.name}: timeout {TIMEOUT} s answered after {span} (+{late:.1%})")
+
+
 def test_rel_concurrent_hangs_in_one_turn_time_out_together() -> None:
     """Eight hanging calls and one good call in one turn: all eight hang at once, not in turn."""
     env = faulty_env(hang)
