@@ -707,3 +707,39 @@ def test_a_long_reply_is_read_in_linear_time() -> None:
     way around it (a quadratic read would stall the reward for minutes here)."""
     reply = "the correct answer " * 50_000 + "is it correct? " * 20_000 + "No."
     assert parse_judgement(reply) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        # The default prompt asks for "yes" or "no" first, then a reason: often on the next line.
+        ("No\nThe predicted answer is Lyon, not Paris.", 0.0),
+        ("No\nReason: it says yes where the gold says no", 0.0),
+        ("No\r\nIt names Lyon.", 0.0),
+        ("Incorrect\n\nReason: the answer should be yes", 0.0),
+        ("Correct\nBoth name Paris.", 1.0),
+        ("True\nThey match.", 1.0),
+        ("Answer: No\nExplanation: yes is wrong here", 0.0),
+        # The "correct: yes|no" field of a structured grader reply, more fields after it.
+        ("extracted_final_answer: Lyon\nreasoning: differs\ncorrect: no\nconfidence: 100", 0.0),
+    ],
+)
+def test_a_verdict_word_that_ends_its_line_is_a_verdict(reply: str, score: float) -> None:
+    """A verdict alone on its line, the reason below it, is the judge's verdict: it read as no
+    verdict, or as the "yes" the reason quoted."""
+    assert parse_judgement(reply) == score
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Final verdict" + " " * 3000 + "pending",
+        "Verdict:" + "\n" * 20_000 + "pending",
+        "score" + " " * 100_000 + "pending",
+        "1" + " " * 100_000 + "pending",
+    ],
+)
+def test_a_run_of_whitespace_after_a_label_is_read_in_linear_time(reply: str) -> None:
+    """A degenerate judge reply (a run of spaces or newlines) after "verdict" or "score" read
+    in polynomial time, O(n^4) after a verdict label: the reward stalled for hours."""
+    assert parse_judgement(reply) is None

@@ -59,8 +59,10 @@ _THINK_TAG = re.compile(r"<\s*(/?)\s*think\s*>", re.IGNORECASE)
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _OF = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
-_SCORE = re.compile(r"\b(?:score|rating|grade)\s*[:=]?\s*(-?\d+(?:\.\d+)?)" + _OF, re.IGNORECASE)
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*\.?\s*$", re.IGNORECASE)
+# No two `\s*` meet with only optional text between them: a run of whitespace would be split
+# every way (polynomial backtracking on a degenerate reply).
+_SCORE = re.compile(r"\b(?:score|rating|grade)\s*(?:[:=]\s*)?(-?\d+(?:\.\d+)?)" + _OF, re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*(?:\.\s*)?$", re.IGNORECASE)
 _WORDS = r"(yes|no|correct|incorrect|true|false)\b"
 # "not correct", "not the correct answer", "not entirely correct", "no longer correct": a
 # negation a few such words before the verdict.
@@ -82,7 +84,7 @@ _LEADING_VERDICT = re.compile(r"\W*" + _VERDICT.pattern, re.IGNORECASE)
 # "Final verdict: no", "Correctness: yes", "The verdict is: correct", "### Verdict\nNo".
 _LABELLED = re.compile(
     r"\b(?:(?:final\s+)?(?:verdict|judge?ment|decision|conclusion|assessment|evaluation)|final\s+answer|correctness)"
-    r"\s*(?:is\b)?\s*[:=\-\u2013\u2014]?\s*[\"'\u201c\u2018`]?\s*" + _VERDICT.pattern,
+    r"\s*(?:is\b\s*)?(?:[:=\-\u2013\u2014]\s*)?(?:[\"'\u201c\u2018`]\s*)?" + _VERDICT.pattern,
     re.IGNORECASE,
 )
 _QUOTE_MARKS = "[\"'\u201c\u201d\u2018\u2019`]?"
@@ -121,10 +123,11 @@ _DETERMINER = re.compile(
     r"\b(?:the|a|an|this|that|these|those|its|their|his|her|your|my|our|whose|which|any|every|some|no)\s+$",
     re.IGNORECASE,
 )
-# What may follow a verdict word that stands on its own ("Correct.", "no, because ...").
+# What may follow a verdict word that stands on its own ("Correct.", "no, because ...", the
+# end of its line).
 _STANDS_BEFORE = re.compile(
-    r"(?!-\w)\s*(?:$|[^\w\s]|(?:because|since|as|and|but|so|though|although|while|given|overall|here|in|for|"
-    r"per|according|now|then|too|either|indeed|enough)\b)",
+    r"(?!-\w)(?:[^\S\n]*\n|\s*(?:$|[^\w\s]|(?:because|since|as|and|but|so|though|although|while|given|overall|here|in|for|"
+    r"per|according|now|then|too|either|indeed|enough)\b))",
     re.IGNORECASE,
 )
 _POSITIVE = frozenset({"yes", "correct", "true"})
