@@ -1390,3 +1390,38 @@ def test_against_a_server_before_the_prompt_feature_the_client_works_as_before()
 
 def _without(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
     return [h for h in headers if h[0].lower() != name]
+
+
+def test_a_remote_env_built_in_a_forked_child_builds_no_tls_context(url: str) -> None:
+    """Gymnasium's AsyncVectorEnv forks its workers from a process with threads; building an
+    `ssl.SSLContext` in such a child can hang for ever (an OpenSSL lock a parent thread held at
+    the fork: a CI run hung so). Every client shares the one context the parent built, so the
+    child builds none: here one would raise."""
+    import os
+    import ssl
+
+    RemoteToolEnv(url).close()  # the parent has built its clients (and their context) once
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        code = 1
+        try:
+
+            def refuse(*args: Any, **kwargs: Any) -> Any:
+                raise RuntimeError("an SSLContext was built in the forked child")
+
+            ssl.SSLContext.__new__ = refuse  # type: ignore[method-assign,assignment]
+            env = RemoteToolEnv(url)
+            obs, _ = env.reset(seed=0)
+            env.close()
+            os.write(write, b"ok" if obs else b"no prompt")
+            code = 0
+        except BaseException as exc:
+            os.write(write, repr(exc).encode()[:500])
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        said = fh.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert said == "ok" and os.waitstatus_to_exitcode(status) == 0, said

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 import httpx
 
+from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
@@ -223,7 +224,9 @@ class OpenAIAgent(Agent):
         loop = asyncio.get_running_loop()
         if sh.client is None or sh.semaphore is None or sh.loop is not loop:
             limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-            sh.client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, limits=limits)
+            sh.client = httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout, limits=limits, verify=tls_context()
+            )
             sh.semaphore = asyncio.Semaphore(self.max_concurrency)
             sh.loop = loop
         return sh.client, sh.semaphore

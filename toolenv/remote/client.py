@@ -23,6 +23,7 @@ from typing import Any, SupportsFloat, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from toolenv._tls import tls_context
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
@@ -391,6 +392,7 @@ class RemoteToolEnv(ToolEnv):
             headers={FEATURES_HEADER: ", ".join(FEATURES), **self._headers, **extra_headers},
             timeout=self._timeout,
             transport=self._transport,
+            verify=tls_context(),
         )
 
     def _http(self) -> httpx.AsyncClient:

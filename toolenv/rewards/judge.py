@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import cachetools
 
+from toolenv._tls import tls_context
 from toolenv.episode import Episode
 from toolenv.parsers.reasoning import split_reasoning
 from toolenv.rewards.base import Reward, record_reward_info, register_reward
@@ -304,7 +305,7 @@ def _client() -> httpx.AsyncClient:
     loop = asyncio.get_running_loop()
     client = _CLIENTS.get(loop)
     if client is None or client.is_closed:
-        client = _CLIENTS[loop] = httpx.AsyncClient(limits=httpx.Limits(max_connections=64))
+        client = _CLIENTS[loop] = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), verify=tls_context())
     return client
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from toolenv._tls import tls_context
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.batching import Batcher
 from toolenv_search.protocol import parse_result
@@ -102,6 +103,7 @@ class HTTPBackend:
                 limits=httpx.Limits(
                     max_connections=self.max_connections, max_keepalive_connections=self.max_connections
                 ),
+                verify=tls_context(),
             )
             shared = per_loop[key] = _SharedClient(client)
         if register and loop not in self._loops:
