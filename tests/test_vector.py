@@ -545,3 +545,17 @@ def test_close_after_aclose_still_closes_the_loop_sync_calls_made() -> None:
     venv.close()
     assert loop.is_closed() and venv._loop is None
     venv.close()  # again: nothing left to do
+
+
+def test_batch_infos_of_defaultdicts_marks_only_the_envs_that_have_the_key() -> None:
+    """A wrapper's info may be a defaultdict: a key one env lacks is masked out for it, and
+    reading it adds nothing to that env's info."""
+    from collections import defaultdict
+
+    from toolenv.vector import batch_infos
+
+    first: defaultdict[str, int] = defaultdict(int, x=1)
+    second: defaultdict[str, int] = defaultdict(int)
+    out = batch_infos([first, second])
+    assert out["_x"].tolist() == [True, False] and out["x"][0] == 1
+    assert "x" not in second

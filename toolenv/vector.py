@@ -40,6 +40,8 @@ def batch_infos(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _batch(infos: list[Mapping[str, Any]], where: list[int] | None, n: int) -> dict[str, Any]:
     """`batch_infos` of `infos[k]`, env `where[k]`'s info (`where` None: env `k`'s, for all `n`)."""
+    if not all(type(info) is dict for info in infos):  # a defaultdict or Counter answers a missing key
+        infos = [dict(info) for info in infos]
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for info in infos for k in info):
         try:  # the usual case: every info has the key
