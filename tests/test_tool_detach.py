@@ -15,6 +15,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -402,11 +403,9 @@ def test_closing_the_env_cancels_its_tools_still_running_past_their_timeout() ->
     assert ends == ["cancelled at close"] and not caller_mod._DETACHED
 
 
-def test_closing_an_env_whose_shared_tool_runs_detached_ends_it_on_the_envs_loop() -> None:
-    """The tool is shared with an env still open, so closing the first env does not close it
-    (nor cancel its calls, as closing a tool does): the call detached on the closing env's loop
-    is still cancelled and run to its end before that loop closes."""
-    ends: list[str] = []
+def _stubborn_until_cancelled_at_close(ends: list[str]) -> Any:
+    """A tool that swallows its timeout's cancellation and waits until cancelled again (as a
+    close does); its cleanup awaits once, then says so in `ends`."""
 
     @tool(timeout=0.05)
     async def stubborn() -> str:
@@ -420,6 +419,15 @@ def test_closing_an_env_whose_shared_tool_runs_detached_ends_it_on_the_envs_loop
                 ends.append("ended")
         return "late"
 
+    return stubborn
+
+
+def test_closing_an_env_whose_shared_tool_runs_detached_ends_it_on_the_envs_loop() -> None:
+    """The tool is shared with an env still open, so closing the first env does not close it
+    (nor cancel its calls, as closing a tool does): the call detached on the closing env's loop
+    is still cancelled and run to its end before that loop closes."""
+    ends: list[str] = []
+    stubborn = _stubborn_until_cancelled_at_close(ends)
     tasks = [{"question": "q", "answer": "a"}]
     env = toolenv.ToolEnv(tools=[stubborn], tasks=tasks, max_turns=10)
     other = toolenv.ToolEnv(tools=[stubborn], tasks=tasks, max_turns=10)
@@ -483,19 +491,7 @@ def test_closing_a_vector_env_ends_the_calls_detached_on_its_loop() -> None:
     """A sync vector env steps its envs on a private loop of its own: a call detached there is
     cancelled and run to its end before that loop closes, not left to the garbage collector."""
     ends: list[str] = []
-
-    @tool(timeout=0.05)
-    async def stubborn() -> str:
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            try:
-                await asyncio.Event().wait()
-            finally:
-                await asyncio.sleep(0)
-                ends.append("ended")
-        return "late"
-
+    stubborn = _stubborn_until_cancelled_at_close(ends)
     tasks = [{"question": "q", "answer": "a"}]
     venv = toolenv.ToolVectorEnv([lambda: toolenv.ToolEnv(tools=[stubborn], tasks=tasks, max_turns=10)] * 2)
     venv.reset(seed=0)
