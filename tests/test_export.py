@@ -679,3 +679,23 @@ def test_with_weights_an_episode_or_row_with_nothing_to_train_on_is_left_out(tmp
     assert export_tokens(stuck.trajectories, tmp_path / "none.jsonl", weights=True) == 0
     assert export_tokens(res.trajectories, tmp_path / "all.jsonl") == 1
     assert len((tmp_path / "all.jsonl").read_text().splitlines()) == 2  # without weights: both rows
+
+
+def test_a_private_export_stays_private_when_written_again(run_dir: Path, tmp_path: Path) -> None:
+    """The file replaced keeps its permissions: data a user made readable to themselves alone
+    (`chmod 600`) is not left readable by others by the next export over it; a new file gets
+    the umask's."""
+    import os
+    import stat
+
+    out = tmp_path / "sft.jsonl"
+    trajs = read_trajectories(run_dir / "trajectories.jsonl")
+    export_chat(trajs, out)
+    os.chmod(out, 0o600)
+    export_chat(trajs, out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    fresh = tmp_path / "new.jsonl"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    export_chat(trajs, fresh)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask

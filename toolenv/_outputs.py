@@ -45,8 +45,9 @@ def open_output(target: Path) -> Iterator[IO[str]]:
     A regular file (or a new one; its folders are made) is written under a hidden name beside
     it and renamed over it when the block ends without an error, through a symlink to the file
     it points to: a write that fails or is interrupted (a full disk, Ctrl-C) leaves the previous
-    file as it was, and no temporary file behind. What `written_in_place` names is written into,
-    in append mode, so that what a shell's `>>` opened keeps what it held.
+    file as it was, and no temporary file behind; the new file has the old one's permissions.
+    What `written_in_place` names is written into, in append mode, so that what a shell's `>>`
+    opened keeps what it held.
     """
     if written_in_place(target):
         with target.open("a", encoding="utf-8") as fh:
@@ -54,9 +55,16 @@ def open_output(target: Path) -> Iterator[IO[str]]:
         return
     real = Path(os.path.realpath(target))  # a symlink stays one: its file is replaced
     real.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the file replaced keeps its permissions (a `chmod 600` export stays private)
+        mode = stat.S_IMODE(real.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o666  # a new file: as `open` makes it, less the umask
     tmp = real.with_name(f".{real.name}.{uuid.uuid4().hex}.tmp")  # same folder: an atomic rename
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)  # private from its first byte
+        if mode != 0o666:
+            os.fchmod(fd, mode)  # exactly the old file's, whatever the umask
+        with open(fd, "w", encoding="utf-8") as fh:
             yield fh
         tmp.replace(real)
     except BaseException:
