@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
 import os
 import select
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -149,6 +151,28 @@ def _quit_quietly() -> int:
     return EXIT_BROKEN_PIPE
 
 
+@contextlib.contextmanager
+def _one_line_warnings(command: str) -> Iterator[None]:
+    """A `UserWarning` a command's code gives (the replay agent leaving out a killed run's cut
+    last line, say) is one line, `toolenv COMMAND: warning: ...`, as the commands' own warnings
+    are, not Python's two (the file, line and source of the `warn` call); other categories
+    (a library's DeprecationWarning) keep Python's format, which says where they come from."""
+    default = warnings.formatwarning
+
+    def formatwarning(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        if issubclass(category, UserWarning):
+            return f"toolenv {command}: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -192,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mod = loaded[args.command]
     try:
-        rc = int(mod.run(args) or 0)
+        with _one_line_warnings(args.command):
+            rc = int(mod.run(args) or 0)
         sys.stdout.flush()  # a reader gone away (`| head`) shows here, not at interpreter exit
         return rc
     except BrokenPipeError as exc:
