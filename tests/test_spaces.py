@@ -47,12 +47,17 @@ def test_spaces_built_after_the_first_equal_what_gymnasium_builds() -> None:
     from gymnasium import spaces
 
     UnicodeText()  # the first space builds the shared charset through Gymnasium
-    ours = UnicodeText(64, min_length=1, seed=5)
-    theirs = spaces.Text(64, min_length=1, charset=string.printable, seed=5)
-    assert {k for k in vars(ours) if k != "sample_max_length"} == set(vars(theirs))
-    for key, value in vars(theirs).items():
-        if key != "_np_random":
-            assert getattr(ours, key) == value, key
+    for seed in (5, None):  # a seedless space sets Space's attributes itself
+        ours = UnicodeText(64, min_length=1, seed=seed)
+        theirs = spaces.Text(64, min_length=1, charset=string.printable, seed=seed)
+        assert {k for k in vars(ours) if k != "sample_max_length"} == set(vars(theirs))
+        for key, value in vars(theirs).items():
+            if key != "_np_random" or seed is None:
+                assert getattr(ours, key) == value, key
+    ours, theirs = (
+        UnicodeText(64, min_length=1, seed=5),
+        spaces.Text(64, min_length=1, charset=string.printable, seed=5),
+    )
     assert [ours.np_random.integers(1000) for _ in range(5)] == [theirs.np_random.integers(1000) for _ in range(5)]
 
 

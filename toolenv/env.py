@@ -63,11 +63,18 @@ def _roots(template: str) -> frozenset[str]:
     return frozenset(out)
 
 
+@functools.lru_cache(maxsize=64)
+def _top_fields(template: str) -> frozenset[str]:
+    """The keys `template`'s own (not nested) named fields look up, kept: every env checks its
+    template when built, and the runner builds one env per concurrent episode."""
+    return frozenset(_field_root(name) for _, name, _, _ in _parsed(template) if name)
+
+
 def _checked_template(template: str) -> str:
     """`template`, refused if `str.format` cannot read it and warned of if it has no
     `{question}` (unknown fields stay as written, so a misspelt one would drop the question)."""
     try:
-        fields = {_field_root(name) for _, name, _, _ in _parsed(template) if name}
+        fields = _top_fields(template)
     except ValueError as exc:
         raise ValueError(f"prompt_template is not a str.format template ({exc}): {template!r}") from None
     if "question" not in fields:

@@ -12,6 +12,7 @@ import copy
 import string
 from typing import Any
 
+import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import shared_memory
 
@@ -31,6 +32,7 @@ class _SharedCharset:
 
 
 _PRINTABLE = _SharedCharset()
+_STR = np.dtype(str)
 
 
 class UnicodeText(spaces.Text):
@@ -46,7 +48,10 @@ class UnicodeText(spaces.Text):
         parts = _PRINTABLE.parts
         if parts is not None and type(max_length) is int and type(min_length) is int and 0 <= min_length <= max_length:
             self.min_length, self.max_length = min_length, max_length
-            spaces.Space.__init__(self, dtype=str, seed=seed)  # what Text's constructor ends with
+            if seed is None:  # what `Space.__init__(dtype=str)`, Text's last call, sets (each env builds two)
+                self._shape, self.dtype, self._np_random = None, _STR, None  # type: ignore[assignment]
+            else:
+                spaces.Space.__init__(self, dtype=str, seed=seed)
         else:  # the first space, or bounds for Gymnasium to check (and raise its own error)
             super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
             parts = _PRINTABLE.get(self)

@@ -179,9 +179,12 @@ def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: An
     Raises:
         ValueError: unknown name (the message lists the known ones), or a bad `reasoning`.
     """
-    from toolenv.parsers.reasoning import ReasoningParser, reasoning_tags
+    if reasoning is None or reasoning is False:  # the usual case: no import (0.5 µs) per env built
+        tags = None
+    else:
+        from toolenv.parsers.reasoning import reasoning_tags
 
-    tags = reasoning_tags(reasoning)
+        tags = reasoning_tags(reasoning)
     if isinstance(spec, ActionParser):
         parser = spec
     else:
@@ -195,4 +198,8 @@ def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: An
                 ) from None
             raise ValueError(f"unknown parser {spec!r}; known parsers: {', '.join(parser_names())}") from None
         parser = factory(**kwargs)
-    return parser if tags is None else ReasoningParser(parser, tags)
+    if tags is None:
+        return parser
+    from toolenv.parsers.reasoning import ReasoningParser
+
+    return ReasoningParser(parser, tags)

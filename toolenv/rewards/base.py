@@ -60,14 +60,24 @@ class WeightedSum(Reward):
     name = "weighted_sum"
 
     def __init__(self, parts: Mapping[str, tuple[Reward, float]] | Sequence[tuple[Reward, float]]) -> None:
-        items = list(parts.values()) if isinstance(parts, Mapping) else list(parts)
-        names = list(parts.keys()) if isinstance(parts, Mapping) else [r.name for r, _ in items]
+        # One pass, no comprehension: every env builds its sum (the runner, one env per episode).
+        if type(parts) is not list and isinstance(parts, Mapping):  # a list is no Mapping: skip the ABC check
+            items, names = list(parts.values()), list(parts.keys())
+        else:
+            items = list(parts)
+            names = [r.name for r, _ in items]
         if len(set(names)) != len(names):
             raise ValueError(f"reward component names must be unique, got {names}")
-        # A bad weight is refused here, not at the first step whose component is non-zero.
-        self.parts = {k: (r, _weight(k, w)) for k, (r, w) in zip(names, items, strict=True)}
-        self._weights = {k: w for k, (_, w) in self.parts.items()}
-        self._per_turn = [(k, r) for k, (r, _) in self.parts.items() if type(r).turn is not Reward.turn]
+        self.parts: dict[str, tuple[Reward, float]] = {}
+        self._weights: dict[str, float] = {}
+        self._per_turn: list[tuple[str, Reward]] = []
+        for k, (r, w) in zip(names, items, strict=True):
+            # A bad weight is refused here, not at the first step whose component is non-zero.
+            weight = w if type(w) is float and math.isfinite(w) else _weight(k, w)
+            self.parts[k] = (r, weight)
+            self._weights[k] = weight
+            if type(r).turn is not Reward.turn:
+                self._per_turn.append((k, r))
         #: False when every step scores 0 for every part (no part overrides `turn`): the env then
         #: takes `zero_components()` instead of awaiting `turn_components` (hot path).
         self.scores_turns = bool(self._per_turn) or type(self).turn_components is not WeightedSum.turn_components
@@ -288,6 +298,8 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
         ValueError: an unknown name, a malformed item, a setting the reward does not take, or a
             weight that is not a finite number.
     """
+    if type(spec) is str:  # the usual spec, first: the ABC checks below cost more than the rest
+        return WeightedSum([(_by_name(spec), 1.0)])
     if isinstance(spec, WeightedSum):
         return spec
     if isinstance(spec, Reward):
