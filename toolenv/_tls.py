@@ -1,6 +1,6 @@
 """One TLS context for every HTTP client toolenv makes (`tls_context`).
 
-httpx builds a new `ssl.SSLContext` for each client it is not given one: loading the CA
+httpx builds a new `ssl.SSLContext` for each client not given one: loading the CA
 bundle costs milliseconds a client, and building one is unsafe in a child forked while
 another thread of the parent was inside OpenSSL, which Gymnasium's AsyncVectorEnv does
 (it forks its workers from a process with threads, and a `RemoteToolEnv` built in a worker
