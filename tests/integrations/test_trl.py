@@ -814,7 +814,16 @@ def test_each_factory_has_its_own_reward_name() -> None:
     def other_env() -> toolenv.ToolEnv:
         return make_env()
 
-    names = [environment_factory(spec).environment_class.__name__ for spec in (calc_env, other_env, other_env)]
+    # Kept alive, as a trainer keeps its factories: a name is unique among live classes only
+    # (a collected factory's class frees its name, which a collection between two calls did)
+    import gc
+
+    factories = []
+    for spec in (calc_env, other_env, other_env):
+        factories.append(environment_factory(spec))
+        factories[-1].environment_class  # builds the class now
+        gc.collect()  # a collection between two calls must not free a live factory's name
+    names = [f.environment_class.__name__ for f in factories]
     assert names[0].startswith("TRLCalcEnvEnvironment") and names[1].startswith("TRLOtherEnvEnvironment")
     assert len(set(names)) == 3  # the same env twice too: a second factory gets a `_2`-like suffix
     short, long = (environment_factory("toolenv/ToolEnv-v0", env_kwargs={"max_turns": n}) for n in (2, 8))
