@@ -63,7 +63,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv_code._split import ReplayTest, SplitTest, decode_value, encode_value, split_tests
+from toolenv_code._split import ReplayTest, SplitTest, decode_value, encode_value, parse_ast, split_tests
 from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
@@ -684,7 +684,7 @@ def _body_indent(prefix: str) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = ast.parse(prefix).body
+            body = parse_ast(prefix).body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return ""
     if not body or not isinstance(body[-1], (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -753,7 +753,7 @@ def _plain_test(source: str) -> str:
     try:
         with warnings.catch_warnings():  # dataset tests hold invalid escapes ("\\d") that warn
             warnings.simplefilter("ignore")
-            tree = ast.parse(source)
+            tree = parse_ast(source)
     except (SyntaxError, ValueError):
         return source
     return ast.unparse(ast.fix_missing_locations(_PlainComparisons().visit(tree)))
