@@ -118,14 +118,14 @@ def run(args: argparse.Namespace) -> int:
 
     from toolenv._outputs import is_stdout
     from toolenv.export import export_chat, export_tokens
-    from toolenv.report.html import check_distinct, iter_run
+    from toolenv.report.html import check_distinct, iter_run, run_file
 
     if args.format == "tokens" and (args.calls or args.arguments or args.tools):
         raise ValueError("--calls, --arguments and --tools shape chat messages; --format tokens writes token ids")
     tools = None if args.tools is None else tool_schemas(args.tools)
     runs = [iter_run(r, warn=_warn)[0] for r in args.run]  # a missing file is an error before any work
     check_distinct(args.run)
-    inputs = {(r if r.is_file() else r / "trajectories.jsonl").resolve() for r in args.run}
+    inputs = {run_file(r).resolve() for r in args.run}
     if args.out.resolve() in inputs:  # the export would replace the run it reads
         raise ValueError(f"--out {args.out} is the trajectories file of a run being exported")
     read = 0

@@ -57,12 +57,17 @@ def load_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
     return list(trajs), folder
 
 
+def run_file(run: str | Path) -> Path:
+    """The trajectories file a run names: the file itself, or the one in the run's folder."""
+    path = Path(run)
+    return path if path.is_file() else path / "trajectories.jsonl"
+
+
 def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> tuple[Iterator[Trajectory], Path]:
     """`load_run` one trajectory at a time (flat memory for a run of any size): the
     FileNotFoundError comes at once, the ValueErrors and the warning as the iteration
     reaches them."""
-    path = Path(run)
-    file = path if path.is_file() else path / "trajectories.jsonl"
+    file = run_file(run)
     if not file.is_file():
         raise FileNotFoundError(f"no trajectories at {file} (expected a run directory written by toolenv rollout)")
 
@@ -78,9 +83,8 @@ def check_distinct(runs: Sequence[str | Path]) -> None:
     """
     seen: dict[tuple[int, int], str | Path] = {}
     for run in runs:
-        path = Path(run)
         try:
-            st = (path if path.is_file() else path / "trajectories.jsonl").stat()
+            st = run_file(run).stat()
         except OSError:  # not there: the reader's own error says so
             continue
         if (first := seen.get((st.st_dev, st.st_ino))) is not None:

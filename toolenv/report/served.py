@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
-from toolenv.report.html import _ImageTable, _json_for_script, _page_parts, check_distinct, partial_line_warning
+from toolenv.report.html import (
+    _ImageTable,
+    _json_for_script,
+    _page_parts,
+    check_distinct,
+    partial_line_warning,
+    run_file,
+)
 from toolenv.report.summary import SummaryBuilder
 from toolenv.trajectory import Trajectory, kept_lines
 
@@ -77,8 +84,7 @@ class RunIndex:
             raise ValueError("no run to report on")
         files = []
         for run in runs:
-            path = Path(run)
-            file = path if path.is_file() else path / "trajectories.jsonl"
+            file = run_file(run)
             if not file.is_file():
                 raise FileNotFoundError(
                     f"no trajectories at {file} (expected a run directory written by toolenv rollout)"
