@@ -55,6 +55,74 @@ def _wait_for_ever() -> None:
     threading.Event().wait()
 
 
+class HeldUntilClosed(toolenv.Tool):
+    """Wait until the tool is closed, swallowing every cancellation, as a call blocked on a
+    subprocess's pipe does (only killing the process, in `close`, ends it). Counts its closes."""
+
+    name = "wait"
+    limits = toolenv.ToolLimits(timeout=None)
+
+    class Args(BaseModel):
+        pass
+
+    CALL = '<tool_call>{"name": "wait", "arguments": {}}</tool_call>'
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+        self.started, self.cancelled = threading.Event(), threading.Event()
+        self._closed: asyncio.Event | None = None
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        closed = self._closed = self._closed or asyncio.Event()
+        self.started.set()
+        while not closed.is_set():
+            try:
+                await closed.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()  # and waits on
+        return toolenv.ToolResult(text="closed")
+
+    async def close(self) -> None:
+        self.closes += 1
+        if self._closed is not None:
+            self._closed.set()
+
+
+class Counted(toolenv.Tool):
+    """Echo a word, counting the closes."""
+
+    name = "count"
+
+    class Args(BaseModel):
+        word: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=args.word)
+
+    async def close(self) -> None:
+        self.closes += 1
+
+
+class StuckRelease(toolenv.Tool):
+    """Echo a word. Its `release` (at an episode's end) never returns, as a cleanup stuck on a dead backend."""
+
+    name = "stuck_release"
+
+    class Args(BaseModel):
+        word: str
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        return toolenv.ToolResult(text=args.word)
+
+    async def release(self, ctx: toolenv.ToolContext) -> None:
+        await asyncio.Event().wait()
+
+
 class StuckThreadClose(StuckClose):
     """Echo a word. Its `close` runs a sync teardown in a thread (`asyncio.to_thread`) that never
     returns, as a client library's blocking `close()` on a dead backend does; unlike a coroutine,
@@ -131,16 +199,19 @@ class Scripted(toolenv.Agent):
 
 
 @contextlib.contextmanager
-def serving(factory: Callable[[], Any] = make_env, **options: Any) -> Iterator[str]:
-    """A real uvicorn server of `create_app(factory, **options)` in a thread; yields its URL."""
+def serving(
+    factory: Callable[[], Any] = make_env, *, graceful_timeout: float | None = None, **options: Any
+) -> Iterator[str]:
+    """A real uvicorn server of `create_app(factory, **options)` in a thread; yields its URL.
+    `graceful_timeout`: seconds its stop waits for requests in flight (`toolenv serve --graceful-timeout`)."""
     from toolenv.remote.server import create_app
 
-    with asgi_server(create_app(factory, **options)) as url:
+    with asgi_server(create_app(factory, **options), graceful_timeout=graceful_timeout) as url:
         yield url
 
 
 @contextlib.contextmanager
-def asgi_server(app: Any) -> Iterator[str]:
+def asgi_server(app: Any, *, graceful_timeout: float | None = None) -> Iterator[str]:
     """Any ASGI app served by uvicorn on 127.0.0.1 in a thread; yields its URL."""
     import uvicorn
 
@@ -148,7 +219,8 @@ def asgi_server(app: Any) -> Iterator[str]:
 
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", log_config=None))
+    config = uvicorn.Config(app, log_level="warning", log_config=None, timeout_graceful_shutdown=graceful_timeout)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import functools
 import json
 import logging
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -18,7 +21,21 @@ import pytest
 pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 
-from _remote import CALL_ADD, CALL_SWATCH, TASKS, Scripted, StuckClose, add, asgi_server, hang, make_env, serving
+from _remote import (
+    CALL_ADD,
+    CALL_SWATCH,
+    TASKS,
+    Counted,
+    HeldUntilClosed,
+    Scripted,
+    StuckClose,
+    StuckRelease,
+    add,
+    asgi_server,
+    hang,
+    make_env,
+    serving,
+)
 
 import toolenv
 from toolenv.remote import RemoteEnvError, RemoteToolEnv, SessionGoneError
@@ -1263,6 +1280,59 @@ async def test_an_expired_session_whose_env_close_hangs_frees_its_slot() -> None
     await store.create()  # the slot is free again
     await asyncio.wait_for(store.aclose(), 30)
     assert len(store) == 0
+
+
+def test_a_stop_closes_a_shared_tool_a_deleted_session_stuck_in_a_step_still_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tool object every session shares, whose call swallows its cancellation (blocked on a
+    subprocess's pipe): the session stepping it is deleted, the other closed, the server stopped.
+    The stuck session never let go of the tool, so nobody closed it (its process left running
+    until the server's process exited); the stop must close it, once, within bounded time."""
+    caplog.set_level(logging.ERROR, logger="toolenv.remote")
+    shared = HeldUntilClosed()
+    with serving(lambda: make_env(tools=[add, shared]), close_timeout=0.2, graceful_timeout=0.2) as u:
+        a, b = RemoteToolEnv(u, timeout=60), RemoteToolEnv(u)
+        a.reset(options={"task_id": "t1"})
+        b.reset(options={"task_id": "t1"})
+        stepping = threading.Thread(target=_catch, args=(a.step, HeldUntilClosed.CALL), daemon=True)
+        stepping.start()
+        assert shared.started.wait(30)
+        session = a._session
+        assert httpx.delete(f"{u}/sessions/{session}").status_code == 204
+        assert shared.cancelled.wait(30)  # the delete cancelled the step, which waits on
+        b.close()
+        assert shared.closes == 0  # the stuck session still holds it
+    assert shared.closes == 1
+    stepping.join(30)
+    assert not stepping.is_alive()  # closing the tool ended its call: its client is not left waiting
+    assert f"session {session} did not close within 0.2 s of the stop" in caplog.text
+
+
+def _catch(call: Any, arg: Any) -> None:
+    with contextlib.suppress(Exception):  # an answer or an error: either ends the wait
+        call(arg)
+
+
+def test_a_session_whose_env_close_hangs_lets_go_of_a_shared_tool() -> None:
+    """A session's env close hangs in a tool's `release` and is left behind: it never let go of
+    the tool object it shares with another session, so that one's close left it open, and so
+    did the stop. Once the close is left behind, its tools are let go of: the last holder (the
+    other session) closes the shared tool, once, and not before."""
+    shared = Counted()
+    factory = functools.partial(make_env, tools=[add, shared, StuckRelease()])
+    with serving(factory, close_timeout=0.2) as u, httpx.Client(base_url=u, timeout=60) as http:
+        a, b = RemoteToolEnv(u), RemoteToolEnv(u)
+        a.reset(options={"task_id": "t1"})
+        b.reset(options={"task_id": "t1"})
+        a.close()  # its episode's release hangs: left behind after 0.2 s
+        assert shared.closes == 0  # b still holds it
+        obs, *_ = b.step('<tool_call>{"name": "count", "arguments": {"word": "still"}}</tool_call>')
+        assert "still" in obs
+        b.close()  # its release hangs too; then the last holder's let-go closes it
+        assert http.get("/health").json()["sessions"] == 0
+        assert shared.closes == 1
+    assert shared.closes == 1
 
 
 # ---------------------------------------------------------------------- the env's prompt in the metadata

@@ -919,11 +919,20 @@ class ToolCaller:
             except Exception:  # noqa: BLE001 - one tool's cleanup must not stop the others or the step
                 _log.warning("tool %r failed to release episode %s", t.name, ctx.episode_id, exc_info=True)
 
+    @property
+    def holds(self) -> bool:
+        """True while it holds its tools: from its construction (or `hold`) until `aclose`."""
+        return self._held is not None
+
     async def aclose(self) -> None:
         """Let go of the tools and close every one no other open caller holds (the last holder
         closes a shared tool, once), even when one fails to; then raise the first failure (the
-        others are logged), so one broken `close` leaves no other tool's processes behind."""
+        others are logged), so one broken `close` leaves no other tool's processes behind.
+        Does nothing once it let go (a second close, or a first one left behind that resumes,
+        would close again what was closed)."""
         held, self._held = self._held, None
+        if held is None:
+            return
         closing = _let_go_and_pick(held, self.tools.values())
         await _cancel_detached(closing)
         await _aio.close_each(closing, lambda t: t.close(), lambda t: f"tool {t.name!r}", _log)

@@ -214,7 +214,8 @@ def create_app(
             is closed, with its call in flight, if any, cancelled (its client is gone).
         close_timeout: seconds closing one env (a DELETE, an expiry) may take, and the server's
             stop closing all of them at once; a close still running then is cancelled and left
-            behind, logged with its session's id.
+            behind, logged with its session's id, and the tools that env still holds are let go
+            of (closed unless another session's env holds them) within another `close_timeout`.
     """
     first = as_tool_env(env_factory())
     if env_id is None:

@@ -18,7 +18,10 @@ closes it.
 
 Closing an env (its tools' `release` and `close`) is bounded by `close_timeout`: a close
 still running then is cancelled and left behind, logged with its session's id, so a tool
-whose teardown hangs holds neither a DELETE, nor a slot, nor the server's stop.
+whose teardown hangs holds neither a DELETE, nor a slot, nor the server's stop. The tools
+that env still held are then let go of, and those no other env holds closed, within another
+`close_timeout` (a shared tool is still closed by its last holder); at a stop, so are those
+of a deleted session whose call in flight swallowed its cancellation.
 
 A create may carry a key (the client's `Idempotency-Key`, one per session it wants): a
 create sent again with the same key, because its answer was lost, gets the same session
@@ -293,8 +296,10 @@ class SessionStore:
         """Close every session (server shutdown): all at once, within `close_timeout`.
 
         An env whose close is still running then, or a deleted session whose call in flight
-        has not unwound by then, is left behind, logged with its session's id: a stop ends
-        however a tool's teardown behaves.
+        has not unwound by then, is left behind, logged with its session's id, and the tools
+        it still holds are let go of (closed unless another env holds them) within another
+        `close_timeout`: a stop ends however a tool's teardown behaves, and leaves no shared
+        tool open.
         """
         if self._reaper is not None:
             self._reaper.cancel()
@@ -308,7 +313,8 @@ class SessionStore:
         await asyncio.gather(*(_close(s, self.close_timeout) for s in sessions), self._wait_closers())
 
     async def _wait_closers(self) -> None:
-        """Wait up to `close_timeout` for the deleted sessions still closing; give up on the rest."""
+        """Wait up to `close_timeout` for the deleted sessions still closing; give up on the rest,
+        letting go of the tools their envs still hold (within another `close_timeout`)."""
         closers = dict(self._closers)
         if not closers:
             return
@@ -316,11 +322,12 @@ class SessionStore:
         for closer in late:
             log.error(
                 "session %s did not close within %g s of the stop (its call in flight or its env's close "
-                "did not end): left behind",
+                "did not end): left behind; closing the tools it still holds",
                 closers[closer].id,
                 self.close_timeout,
             )
             closer.cancel()
+        await asyncio.gather(*(_let_go(closers[closer], self.close_timeout) for closer in late))
 
     def _forget(self, session: Session) -> None:
         """Drop a session (and its key) from the store; closing its env is the caller's part."""
@@ -373,7 +380,8 @@ async def _close(session: Session, timeout: float) -> None:
     """Close the env (its tools but those another open env holds: their episode is released
     only) within `timeout` seconds; a failure is logged, never raised (the session is gone
     either way). A close still running then is cancelled and left behind, logged: one stuck
-    teardown must not hold a DELETE, a slot, or the server's stop."""
+    teardown must not hold a DELETE, a slot, or the server's stop. What it had not let go of
+    yet is then let go of (`_let_go`)."""
     closing = asyncio.ensure_future(session.env.aclose())
     closing.add_done_callback(_retrieve)
     try:
@@ -388,8 +396,41 @@ async def _close(session: Session, timeout: float) -> None:
             session.id,
             timeout,
         )
+        await _let_go(session, timeout)
     elif not closing.cancelled() and (exc := closing.exception()) is not None:
         log.error("closing the env of session %s failed", session.id, exc_info=exc)
+
+
+async def _let_go(session: Session, timeout: float) -> None:
+    """Let go of the tools the env of a session left behind still holds (its close was stuck
+    before it got to them, or never started: a call in flight that swallows its cancellation
+    holds the env), and close those no other open env holds, within `timeout` seconds.
+
+    Without it, a tool object shared with other sessions is never closed (the last holder
+    closes it, and this one never lets go): its processes and connections stay until the
+    server's process exits. Its calls left running past their timeout are cancelled as it
+    closes (`ToolCaller.aclose`); a call in flight that swallows cancellation runs on with
+    its tools closed, which is what ends most (a killed subprocess, a closed connection).
+    """
+    caller = session.env.caller
+    if not caller.holds:  # its close let go already, and closes what it picked
+        return
+    closing = asyncio.ensure_future(caller.aclose())
+    closing.add_done_callback(_retrieve)
+    try:
+        await asyncio.wait({closing}, timeout=timeout)
+    except asyncio.CancelledError:
+        closing.cancel()
+        raise
+    if not closing.done():
+        closing.cancel()
+        log.error(
+            "the tools of session %s did not close within %g s (the close timeout) either: left behind",
+            session.id,
+            timeout,
+        )
+    elif not closing.cancelled() and (exc := closing.exception()) is not None:
+        log.error("closing the tools of session %s failed", session.id, exc_info=exc)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
