@@ -7,6 +7,10 @@ one line `<pid> <method> <params as JSON>`. Tools:
 
 * `first`: on the first page; returns its arguments as text.
 * `files.read` and `b` (later pages): `b` declares an `outputSchema` and returns structured content.
+
+With `RAW_MCP_CHANGES` set it declares `tools.listChanged` and lists `change` too: calling it
+changes `b`'s output schema (and its results to match), removes `files.read`, adds `new`, and
+sends `notifications/tools/list_changed`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,28 @@ TOOLS: list[dict[str, Any]] = [
         "outputSchema": {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]},
     },
 ]
+
+
+CHANGES = bool(os.environ.get("RAW_MCP_CHANGES"))
+if CHANGES:
+    TOOLS.append({"name": "change", "description": "Change the tool list.", "inputSchema": {"type": "object"}})
+CHANGED: list[bool] = []  # set once `change` was called
+B_CHANGED = {
+    "name": "b",
+    "description": "Structured content, as its (changed) output schema says.",
+    "inputSchema": {"type": "object"},
+    "outputSchema": {"type": "object", "properties": {"w": {"type": "string"}}, "required": ["w"]},
+}
+
+
+def change() -> None:
+    """Change the tool list, then tell the client so."""
+    CHANGED.append(True)
+    TOOLS[:] = [t for t in TOOLS if t["name"] not in ("files.read", "b")] + [
+        B_CHANGED,
+        {"name": "new", "description": "A tool added later.", "inputSchema": {"type": "object"}},
+    ]
+    send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
 
 def send(message: dict[str, Any]) -> None:
@@ -60,7 +86,8 @@ def main() -> None:
         if method == "initialize":
             version = os.environ.get("RAW_MCP_VERSION", "2024-11-05")
             info = {"name": "raw", "version": "0"}
-            result(request_id, {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info})
+            capabilities = {"tools": {"listChanged": True} if CHANGES else {}}
+            result(request_id, {"protocolVersion": version, "capabilities": capabilities, "serverInfo": info})
         elif method == "tools/list":
             index = int(params.get("cursor") or 0)
             page: dict[str, Any] = {"tools": TOOLS[index : index + 1]}
@@ -69,9 +96,17 @@ def main() -> None:
             result(request_id, page)
         elif method == "tools/call":
             name, arguments = params.get("name"), params.get("arguments") or {}
-            if name == "b":
+            listed = {t["name"] for t in TOOLS}
+            if name == "b" and CHANGED:
+                result(
+                    request_id, {"content": [{"type": "text", "text": '{"w": "x"}'}], "structuredContent": {"w": "x"}}
+                )
+            elif name == "b":
                 result(request_id, {"content": [{"type": "text", "text": '{"v": 1}'}], "structuredContent": {"v": 1}})
-            elif name in ("first", "files.read"):
+            elif name == "change" and CHANGES:
+                change()
+                result(request_id, {"content": [{"type": "text", "text": "changed"}]})
+            elif name in ("first", "files.read", "new") and name in listed:
                 result(request_id, {"content": [{"type": "text", "text": f"{name} {json.dumps(arguments)}"}]})
             else:
                 send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": f"no tool {name}"}})

@@ -21,12 +21,12 @@ from toolenv_mcp.tool import function_name
 RAW_SERVER = Path(__file__).resolve().with_name("mcp_raw_server.py")
 
 
-def raw_server(log: Path, *, scope: str = "process", name: str = "raw") -> MCPServer:
+def raw_server(log: Path, *, scope: str = "process", name: str = "raw", changes: bool = False) -> MCPServer:
     return MCPServer(
         name=name,
         command=sys.executable,
         args=(str(RAW_SERVER),),
-        env={"RAW_MCP_LOG": str(log)},
+        env={"RAW_MCP_LOG": str(log), **({"RAW_MCP_CHANGES": "1"} if changes else {})},
         scope=scope,  # type: ignore[arg-type]
     )
 
@@ -138,3 +138,29 @@ def test_stdio_servers_start_where_sys_stderr_is_not_a_file(tmp_path: Path) -> N
     assert lines[1].startswith("refused: MCP server ") and "could not start" in lines[1]
     assert "fileno" not in done.stdout
     assert "mcp_test_server: refusing to start" in done.stderr  # the server's stderr, on the process's
+
+
+def test_a_tool_list_changed_notification_makes_the_session_list_again(tmp_path: Path) -> None:
+    """A server that changes its tools sends `notifications/tools/list_changed`, after which MCP
+    says a client lists them again. Ignored, the session kept checking `b`'s results against
+    the output schema it had listed before, and refused every result of the changed `b`."""
+    log = tmp_path / "requests.log"
+    tools = {t.name: t for t in mcp_tools(raw_server(log, changes=True))}
+    ctx = ToolContext(Task(id="t", question="q"), "ep", "c1", 1, {})
+
+    async def call(name: str) -> tuple[bool, str]:
+        tool = tools[name]
+        result = await tool.run(tool.Args.model_validate({"path": "a.txt"} if name == "files_read" else {}), ctx)
+        return result.is_error, result.text
+
+    async def go() -> list[tuple[bool, str]]:
+        return [await call(name) for name in ("b", "change", "b", "b", "files_read")]
+
+    try:
+        outcomes = asyncio.run(go())
+    finally:
+        close_tools(tools.values())
+    assert outcomes[:4] == [(False, '{"v": 1}'), (False, "changed"), (False, '{"w": "x"}'), (False, '{"w": "x"}')]
+    assert outcomes[4][0] and "refused the call to 'files.read'" in outcomes[4][1]  # removed: a clear error
+    listings = [m for _, m, p in requests(log) if m == "tools/list" and not p.get("cursor")]
+    assert len(listings) == 2  # by mcp_tools (the session it kept), and once after the change, not per call

@@ -124,6 +124,7 @@ class Connection:
         self._lost = True
         self._expired = 0  # the start whose HTTP session the server no longer knows (404), else 0
         self._listed = 0  # the start whose session listed every tool (all pages), else 0
+        self._changes = 0  # `notifications/tools/list_changed` received: a listing older than one is stale
         self._listing: asyncio.Task[Any] | None = None  # that listing, shared by the calls waiting for it
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
@@ -162,7 +163,7 @@ class Connection:
     async def _list_pages(self) -> list[dict[str, Any]]:
         from mcp import types
 
-        generation = self.starts
+        generation, changes = self.starts, self._changes
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(_MAX_PAGES):
@@ -173,9 +174,17 @@ class Connection:
             cursor = page.get("nextCursor")
             if not cursor:
                 break
-        if generation == self.starts:
+        if generation == self.starts and changes == self._changes:  # else the tools changed meanwhile
             self._listed = generation
         return tools
+
+    def _tools_changed(self, generation: int) -> None:
+        """The server's tools changed (`notifications/tools/list_changed`): the session lists
+        them again before its next call, as MCP asks, so that the SDK checks results against
+        the tools' output schemas as they are now (a changed one refused every result)."""
+        if generation == self.starts:
+            self._changes += 1
+            self._listed = 0
 
     async def _list_first(self) -> None:
         """List the session's tools (every page) before its first call, once per session.
@@ -184,7 +193,8 @@ class Connection:
         never listed looks the schema up with a listing of its own: after the call (whose
         result is lost if that listing fails or times out, though the call ran), and only
         of the first page, so a tool on a later page was listed again, with a warning, at
-        every call. A session of an episode, or one restarted, had not listed.
+        every call. A session of an episode, or one restarted, had not listed; one whose
+        server said its tools changed lists again.
         """
         for _ in range(2):  # a session replaced during the listing (HTTP 404) lists once more
             if self._listed == self.starts and self._session is not None and not self._lost:
@@ -391,7 +401,7 @@ class Connection:
 
         The transport's context managers must be entered and left in one task: this one.
         """
-        from mcp import ClientSession
+        from mcp import ClientSession, types
 
         def lost() -> None:
             if generation == self.starts:
@@ -401,10 +411,16 @@ class Connection:
             if generation == self.starts:
                 self._lost, self._expired = True, generation
 
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                self._tools_changed(generation)
+
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await _open_transport(stack, self.server, expired, refusals)
-                session = await stack.enter_async_context(ClientSession(_Watched(read, lost), write))
+                session = await stack.enter_async_context(
+                    ClientSession(_Watched(read, lost), write, message_handler=on_message)
+                )
                 await session.initialize()
                 if ready.done():  # the start timed out or was abandoned meanwhile
                     return
