@@ -494,6 +494,35 @@ async def test_closing_closes_every_tool_when_one_fails_and_raises_its_error() -
     assert closed == ["a", "b", "c", "d"]
 
 
+async def test_a_close_that_hangs_does_not_keep_the_other_tools_open() -> None:
+    """The tools were closed one after another, so one whose `close` hangs (a dead backend)
+    kept every tool after it open: a caller giving up on the close (the remote server's
+    close timeout) left their processes and connections behind."""
+    closed: list[str] = []
+    stuck = asyncio.Event()
+
+    def named(tool_name: str, hangs: bool) -> toolenv.Tool:
+        class Closing(toolenv.Tool):
+            """Records its close; one never finishes it."""
+
+            name = tool_name
+
+            class Args(BaseModel):
+                pass
+
+            async def close(self) -> None:
+                closed.append(tool_name)
+                if hangs:
+                    await stuck.wait()
+
+        return Closing()
+
+    caller = ToolCaller([named("a", True), named("b", False), named("c", False)])
+    with pytest.raises(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
+        await asyncio.wait_for(caller.aclose(), 0.2)
+    assert sorted(closed) == ["a", "b", "c"]
+
+
 class Gated(toolenv.Tool):
     """Waits for its gate; counts the calls in flight across every instance (one backend)."""
 

@@ -163,19 +163,31 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
 async def close_each(
     items: Iterable[T], close: Callable[[T], Awaitable[object]], describe: Callable[[T], str], log: logging.Logger
 ) -> None:
-    """`await close(item)` for every item, even when one fails; then raise the first failure
-    (the others are logged), so one broken close leaves nothing else open."""
+    """`await close(item)` for every item at once, even when one fails; then raise the first
+    failure in `items`' order (the others are logged), so one broken close leaves nothing else
+    open. At once, not one after another: a close that hangs (a dead backend) would otherwise
+    keep every item after it open, when the caller gives up waiting (a close timeout)."""
+    listed = list(items)
+    outcomes = await asyncio.gather(*(_outcome(close, item) for item in listed))
     first: Exception | None = None
-    for item in items:
-        try:
-            await close(item)
-        except Exception as exc:  # raised below, after the others are closed
-            if first is None:
-                first = exc
-            else:
-                log.warning("%s failed to close", describe(item), exc_info=True)
+    for item, exc in zip(listed, outcomes, strict=True):
+        if exc is None:
+            continue
+        if first is None:
+            first = exc
+        else:
+            log.warning("%s failed to close", describe(item), exc_info=exc)
     if first is not None:
         raise first
+
+
+async def _outcome(close: Callable[[T], Awaitable[object]], item: T) -> Exception | None:
+    """The exception `close(item)` raised, or None; anything else (a cancellation) propagates."""
+    try:
+        await close(item)
+    except Exception as exc:  # noqa: BLE001 - handed to `close_each`, which raises the first
+        return exc
+    return None
 
 
 _helper: concurrent.futures.ThreadPoolExecutor | None = None
