@@ -267,3 +267,33 @@ async def test_an_invalid_task_is_reported_by_execute_not_run_on_an_empty_task()
     assert "Invalid task for tool 'stats'" in (resp.text or "") and metrics["is_error"] is True and reward == 0.0
     await adapter.release(iid)
     assert not adapter._create_errors and not adapter._contexts
+
+
+async def test_tool_agent_rows_leave_the_tools_to_the_chat_template(scripted_server, make_loop, tiny_tokenizer):
+    """verl's tool_agent renders its tools with the chat template (`tools=`); rows built for it
+    (`agent_name="tool_agent"`) held the env's hermes instructions too, so the model saw every
+    tool described twice, in two wordings. They now hold only how to answer; the hermes calls
+    verl's parser reads still run, and `toolenv_agent` rows (no `tools=`) keep the tool list."""
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+    from toolenv.integrations.verl.base_tool import ToolEnvBaseTool
+    from toolenv.integrations.verl.data import abuild_rows
+    from toolenv.integrations.verl.demo import DEMO_TASKS
+
+    kwargs = {"tools": [CALC_REF], "tasks": DEMO_TASKS}
+    description = Calculator().flat_schema()["function"]["description"]
+    row = (await abuild_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs, agent_name="tool_agent"))[0]
+    adapter = ToolEnvBaseTool({"tool": CALC_REF})
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+    loop = make_loop(scripted_server([call, "<answer>42</answer>"]), cls=ToolAgentLoop, tools=[adapter])
+    out = await loop.run({}, raw_prompt=row["prompt"], extra_info=row["extra_info"], tools_kwargs={})
+    prompt = tiny_tokenizer.decode(out.prompt_ids)
+    assert prompt.count(description) == 1  # the template's `# Tools` block only
+    assert "<answer>...</answer>" in prompt  # how to answer, which the template does not say
+    assert "<tool_response>\n42\n</tool_response>" in tiny_tokenizer.decode(out.response_ids)  # the call ran
+    await adapter.aclose()
+
+    own = (await abuild_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs))[0]  # for ToolEnvAgentLoop: no tools=
+    assert own["agent_name"] == "toolenv_agent" and description in own["prompt"][0]["content"]
+    forced = await abuild_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs, agent_name="my_loop", native_tools=True)
+    assert description not in forced[0]["prompt"][0]["content"]

@@ -307,3 +307,25 @@ def test_a_fifo_is_written_into_not_replaced(tmp_path):
     reader.join(timeout=60)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert pq.read_table(io.BytesIO(got[0])).to_pylist() == [{"a": 1}, {"a": 2}]
+
+
+@pytest.mark.parametrize(
+    ("flags", "listed"),
+    [([], True), (["--agent-name", "tool_agent"], False), (["--agent-name", "tool_agent", "--no-native-tools"], True)],
+)
+def test_cli_rows_for_verls_tool_agent_leave_the_tools_to_the_template(tmp_path, flags, listed):
+    """verl's `tool_agent` passes its tools to the chat template: its rows say only how to answer."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "calc.parquet"
+    proc = _cli(
+        "toolenv/ToolEnv-v0",
+        "--out",
+        str(out),
+        "--env-kwargs",
+        json.dumps({"tools": [CALC], "tasks": DEMO_TASKS}),
+        *flags,
+    )
+    assert proc.returncode == 0, proc.stderr
+    system = pq.read_table(out).to_pylist()[0]["prompt"][0]["content"]
+    assert ('"name": "calculator"' in system) is listed and "<answer>...</answer>" in system

@@ -3,7 +3,9 @@
 A row is what `verl.utils.dataset.RLHFDataset` reads and what `ToolEnvAgentLoop`
 needs to replay the episode in a Ray worker:
 
-- `prompt`: the chat messages of `env.reset(options={"task": task})[1]["messages"]`
+- `prompt`: the chat messages of `env.reset(options={"task": task})[1]["messages"]`; for verl's
+  `tool_agent`, which gives the model the tools through the chat template (`tools=`), the reset has
+  `native_tools`, so the prompt says only how to answer rather than listing the tools a second time
 - `agent_name`: the agent loop (`toolenv_agent` in examples/verl/toolenv_agent.yaml)
 - `data_source`, `ability`, `reward_model.ground_truth` (a string; JSON list for several answers)
 - `extra_info`: `index`, `split`, `env_id`, `task_id`, `task` (JSON), `env_kwargs` (JSON) and
@@ -28,9 +30,19 @@ from toolenv._outputs import written_in_place
 from toolenv.integrations.verl.envs import TASK_SELECTION_KEYS, make_env
 from toolenv.types import Message, Task
 
-__all__ = ["DEFAULT_AGENT_NAME", "abuild_rows", "build_rows", "ground_truth", "prompt_messages", "write_parquet"]
+__all__ = [
+    "DEFAULT_AGENT_NAME",
+    "TEMPLATE_TOOLS_AGENTS",
+    "abuild_rows",
+    "build_rows",
+    "ground_truth",
+    "prompt_messages",
+    "write_parquet",
+]
 
 DEFAULT_AGENT_NAME = "toolenv_agent"
+#: verl's agent loops that render the tools with the chat template (`apply_chat_template(tools=...)`).
+TEMPLATE_TOOLS_AGENTS = frozenset({"tool_agent"})
 
 
 def ground_truth(task: Task) -> str:
@@ -90,8 +102,14 @@ async def abuild_rows(
     agent_name: str = DEFAULT_AGENT_NAME,
     data_source: str | None = None,
     ability: str = "tool_use",
+    native_tools: bool | None = None,
 ) -> list[dict[str, Any]]:
     """One verl row per task of `gym.make(env_id, **env_kwargs)` in `split` (see `split_tasks`).
+
+    `native_tools`: the agent loop shows the model the tools through the chat template, so the
+    prompt holds only the parser's answer instructions (`reset(options={"native_tools": True})`);
+    by default True for verl's `tool_agent` (`TEMPLATE_TOOLS_AGENTS`), False otherwise
+    (`ToolEnvAgentLoop` renders the prompt without `tools=`: the env's prompt lists them).
 
     Raises:
         ValueError: the env cannot be made, has no tasks, `env_kwargs` is not JSON (tools given as
@@ -108,6 +126,8 @@ async def abuild_rows(
             f"env_kwargs must be JSON, since every row carries them for a worker to rebuild its env: give tools as "
             f"references, 'module:Name' or a tool plugin name, not objects ({exc})"
         ) from None
+    if native_tools is None:
+        native_tools = agent_name in TEMPLATE_TOOLS_AGENTS
     env = make_env(env_id, kwargs)
     try:
         tasks = split_tasks(env.tasks, split)
@@ -116,7 +136,7 @@ async def abuild_rows(
             raise ValueError(f"env {env_id!r} has no tasks (pass tasks in --env-kwargs?)")
         rows = []
         for index, task in enumerate(tasks):
-            _, info = await env.areset(options={"task": task})
+            _, info = await env.areset(options={"task": task, "native_tools": native_tools})
             prompt, images = prompt_messages(info["messages"])
             task_json = task.model_dump_json()
             extra: dict[str, Any] = {

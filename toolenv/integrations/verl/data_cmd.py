@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--agent-name", default=DEFAULT_AGENT_NAME, help="agent loop name stored in each row")
     parser.add_argument("--data-source", default=None, help="data_source column (default: ENV_ID)")
+    parser.add_argument(
+        "--native-tools",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the agent loop gives the model the tools through the chat template, so the prompt only says how to "
+        "answer (default: on for --agent-name tool_agent, verl's own tool loop; off otherwise)",
+    )
 
 
 def _env_kwargs(text: str) -> dict[str, Any]:
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
         agent_name=args.agent_name,
         data_source=args.data_source,
+        native_tools=args.native_tools,
     )
     path = write_parquet(rows, args.out)
     print(f"wrote {len(rows)} rows for {args.env_id} to {path}")
