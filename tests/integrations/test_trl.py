@@ -300,6 +300,44 @@ def test_an_open_episode_is_ended_and_scored_with_no_answer_once() -> None:
     assert env.get_reward() == -0.5
 
 
+class _Broken(toolenv.Reward):
+    """A final reward that fails (a judge server down, a bug in a reward of one's own)."""
+
+    name = "broken"
+
+    async def final(self, episode: toolenv.Episode) -> float:
+        raise ZeroDivisionError("division by zero")
+
+
+def test_an_env_failure_on_the_answer_is_logged_and_ends_the_episode(caplog: pytest.LogCaptureFixture) -> None:
+    """The answer's step failed (its reward raised): TRL caught the exception, showed the model
+    `{'error': 'division by zero'}`, and `get_reward()` gave 0.0 as for a wrong answer, with
+    nothing logged and the episode's tools left held. As verl's agent loop does, the failure is now
+    logged with the env and task, kept as `error`, and ends the episode; the model is told so."""
+    env = environment_factory(lambda: make_env(tools=[Add()], reward=[("exact_match", 1.0), (_Broken(), 1.0)]))()
+    env.reset(task_id="t1")
+    assert env.add(a=2, b=3) == "5"
+    failed = r"^The environment failed \(ZeroDivisionError: division by zero\)"
+    with caplog.at_level("WARNING", logger="toolenv.integrations.trl"), pytest.raises(ToolCallError, match=failed):
+        env.answer(answer="5")
+    [record] = caplog.records
+    assert record.getMessage() == (
+        f"toolenv: {type(env).__name__} failed on task t1; the episode ends here: ZeroDivisionError: division by zero"
+    )
+    assert env.error == "ZeroDivisionError: division by zero" and env.last_info["error"] == env.error
+    ep = env.env.episode
+    assert ep is not None and ep.released  # its tools are freed now, not at the next reset
+    with pytest.raises(ToolCallError, match=r"^The episode has ended \(the environment failed\)"):
+        env.add(a=1, b=1)
+    assert len(ep.turns) == 2  # the late call was not run
+    assert env.get_reward() == 0.0 and len(caplog.records) == 1  # not scored again
+    env.reset(task_id="t1")  # TRL reuses instances: the next episode starts clean
+    assert env.error is None and "error" not in env.last_info
+    quiet = environment_factory(lambda: make_env(reward=_Broken()), raise_tool_errors=False)()
+    quiet.reset(task_id="t1")
+    assert quiet.answer(answer="5").startswith("The environment failed (ZeroDivisionError: division by zero)")
+
+
 async def test_calls_from_a_thread_that_runs_an_event_loop() -> None:
     """GRPOTrainer calls reset, the tools and get_reward on its own thread; in Jupyter or Colab
     that thread runs an event loop, where a sync ToolEnv call cannot run its coroutine."""

@@ -21,7 +21,11 @@ each such object holds a `ToolEnv` episode:
   the episode, since TRL tells the environment nothing of the model's last message;
 - `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
   step rewards); an episode still open (the model stopped calling tools without
-  answering) is ended first and scored with no answer.
+  answering) is ended first and scored with no answer;
+- a call whose env step raises (its reward fails, a remote env's server lost the session)
+  ends the episode, as in verl's agent loop: a warning is logged, the environment's `error`
+  (and `last_info["error"]`) says what failed, the tools are released, the call fails with
+  that text, and `get_reward()` gives the return of the turns before it.
 
 The factory (`EnvironmentFactory`) pickles, for TRL's async trainer, and names each env's
 class, which TRL logs the env's reward under, uniquely.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import pickle
 import threading
 import warnings
@@ -54,6 +59,8 @@ __all__ = [
     "dataset_rows",
     "environment_factory",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: Docstring of the answer method (transformers reads the tool's description and argument from it).
 ANSWER_DOC = """Give your final answer. This ends the episode; call it once, after gathering what you need.
@@ -105,8 +112,9 @@ class TRLEnvironment:
     """One rollout's episode of a `ToolEnv`, seen by TRL as an environment with tool methods.
 
     Subclasses made by `environment_factory` add a method per tool; use the factory
-    rather than this class. `env` and `last_info` are public for reward functions that
-    read the episode (`kwargs["environments"]` in TRL).
+    rather than this class. `env`, `last_info` and `error` are public for reward functions
+    that read the episode (`kwargs["environments"]` in TRL); `error` is the env's failure
+    that ended the episode ("Type: message"), else None.
     """
 
     _answer_tool: str | None = None
@@ -115,6 +123,7 @@ class TRLEnvironment:
     def __init__(self, env: ToolEnv) -> None:
         self.env = env
         self.last_info: dict[str, Any] = {}
+        self.error: str | None = None
         self._return = 0.0
         self._calls = 0
 
@@ -131,6 +140,7 @@ class TRLEnvironment:
         _, info = _LOOP.run(self.env.areset(options=options))
         self._return = 0.0
         self._calls = 0
+        self.error = None
         rendered = [im for m in info["messages"] for im in m.images]
         prompt = row.get("prompt")
         out: str | list[dict[str, Any]] | None = None
@@ -147,9 +157,11 @@ class TRLEnvironment:
         return out
 
     def get_reward(self) -> float:
-        """The episode's return; an open episode is ended with no answer and scored first."""
+        """The episode's return; an open episode is ended with no answer and scored first (one the
+        env's failure ended is not: its return is that of the turns before the failure)."""
         self._episode()
-        self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
+        if self.error is None:
+            self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
         return self._return
 
     # ------------------------------------------------------------------ calls
@@ -162,13 +174,36 @@ class TRLEnvironment:
     def _step(self, parsed: ParsedAction) -> tuple[str, dict[str, Any] | None]:
         """(observation, step info), or the reason and None when the episode has ended."""
         ep = self._episode()
-        if ep.terminated or ep.truncated:
-            why = "the answer was given" if ep.terminated else f"the limit of {self.env.max_turns} turns was reached"
+        if self.error is not None or ep.terminated or ep.truncated:
+            why = (
+                "the environment failed"
+                if self.error is not None
+                else "the answer was given"
+                if ep.terminated
+                else f"the limit of {self.env.max_turns} turns was reached"
+            )
             return f"The episode has ended ({why}); nothing more is run.", None
-        obs, reward, _, _, info = _LOOP.run(self.env.astep(written_turn(self.env.parser, parsed), parsed=parsed))
+        try:
+            obs, reward, _, _, info = _LOOP.run(self.env.astep(written_turn(self.env.parser, parsed), parsed=parsed))
+        except Exception as exc:  # noqa: BLE001 - TRL would show it to the model as its error and score 0 unsaid
+            return self._env_failed(ep, exc), None
         self._return += float(reward)
         self.last_info = info
         return obs, info
+
+    def _env_failed(self, ep: Episode, exc: Exception) -> str:
+        """End the episode on the env's failure `exc`: logged, kept as `error`, tools released;
+        the text the failed call gives back."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        _log.warning(
+            "toolenv: %s failed on task %s; the episode ends here: %s", type(self).__name__, ep.task.id, self.error
+        )
+        self.last_info = {"task_id": ep.task.id, "turn": len(ep.turns), "error": self.error}
+        try:
+            _LOOP.run(self.env.aend_episode())
+        except Exception:  # noqa: BLE001 - the step's failure is the one to report
+            _log.warning("toolenv: releasing the tools of the failed episode failed too", exc_info=True)
+        return f"The environment failed ({self.error}); the episode ends here."
 
     def _failed(self, text: str, result: ToolResult | None = None) -> str:
         """`text`, or `ToolCallError(text)` raised when the factory says so (its default)."""
