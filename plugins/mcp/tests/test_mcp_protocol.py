@@ -164,3 +164,22 @@ def test_a_tool_list_changed_notification_makes_the_session_list_again(tmp_path:
     assert outcomes[4][0] and "refused the call to 'files.read'" in outcomes[4][1]  # removed: a clear error
     listings = [m for _, m, p in requests(log) if m == "tools/list" and not p.get("cursor")]
     assert len(listings) == 2  # by mcp_tools (the session it kept), and once after the change, not per call
+
+
+def test_the_tool_list_changed_notification_is_recognised_as_either_sdk_delivers_it() -> None:
+    """mcp 2.x hands `message_handler` the notification itself; mcp 1.x (which the plugin
+    supports too) wraps it in `ServerNotification`, a pydantic `RootModel`. Checked only as the
+    bare class, the notification was ignored under mcp 1.x: the session never listed again."""
+    from mcp import types
+    from pydantic import RootModel
+
+    from toolenv_mcp.connection import _tools_changed_notice
+
+    class ServerNotification(RootModel[types.ToolListChangedNotification]):  # mcp 1.x's shape
+        pass
+
+    notice = types.ToolListChangedNotification(method="notifications/tools/list_changed")
+    assert _tools_changed_notice(notice)
+    assert _tools_changed_notice(ServerNotification(notice))
+    other = types.ResourceListChangedNotification(method="notifications/resources/list_changed")
+    assert not _tools_changed_notice(other) and not _tools_changed_notice(RuntimeError("transport"))

@@ -401,7 +401,7 @@ class Connection:
 
         The transport's context managers must be entered and left in one task: this one.
         """
-        from mcp import ClientSession, types
+        from mcp import ClientSession
 
         def lost() -> None:
             if generation == self.starts:
@@ -412,7 +412,7 @@ class Connection:
                 self._lost, self._expired = True, generation
 
         async def on_message(message: Any) -> None:
-            if isinstance(message, types.ToolListChangedNotification):
+            if _tools_changed_notice(message):
                 self._tools_changed(generation)
 
         try:
@@ -726,6 +726,15 @@ def release_episode(server: MCPServer, episode_id: str, holder: int) -> concurre
     """`holder` is done with the episode's connection; the last holder closes it (the future ends with it)."""
     with _lock:
         return _let_go((server.key, episode_id), holder)
+
+
+def _tools_changed_notice(message: Any) -> bool:
+    """True for `notifications/tools/list_changed`, as `ClientSession`'s `message_handler` gets
+    it: the notification itself (mcp 2.x), or wrapped in `ServerNotification`, a `RootModel`
+    (mcp 1.x), whose `root` is the notification."""
+    from mcp import types
+
+    return isinstance(getattr(message, "root", message), types.ToolListChangedNotification)
 
 
 def drop_holder(holder: int) -> list[concurrent.futures.Future[None]]:
