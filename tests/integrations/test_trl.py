@@ -338,6 +338,28 @@ def test_an_env_failure_on_the_answer_is_logged_and_ends_the_episode(caplog: pyt
     assert quiet.answer(answer="5").startswith("The environment failed (ZeroDivisionError: division by zero)")
 
 
+def test_an_env_failure_scoring_an_unanswered_episode_ends_it_rather_than_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The model stopped calling tools without answering, and the final reward that scores the
+    truncation failed (a judge server down). `get_reward()` raised it into TRL's reward step,
+    which catches nothing: the whole run stopped, where the same failure on an answer only ends
+    that episode. It now ends the episode alike: logged, kept as `error`, the return so far."""
+    env = environment_factory(lambda: make_env(tools=[Add()], reward=[("exact_match", 1.0), (_Broken(), 1.0)]))()
+    env.reset(task_id="t1")
+    assert env.add(a=2, b=3) == "5"
+    with caplog.at_level("WARNING", logger="toolenv.integrations.trl"):
+        assert env.get_reward() == 0.0
+    [record] = caplog.records
+    assert record.getMessage().endswith("failed on task t1; the episode ends here: ZeroDivisionError: division by zero")
+    assert env.error == "ZeroDivisionError: division by zero" and env.last_info["error"] == env.error
+    ep = env.env.episode
+    assert ep is not None and ep.released
+    assert env.get_reward() == 0.0 and len(caplog.records) == 1  # asked again: the same, not scored again
+    env.reset(task_id="t1")
+    assert env.error is None
+
+
 async def test_calls_from_a_thread_that_runs_an_event_loop() -> None:
     """GRPOTrainer calls reset, the tools and get_reward on its own thread; in Jupyter or Colab
     that thread runs an event loop, where a sync ToolEnv call cannot run its coroutine."""

@@ -22,10 +22,11 @@ each such object holds a `ToolEnv` episode:
 - `get_reward()`: the episode's return, as verl's agent loop reports it (the sum of the
   step rewards); an episode still open (the model stopped calling tools without
   answering) is ended first and scored with no answer;
-- a call whose env step raises (its reward fails, a remote env's server lost the session)
-  ends the episode, as in verl's agent loop: a warning is logged, the environment's `error`
-  (and `last_info["error"]`) says what failed, the tools are released, the call fails with
-  that text, and `get_reward()` gives the return of the turns before it.
+- a call whose env step raises (its reward fails, a remote env's server lost the session),
+  or `get_reward()` scoring an open episode that raises, ends the episode, as in verl's agent
+  loop: a warning is logged, the environment's `error` (and `last_info["error"]`) says what
+  failed, the tools are released, the call fails with that text, and `get_reward()` gives
+  the return of the turns before it.
 
 The factory (`EnvironmentFactory`) pickles, for TRL's async trainer, and names each env's
 class, which TRL logs the env's reward under, uniquely.
@@ -158,10 +159,15 @@ class TRLEnvironment:
 
     def get_reward(self) -> float:
         """The episode's return; an open episode is ended with no answer and scored first (one the
-        env's failure ended is not: its return is that of the turns before the failure)."""
-        self._episode()
+        env's failure ended is not: its return is that of the turns before the failure). Scoring
+        it failing is such a failure too: it ends the episode as a failing call does, rather than
+        raising into TRL's reward step, which would stop the run."""
+        ep = self._episode()
         if self.error is None:
-            self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
+            try:
+                self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
+            except Exception as exc:  # noqa: BLE001 - as a failing step: this episode ends, not the run
+                self._env_failed(ep, exc)
         return self._return
 
     # ------------------------------------------------------------------ calls
