@@ -523,6 +523,42 @@ async def test_a_close_that_hangs_does_not_keep_the_other_tools_open() -> None:
     assert sorted(closed) == ["a", "b", "c"]
 
 
+async def test_a_release_that_hangs_does_not_keep_the_other_tools_from_releasing() -> None:
+    """The tools released an episode one after another, so one whose `release` hangs (a dead
+    backend) kept every tool after it from releasing: a caller giving up (the remote server's
+    close timeout) left their episode's sessions and processes behind, for a tool another env
+    holds until that one closes it. Every release starts; a failing one is logged, as before."""
+    released: list[str] = []
+    stuck = asyncio.Event()
+
+    def named(tool_name: str, how: str) -> toolenv.Tool:
+        class Releasing(toolenv.Tool):
+            """Records its release; one never finishes it, one fails."""
+
+            name = tool_name
+
+            class Args(BaseModel):
+                pass
+
+            async def release(self, ctx: ToolContext) -> None:
+                released.append(tool_name)
+                if how == "hangs":
+                    await stuck.wait()
+                elif how == "fails":
+                    raise RuntimeError("no backend")
+
+        return Releasing()
+
+    caller = ToolCaller([named("a", "hangs"), named("b", "fails"), named("c", "")])
+    with pytest.raises(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
+        await asyncio.wait_for(caller.release(ctx()), 0.2)
+    assert sorted(released) == ["a", "b", "c"]
+    released.clear()
+    done = ToolCaller([named("b", "fails"), named("c", "")])
+    await done.release(ctx())  # the failure is logged, not raised
+    assert released == ["b", "c"]
+
+
 class Gated(toolenv.Tool):
     """Waits for its gate; counts the calls in flight across every instance (one backend)."""
 

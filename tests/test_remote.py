@@ -1335,6 +1335,37 @@ def test_a_session_whose_env_close_hangs_lets_go_of_a_shared_tool() -> None:
     assert shared.closes == 1
 
 
+class _Releasing(Counted):
+    """Echo a word, recording the episodes it released (a session, a process per episode)."""
+
+    name = "count"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[str] = []
+
+    async def release(self, ctx: toolenv.ToolContext) -> None:
+        self.released.append(ctx.episode_id)
+
+
+def test_a_session_whose_release_hangs_still_releases_its_episode_from_a_shared_tool() -> None:
+    """A session's env close hangs in one tool's `release` and is left behind. The tools released
+    one after another, so a tool listed after that one, shared with another session, never
+    released the episode: what it held for it (a session, a process) stayed until the other
+    session closed the tool. Every tool releases at once now; only the stuck one is left."""
+    shared = _Releasing()
+    factory = functools.partial(make_env, tools=[add, StuckRelease(), shared])
+    with serving(factory, close_timeout=0.2) as u, httpx.Client(base_url=u, timeout=60) as http:
+        a, b = RemoteToolEnv(u), RemoteToolEnv(u)
+        a.reset(options={"task_id": "t1"})
+        b.reset(options={"task_id": "t1"})
+        a.close()  # its episode's release hangs in `stuck_release`: left behind after 0.2 s
+        assert len(shared.released) == 1 and shared.closes == 0  # a's episode released; b holds the tool
+        b.close()
+        assert http.get("/health").json()["sessions"] == 0
+        assert len(set(shared.released)) == 2 and shared.closes == 1
+
+
 # ---------------------------------------------------------------------- the env's prompt in the metadata
 PROMPTED: dict[str, Any] = {
     "system_prompt": "Be exact. Reply inside <answer>...</answer>.",

@@ -733,6 +733,14 @@ def _checked(tool: Tool, result: Any) -> ToolResult:
     return result
 
 
+async def _release(tool: Tool, ctx: ToolContext) -> None:
+    """`tool.release(ctx)`, a failure logged: one tool's cleanup must not stop the others or the step."""
+    try:
+        await tool.release(ctx)
+    except Exception:  # noqa: BLE001 - logged; the episode ends either way
+        _log.warning("tool %r failed to release episode %s", tool.name, ctx.episode_id, exc_info=True)
+
+
 class ToolCaller:
     """Invokes tool calls by name against a fixed set of tools.
 
@@ -912,12 +920,14 @@ class ToolCaller:
         return bool(self._releasing)
 
     async def release(self, ctx: ToolContext) -> None:
-        """Call `release(ctx)` of every tool that has one; a failing release is logged, not raised."""
-        for t in self._releasing:
-            try:
-                await t.release(ctx)
-            except Exception:  # noqa: BLE001 - one tool's cleanup must not stop the others or the step
-                _log.warning("tool %r failed to release episode %s", t.name, ctx.episode_id, exc_info=True)
+        """Call `release(ctx)` of every tool that has one, all at once; a failing release is
+        logged, not raised. At once, not one after another: a release that hangs (a dead
+        backend) would keep every tool after it from releasing when the caller gives up
+        waiting (the remote server's close timeout), their episode's sessions left behind."""
+        if len(self._releasing) == 1:  # the common case: no task to make
+            await _release(self._releasing[0], ctx)
+        elif self._releasing:
+            await asyncio.gather(*(_release(t, ctx) for t in self._releasing))
 
     @property
     def holds(self) -> bool:
