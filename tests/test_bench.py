@@ -73,3 +73,15 @@ def test_a_pinned_extra_at_another_version_is_reinstalled() -> None:
     assert not _at_pin(["rank-bm25==0.2.2"], show)
     assert _at_pin(["rank-bm25==0.2.1"], show)
     assert _at_pin(["-e", "plugins/sql"], show)  # editable installs are stamped by their pyproject instead
+
+
+def test_peers_code_counts_busy_cpu_once() -> None:
+    """`/proc/stat`'s cpu line: user nice system idle iowait irq softirq steal guest guest_nice.
+    Linux counts guest time in user (and guest_nice in nice) already, and steal is time another
+    system ran on the CPU: summing every field but idle and iowait counted a VM host's guests twice
+    and a VM's stolen time as its own work, inflating the "CPU ms per call"."""
+    from bench_peers_code import busy_seconds
+
+    line = "cpu  100 20 30 1000 40 5 6 70 50 10"
+    assert busy_seconds(line, 100) == pytest.approx((100 + 20 + 30 + 5 + 6) / 100)
+    assert busy_seconds("cpu  100 20 30 1000 40 5 6", 100) == pytest.approx(1.61)  # an older kernel's fewer fields
