@@ -559,3 +559,105 @@ def test_batch_infos_of_defaultdicts_marks_only_the_envs_that_have_the_key() -> 
     out = batch_infos([first, second])
     assert out["_x"].tolist() == [True, False] and out["x"][0] == 1
     assert "x" not in second
+
+
+async def test_a_step_or_reset_while_a_step_is_in_flight_is_refused_and_changes_nothing() -> None:
+    """Two overlapping `astep`s (a `gather` of two, a second task) both stepped every env: each
+    episode got two turns from one batch of actions and the agent saw neither. As Gymnasium's
+    AsyncVectorEnv refuses a call while one is pending, the second is AlreadyPendingCallError."""
+    from gymnasium.error import AlreadyPendingCallError
+
+    gate = _Gate()
+    venv = _gated(gate)
+    await venv.areset(seed=0)
+    first = asyncio.ensure_future(venv.astep([GATE, GATE]))
+    while gate.events.count("start") < 2:
+        await asyncio.sleep(0)
+    with pytest.raises(AlreadyPendingCallError, match="in flight"):
+        await venv.astep(["<answer>5</answer>", "hmm"])
+    with pytest.raises(AlreadyPendingCallError, match="in flight"):
+        await venv.areset(seed=1)
+    gate.opened.set()
+    obs, _, terms, _, _ = await first
+    assert all("open" in o for o in obs) and not terms.any()
+    assert [len(e.episode.turns) for e in venv.envs] == [1, 1]  # type: ignore[union-attr]
+    _, rewards, terms, _, _ = await venv.astep(["<answer>5</answer>", "hmm"])  # the refusals left no mark
+    assert terms.tolist() == [True, False]
+    await venv.aclose()
+
+
+async def test_aclose_while_a_step_is_in_flight_waits_for_it_then_closes() -> None:
+    """`aclose` during a step used to close the tools under the running calls, which then went on
+    using them (a closed connection, a client reopened after close). As AsyncVectorEnv's close
+    waits for its pending call, it now waits for the step to end; no step starts meanwhile."""
+    from gymnasium.error import ClosedEnvironmentError
+
+    gate = _Gate()
+    venv = _gated(gate)
+    await venv.areset(seed=0)
+    step = asyncio.ensure_future(venv.astep([GATE, GATE]))
+    while gate.events.count("start") < 2:
+        await asyncio.sleep(0)
+    closing = asyncio.ensure_future(venv.aclose())
+    for _ in range(10):  # let `aclose` run as far as it can
+        await asyncio.sleep(0)
+    assert gate.closed == 0 and not closing.done()
+    assert all(not e.episode.released for e in venv.envs)  # type: ignore[union-attr]
+    with pytest.raises(ClosedEnvironmentError):
+        await venv.astep(["hmm", "hmm"])
+    gate.opened.set()
+    obs, *_ = await step
+    assert all("open" in o for o in obs)
+    await closing
+    assert gate.events == ["start", "start", "done", "done"] and gate.closed == 1 and venv.closed
+
+
+def test_envs_gymnasium_wrapped_are_refused_clearly_and_closed() -> None:
+    """`ToolVectorEnv([lambda: gym.make(id)] * n)`, as one builds Gymnasium's SyncVectorEnv, used
+    to fail at `reset` with "'OrderEnforcing' object has no attribute 'areset'", and `close`
+    failed the same way, leaving every env's tools open. Now the vector env refuses such envs
+    when it is built, says what to do, and closes the envs it made."""
+    gates = [_Gate(), _Gate()]
+
+    def plain() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[gates[0]], tasks=TASKS)
+
+    def wrapped() -> Any:
+        return gym.make("toolenv/ToolEnv-v0", tools=[gates[1]], tasks=TASKS)
+
+    with pytest.raises(TypeError, match=r"env_fns\[1\] made OrderEnforcing.*unwrapped.*vector_entry_point"):
+        ToolVectorEnv([plain, wrapped, plain])
+    assert [g.closed for g in gates] == [1, 1]
+
+    def broken() -> toolenv.ToolEnv:
+        raise OSError("no database")
+
+    with pytest.raises(OSError, match="no database"):  # an env that fails to build: the others are closed
+        ToolVectorEnv([plain, broken])
+    assert gates[0].closed == 2
+
+
+def test_a_sync_call_first_lets_a_step_left_on_its_loop_end() -> None:
+    """A sync step interrupted twice (Ctrl-C, then Ctrl-C again while it unwinds) leaves its
+    coroutine pending on the private loop; the next sync call lets it end first rather than
+    refusing, as a step in flight, every call from then on; nobody saw that step's results, so
+    stepping needs a reset first."""
+    gate = _Gate()
+    venv = _gated(gate)
+    venv.reset(seed=0)
+    loop = venv._loop
+    assert loop is not None
+    left = loop.create_task(venv.astep([GATE, GATE]))
+
+    async def started() -> None:
+        while gate.events.count("start") < 2:
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(started())
+    gate.opened.set()
+    with pytest.raises(RuntimeError, match="call reset"):
+        venv.step(["hmm", "hmm"])
+    assert left.done() and gate.events == ["start", "start", "done", "done"]
+    venv.reset(seed=1)
+    assert [len(e.episode.turns) for e in venv.envs] == [0, 0]  # type: ignore[union-attr]
+    venv.close()

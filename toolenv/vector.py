@@ -14,7 +14,8 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 import numpy as np
-from gymnasium.error import ClosedEnvironmentError
+from gymnasium import Wrapper
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -157,6 +158,32 @@ def _action_list(actions: Any, n: int) -> list[Any]:
     return listed
 
 
+def _build(env_fns: Sequence[Callable[[], ToolEnv]]) -> list[ToolEnv]:
+    """`[fn() for fn in env_fns]`, each a ToolEnv (stepped through its async API, which Gymnasium's
+    wrappers do not pass on); when one fails or is no ToolEnv, the envs made are closed."""
+    envs: list[Any] = []
+    try:
+        for i, fn in enumerate(env_fns):
+            env = fn()
+            envs.append(env)
+            if not isinstance(env, ToolEnv):
+                hint = (
+                    "a Gymnasium wrapper (gym.make adds them): pass `lambda: gym.make(...).unwrapped`, "
+                    'or use gym.make_vec(id, num_envs=n, vectorization_mode="vector_entry_point")'
+                    if isinstance(env, Wrapper)
+                    else "not a toolenv ToolEnv"
+                )
+                raise TypeError(f"ToolVectorEnv steps ToolEnvs: env_fns[{i}] made {type(env).__name__}, {hint}")
+    except BaseException:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - the error that stopped the build is the one to raise
+                _log.warning("an env of the vector env failed to close", exc_info=True)
+        raise
+    return envs
+
+
 class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     """A vector of ToolEnvs with Gymnasium's autoreset modes (next-step by default).
 
@@ -164,8 +191,9 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     truncations are NumPy arrays; infos follow Gymnasium's dict-of-arrays layout.
     An exception in one env's step cancels the other envs' steps and is raised;
     call `reset` before stepping again (a step refuses until then, as after a step
-    or reset cancelled part-way). After `close`, `reset` and `step` raise
-    `ClosedEnvironmentError`, as in Gymnasium's AsyncVectorEnv.
+    or reset cancelled part-way). As in Gymnasium's AsyncVectorEnv, a step or reset while
+    another is in flight raises `AlreadyPendingCallError`, `aclose` during one waits for it
+    to end, and after `close`, `reset` and `step` raise `ClosedEnvironmentError`.
 
     `max_episode_steps` (what `gym.make_vec` gives a vector entry point) truncates an
     episode at that step as its env's own `max_turns` would: final reward scored, tools
@@ -196,7 +224,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         if max_episode_steps is not None and not (isinstance(max_episode_steps, int) and max_episode_steps > 0):
             raise ValueError(f"max_episode_steps must be a positive int or None, got {max_episode_steps!r}")
         self.max_episode_steps = max_episode_steps
-        self.envs: list[ToolEnv] = [fn() for fn in env_fns]
+        self.envs: list[ToolEnv] = _build(env_fns)
         self.num_envs = len(self.envs)
         first = self.envs[0]
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
@@ -210,6 +238,8 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self._obs: list[str] = [""] * self.num_envs  # each env's latest observation
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unfinished = False  # a step or reset raised or was cancelled part-way: reset all
+        self._pending: asyncio.Future[None] | None = None  # done when the step or reset in flight ends
+        self._closing = False  # `aclose` started: no step or reset may start
 
     @classmethod
     def from_entry_point(
@@ -282,6 +312,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             seeds = list(seed)
         mask, options = _reset_mask(options, self.num_envs)
         which: Sequence[int] = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
+        pending = self._begin("reset")
         try:
             envs = self.envs
             results = await _gather_indexed(
@@ -290,6 +321,8 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         except BaseException:
             self._unfinished = True  # some envs reset, some not
             raise
+        finally:
+            pending.set_result(None)
         if mask is None or mask.all():
             self._unfinished = False
         infos: list[Mapping[str, Any]] = []
@@ -338,6 +371,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         # own `astep`: no wrapper coroutine per env, whose frames every resume would pass through.
         plain = self.max_episode_steps is None and mode is not AutoresetMode.SAME_STEP and not self._needs_reset.any()
         envs = self.envs
+        pending = self._begin("step")
         try:
             if plain:
                 results = await _gather_indexed(self.num_envs, lambda i: envs[i].astep(actions[i]))
@@ -346,6 +380,8 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         except BaseException:
             self._unfinished = True  # the steps that finished were never seen
             raise
+        finally:
+            pending.set_result(None)
         if plain:
             self._elapsed = [k + 1 for k in self._elapsed]
         rewards = np.array([float(r[1]) for r in results], dtype=np.float64)
@@ -371,7 +407,15 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
 
     async def aclose(self) -> None:
         """Close every sub-env's tools, also when one fails to; then raise the first failure (the
-        others are logged). After this, `close` only closes the private event loops."""
+        others are logged). After this, `close` only closes the private event loops.
+
+        A step or reset in flight on this loop is waited for first (as AsyncVectorEnv's `close`
+        waits for its pending call): closed under it, its tool calls would go on using closed
+        tools, or reopen what they hold. No other step or reset starts meanwhile."""
+        self._closing = True
+        pending = self._pending
+        if pending is not None and not pending.done() and pending.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({pending})  # not `await pending`: a cancelled close must not cancel it
         try:
             await _aio.close_each(self.envs, lambda e: e.aclose(), lambda e: "an env of the vector env", _log)
         finally:
@@ -380,8 +424,19 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     def _refuse_if_closed(self, what: str) -> None:
         """A closed vector env stays closed: reopening its tools here would leave them open, since
         a second `close` does nothing."""
-        if self.closed:
+        if self.closed or self._closing:
             raise ClosedEnvironmentError(f"ToolVectorEnv.{what} called after close(); make a new vector env")
+
+    def _begin(self, what: str) -> asyncio.Future[None]:
+        """A future for the step or reset starting now, set when it ends; or AlreadyPendingCallError
+        while another is in flight (each env would take two turns at once, on one set of actions)."""
+        pending = self._pending
+        if pending is not None and not pending.done() and not pending.get_loop().is_closed():
+            raise AlreadyPendingCallError(
+                f"ToolVectorEnv.{what} called while a step or reset of it is in flight; await that one first", what
+            )
+        self._pending = asyncio.get_running_loop().create_future()
+        return self._pending
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
@@ -390,6 +445,17 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
             raise RuntimeError("ToolVectorEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
+        pending = self._pending
+        if pending is not None and not pending.done() and pending.get_loop() is self._loop:
+            # A sync call interrupted twice (Ctrl-C while it unwound) left its step here: let it
+            # end; nobody saw how, so the envs may be a turn ahead (a step needs a reset first).
+            try:
+                self._loop.run_until_complete(asyncio.wait({pending}))
+            except BaseException:
+                coro.close()
+                raise
+            finally:
+                self._unfinished = True
         return _aio.complete(self._loop, coro)
 
     def reset(
@@ -405,7 +471,7 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
     def __getstate__(self) -> dict[str, Any]:
         """The vector env without its private event loop, which cannot be pickled or deep-copied."""
         state = self.__dict__.copy()
-        state["_loop"] = None
+        state["_loop"] = state["_pending"] = None
         return state
 
     def render(self) -> tuple[Any, ...] | None:
