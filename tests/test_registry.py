@@ -229,6 +229,26 @@ def test_gym_registration_works_in_either_import_order() -> None:
         assert out.stdout.strip() == "True"
 
 
+def test_gym_registration_works_when_gymnasium_is_found_off_sys_path() -> None:
+    """Gymnasium found by a finder of its own (an editable install of Gymnasium, a bundler such as
+    PyInstaller), not on `sys.path`: toolenv's import hook looked only on `sys.path`, found nothing,
+    and never registered, so `gym.make("toolenv/...")` failed after `import toolenv, gymnasium`."""
+    code = (
+        "import importlib.machinery, sys\n"
+        "site = [p for p in sys.path if p.endswith('site-packages')]\n"
+        "sys.path[:] = [p for p in sys.path if p not in site]\n"
+        "class Bundled:\n"
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        return importlib.machinery.PathFinder.find_spec(name, site) if path is None else None\n"
+        "sys.meta_path.append(Bundled)\n"
+        "import toolenv, gymnasium as gym\n"
+        "print(gym.__file__.startswith(tuple(site)), 'toolenv/ToolEnv-v0' in gym.registry)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
+
+
 @pytest.fixture(scope="module")
 def clashing_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Env plugins Gymnasium cannot register as named, and two that claim the same id."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
 from collections.abc import Sequence
@@ -156,7 +157,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         if fullname != "gymnasium":
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        # Gymnasium as the other finders find it: not only on `sys.path` (an editable install
+        # of Gymnasium, or a bundler, has a finder of its own).
+        spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
             spec.loader = _Loader(spec.loader)
         return spec
