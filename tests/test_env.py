@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from typing import Any
 
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
+from pydantic import BaseModel
 
 import toolenv
 from toolenv.env import NO_ACTION, ToolEnv
@@ -492,3 +494,83 @@ def test_tools_may_be_given_as_references() -> None:
     finally:
         env.close()
         other.close()
+
+
+class _Gated(toolenv.Tool):
+    """Waits for its gate; records its calls' ends and its close, in order."""
+
+    name = "gated"
+
+    class Args(BaseModel):
+        x: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.events: list[str] = []
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> toolenv.ToolResult:
+        await self.gate.wait()
+        self.events.append("call ended")
+        return toolenv.ToolResult(text="ok")
+
+    async def close(self) -> None:
+        self.events.append("closed")
+
+
+_GATED = '<tool_call>{"name": "gated", "arguments": {"x": 1}}</tool_call>'
+
+
+async def test_a_step_or_reset_while_a_step_is_in_flight_is_refused() -> None:
+    """Two tasks stepping one env both ran: the episode got two interleaved turns of one
+    model turn each, and neither caller saw the other's. Gymnasium's AsyncVectorEnv refuses
+    such a call; so does the env now, and the step in flight is unharmed."""
+    tool = _Gated()
+    env = ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], parser="hermes")
+    await env.areset()
+    first = asyncio.ensure_future(env.astep(_GATED))
+    await asyncio.sleep(0)  # the first step is waiting on its tool
+    with pytest.raises(gym.error.AlreadyPendingCallError, match="in flight"):
+        await env.astep(_GATED)
+    with pytest.raises(gym.error.AlreadyPendingCallError, match="in flight"):
+        await env.areset()
+    tool.gate.set()
+    obs, *_ = await first
+    assert "ok" in obs and env.episode is not None and len(env.episode.turns) == 1
+    await env.astep(_GATED)  # the next step, once the first has ended, runs
+    assert len(env.episode.turns) == 2
+    await env.aclose()
+
+
+async def test_aclose_during_a_step_waits_for_it_before_closing_the_tools() -> None:
+    """`aclose` while a step's tool call was running closed the tools under it: the call then
+    went on with a closed tool (or reopened what close had freed: a sandbox, a connection)."""
+    tool = _Gated()
+    env = ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], parser="hermes")
+    await env.areset()
+    step = asyncio.ensure_future(env.astep(_GATED))
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(env.aclose())
+    await asyncio.sleep(0.01)
+    assert not closing.done() and tool.events == []  # the close waits for the step
+    tool.gate.set()
+    await closing
+    assert (await step)[0].strip().endswith("</tool_response>")
+    assert tool.events == ["call ended", "closed"]
+
+
+async def test_a_copy_of_an_env_made_during_a_step_can_step() -> None:
+    """The flag of a step in flight is the original's, not a copy's (which would refuse every step)."""
+    import copy
+
+    env = ToolEnv(tools=[Sleep()], tasks=[{"question": "q", "answer": "a"}], parser="hermes")
+    await env.areset()
+    nap = '<tool_call>{"name": "sleep", "arguments": {"seconds": 0.05}}</tool_call>'
+    step = asyncio.ensure_future(env.astep(nap))
+    await asyncio.sleep(0)
+    twin = copy.deepcopy(env)
+    await step
+    await twin.areset()
+    assert "slept" in (await twin.astep(nap))[0]
+    await twin.aclose()
+    await env.aclose()

@@ -182,6 +182,9 @@ class ToolEnv(gym.Env[str, str]):
         self._seed: int | None = None  # a reset's seed whose generator is not made yet
         self._rng: np.random.Generator | None = None
         self._closed = False  # tools closed, and the env not used since
+        #: The loop an `astep` is running on, else None: another step or a reset is refused, a close waits.
+        self._in_step: asyncio.AbstractEventLoop | None = None
+        self._step_ended: asyncio.Future[None] | None = None  # what `aclose` waits on, made by it
 
     # ------------------------------------------------------------------ seeding
     # Gymnasium's `reset(seed=...)` builds the generator at once (a SeedSequence and a PCG64,
@@ -265,6 +268,8 @@ class ToolEnv(gym.Env[str, str]):
         it), or `task_index` (IndexError out of range); and `native_tools: True` when the agent
         gives the model the tools itself (`tool_schemas()` through the chat template or the API's
         `tools`): the prompt then says only how to answer, not the tools and call format again."""
+        if self._in_step is not None:
+            raise _in_flight("reset")
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         if seed is not None and self.task_order == "sequential" and self.tasks:
             self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
@@ -288,58 +293,67 @@ class ToolEnv(gym.Env[str, str]):
         as the turn's text (`written_turn` writes calls in the env's format).
         """
         ep = self._episode_to_step()
-        if not isinstance(action, str):
-            action = str(action)
-        if parsed is None:
-            parsed = self.parser.parse(action)
-        elif not all(c.id for c in parsed.tool_calls):
-            parsed = _with_call_ids(parsed)
-        if parsed.tool_calls:
-            results, records = await self.caller.invoke_for(
-                parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
-            )
-        else:  # an answer or a malformed turn: no context to build, no call to make
-            results, records = [], []
-        if parsed.errors:
-            errors = parsed.errors[:MAX_PARSE_ERRORS]
-            if len(parsed.errors) > MAX_PARSE_ERRORS:
-                errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
-            results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
-        turn = Turn(action, parsed, results, records)
-        ep.turns.append(turn)
-        if parsed.answer is not None:
-            ep.answer = parsed.answer
-            ep.terminated = True
-            obs = self.parser.format_results(results) if results else ""
-        else:
-            if not results:
-                results = turn.results = [ToolResult(text=NO_ACTION, is_error=True, name="parser")]
-            obs = self.parser.format_results(results)
-            ep.truncated = len(ep.turns) >= self.max_turns
-        turn.observation = obs
-        rf = self.reward_fn
-        components = await rf.turn_components(ep, turn) if rf.scores_turns else rf.zero_components()
-        if ep.terminated or ep.truncated:
-            ep.final_components = await rf.final_components(ep)
-            for k, v in ep.final_components.items():
-                components[k] = components.get(k, 0.0) + v
-        turn.reward = rf.weighted(components)
-        turn.reward_components = components
-        new_messages = _turn_messages(action, parsed, results)
-        ep.messages.extend(new_messages)
-        info: dict[str, Any] = {
-            "task_id": ep.task.id,
-            "turn": len(ep.turns),
-            "action": parsed,
-            "tool_results": results,
-            "tool_calls": records,
-            "messages": new_messages,
-            "reward_components": dict(components),
-        }
-        if ep.terminated or ep.truncated:
-            await self.aend_episode()
-            info.update(end_info(ep))
-        return obs, turn.reward, ep.terminated, ep.truncated, info
+        if self._in_step is not None:  # two turns at once would interleave in one episode
+            raise _in_flight("step")
+        self._in_step = asyncio._get_running_loop()  # in asyncio.__all__; no exception raised per step
+        try:
+            if not isinstance(action, str):
+                action = str(action)
+            if parsed is None:
+                parsed = self.parser.parse(action)
+            elif not all(c.id for c in parsed.tool_calls):
+                parsed = _with_call_ids(parsed)
+            if parsed.tool_calls:
+                results, records = await self.caller.invoke_for(
+                    parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
+                )
+            else:  # an answer or a malformed turn: no context to build, no call to make
+                results, records = [], []
+            if parsed.errors:
+                errors = parsed.errors[:MAX_PARSE_ERRORS]
+                if len(parsed.errors) > MAX_PARSE_ERRORS:
+                    errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
+                results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
+            turn = Turn(action, parsed, results, records)
+            ep.turns.append(turn)
+            if parsed.answer is not None:
+                ep.answer = parsed.answer
+                ep.terminated = True
+                obs = self.parser.format_results(results) if results else ""
+            else:
+                if not results:
+                    results = turn.results = [ToolResult(text=NO_ACTION, is_error=True, name="parser")]
+                obs = self.parser.format_results(results)
+                ep.truncated = len(ep.turns) >= self.max_turns
+            turn.observation = obs
+            rf = self.reward_fn
+            components = await rf.turn_components(ep, turn) if rf.scores_turns else rf.zero_components()
+            if ep.terminated or ep.truncated:
+                ep.final_components = await rf.final_components(ep)
+                for k, v in ep.final_components.items():
+                    components[k] = components.get(k, 0.0) + v
+            turn.reward = rf.weighted(components)
+            turn.reward_components = components
+            new_messages = _turn_messages(action, parsed, results)
+            ep.messages.extend(new_messages)
+            info: dict[str, Any] = {
+                "task_id": ep.task.id,
+                "turn": len(ep.turns),
+                "action": parsed,
+                "tool_results": results,
+                "tool_calls": records,
+                "messages": new_messages,
+                "reward_components": dict(components),
+            }
+            if ep.terminated or ep.truncated:
+                await self.aend_episode()
+                info.update(end_info(ep))
+            return obs, turn.reward, ep.terminated, ep.truncated, info
+        finally:
+            self._in_step = None
+            if self._step_ended is not None:  # an `aclose` waits for this step
+                self._step_ended.set_result(None)
+                self._step_ended = None
 
     def _episode_to_step(self) -> Episode:
         """The current episode, or the error that says why there is none to step."""
@@ -390,9 +404,19 @@ class ToolEnv(gym.Env[str, str]):
         only once the env is reset, which holds its tools again."""
         if self._closed:
             return
+        if self._in_step is not None:  # closed under it, its calls would go on with closed tools (or reopen them)
+            await self._step_end()
         await self.aend_episode()
         await self.caller.aclose()
         self._closed = True
+
+    async def _step_end(self) -> None:
+        """Until the step in flight (on this loop) ends; not awaiting it: a cancelled wait leaves it be."""
+        if self._in_step is not asyncio.get_running_loop():
+            return  # a step on another loop (another thread's): nothing here can wait for it
+        if self._step_ended is None:
+            self._step_ended = asyncio.get_running_loop().create_future()
+        await asyncio.wait({self._step_ended})
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
@@ -401,6 +425,12 @@ class ToolEnv(gym.Env[str, str]):
             raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
+        if self._in_step is self._loop:  # a sync call interrupted twice (Ctrl-C) left its step here: let it end
+            try:
+                self._loop.run_until_complete(self._step_end())
+            except BaseException:
+                coro.close()
+                raise
         return _aio.complete(self._loop, coro)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -442,7 +472,7 @@ class ToolEnv(gym.Env[str, str]):
         """The env without its private event loop, which cannot be pickled or deep-copied
         (the copy makes its own on its first sync call)."""
         state = self.__dict__.copy()
-        state["_loop"] = None
+        state["_loop"] = state["_in_step"] = state["_step_ended"] = None
         return state
 
     def render(self) -> str | None:
@@ -484,6 +514,13 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     for r in results:  # the message shares the result's image list (one object fewer per step)
         msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
     return msgs
+
+
+def _in_flight(what: str) -> gym.error.AlreadyPendingCallError:
+    """The refusal of a `what` while a step of the env is running (a second task stepping it)."""
+    return gym.error.AlreadyPendingCallError(
+        f"ToolEnv.{what} called while a step of this env is in flight; await that step first", what
+    )
 
 
 def _with_call_ids(parsed: ParsedAction) -> ParsedAction:
