@@ -64,6 +64,9 @@ class EnvInfo:
         tool_schemas: OpenAI function schemas of the env's tools, for native tool calling.
         parser: the env's action parser; its `stop` strings end a generation, and native
             tool calls are rendered in its format.
+        episode: the episode's number in its rollout (1 for the first; task position x samples
+            + sample + 1), the same when the run resumes or retries it, so an agent can seed it
+            as the whole run would; None outside the rollout runner.
     """
 
     env_id: str
@@ -72,6 +75,7 @@ class EnvInfo:
     max_turns: int = 1
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)
     parser: ActionParser | None = None
+    episode: int | None = None
 
     @property
     def env_name(self) -> str:

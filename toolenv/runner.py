@@ -180,8 +180,11 @@ async def run_episode(
     seed: int | None = None,
     success_threshold: float = 1.0,
     timeout: float | None = None,
+    episode: int | None = None,
 ) -> Trajectory:
     """Play one episode of `task` with `agent` (already spawned for it) and record it.
+
+    `episode` is its number in the rollout (`EnvInfo.episode`), for agents that seed by it.
 
     Never raises for agent or env failures: they end the episode with `error` set. With
     `timeout`, an episode still running after that many seconds ends the same way, with
@@ -223,7 +226,7 @@ async def run_episode(
         traj.error, done = _error("agent reset failed", exc), True
     while not done:
         turn = len(ep.turns)
-        env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser)
+        env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser, episode)
         t0 = time.perf_counter()
         try:
             action = await _within(deadline, agent.act(obs, list(messages), env_info))
@@ -691,6 +694,7 @@ async def arollout(
                     seed=None if seed is None else seed + index,
                     success_threshold=success_threshold,
                     timeout=episode_timeout,
+                    episode=index + 1,  # its place in the whole run, also when resumed
                 )
                 if output:
                     traj = output.write(traj)

@@ -195,6 +195,24 @@ async def test_samples_of_a_task_are_sampled_independently(tiny_model: Path) -> 
     assert await draws() == first
 
 
+async def test_a_retried_sample_draws_as_in_the_whole_run(tiny_model: Path, tmp_path: Path) -> None:
+    """A retried (or resumed) episode is seeded by its place in the run: counted by spawns, the
+    retry of sample 2 took sample 0's seed and drew its reply again."""
+    from toolenv_agents.hf import TransformersAgent
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=[{"id": "t", "question": "2+3?", "answer": "5"}], max_turns=1)
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=8, temperature=1.0, seed=7)
+    whole = await arollout(env, agent, n=1, samples=3, concurrency=1, out=tmp_path / "run")
+    drawn = {t.sample: t.turns[0].token_ids for t in whole.trajectories}
+    lines = (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    (tmp_path / "run" / "trajectories.jsonl").write_text("\n".join(lines[:2]) + "\n")  # sample 2 not done
+    resumed = await arollout(env, agent, n=1, samples=3, concurrency=1, out=tmp_path / "run", resume=True)
+    again = [t for t in resumed.trajectories if t.sample == 2]
+    assert len(again) == 1 and again[0].turns[0].token_ids == drawn[2] != drawn[0]
+
+
 async def test_queued_generations_leave_the_default_executor_to_tools(tiny_model: Path) -> None:
     """Episodes waiting for the model hold no thread of the loop's default executor, where sync
     tools run (`asyncio.to_thread`): a tool call goes ahead while generations are queued."""

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -738,3 +739,58 @@ def test_more_than_one_choice_a_request_is_refused(server: Server) -> None:
     with pytest.raises(ValueError, match=r"n=4: .*samples=N"):
         agent(server, extra_body={"n": 4})
     assert agent(server, extra_body={"n": 1}).extra_body == {"n": 1}
+
+
+async def test_a_resumed_run_draws_each_episode_as_the_whole_run_does(server: Server, tmp_path: Path) -> None:
+    """The seed offset is the episode's place in the run, not the order episodes started in:
+    numbered by start order, a retried (or resumed) episode took the seed of the run's first
+    episode, so sample 1 of t1 drew exactly sample 0's reply (a GRPO group with a duplicate)."""
+    tasks = [{"id": "t1", "question": "2+3?", "answer": "5"}, {"id": "t2", "question": "2+3?", "answer": "5"}]
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Add()], tasks=tasks, parser="hermes")
+
+    async def run(**kw: Any) -> list[int]:
+        server.requests.clear()
+        await arollout(env, agent(server, seed=7), n=2, samples=2, concurrency=1, out=tmp_path / "run", **kw)
+        return [r["body"]["seed"] for r in server.requests]
+
+    answer = ("json", 200, chat("<answer>5</answer>"), {})
+    server.script = [answer, ("json", 400, {"error": "refused"}, {}), answer, answer]
+    first = await run()  # t1 sample 1 fails
+    server.script = [answer]
+    retried = await run(retry_errors=True)
+    server.script = [answer] * 4
+    whole = await run(overwrite=True)
+    assert len(set(whole)) == 4 and first == whole
+    assert retried == [whole[1]]  # t1 sample 1 draws as it would have, not as t1 sample 0 did
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "127.0.0.1:8000/v1", "htp://example.test/v1", "http:///v1"])
+def test_a_base_url_without_http_or_a_host_is_refused_at_once(url: str) -> None:
+    """A base URL missing its `http://` (`--base-url localhost:8000/v1`) was retried as a dropped
+    connection: every episode of the run waited out its retries and was recorded as failed."""
+    with pytest.raises(ValueError, match=r"base_url must be an http:// or https:// URL with a host"):
+        OpenAIAgent(model="tiny", base_url=url)
+    assert OpenAIAgent(model="tiny", base_url="HTTP://127.0.0.1:8000/v1/").base_url == "HTTP://127.0.0.1:8000/v1"
+
+
+async def test_a_redirect_fails_at_once_naming_where_it_points(server: Server) -> None:
+    """A 3xx (an http:// URL a proxy sends to https://, a moved endpoint) was read as a reply
+    without JSON and retried: every episode failed after its retries with "malformed JSON: ''"."""
+    target = "https://llm.example.test/v1/chat/completions"
+    server.script = [("json", 307, {}, {"Location": target})]
+    traj = (await arollout(make_env, agent(server), n=1)).trajectories[0]
+    assert len(server.requests) == 1
+    assert traj.error is not None and f"HTTP 307 (redirected to {target})" in traj.error
+
+
+async def test_a_reply_that_cannot_be_decoded_is_retried(server: Server) -> None:
+    """A body that fails its Content-Encoding (a gzip reply cut or mangled by a proxy) is a
+    malformed reply like bad JSON: retried, not an error outside the retries naming no URL."""
+    server.script = [
+        ("json", 200, chat("<answer>5</answer>"), {"Content-Encoding": "gzip"}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    traj = (await arollout(make_env, agent(server), n=1)).trajectories[0]
+    assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2

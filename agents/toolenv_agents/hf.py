@@ -37,7 +37,7 @@ from toolenv.parsers import detect_parser, template_mismatch
 from toolenv.parsers.base import ActionParser
 from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message
-from toolenv_agents._seeds import turn_seed
+from toolenv_agents._seeds import episode_seed
 
 __all__ = ["TransformersAgent"]
 
@@ -94,9 +94,10 @@ class TransformersAgent(Agent):
         max_new_tokens: the generation budget per action.
         temperature: 0 for greedy decoding, otherwise sampling at this temperature.
         top_p: nucleus sampling when sampling.
-        seed: seeds sampling. Each action reseeds with `seed + turn`, offset per episode
-            spawned from this agent (`spawn()`), so that the samples of one task are
-            different draws and a fresh agent with the same seed draws them again.
+        seed: seeds sampling. Each action reseeds with `seed + turn`, offset per episode (by
+            its place in the rollout, `EnvInfo.episode`, so a resumed or retried episode draws as
+            in the whole run; else per copy `spawn()`ed from this agent), so that the samples of
+            one task are different draws and a fresh agent with the same seed draws them again.
         tool_role: the role given to tool results (`"tool"`, or `"user"` for templates without it).
         dtype: torch dtype name (`"float32"`, `"bfloat16"`).
         record_prompt_ids: record each turn's prompt token ids (`AgentAction.prompt_token_ids`)
@@ -306,7 +307,7 @@ class TransformersAgent(Agent):
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
         budget = self._budget(prompt)
-        seed = turn_seed(self.seed, self._episode, env_info.turn)
+        seed = episode_seed(self.seed, self._episode, env_info)
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         try:

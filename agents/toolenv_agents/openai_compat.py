@@ -20,7 +20,8 @@ assistant message under the name the server gave it (vLLM reads `reasoning`, SGL
 
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
 episode of a rollout. 408s, 409s, 429s, 5xx, timeouts, dropped connections and malformed
-JSON are retried with exponential backoff (honouring `Retry-After`). The API key is read from an
+JSON are retried with exponential backoff (honouring `Retry-After`); other 4xx and redirects
+(not followed) end the episode at once. The API key is read from an
 environment variable (`OPENAI_API_KEY` unless `api_key_env` says otherwise) and is never
 logged, recorded or shown in errors (a server's text is redacted before it is cut short and
 folded to one line).
@@ -46,7 +47,7 @@ from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, Task
-from toolenv_agents._seeds import turn_seed
+from toolenv_agents._seeds import episode_seed
 
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
@@ -83,6 +84,19 @@ def _wants_completion_tokens(resp: httpx.Response, body: dict[str, Any]) -> bool
     """Whether a 400 refuses `max_tokens` for `max_completion_tokens` (OpenAI: "Unsupported
     parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.")."""
     return "max_tokens" in body and "max_completion_tokens" in resp.text and "max_tokens" in resp.text
+
+
+def _check_base_url(url: str) -> None:
+    """Refuse a base URL no request can reach: one missing its `http://` (`localhost:8000/v1`)
+    fails every request as a dropped connection would, retried in each episode of the run."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url {url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"base_url must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/v1; got {url!r}"
+        )
 
 
 class _Shared:
@@ -126,8 +140,9 @@ class OpenAIAgent(Agent):
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`). `n` other
             than 1 is a ValueError: one choice is read per turn.
         seed: the sampling seed (vLLM and SGLang take it; None: not sent). Each request sends
-            `seed + turn`, offset per episode, so the samples of a task (a GRPO group, pass@k)
-            are different draws and a fresh agent with the same seed draws them again. A `seed`
+            `seed + turn`, offset per episode (by its place in the rollout, so a resumed or
+            retried episode draws as in the whole run), so the samples of a task (a GRPO group,
+            pass@k) are different draws and a fresh agent with the same seed draws them again. A `seed`
             in `extra_body` is taken as this one: sent as it is, every sample would be the same.
     """
 
@@ -163,6 +178,7 @@ class OpenAIAgent(Agent):
             raise ValueError("max_retries must be >= 0, max_concurrency >= 1 and timeout > 0")
         self.model = model
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        _check_base_url(self.base_url)
         self.api = api
         self.tool_calling = tool_calling if api == "chat" else "text"
         self.native_tools = self.tool_calling == "native"  # the prompt then leaves the tools to `tools`
@@ -267,7 +283,17 @@ class OpenAIAgent(Agent):
                 last = f"timed out ({type(exc).__name__})"
             except httpx.TransportError as exc:
                 last = f"connection failed ({type(exc).__name__}: {exc})"
+            except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode: malformed
+                last = f"a reply that could not be decoded ({exc})"
             else:
+                if resp.is_redirect:  # not followed: a POST redirected may arrive as a GET, or not at all
+                    where = self._snippet(resp.headers.get("location", "nowhere"), 200)
+                    raise AgentError(
+                        self._redact(
+                            f"{self.base_url}{path} answered HTTP {resp.status_code} (redirected to {where}); "
+                            "set base_url to where the API is"
+                        )
+                    )
                 if resp.status_code in _RETRIED or resp.status_code >= 500:
                     last = f"HTTP {resp.status_code}: {self._snippet(resp.text, 200)}"
                     retry_after = _retry_after(resp)
@@ -296,10 +322,10 @@ class OpenAIAgent(Agent):
             return await self._act_native(messages, env_info)
         return await self._act_chat_text(observation, messages, env_info)
 
-    def _body(self, turn: int, **fields: Any) -> dict[str, Any]:
+    def _body(self, env_info: EnvInfo, **fields: Any) -> dict[str, Any]:
         body = {"model": self.model, **self.sampling, **fields, **self.extra_body}
         if self.seed is not None:  # a draw of its own per episode and turn (see `seed`)
-            body["seed"] = turn_seed(self.seed, self._episode, turn)
+            body["seed"] = episode_seed(self.seed, self._episode, env_info)
         return body
 
     def _token_field(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -317,7 +343,7 @@ class OpenAIAgent(Agent):
         else:  # as the format's trainers append it (Search-R1: `\n\n<information>…</information>\n\n`)
             glue = env_info.parser.continue_with(observation) if env_info.parser else f"\n{observation}\n"
             self._prompt += glue
-        body = self._body(env_info.turn, prompt=self._prompt, **self._gen_options(env_info))
+        body = self._body(env_info, prompt=self._prompt, **self._gen_options(env_info))
         if self.logprobs:
             body["logprobs"] = 1
         if self.return_token_ids:
@@ -335,7 +361,7 @@ class OpenAIAgent(Agent):
         else:
             images = [im for m in _since_last_assistant(messages) for im in m.images]
             self._transcript.append(Message(role="user", content=observation, images=images).to_openai())
-        body = self._body(env_info.turn, messages=self._transcript, **self._gen_options(env_info))
+        body = self._body(env_info, messages=self._transcript, **self._gen_options(env_info))
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = choice["message"]
@@ -345,7 +371,7 @@ class OpenAIAgent(Agent):
         return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
 
     async def _act_native(self, messages: list[Message], env_info: EnvInfo) -> AgentAction:
-        body = self._body(env_info.turn, messages=self._native_messages(messages))
+        body = self._body(env_info, messages=self._native_messages(messages))
         if env_info.tool_schemas:
             body["tools"] = env_info.tool_schemas
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
