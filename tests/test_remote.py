@@ -1526,3 +1526,120 @@ def test_a_remote_env_built_in_a_forked_child_builds_no_tls_context(url: str) ->
         said = fh.read().decode()
     _, status = os.waitpid(pid, 0)
     assert said == "ok" and os.waitstatus_to_exitcode(status) == 0, said
+
+
+# ---------------------------------------------------------------------- a proxy or gateway in front
+_BAD_GATEWAY = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+class Gateway(httpx.AsyncBaseTransport):
+    """A reverse proxy (nginx) in front of the real server, as the Security section advises: the
+    first `fail` requests matching `method path` reach the server, but the proxy answers them
+    with its own HTML error page: `status` 502 once the server has answered (its upstream
+    connection broke on the way back), or 504 at once while the server still runs the request
+    (its `proxy_read_timeout` passed)."""
+
+    def __init__(self, method: str, path_end: str, status: int, fail: int = 1) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+        self.method, self.path_end, self.status, self.fail = method, path_end, status, fail
+        self.sent: list[httpx.Request] = []
+        self.upstream: list[asyncio.Task[httpx.Response]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        if not (request.method == self.method and request.url.path.endswith(self.path_end) and self.fail):
+            return await self.real.handle_async_request(request)
+        self.fail -= 1
+        upstream = asyncio.ensure_future(self._forward(request))
+        self.upstream.append(upstream)
+        if self.status != 504:
+            await upstream  # the server ran it; its answer does not come back through the proxy
+        page = _BAD_GATEWAY.replace(b"502 Bad Gateway", f"{self.status} Gateway Error".encode())
+        return httpx.Response(self.status, headers={"content-type": "text/html"}, content=page)
+
+    async def _forward(self, request: httpx.Request) -> httpx.Response:
+        response = await self.real.handle_async_request(request)
+        await response.aread()
+        await response.aclose()
+        return response
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self.upstream, return_exceptions=True)
+        await self.real.aclose()
+
+
+async def test_a_gateways_502_on_a_step_is_sent_again_and_the_step_runs_once() -> None:
+    """Behind a proxy, a connection that breaks on the way back is the proxy's 502 page, not a
+    dropped connection: it is a lost answer all the same, sent again and answered by the replay,
+    rather than one more 5xx that loses the episode (with the proxy's HTML as its message)."""
+    tool, runs = _counted()
+    with serving(lambda: make_env(tools=[tool])) as u:
+        transport = Gateway("POST", "/step", 502)
+        env = RemoteToolEnv(u, transport=transport)
+        await env.areset(options={"task_id": "t1"})
+        obs, reward, terminated, _, info = await env.astep(CALL_ADD)
+        assert obs == "<tool_response>\n5\n</tool_response>" and info["turn"] == 1
+        assert runs == [2] and len([r for r in transport.sent if r.url.path.endswith("/step")]) == 2
+        assert (await env.astep("<answer>5</answer>"))[1:3] == (1.0, True)
+        await env.aclose()
+
+        # the proxy fails every attempt: one line that says no answer came, and the episode is lost
+        env = RemoteToolEnv(u, transport=Gateway("POST", "/step", 502, fail=3), retries=2)
+        await env.areset(options={"task_id": "t1"})
+        with pytest.raises(RemoteEnvError, match="step: no answer from the toolenv server") as exc:
+            await env.astep(CALL_ADD)
+        assert "502 Gateway Error" in str(exc.value) and "\n" not in str(exc.value) and "<" not in str(exc.value)
+        with pytest.raises(RemoteEnvError, match="this episode was lost"):
+            await env.astep(CALL_ADD)
+        await env.aclose()
+
+
+async def test_a_gateway_timeout_on_a_step_still_running_does_not_hold_the_next_reset() -> None:
+    """A proxy's 504 (its read timeout) comes while the server still runs the step: the next reset
+    moves to a new session, as after the client's own timeout, instead of queueing behind that step."""
+    call = '<tool_call>{"name": "hang", "arguments": {"seconds": 3600}}</tool_call>'
+    with serving(lambda: make_env(tools=[add, hang])) as u:
+        env = RemoteToolEnv(u, transport=Gateway("POST", "/step", 504), retries=0)
+        await env.areset(options={"task_id": "t1"})
+        stuck = env._session
+        with pytest.raises(RemoteEnvError, match="no answer from the toolenv server"):
+            await env.astep(call)
+        obs, _ = await asyncio.wait_for(env.areset(options={"task_id": "t2"}), 60)  # not 3600 s
+        assert "10+4?" in obs and env._session != stuck
+        await env.aclose()
+
+
+def test_an_html_error_page_is_one_line() -> None:
+    """An auth proxy's (or another web server's) HTML error page is one readable line, not the page."""
+    from starlette.responses import HTMLResponse
+
+    page = "<html>\r\n<head><title>403 Forbidden</title></head>\r\n<body>\r\n<h1>403 &amp; no</h1>\r\n</body></html>"
+
+    async def proxy(scope: Any, receive: Any, send: Any) -> None:
+        await HTMLResponse(page, status_code=403)(scope, receive, send)
+
+    with asgi_server(proxy) as u, pytest.raises(RemoteEnvError) as exc:
+        RemoteToolEnv(u)
+    message = str(exc.value)
+    assert exc.value.status == 403 and "\n" not in message and "<" not in message
+    assert message.endswith("answered 403: 403 Forbidden")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"url": "http://[::1"}, r"url 'http://\[::1' is not a valid URL"),
+        ({"timeout": 0}, "timeout must be a positive number of seconds or None, got 0"),
+        ({"timeout": -1.0}, "timeout must be a positive number of seconds or None, got -1.0"),
+        ({"timeout": "abc"}, "timeout must be a positive number of seconds or None, got 'abc'"),
+    ],
+)
+def test_bad_arguments_are_one_value_error_before_any_request(kwargs: dict[str, Any], message: str) -> None:
+    """A typo in `--env-arg url=...` or `timeout=...` says which argument is wrong, rather than an
+    httpx error that names neither (`Invalid port: ':1'`), a timeout after no wait at all, or a
+    TypeError from deep inside the first request."""
+    with pytest.raises(ValueError, match=message):
+        RemoteToolEnv(**{"url": "http://127.0.0.1:9", **kwargs})

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import html
 import json
 import logging
+import re
 import secrets
 import weakref
 from collections.abc import Coroutine, Mapping
@@ -108,6 +110,33 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
+#: What a proxy or load balancer in front answers when the server's answer did not come through it.
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _from_gateway(resp: httpx.Response) -> bool:
+    """Whether `resp` is a proxy's 502/503/504 rather than the server's (whose errors are an `ErrorResponse`)."""
+    if resp.status_code not in _GATEWAY_STATUSES:
+        return False
+    try:
+        ErrorResponse.model_validate_json(resp.content)
+    except ValidationError:
+        return True
+    return False
+
+
+def _one_line(resp: httpx.Response) -> str:
+    """The gist of an error body that is not the server's JSON, in one line: an HTML page's title
+    (a proxy's or another web server's error page), else the text with its white space collapsed."""
+    text = resp.text
+    if "html" in resp.headers.get("content-type", "") or text.lstrip().startswith("<"):
+        found = _TITLE.search(text)
+        title = " ".join(html.unescape(found.group(1)).split()) if found else ""
+        return title[:200] or resp.reason_phrase
+    return " ".join(text.split())[:200] or resp.reason_phrase
+
+
 class RemoteToolEnv(ToolEnv):
     """A drop-in for a local env, stepped over HTTP on a `toolenv serve` server.
 
@@ -123,14 +152,15 @@ class RemoteToolEnv(ToolEnv):
             socket, a proxy); used as is and closed with the env. It belongs to one event
             loop, as an httpx client: use the env's sync API or its async API, not both.
         retries: times a step, truncate, end, session create or reset whose answer was lost
-            (a dropped connection, a timeout) is sent again, after a short backoff. Each step
-            names its episode and turn, so the server answers a repeat with the answer of the
-            run it repeats rather than running the tools again; a reset is sent again only when
-            it names its task or seeds the env. A server too old to replay answers gets no
-            retries. A cancelled call is never sent again.
+            (a dropped connection, a timeout, a proxy's 502/503/504 page) is sent again, after a
+            short backoff. Each step names its episode and turn, so the server answers a repeat
+            with the answer of the run it repeats rather than running the tools again; a reset is
+            sent again only when it names its task or seeds the env. A server too old to replay
+            answers gets no retries. A cancelled call is never sent again.
         render_mode: None or `"ansi"` (the mirrored episode's messages).
 
     Raises:
+        ValueError: `url` is not a URL, or `timeout` or `retries` is out of range.
         RemoteEnvError: the server cannot be reached or is not a compatible toolenv server.
     """
 
@@ -146,6 +176,14 @@ class RemoteToolEnv(ToolEnv):
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be 0 or more, got {retries}")
+        if timeout is not None and not (
+            isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
+        ):
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        try:
+            httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"url {url!r} is not a valid URL: {exc}") from None
         self.url = url.rstrip("/")
         self._retries = retries
         self._headers = dict(headers or {})
@@ -527,21 +565,34 @@ class RemoteToolEnv(ToolEnv):
         retry: bool = False,
     ) -> httpx.Response:
         """Send one request; with `retry`, to a server that replays answers, send it again while
-        no answer comes (up to `retries` more times): the request itself says what it repeats."""
+        no answer comes (up to `retries` more times): the request itself says what it repeats.
+
+        A proxy's 502/503/504 error page (not the server's JSON error) counts as no answer: the
+        proxy lost the server's answer or gave up waiting for it, and the server may still run it.
+        """
         content = None if body is None else dump_json(body)
         sent = {**(headers or {}), **({} if body is None else _JSON)}
         attempts = 1 + (self._retries if retry and self._replays else 0)
         for attempt in range(attempts):
             try:
                 resp = await client.request(method, path, content=content, headers=sent or None)
-                break
             except httpx.TransportError as exc:
                 if attempt + 1 == attempts:
                     raise self._no_answer(exc, what, attempts) from exc
                 log.warning("%s: no answer from %s (%s); sending it again", what, self.url, type(exc).__name__)
-                await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
             except httpx.HTTPError as exc:  # an answer httpx could not read (its encoding)
                 raise RemoteEnvError(f"{what}: bad answer from the toolenv server at {self.url} ({exc!r})") from exc
+            else:
+                if not _from_gateway(resp):
+                    break
+                # A proxy in front answered for the server (its upstream connection broke, or its
+                # read timeout passed): the server may or may not have run it, as with no answer.
+                if attempt + 1 == attempts:
+                    raise self._gateway_failure(resp, what, attempts)
+                log.warning(
+                    "%s: a proxy in front of %s answered %d; sending it again", what, self.url, resp.status_code
+                )
+            await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
         if resp.status_code >= 400:
             raise self._failure(resp, what)
         return resp
@@ -573,12 +624,20 @@ class RemoteToolEnv(ToolEnv):
                 "is it a toolenv server of the same version?"
             ) from None
 
+    def _gateway_failure(self, resp: httpx.Response, what: str, attempts: int) -> RemoteEnvError:
+        """A proxy's error page instead of the server's answer: no answer (`status` None), in one line."""
+        sent = f"; sent {attempts} times" if attempts > 1 else ""
+        return RemoteEnvError(
+            f"{what}: no answer from the toolenv server at {self.url}: a proxy or gateway in front answered "
+            f"{resp.status_code} ({_one_line(resp)}){sent}"
+        )
+
     def _failure(self, resp: httpx.Response, what: str) -> Exception:
         try:
             body = ErrorResponse.model_validate_json(resp.content)
             message, kind = body.error, body.type
         except ValidationError:
-            message, kind = (resp.text.strip()[:200] or resp.reason_phrase), None
+            message, kind = _one_line(resp), None
         status = resp.status_code
         if status == 400 and kind in _REBUILT:
             return _REBUILT[kind](message)
