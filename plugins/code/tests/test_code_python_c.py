@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolenv_code._server import Capture
-from toolenv_code.sandbox import SandboxLimits, run_code
+from toolenv_code.sandbox import SandboxLimits, SandboxPool, run_code
 
 FAILING_UNITTEST = (
     "import unittest\n"
@@ -102,3 +102,36 @@ def test_capture_decodes_whole_and_cuts_on_character_boundaries() -> None:
         omitted = int(tail.split(" bytes truncated]...\n")[0])
         kept = len(head.encode()) + len(tail.split("]...\n", 1)[1].encode())
         assert kept + omitted == capture.total  # the count covers the bytes dropped at the cut
+
+
+def test_annotations_are_evaluated_as_in_python_c() -> None:
+    """The sandbox's own `from __future__ import annotations` must not leak into the code."""
+    code = "def f(x: int) -> str: ...\nprint(f.__annotations__)\n"
+    assert run_code(code).stdout == "{'x': <class 'int'>, 'return': <class 'str'>}\n"
+    pool = SandboxPool(size=1)
+    try:
+        assert pool.run(code, session="ann").stdout == "{'x': <class 'int'>, 'return': <class 'str'>}\n"
+    finally:
+        pool.close()
+
+
+def test_code_larger_than_a_pipe_arrives_whole() -> None:
+    body = "".join(f"v{i} = {i}\n" for i in range(30000))  # ~300 KB: many reads of the go pipe
+    r = run_code(body + "print(v0 + v29999)")
+    assert r.ok, r.stderr
+    assert r.stdout == "29999\n"
+
+
+def test_home_tmpdir_are_the_work_dir_for_the_code_and_its_processes() -> None:
+    code = (
+        "import os, subprocess, tempfile\n"
+        "print(os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd() == tempfile.gettempdir())\n"
+        "print(subprocess.run(['sh', '-c', 'echo $HOME $TMPDIR'], capture_output=True, text=True).stdout.split()"
+        " == [os.getcwd()] * 2)\n"
+        "print(sorted(set(os.environ) - {'HOME', 'TMPDIR'}) == sorted(%r))\n"
+    )
+    from toolenv_code._child import CHILD_ENV
+
+    code %= (sorted(CHILD_ENV),)
+    first, second = run_code(code), run_code(code)
+    assert first.stdout == second.stdout == "True\nTrue\nTrue\n", (first, second)

@@ -114,6 +114,10 @@ def test_runs_keep_working_when_the_zygote_dies(pool: SandboxPool) -> None:
         assert r.ok and r.stdout == f"{i}\n", r
     stats = pool.stats()[0]
     assert stats["zygote_pid"] is None and stats["spare_pid"] is not None
+    # The spares the server forks itself set their environment and seed as the zygote's do.
+    code = "import os, random\nprint(os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd(), random.random())"
+    first, second = (pool.run(code).stdout.split() for _ in range(2))
+    assert first[0] == second[0] == "True" and first[1] != second[1]
 
 
 def test_close_and_server_death_leave_no_spare_or_zygote() -> None:

@@ -18,6 +18,7 @@ import _signal  # type: ignore[import-not-found]  # the C module under `signal`;
 import atexit
 import builtins
 import contextlib
+import ctypes
 import io
 import linecache
 import mmap
@@ -44,6 +45,7 @@ __all__ = [
     "exec_user",
     "main_namespace",
     "premake_stdio",
+    "prepare_spare",
     "session_loop",
     "spare_main",
     "spare_namespaces",
@@ -118,9 +120,12 @@ def _print_exception(exc: BaseException, source_name: str) -> None:
 
 
 def _flush_stdio() -> None:
+    # try/except rather than `contextlib.suppress`: no objects made (see `_own_mounts`).
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
+        try:  # noqa: SIM105
             stream.flush()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001, S110 - a stream the code closed or replaced: as Python, say nothing
+            pass
 
 
 def exec_user(code: str, namespace: dict[str, Any], source_name: str = _SOURCE_NAME) -> int:
@@ -131,7 +136,8 @@ def exec_user(code: str, namespace: dict[str, Any], source_name: str = _SOURCE_N
     """
     linecache.cache[source_name] = (len(code), None, code.splitlines(True), source_name)
     try:
-        exec(compile(code, source_name, "exec"), namespace)  # noqa: S102 - running code is the point
+        # dont_inherit: not this module's `from __future__ import annotations`, which `python -c` code lacks.
+        exec(compile(code, source_name, "exec", dont_inherit=True), namespace)  # noqa: S102 - running code is the point
         status = 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -239,6 +245,47 @@ def _set_env(workdir: str) -> None:
         vars(tempfile)["tempdir"] = workdir
 
 
+#: The zygote's `HOME=...` and `TMPDIR=...` strings, which the C environment points at (`_set_env_in_place`).
+_ENV_BUFFERS: dict[str, ctypes.Array[ctypes.c_char]] = {}
+
+
+def _set_env_in_place(workdir: str) -> None:
+    """`_set_env` for the zygote, which does it once per spare: the C environment's strings are
+    rewritten in place (see `_linux.putenv_buffer`), as `os.environ`'s `setenv` would keep every
+    work dir's path in the zygote for good."""
+    data = vars(os.environ).get("_data")  # what `os.environ` maps (bytes on POSIX)
+    if not isinstance(data, dict):  # not CPython's `os._Environ`
+        _set_env(workdir)
+        return
+    path = workdir.encode()  # an ASCII path the server made
+    for name in ("HOME", "TMPDIR"):
+        entry = b"%s=%s" % (name.encode(), path)
+        buffer = _ENV_BUFFERS.get(name)
+        if buffer is None or len(buffer) <= len(entry):
+            buffer = ctypes.create_string_buffer(entry, max(len(entry) + 1, 256))
+            _linux.putenv_buffer(buffer)  # the previous buffer, if any, is no longer referred to
+            _ENV_BUFFERS[name] = buffer
+        else:
+            buffer.value = entry
+        data[name.encode()] = path
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        vars(tempfile)["tempdir"] = workdir
+
+
+def prepare_spare(workdir: str) -> dict[str, Any]:
+    """In the zygote, just before it clones a spare: the spare's environment (`_set_env`), a
+    fresh `random` seed and a fresh `__main__` (`main_namespace`, whose namespace is returned).
+
+    The clone inherits them, so the spare does not make them itself: there, every page that
+    work writes would be a copy of one it shares with the zygote, while here (the last spare
+    gone: see `Server.after_request`) the pages are the zygote's alone.
+    """
+    _set_env_in_place(workdir)
+    random.seed()  # the clone runs no at-fork hooks: each spare gets its own sequence this way
+    return main_namespace()
+
+
 def confine_children(
     new_ipc_ns: bool, user_ns_fd: int | None, own_mounts: bool, socket_scope: bool, exposed: list[str]
 ) -> None:
@@ -246,6 +293,18 @@ def confine_children(
     global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE, _EXPOSED
     _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE = new_ipc_ns, user_ns_fd, own_mounts, socket_scope
     _EXPOSED = list(exposed)
+
+
+_SHM_OPTIONS = SHM_OPTIONS.encode()
+#: `_own_mounts`'s constant arguments: /dev/shm, the stash there, /tmp, /tmp's options, "tmpfs", flags.
+_MOUNT_ARGS = (
+    PRIVATE_SHM.encode(),
+    os.path.join(PRIVATE_SHM, ".workdir").encode(),
+    PRIVATE_TMP.encode(),
+    b"size=64k,mode=0711",
+    b"tmpfs",
+    _linux.MS_NOSUID | _linux.MS_NODEV,
+)
 
 
 def _own_mounts(workdir: str, entered: int) -> None:
@@ -263,25 +322,31 @@ def _own_mounts(workdir: str, entered: int) -> None:
     /proc die with the child. Made before the code joins the nested user namespace, so it
     cannot change them. (~0.25 ms per child, in the spare's preparation.)
     """
-    flags = _linux.MS_NOSUID | _linux.MS_NODEV
+    # The arguments are bytes made once (`_MOUNT_ARGS`): every object made or touched here
+    # costs this process a page copy (memory it shares with the zygote).
+    mount = _linux.mount_bytes
+    shm, stash, tmp, tmp_options, tmpfs, flags = _MOUNT_ARGS
     if not entered & _linux.CLONE_NEWNS:
         _linux.unshare(_linux.CLONE_NEWNS)
-    exposed = open_hidden(_EXPOSED)  # the server's read-only binds, before this child covers them
-    _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", flags, SHM_OPTIONS)
-    stash = os.path.join(PRIVATE_SHM, ".workdir")  # holds the work dir while /tmp is covered
-    os.mkdir(stash, 0o700)
-    _linux.mount(workdir, stash, None, _linux.MS_BIND)
-    _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", flags, "size=64k,mode=0711")
-    os.mkdir(workdir, 0o700)
-    _linux.mount(stash, workdir, None, _linux.MS_MOVE)
+    exposed = open_hidden(_EXPOSED) if _EXPOSED else None  # the server's read-only binds, before we cover them
+    mount(tmpfs, shm, tmpfs, flags, _SHM_OPTIONS)
+    os.mkdir(stash, 0o700)  # holds the work dir while /tmp is covered
+    path = workdir.encode()  # an ASCII path the server made: no `os.fsencode` (Python code) needed
+    mount(path, stash, None, _linux.MS_BIND, None)
+    mount(tmpfs, tmp, tmpfs, flags, tmp_options)
+    os.mkdir(path, 0o700)
+    mount(stash, path, None, _linux.MS_MOVE, None)
     os.rmdir(stash)
-    bind_back(exposed)  # one that fails stays hidden, as it would be without this
-    _linux.mount(None, PRIVATE_TMP, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | flags)
+    if exposed:
+        bind_back(exposed)  # one that fails stays hidden, as it would be without this
+    mount(None, tmp, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | flags, None)
     if _UNDER_INIT or os.getpid() == 1:  # in a PID namespace of its own
         # The kernel may refuse (a user namespace where parts of the host's /proc are masked):
         # the host's /proc then stays, as it was before this mount.
-        with contextlib.suppress(OSError):
-            _linux.mount("proc", "/proc", "proc", flags | _linux.MS_NOEXEC)
+        try:  # noqa: SIM105 - no `suppress` object to make (see above)
+            mount(b"proc", b"/proc", b"proc", flags | _linux.MS_NOEXEC, None)
+        except OSError:
+            pass
 
 
 def spare_namespaces() -> int:
@@ -315,11 +380,12 @@ def _enter_namespaces(workdir: str, entered: int) -> None:
         _linux.landlock_scope_abstract_sockets()
 
 
-def _prepare(workdir: str, fds: list[int], entered: int = 0) -> None:
+def _prepare(workdir: str, fds: list[int], entered: int = 0, env: bool = True) -> None:
     """Everything that does not depend on the request: namespaces, session, stdio, cwd, env, signals.
 
     `fds` become descriptors 1, 2, 3... in order; everything else above 2 is closed.
     `entered`: the namespaces the process was cloned into (see `_enter_namespaces`).
+    `env`: False when the environment is set already (see `prepare_spare`).
     """
     _enter_namespaces(workdir, entered)
     os.setsid()
@@ -330,7 +396,8 @@ def _prepare(workdir: str, fds: list[int], entered: int = 0) -> None:
         os.dup2(fd, target)
     os.closerange(len(fds) + 1, _MAX_FD)
     os.chdir(workdir)
-    _set_env(workdir)
+    if env:
+        _set_env(workdir)
     # `random` reseeds itself after `os.fork` (its at-fork hook); `spare_main` reseeds explicitly.
     if _STDIO is None or sys.stdout is not _STDIO[1]:  # the fork server installs them once (`premake_stdio`)
         _install_stdio(_STDIO or _make_stdio())
@@ -513,19 +580,30 @@ def enter_child(workdir: str, limits: dict[str, Any], uid: int, fds: list[int], 
 
 
 def _read_to_eof(fd: int) -> bytes:
+    # A pipe never returns more than its capacity (64 KiB by default) at once: asking for more
+    # only makes a buffer big enough to be an mmap of its own (then an mremap), twice per run.
     chunks = []
-    while chunk := os.read(fd, 1 << 20):
+    while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int, entered: int = 0) -> NoReturn:
+def spare_main(
+    workdir: str,
+    uid: int,
+    fds: list[int],
+    status_fd: int,
+    entered: int = 0,
+    namespace: dict[str, Any] | None = None,
+) -> NoReturn:
     """A warm spare: prepare, wait for the go message, drop privileges, run it, report, exit.
 
     `fds` are the stdout and stderr pipes and the read end of the go pipe (→ 1, 2, 3);
     `status_fd` is a memfd shared with the server (mapped here, then closed), for the
     status of the code (or the signal that killed it, see `_die_of`). `entered`: the
-    namespaces it was cloned into (see `spare_namespaces`).
+    namespaces it was cloned into (see `spare_namespaces`). `namespace`: the `__main__`
+    namespace `prepare_spare` made before the clone (it set the environment and the seed
+    too); None when the spare does all that itself.
     The go pipe is closed before the code runs, so the code sees only 0, 1 and 2.
     When the code is done (its non-daemon threads and `atexit` handlers too, as at
     interpreter exit), the status goes to the page shared with the server, then
@@ -534,11 +612,13 @@ def spare_main(workdir: str, uid: int, fds: list[int], status_fd: int, entered: 
     """
     try:
         status = mmap.mmap(status_fd, mmap.PAGESIZE)
-        _prepare(workdir, fds, entered)  # closes status_fd with every other stray descriptor
+        prepared = namespace is not None
+        if namespace is None:
+            random.seed()  # the fork server forked us (`os.fork` reseeds), but as the zygote's clones do
+            namespace = main_namespace()
+        _prepare(workdir, fds, entered, env=not prepared)  # closes status_fd with every other stray descriptor
         if os.getpid() == 1:
             _stand_in_for_default_actions(status)
-        random.seed()  # a spare cloned by the zygote ran no at-fork hooks
-        namespace = main_namespace()
         # Take the page faults of a first exec and of decoding a request before the request.
         exec_user("pass", namespace)
         decode_go(_WARM_GO)

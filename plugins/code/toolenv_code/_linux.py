@@ -34,6 +34,8 @@ __all__ = [
     "landlock_abi",
     "landlock_scope_abstract_sockets",
     "mount",
+    "mount_bytes",
+    "putenv_buffer",
     "set_child_subreaper",
     "set_no_new_privs",
     "setns",
@@ -72,6 +74,10 @@ _SYS_CLONE3 = 435  # the same number on every architecture
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+# Typed, so a call converts plain bytes, None and ints in C: no ctypes objects made per call
+# (each object a forked child makes or touches costs it a page copy).
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_mount = _libc.mount
 
 
 def _check(ret: int, what: str) -> None:
@@ -98,12 +104,29 @@ def setns(fd: int, nstype: int) -> None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     """`mount(2)`; raises OSError on failure."""
+    mount_bytes(
+        None if source is None else os.fsencode(source),
+        os.fsencode(target),
+        None if fstype is None else os.fsencode(fstype),
+        flags,
+        None if data is None else os.fsencode(data),
+    )
 
-    def enc(s: str | None) -> bytes | None:
-        return None if s is None else os.fsencode(s)
 
-    ret = _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
-    _check(ret, f"mount {target}")
+def mount_bytes(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:
+    """`mount` with arguments already encoded: the lean form, for the children's hot path."""
+    if _mount(source, target, fstype, flags, data) != 0:
+        _check(-1, f"mount {os.fsdecode(target)}")
+
+
+def putenv_buffer(buffer: ctypes.Array[ctypes.c_char]) -> None:
+    """`putenv(3)` of a `NAME=value` buffer: the environment then points at `buffer` itself.
+
+    Unlike `os.putenv` (`setenv`), nothing is copied, so rewriting the buffer in place
+    changes the variable, and nothing accumulates in libc however often that is done
+    (`setenv` keeps every value it was ever given). The caller keeps `buffer` alive.
+    """
+    _check(_libc.putenv(buffer), "putenv")
 
 
 def set_child_subreaper() -> None:
@@ -140,15 +163,20 @@ def landlock_scope_abstract_sockets() -> None:
     which a shared network namespace would otherwise let them reach. Nothing else is
     restricted. Needs Landlock ABI 6 (Linux 6.12, see `landlock_abi`) and no_new_privs.
     """
-    attr = _RulesetAttr(scoped=_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
-    fd = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
-                       ctypes.c_uint32(0))  # fmt: skip
+    fd = _syscall(_SYS_LANDLOCK_CREATE_RULESET, *_LANDLOCK_RULESET)
     if fd < 0:
         _check(fd, "landlock_create_ruleset")
     try:
-        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, ctypes.c_uint32(0)), "landlock_restrict_self")
+        _check(_syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, _UINT32_ZERO), "landlock_restrict_self")
     finally:
         os.close(fd)
+
+
+_syscall = _libc.syscall
+_UINT32_ZERO = ctypes.c_uint32(0)
+_RULESET_ATTR = _RulesetAttr(scoped=_LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
+#: `landlock_create_ruleset`'s arguments, built once: every child makes the same call.
+_LANDLOCK_RULESET = (ctypes.byref(_RULESET_ATTR), ctypes.c_size_t(ctypes.sizeof(_RULESET_ATTR)), _UINT32_ZERO)
 
 
 class _CloneArgs(ctypes.Structure):

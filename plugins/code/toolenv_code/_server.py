@@ -43,6 +43,7 @@ from toolenv_code._child import (
     confine_children,
     enter_child,
     premake_stdio,
+    prepare_spare,
     session_loop,
     spare_main,
     spare_namespaces,
@@ -611,11 +612,16 @@ class Server:
         raise AssertionError("unreachable")
 
     def after_request(self) -> None:
-        """Work kept off the critical path: fork the next spare, reap finished runs."""
+        """Work kept off the critical path: reap finished runs, then fork the next spare.
+
+        In that order: while the last run's process lives, the zygote shares its memory with
+        it, and the zygote's work for the next spare (`_child.prepare_spare`) would copy every
+        page it writes (the kill that ended the run has it gone within a fraction of a ms).
+        """
+        self._reap_dying(block=True)
         if self.spare is None:
             with contextlib.suppress(OSError):
                 self.spare = self._fork_spare()
-        self._reap_dying(block=False)
 
     def _reap_dying(self, block: bool) -> None:
         """Reap finished one-shot children (all of them, waiting if need be, when `block`)."""
@@ -827,8 +833,11 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
             return
         kind, workdir, uid, extra = msg.decode().split("\0", 3)
         namespaces = spare_ns if kind == "spare" else 0
+        namespace = None
         while True:
             try:
+                if kind == "spare" and namespace is None:
+                    namespace = prepare_spare(workdir)
                 pid = _linux.clone_sibling(pid_ns, namespaces)
                 break
             except OSError as exc:
@@ -848,7 +857,7 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
                     random.seed()  # a clone ran no at-fork hooks: not the zygote's sequence
                     session_loop()
                 else:
-                    spare_main(workdir, int(uid), fds[:3], fds[3], namespaces)
+                    spare_main(workdir, int(uid), fds[:3], fds[3], namespaces, namespace)
             finally:
                 os._exit(120)
         for fd in fds:
