@@ -382,22 +382,15 @@ async def _close(session: Session, timeout: float) -> None:
     either way). A close still running then is cancelled and left behind, logged: one stuck
     teardown must not hold a DELETE, a slot, or the server's stop. What it had not let go of
     yet is then let go of (`_let_go`)."""
-    closing = asyncio.ensure_future(session.env.aclose())
-    closing.add_done_callback(_retrieve)
-    try:
-        await asyncio.wait({closing}, timeout=timeout)
-    except asyncio.CancelledError:
-        closing.cancel()
-        raise
-    if not closing.done():
-        closing.cancel()  # not awaited: it may ignore the cancellation too
+    finished, exc = await _bounded(session.env.aclose(), timeout)
+    if not finished:
         log.error(
             "the env of session %s did not close within %g s (the close timeout): left behind, its close cancelled",
             session.id,
             timeout,
         )
         await _let_go(session, timeout)
-    elif not closing.cancelled() and (exc := closing.exception()) is not None:
+    elif exc is not None:
         log.error("closing the env of session %s failed", session.id, exc_info=exc)
 
 
@@ -415,22 +408,32 @@ async def _let_go(session: Session, timeout: float) -> None:
     caller = session.env.caller
     if not caller.holds:  # its close let go already, and closes what it picked
         return
-    closing = asyncio.ensure_future(caller.aclose())
-    closing.add_done_callback(_retrieve)
-    try:
-        await asyncio.wait({closing}, timeout=timeout)
-    except asyncio.CancelledError:
-        closing.cancel()
-        raise
-    if not closing.done():
-        closing.cancel()
+    finished, exc = await _bounded(caller.aclose(), timeout)
+    if not finished:
         log.error(
             "the tools of session %s did not close within %g s (the close timeout) either: left behind",
             session.id,
             timeout,
         )
-    elif not closing.cancelled() and (exc := closing.exception()) is not None:
+    elif exc is not None:
         log.error("closing the tools of session %s failed", session.id, exc_info=exc)
+
+
+async def _bounded(closing: Coroutine[Any, Any, None], timeout: float) -> tuple[bool, BaseException | None]:
+    """Run `closing` for at most `timeout` seconds: whether it finished, and its failure. One
+    still running then is cancelled, not awaited (it may ignore the cancellation too), and left
+    behind; a cancelled wait cancels it as well."""
+    task = asyncio.ensure_future(closing)
+    task.add_done_callback(_retrieve)
+    try:
+        await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        return False, None
+    return True, None if task.cancelled() else task.exception()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
