@@ -265,3 +265,38 @@ def test_a_limit_with_exclude_empty_gold_runs_only_the_gold_queries_it_needs(mon
     assert [t.id for t in env.tasks] == [t.id for t in everything.tasks[:5]]
     env.close()
     everything.close()
+
+
+def test_exclude_empty_gold_takes_tasks_given_as_dicts() -> None:
+    """`tasks` may be dicts (as everywhere else): leaving out empty-gold ones must not need `Task`s."""
+    db = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
+    custom = [
+        {"id": "some", "question": "q", "context": {"db_path": db, "gold_sql": "SELECT count(*) FROM singer"}},
+        {"id": "none", "question": "q", "context": {"db_path": db, "gold_sql": "SELECT name FROM singer WHERE 0"}},
+    ]
+    env = make_spider_env(tasks=custom, exclude_empty_gold=True)
+    assert [t.id for t in env.tasks] == ["some"]
+    env.reset(options={"task_id": "some"})
+    assert env.step("<answer>SELECT count(*) FROM singer</answer>")[1] == 1.0
+    env.close()
+
+
+def test_exclude_empty_gold_names_the_task_whose_gold_query_fails() -> None:
+    """A gold query that cannot run is reported at construction with the task's id, not as a bare
+    engine error that leaves the user to search thousands of tasks for it."""
+    db = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
+    custom = [{"id": "broken-7", "question": "q", "context": {"db_path": db, "gold_sql": "SELECT * FROM nowhere"}}]
+    with pytest.raises(ValueError, match=r"broken-7.*no such table: nowhere"):
+        make_spider_env(tasks=custom, exclude_empty_gold=True)
+
+
+def test_the_answer_gets_at_least_the_query_timeout_the_tool_gave() -> None:
+    """With `query_timeout=30` (slow databases), an answer whose query ran in the tool must not
+    time out when it is scored (the reward's own default is 10 s)."""
+    slow = make_spider_env(limit=1, query_timeout=30.0)
+    assert slow.tools[0].query_timeout == 30.0
+    assert slow.reward_fn.parts["execution_match"][0].timeout == 30.0
+    quick = make_spider_env(limit=1, query_timeout=1.0)
+    assert quick.reward_fn.parts["execution_match"][0].timeout == 10.0
+    slow.close()
+    quick.close()

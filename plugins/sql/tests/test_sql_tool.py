@@ -298,3 +298,20 @@ async def test_syntax_and_pragma_errors_are_plain(tmp_path: Path) -> None:
         res = await call(SQLTool(), {"query": query}, {"db_path": SINGER})
         assert res.is_error and needle in res.text, res.text
         assert "<class" not in res.text and "<Token" not in res.text and "not authorized" not in res.text
+
+
+async def test_a_max_chars_past_the_default_output_limit_reaches_the_model_whole() -> None:
+    """`max_chars=20000` is the text the model sees: the caller's default output cap (8,192) must
+    not cut a hole in the middle of the table under a footer that counts the rows as shown."""
+    world = "spider_dev_sample/database/world_1/world_1.sqlite"
+    res = await call(SQLTool(max_chars=20_000, max_rows=200), {"query": "SELECT * FROM country"}, {"db_path": world})
+    assert not res.is_error
+    assert "characters truncated" not in res.text
+    assert 8192 < len(res.text) <= 20_000
+    shown = int(res.text.rsplit("showing the first ", 1)[1].split()[0])
+    assert len(res.text.splitlines()) == 2 + shown + 1  # header, rule, the rows the footer counts, footer
+
+
+def test_limits_given_explicitly_still_cap_the_output() -> None:
+    assert SQLTool(max_chars=20_000, max_output_chars=9000).limits.max_output_chars == 9000
+    assert SQLTool().limits.max_output_chars == 8192

@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlglot.dialects.dialect import Dialect
 
-from toolenv import Task, ToolEnv
+from toolenv import Task, ToolEnv, load_tasks
 from toolenv.result_cache import shared_cache
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
+from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import run_query
 from toolenv_sql.paths import DATA_DIR, resolve_database
 from toolenv_sql.reward import ExecutionMatch
@@ -58,6 +59,8 @@ def system_prompt(dialect: str | None = None) -> str:
 
 # Options consumed here (the rest go to ToolEnv).
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
+# Seconds an answer's query may run when scored (`ExecutionMatch`'s default), unless the tool's are more.
+_REWARD_TIMEOUT = 10.0
 
 
 def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, Any]) -> ToolEnv:
@@ -68,20 +71,21 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     # Answers depend on the query, the task's database (the "task" scope) and the tool's options.
     namespace = ("toolenv_sql", name, tuple(sorted((k, str(v)) for k, v in tool_opts.items())))
     tool_opts["cache"] = shared_cache(namespace, opts.pop("cache", None))
-    if tasks is None:
-        tasks = list(default_tasks)
-    elif isinstance(tasks, (str, Path)):
-        from toolenv import load_tasks
-
-        tasks = load_tasks(tasks)
+    # A file, or Tasks and dicts alike (`exclude_empty_gold` reads each task's context).
+    tasks = list(default_tasks) if tasks is None else load_tasks(tasks)
     if opts.pop("exclude_empty_gold", False):  # lazily: with a limit, only the tasks kept are run
         tasks = (t for t in tasks if not _gold_is_empty(t, tool_opts.get("root")))
     tasks = list(tasks if limit is None else itertools.islice(tasks, int(limit)))
     opts.setdefault("tools", [SQLTool(**tool_opts)])
     column_order = bool(opts.pop("column_order", True))
+    # An answer gets at least the time its queries got in the tool: a query the model ran there
+    # would otherwise time out when scored, on a database where queries are slow.
+    timeout = max(_REWARD_TIMEOUT, float(tool_opts.get("query_timeout", 0.0)))
     opts.setdefault(
         "reward",
-        ExecutionMatch(dialect=tool_opts.get("dialect"), root=tool_opts.get("root"), column_order=column_order),
+        ExecutionMatch(
+            dialect=tool_opts.get("dialect"), root=tool_opts.get("root"), timeout=timeout, column_order=column_order
+        ),
     )
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
@@ -93,10 +97,17 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
 
 
 def _gold_is_empty(task: Task, root: Any) -> bool:
-    """Whether the task's gold query returns no rows (any query that returns none then scores 1)."""
-    path, engine = resolve_database(task.context, Path(root) if root is not None else DATA_DIR)
-    sql = _gold(task).strip().rstrip(";")
-    return run_query(path, engine, sql, timeout=60.0, max_rows=1, count_all=False).row_count == 0
+    """Whether the task's gold query returns no rows (any query that returns none then scores 1).
+
+    Raises:
+        ValueError: the gold query cannot run (the message names the task).
+    """
+    try:
+        path, engine = resolve_database(task.context, Path(root) if root is not None else DATA_DIR)
+        sql = _gold(task).strip().rstrip(";")
+        return run_query(path, engine, sql, timeout=60.0, max_rows=1, count_all=False).row_count == 0
+    except SQLError as exc:
+        raise ValueError(f"task {task.id!r}: its gold query cannot run, so it cannot be scored: {exc}") from None
 
 
 def make_spider_env(**overrides: Any) -> ToolEnv:

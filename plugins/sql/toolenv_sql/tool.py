@@ -70,6 +70,11 @@ class SQLTool(Tool):
             raise ValueError("query_timeout must be > 0, max_rows >= 0, max_chars >= 200 and max_cell_chars >= 4")
         if limits is None and "timeout" not in limit_overrides:
             limit_overrides["timeout"] = query_timeout + 10.0  # the caller's guard stays behind the query's own
+        default_cap = type(self).limits.max_output_chars
+        if limits is None and "max_output_chars" not in limit_overrides and default_cap and max_chars > default_cap:
+            # The table is already cut to `max_chars` with a footer saying so; the caller's cap would
+            # cut a hole in its middle under a footer that counts those rows as shown.
+            limit_overrides["max_output_chars"] = max_chars
         super().__init__(limits=limits, **limit_overrides)
         self.dialect = dialect
         self.root = Path(root) if root is not None else DATA_DIR
