@@ -743,3 +743,64 @@ def test_a_run_of_whitespace_after_a_label_is_read_in_linear_time(reply: str) ->
     """A degenerate judge reply (a run of spaces or newlines) after "verdict" or "score" read
     in polynomial time, O(n^4) after a verdict label: the reward stalled for hours."""
     assert parse_judgement(reply) is None
+
+
+async def test_a_reply_without_a_verdict_is_not_kept_for_the_next_episode(server: FakeServer) -> None:
+    """A reply that gives no verdict (or is cut inside its reasoning) is a failure, as an HTTP
+    error is: it is not kept, so the same answer later is asked again rather than scored 0 from
+    the cache for the rest of training."""
+    server.script = [Reply(body=completion("I cannot decide.")), Reply(body=completion("yes"))]
+    j = judge(server)
+    first = make_episode("Paris")
+    assert await j.final(first) == 0.0 and reward_info(first)["judge"]["error"] is not None
+    again = make_episode("Paris")
+    assert await j.final(again) == 1.0 and len(server.requests) == 2
+    assert reward_info(again)["judge"]["error"] is None
+    assert await j.final(make_episode("Paris")) == 1.0 and len(server.requests) == 2  # a verdict is kept
+
+
+async def test_retry_jitter_leaves_the_global_random_state_alone(server: FakeServer) -> None:
+    """A trainer seeds `random` for its own sampling; a judge that retried must not shift it."""
+    import random
+
+    random.seed(1234)
+    expected = [random.random() for _ in range(3)]
+    random.seed(1234)
+    server.script = [Reply(status=503), Reply(status=503), Reply(body=completion("yes"))]
+    assert await judge(server, retries=2).final(make_episode("Paris")) == 1.0
+    assert len(server.requests) == 3
+    assert [random.random() for _ in range(3)] == expected
+
+
+async def test_a_judge_with_a_request_in_flight_pickles_and_deep_copies(server: FakeServer) -> None:
+    """verl, TRL and SkyRL send env kwargs (a judge among them) to workers by pickling; a judge
+    whose request is still in flight (or left pending when a loop stopped) must copy too."""
+    import asyncio
+    import copy
+    import pickle
+
+    server.script = [Reply(body=completion("yes"), delay=0.3)]
+    j = judge(server)
+    running = asyncio.create_task(j.final(make_episode("Paris")))
+    await asyncio.sleep(0)  # the request is under way: it waits for the server's reply
+    assert j._pending
+    copies = [pickle.loads(pickle.dumps(j)), copy.deepcopy(j)]
+    assert await running == 1.0
+    for c in copies:
+        assert c._pending == {} and c.url == j.url
+        assert await c.final(make_episode("Lyon")) == 1.0
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "127.0.0.1:8000/v1", "htp://127.0.0.1:8000/v1", "http://", "/v1"])
+def test_a_base_url_the_judge_cannot_post_to_is_refused_when_built(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Such a URL failed every episode (each retried, scored 0), as a prompt without
+    `{prediction}` would: it is refused when the reward is built, from a config too."""
+    with pytest.raises(ValueError, match="base_url"):
+        LLMJudge(base_url=url)
+    with pytest.raises(ValueError, match="base_url"):
+        get_reward({"judge": {"base_url": url}})
+    monkeypatch.setenv("TOOLENV_JUDGE_BASE_URL", url)
+    with pytest.raises(ValueError, match="TOOLENV_JUDGE_BASE_URL"):
+        LLMJudge()
+    for good in ["http://127.0.0.1:8000/v1", "https://api.openai.com/v1/", "HTTP://Judge:8000"]:
+        assert LLMJudge(base_url=good).url.endswith("/chat/completions")

@@ -226,3 +226,14 @@ def test_reward_info_is_kept_by_component_name() -> None:
     assert term and r == 1.0
     assert info["reward_components"] == {"strict": 0.0, "lenient": 1.0, "noted": 0.5}
     assert info["reward_info"] == {"strict": {"score": 0.0}, "lenient": {"score": 1.0}, "noted": {"score": 0.5}}
+
+
+def test_reward_info_may_hold_a_name_and_an_episode_field() -> None:
+    """What a reward records is its own: a `name` (the judge model's, the tool's) or an `episode`
+    field is kept, not taken for `record_reward_info`'s own arguments."""
+    from toolenv.caller import ToolCaller
+    from toolenv.types import Task
+
+    ep = toolenv.Episode(task=Task(question="q", answer="a"), episode_id="e", caller=ToolCaller([]))
+    record_reward_info(ep, "judge", name="gpt-judge", episode="e-1", score=1.0)
+    assert toolenv.rewards.reward_info(ep)["judge"] == {"name": "gpt-judge", "episode": "e-1", "score": 1.0}

@@ -194,8 +194,11 @@ def reward_info(episode: Episode) -> dict[str, dict[str, Any]]:
     return episode.reward_info
 
 
-def record_reward_info(episode: Episode, name: str, **data: Any) -> None:
-    """Store details of component `name` for this episode (replacing earlier ones)."""
+def record_reward_info(episode: Episode, name: str, /, **data: Any) -> None:
+    """Store details of component `name` for this episode (replacing earlier ones).
+
+    `episode` and `name` are positional-only, so the details may hold fields of those names.
+    """
     reward_info(episode)[name] = data
 
 

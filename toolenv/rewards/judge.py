@@ -18,6 +18,7 @@ import os
 import random
 import re
 import string
+import urllib.parse
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -283,6 +284,20 @@ def _check_prompt(prompt: str) -> None:
         raise ValueError("the judge's prompt has no {prediction}: the judge would never see the answer")
 
 
+def _check_base_url(url: str, source: str) -> None:
+    """Refuse a URL the judge cannot post to: every episode would fail (and retry) on it.
+
+    Raises:
+        ValueError: no `http://` or `https://` scheme, or no host.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"the judge's base_url ({source}) must be an http:// or https:// URL with a host, "
+            f"e.g. http://127.0.0.1:8000/v1; got {url!r}"
+        )
+
+
 def _escaped(prediction: str) -> str:
     """`prediction` as the judge's prompt holds it: its `</prediction>` and reasoning tags escaped."""
     return _THINK_TAG.sub(r"&lt;\1think&gt;", _CLOSING_TAG.sub("&lt;/prediction&gt;", prediction))
@@ -297,6 +312,10 @@ def _ends_in_reasoning(text: str) -> bool:
 # One AsyncClient per event loop, shared by every judge in the process: clients are
 # bound to their loop, and a vector env of many envs should not open many pools.
 _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+# The retry jitter's own generator: drawing from the `random` module's would shift the
+# sequence a trainer seeded it for, by as many draws as the judge happened to retry.
+_JITTER = random.Random()
 
 
 def _client() -> httpx.AsyncClient:
@@ -314,7 +333,8 @@ class LLMJudge(Reward):
 
     Args:
         base_url: the server's API root, e.g. `http://127.0.0.1:8000/v1`
-            (default: `$TOOLENV_JUDGE_BASE_URL`, else vLLM's local default).
+            (default: `$TOOLENV_JUDGE_BASE_URL`, else vLLM's local default); one that is not
+            an http(s) URL with a host is refused here (it would fail every episode).
         model: the model name the server serves (default: `$TOOLENV_JUDGE_MODEL`).
         api_key_env: name of the environment variable holding the API key (None: no key).
         prompt: a `str.format` template with `{prediction}` and optionally `{question}` and
@@ -331,7 +351,8 @@ class LLMJudge(Reward):
         name: the component name.
         cache_size: replies kept, by request: the samples of a GRPO group that give the same
             answer are judged once (one request, even while it is in flight) and get the same
-            score, not a sampled judge's noise. Failed calls are not kept. 0: every episode asks.
+            score, not a sampled judge's noise. Failed calls and replies without a verdict are
+            not kept. 0: every episode asks.
     """
 
     def __init__(
@@ -359,6 +380,7 @@ class LLMJudge(Reward):
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         _check_prompt(prompt)
         base = base_url or os.environ.get("TOOLENV_JUDGE_BASE_URL") or "http://127.0.0.1:8000/v1"
+        _check_base_url(base, "base_url" if base_url else "$TOOLENV_JUDGE_BASE_URL")
         self.url = base.rstrip("/") + "/chat/completions"
         self.model = model or os.environ.get("TOOLENV_JUDGE_MODEL") or "judge"
         self.api_key_env = api_key_env
@@ -380,6 +402,13 @@ class LLMJudge(Reward):
     def __repr__(self) -> str:
         return f"<LLMJudge {self.name!r} model={self.model!r} url={self.url!r}>"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the requests in flight (pickle, `copy.deepcopy`): they are tasks of
+        this process's event loops, which a copy cannot share (nor pickle)."""
+        state = self.__dict__.copy()
+        state["_pending"] = {}
+        return state
+
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
         """The chat messages sent for `episode`."""
         gold = " | ".join(episode.task.answers) or "(none given)"
@@ -397,7 +426,8 @@ class LLMJudge(Reward):
             record_reward_info(episode, self.name, score=0.0, error=None, reply=None, attempts=0, skipped="no answer")
             return 0.0
         try:
-            reply, attempts, cached = await self._ask(self.build_messages(episode))
+            messages = self.build_messages(episode)
+            reply, attempts, cached = await self._ask(messages)
         except JudgeError as exc:
             return self._fail(episode, str(exc), None, exc.attempts)
         except Exception as exc:  # noqa: BLE001 - a judge failure must not end the training step
@@ -406,6 +436,7 @@ class LLMJudge(Reward):
         mentions = [episode.answer, _escaped(episode.answer), *episode.task.answers]
         score = parse_judgement(reply, mentions=mentions)
         if score is None:
+            self._forget(messages)  # no verdict is a failure: the next episode asks again
             error = (
                 "the judge's reply ends inside its <think> reasoning: raise max_tokens"
                 if _ends_in_reasoning(reply)
@@ -430,11 +461,20 @@ class LLMJudge(Reward):
             )
         return 0.0
 
+    def _key(self, messages: list[dict[str, str]]) -> str:
+        """The reply cache's key for `messages`: the request as sent."""
+        return json.dumps([self.url, self.model, self.max_tokens, self.extra_body, messages], sort_keys=True)
+
+    def _forget(self, messages: list[dict[str, str]]) -> None:
+        """Drop the kept reply to `messages` (one that gave no verdict)."""
+        if self._replies is not None:
+            self._replies.pop(self._key(messages), None)
+
     async def _ask(self, messages: list[dict[str, str]]) -> tuple[str, int, bool]:
         """`complete`, through the reply cache: (reply, attempts, whether another call's reply)."""
         if self._replies is None:
             return (*(await self.complete(messages)), False)
-        key = json.dumps([self.url, self.model, self.max_tokens, self.extra_body, messages], sort_keys=True)
+        key = self._key(messages)
         found = self._replies.get(key)
         if found is not None:
             return found, 0, True
@@ -491,7 +531,7 @@ class LLMJudge(Reward):
                     raise JudgeError(last, attempt)
                 retry_after = _retry_after(resp.headers.get("retry-after"))
             if attempt <= self.retries:
-                delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff) * (0.5 + random.random() / 2)
+                delay = min(self.backoff * 2 ** (attempt - 1), self.max_backoff) * (0.5 + _JITTER.random() / 2)
                 if retry_after is not None:
                     delay = max(delay, min(retry_after, self.max_backoff))
                 await asyncio.sleep(delay)
