@@ -85,3 +85,19 @@ def test_an_lfm2_call_followed_by_text_survives_decoding() -> None:
     assert action.errors == [] and action.text == "Adding them."
     # The wrapped parser decodes the same way.
     assert reply_text(get_parser("pythonic", reasoning=True), tokenizer, ids) == reply
+
+
+def test_reasoning_tags_a_tokenizer_made_special_survive_decoding() -> None:
+    # A tokenizer that made `<think>`/`</think>` special tokens: skipping them would leave the
+    # reasoning wrapper no tag to find, and a call the model only drafted while thinking would run
+    # (and a drafted answer end the episode). The wrapper's tags are markers it needs to read a turn.
+    tokenizer = _tokenizer(True, ("<think>", "</think>"))
+    reply = f"<think>Maybe {CALL}</think>The answer is 5."
+    ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
+    parser = get_parser("hermes", reasoning=True)
+    text = reply_text(parser, tokenizer, ids)
+    assert text == reply
+    action = parser.parse(text)
+    assert action.tool_calls == [] and action.errors == []
+    # Without the wrapper, the tags mean nothing to the format: special tokens are skipped as before.
+    assert reply_text(get_parser("hermes"), tokenizer, ids) == f"Maybe {CALL}The answer is 5."

@@ -518,3 +518,44 @@ def test_lfm2_may_write_text_after_its_closed_call_list() -> None:
     assert bad.tool_calls == [] and "not a literal" in bad.errors[0] and bad.text == "Sure. Looking it up."
     answered = p.parse("<|tool_call_start|>[f(a=1)]<|tool_call_end|>Done. <answer>4</answer>")
     assert answered.answer == "4" and [c.name for c in answered.tool_calls] == ["f"]
+
+
+def test_lfm2_5_line_breaks_written_raw_inside_a_string_are_read() -> None:
+    """LFM2.5's chat template writes a string argument as `'` + value + `'`, escaping nothing:
+    a value with a line break (code, SQL, a multi-line message) reaches the model, and so comes
+    back from it, with the line break raw inside the quotes. That is not valid Python, yet the
+    call is unambiguous, and vLLM's `lfm2` parser escapes such control characters before `ast`
+    reads the list; the env must read the same call."""
+    p = get_parser("pythonic")
+    reply = "Running it.<|tool_call_start|>[python(code='x = 1\nprint(x)\r\n', n=2), f()]<|tool_call_end|><|im_end|>"
+    parsed = p.parse(reply)
+    assert parsed.errors == []
+    assert calls(parsed) == [("python", {"code": "x = 1\nprint(x)\r\n", "n": 2}, "call_0"), ("f", {}, "call_1")]
+    assert parsed.text == "Running it."
+    # What Python reads already is read as before: a line continuation inside a string, a
+    # triple-quoted string, a comment with an apostrophe, line breaks between arguments.
+    valid = "<|tool_call_start|>[f(a='one \\\ntwo', b='''x\ny''',  # it's here\n c=\"q\")]<|tool_call_end|>"
+    assert calls(p.parse(valid)) == [("f", {"a": "one two", "b": "x\ny", "c": "q"}, "call_0")]
+
+
+def test_lfm2_5_real_template_calls_with_multiline_strings_read_back(tmp_path: Any) -> None:
+    """The round trip through the model's own template: what LFM2.5's template writes for a
+    call whose argument spans lines, the parser reads as that call."""
+    trl = pytest.importorskip("trl", reason="the real chat templates come with trl")
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path, with_model=False))
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "lfm2_2_5.jinja").read_text(encoding="utf-8")
+    args = {"query": "SELECT name\nFROM singer\nWHERE age > 30", "limit": 5}
+    call = {"type": "function", "function": {"name": "run_sql", "arguments": args}}
+    user = [{"role": "user", "content": "hi"}]
+    head = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template([*user, {"role": "assistant", "content": "", "tool_calls": [call]}], tokenize=False)
+    reply = whole[len(head) :]
+    assert "'SELECT name\nFROM singer" in reply  # the template writes the line breaks raw
+    parsed = get_parser("pythonic").parse(reply)
+    assert parsed.errors == [] and [(c.name, c.arguments) for c in parsed.tool_calls] == [("run_sql", args)]

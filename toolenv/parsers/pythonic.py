@@ -18,7 +18,9 @@ How the text is read, and why:
   and `(`; a `[` in prose (`[1]`, `[see above]`, a Markdown link) is therefore never a call,
   and a `[name(...)]` inside a sentence, followed by more text, is prose too. LFM2's
   `<|tool_call_start|>…<|tool_call_end|>` closes its list, so text may follow that block
-  (as its model cards show and vLLM's `lfm2` parser reads). A reply that
+  (as its model cards show and vLLM's `lfm2` parser reads), and a line break written raw
+  inside a quoted string there is read as one (LFM2.5's template writes strings unescaped,
+  and vLLM's `lfm2` parser escapes such line breaks). A reply that
   starts with `[name(` but does not end with its list (text after it, not closed, too long)
   is an error that says so, unless it gives an `<answer>`; when a later list does end the
   reply, that list runs and the error for the first is reported beside it.
@@ -158,12 +160,14 @@ class PythonicParser(ActionParser):
     def _read_wrapped(self, text: str, calls: list[ToolCall], errors: list[str], problems: list[str]) -> str:
         """LFM2's turn: each `<|tool_call_start|>…<|tool_call_end|>` holds a call list, and the
         model may go on writing after it (its model cards show a sentence there), as vLLM's
-        `lfm2` parser reads it. The text outside the blocks is returned."""
+        `lfm2` parser reads it. The text outside the blocks is returned. A line break written
+        raw inside a quoted string is read as one (`_escape_line_breaks`)."""
         pieces: list[str] = []
         pos = index = 0
         while (start := text.find(_LFM_START, pos)) >= 0 and (stop := text.find(_LFM_END, start)) >= 0:
             pieces.append(text[pos:start])
-            inner, index = self._read_reply(text[start + len(_LFM_START) : stop], index, calls, errors, problems)
+            block = _escape_line_breaks(text[start + len(_LFM_START) : stop])
+            inner, index = self._read_reply(block, index, calls, errors, problems)
             pieces.append(inner)
             pos = stop + len(_LFM_END)
         pieces.append(text[pos:])
@@ -327,6 +331,58 @@ def _content_end(text: str) -> int:
         while end and text[end - 1].isspace():
             end -= 1
     return end
+
+
+def _escape_line_breaks(text: str) -> str:
+    """`text` with each line break written raw inside a one-quote string literal written as its
+    escape (`\\n`, `\\r`), so the string reads as the value the model meant.
+
+    LFM2.5's chat template writes a string argument as `'` + value + `'` without escaping, so
+    the model learns to write a multi-line value (code, SQL) with raw line breaks inside the
+    quotes, which Python refuses ("unterminated string literal"); vLLM's `lfm2` parser escapes
+    them before `ast` reads the list. Nothing Python reads changes: a raw line break cannot be
+    inside such a string, and triple-quoted strings, raw strings (`r'...'`, where an escape would
+    change the value), comments, escaped characters and text outside strings are kept as they are.
+    """
+    if "\n" not in text and "\r" not in text:
+        return text
+    out: list[str] = []
+    pos, n = 0, len(text)
+    while pos < n:
+        c = text[pos]
+        if c == "#":  # a comment: an apostrophe in it opens no string
+            end = text.find("\n", pos)
+            end = n if end < 0 else end
+            out.append(text[pos:end])
+            pos = end
+            continue
+        if c not in "'\"":
+            out.append(c)
+            pos += 1
+            continue
+        raw = pos > 0 and text[pos - 1] in "rR"
+        if text.startswith(c * 3, pos):  # triple-quoted: raw line breaks are valid in it
+            close = pos + 3
+            while close < n and not text.startswith(c * 3, close):
+                close += 2 if text[close] == "\\" else 1
+            end = min(close + 3, n)
+            out.append(text[pos:end])
+            pos = end
+            continue
+        out.append(c)
+        pos += 1
+        while pos < n and text[pos] != c:
+            ch = text[pos]
+            if ch == "\\" and pos + 1 < n:
+                out.append(text[pos : pos + 2])
+                pos += 2
+                continue
+            out.append(ch if raw or ch not in "\r\n" else ("\\n" if ch == "\n" else "\\r"))
+            pos += 1
+        if pos < n:
+            out.append(c)
+            pos += 1
+    return "".join(out)
 
 
 def _unmark(text: str) -> str:

@@ -99,7 +99,9 @@ class ReasoningParser(ActionParser):
         self.tags = tags
         self.name = inner.name
         self.stop = inner.stop
-        self.markers = inner.markers
+        # The tags are needed to read a turn: a tokenizer that made them special keeps them when
+        # it decodes a reply (`toolenv.parsers.decoding.reply_text`), or every draft would run.
+        self.markers = (*inner.markers, *(t for t in tags if t not in inner.markers))
         self.special_tokens = inner.special_tokens
         self.tool_messages = inner.tool_messages
 
