@@ -187,3 +187,23 @@ def test_doctor_reports_a_plugin_whose_report_is_not_a_dict(
     out = capsys.readouterr().out
     assert "forgetful:\n  error: the report is NoneType, not a dict\n" in out
     assert "fine:\n  isolation: ok\n" in out
+
+
+def test_verl_data_into_a_pipe_writes_the_parquet_alone(tmp_path: Path) -> None:
+    """`--out /dev/stdout | ...` (as `toolenv export` allows): the parquet goes into the pipe whole,
+    and the `wrote N rows` line to stderr, not after the parquet's footer."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        '{"id": "t1", "question": "2+3?", "answer": "5"}\n{"id": "t2", "question": "4*5?", "answer": "20"}\n'
+    )
+    kwargs = json.dumps({"tools": ["toolenv.integrations.verl.demo:Calculator"], "tasks": str(tasks)})
+    out = subprocess.run(
+        [TOOLENV, "verl-data", "toolenv/ToolEnv-v0", "--out", "/dev/stdout", "--env-kwargs", kwargs],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert pq.read_table(pa.BufferReader(out.stdout)).num_rows == 2
+    assert out.stderr.decode().strip() == "wrote 2 rows for toolenv/ToolEnv-v0 to /dev/stdout"

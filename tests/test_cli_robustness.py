@@ -388,3 +388,98 @@ def test_list_shows_plugin_rewards_without_importing_plugins() -> None:
     assert rewards["execution_match"]["target"] == "toolenv_sql.reward"
     assert rewards["exact_match"]["dist"] == "toolenv (core)"
     assert data["imported"] == []
+
+
+# ---------------------------------------------------------------------- outputs a command must not clobber
+def test_ctrl_c_of_an_overwrite_run_says_to_resume_without_overwrite(tmp_path: Path) -> None:
+    """The line after Ctrl-C tells how to resume; for a run started with --overwrite, running
+    "the same command" would throw away the trajectories it just said were kept."""
+    (tmp_path / "slow_agent.py").write_text(SLOW)
+    out = tmp_path / "run"
+    path = out / "trajectories.jsonl"
+    cmd = [
+        TOOLENV, "rollout", f"rollout_example:{example.ENV_ID}", "--agent", "slow_agent:Slow",
+        "--out", str(out), "--no-progress", "--overwrite",
+    ]  # fmt: skip
+    proc = _start_and_wait(cmd, _env(tmp_path), path, 1)  # sum-2 is quick, the others wait
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == (
+        f"toolenv rollout: interrupted; 1 trajectories kept in {path} (run it again without --overwrite to resume)"
+    )
+
+
+def test_view_refuses_to_write_the_report_over_a_runs_trajectories(run_dir: Path) -> None:
+    """`toolenv export` refuses an --out that is a run's trajectories file; `toolenv view` wrote
+    the HTML page over it, and the run was gone."""
+    path = run_dir / "trajectories.jsonl"
+    before = path.read_bytes()
+    for run in (run_dir, path):
+        out = _toolenv("view", str(run), "--out", str(path))
+        line = _one_line_error(out, "toolenv view: error: ")
+        assert line == f"toolenv view: error: --out {path} is the trajectories file of a run being reported on"
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["rollout", "export", "view"])
+def test_an_output_folder_that_is_a_file_is_named(run_dir: Path, tmp_path: Path, command: str) -> None:
+    """An --out whose folder is a file was `[Errno 17] File exists: '...'`, which says nothing
+    of what is wrong."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    if command == "rollout":
+        for out in (a_file, a_file / "run"):
+            got = _toolenv(
+                "rollout", f"rollout_example:{example.ENV_ID}", "--agent", "rollout_example:ScriptedAgent",
+                "--out", str(out), "--no-progress",
+            )  # fmt: skip
+            line = _one_line_error(got, "toolenv rollout: error: ")
+            assert line == f"toolenv rollout: error: --out {out}: {a_file} is a file, not a folder"
+    else:
+        out = a_file / "sub" / "x.out"
+        line = _one_line_error(_toolenv(command, str(run_dir), "--out", str(out)), f"toolenv {command}: error: ")
+        assert line == f"toolenv {command}: error: --out {out}: {a_file} is a file, not a folder"
+    assert a_file.read_text() == "mine\n"
+
+
+def test_view_serve_on_a_port_in_use_names_the_address(run_dir: Path) -> None:
+    """As `toolenv serve` says it: `cannot listen on HOST:PORT: ...`, not a bare errno."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _toolenv("view", str(run_dir), "--serve", "--port", str(port))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"toolenv view: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+TERM_MID_WRITE = (
+    "import os, signal, sys\n"
+    "from toolenv.cli import main\n"
+    "from toolenv.commands import export_cmd\n"
+    "# the warning for the partial last line comes while the export is being written: SIGTERM then\n"
+    "export_cmd._warn = lambda message: os.kill(os.getpid(), signal.SIGTERM)\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_sigterm_mid_export_leaves_no_temporary_file(run_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (`timeout`, `docker stop`, a preempted job) ends an export as Ctrl-C does: the file
+    it was writing is not left behind (a hidden `.NAME.<hex>.tmp` as large as the export), the
+    earlier export stays, one line says so, and the status is 143."""
+    path = run_dir / "trajectories.jsonl"
+    path.write_text(path.read_text() + '{"schema_version": 1, "env_id": "cut here')  # a killed run's last line
+    out_dir = tmp_path / "sft"
+    out_dir.mkdir()
+    (out_dir / "x.jsonl").write_text("an earlier export\n")
+    got = subprocess.run(
+        [sys.executable, "-c", TERM_MID_WRITE, "export", str(run_dir), "--out", str(out_dir / "x.jsonl")],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert got.returncode == 128 + signal.SIGTERM, got.stderr
+    assert got.stderr.strip() == "toolenv export: stopped by SIGTERM"
+    assert [p.name for p in out_dir.iterdir() if p.is_file()] == ["x.jsonl"]  # (images/ holds whole images)
+    assert (out_dir / "x.jsonl").read_text() == "an earlier export\n"

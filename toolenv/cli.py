@@ -16,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import os
 import select
+import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -173,6 +174,36 @@ def _one_line_warnings(command: str) -> Iterator[None]:
         warnings.formatwarning = default
 
 
+#: Commands that SIGTERM stops as Ctrl-C does. `rollout` handles it itself; `serve` (and a plugin's
+#: command) ends by the signal, as uvicorn does.
+UNWIND_ON_SIGTERM = frozenset({"check", "doctor", "export", "list", "verl-data", "view"})
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it unwinds as on Ctrl-C (a BaseException,
+    as KeyboardInterrupt is: no `except Exception` swallows it)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds(enabled: bool) -> Iterator[None]:
+    """SIGTERM (`timeout`, `docker stop`, a preempted job) raises `_Terminated`, so that a file being
+    written is removed, not left behind as its hidden temporary name; a second one kills at once."""
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm) if enabled else None
+    except ValueError:  # not the main thread (main called from a thread): leave signals alone
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `toolenv` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -216,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mod = loaded[args.command]
     try:
-        with _one_line_warnings(args.command):
+        with _one_line_warnings(args.command), _sigterm_unwinds(args.command in UNWIND_ON_SIGTERM):
             rc = int(mod.run(args) or 0)
         sys.stdout.flush()  # a reader gone away (`| head`) shows here, not at interpreter exit
         return rc
@@ -228,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"toolenv {args.command}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"toolenv {args.command}: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as exc:  # noqa: BLE001 - one readable line instead of a traceback
         print(f"toolenv {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 2

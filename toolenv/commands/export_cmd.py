@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     import itertools
 
     from toolenv._outputs import is_stdout
+    from toolenv.commands._paths import check_folder
     from toolenv.export import export_chat, export_tokens
     from toolenv.report.html import check_distinct, iter_run, run_file
 
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = {run_file(r).resolve() for r in args.run}
     if args.out.resolve() in inputs:  # the export would replace the run it reads
         raise ValueError(f"--out {args.out} is the trajectories file of a run being exported")
+    check_folder("--out", args.out, args.out.parent)
     read = 0
 
     def trajectories() -> Iterator[Trajectory]:  # streamed: a run of any size exports in flat memory

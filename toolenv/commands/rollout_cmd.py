@@ -162,9 +162,11 @@ def _non_negative_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolenv.commands._paths import check_folder
     from toolenv.report.console import print_summary
     from toolenv.runner import arollout
 
+    check_folder("--out", args.out, args.out)
     agent_kwargs: dict[str, Any] = dict(args.agent_arg)
     if args.model is not None:
         agent_kwargs["model"] = args.model
@@ -200,10 +202,9 @@ def run(args: argparse.Namespace) -> int:
         path = args.out / "trajectories.jsonl"
         kept = _complete_lines(path) if path.exists() else 0
         how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        print(
-            f"toolenv rollout: {how}; {kept} trajectories kept in {path} (run the same command to resume)",
-            file=sys.stderr,
-        )
+        # With --overwrite, the same command would start afresh, throwing away what was kept
+        again = "run it again without --overwrite" if args.overwrite else "run the same command"
+        print(f"toolenv rollout: {how}; {kept} trajectories kept in {path} ({again} to resume)", file=sys.stderr)
         return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")

@@ -88,7 +88,10 @@ def make_server(index: RunIndex, port: int, name: str = "report.html") -> http.s
 
 def serve(index: RunIndex, port: int, name: str = "report.html") -> None:
     """Serve the report of `index` on 127.0.0.1 until interrupted."""
-    server = make_server(index, port, name)
+    try:
+        server = make_server(index, port, name)
+    except OSError as exc:  # a port in use: said as `toolenv serve` says it
+        raise OSError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
     print(f"serving {len(index)} episodes at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
@@ -104,8 +107,13 @@ def _warn(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolenv._outputs import is_stdout
-    from toolenv.report.html import build_report
+    from toolenv.commands._paths import check_folder
+    from toolenv.report.html import build_report, run_file
 
+    if args.out is not None:
+        if args.out.resolve() in {run_file(r).resolve() for r in args.run}:  # the page would replace the run
+            raise ValueError(f"--out {args.out} is the trajectories file of a run being reported on")
+        check_folder("--out", args.out, args.out.parent)
     page = build_report(args.run, args.out, title=args.title, warn=_warn)
     # Not into the page when the page goes to stdout (`--out /dev/stdout > page.html`)
     print(

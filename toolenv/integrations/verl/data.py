@@ -197,7 +197,9 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     target = Path(os.path.realpath(out))
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a parquet file", str(out))
-    if written_in_place(target):  # a FIFO, /dev/stdout: renamed over, it would become a file
+    # Asked of `out`, not `target`: /dev/stdout into a pipe resolves to no file (`pipe:[N]`), and onto
+    # `> f.parquet` to the file itself, replaced then, not written where the shell's descriptor points.
+    if written_in_place(out):  # a FIFO, /dev/stdout: renamed over, it would become a file
         buffer = pa.BufferOutputStream()  # built whole first: the parquet writer seeks, a pipe cannot
         pq.write_table(table, buffer)
         with out.open("wb") as fh:

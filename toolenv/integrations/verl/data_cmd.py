@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from toolenv._outputs import is_stdout
 from toolenv.integrations.verl.data import DEFAULT_AGENT_NAME, build_rows, write_parquet
 
 HELP = "Write a verl parquet dataset (one row per task) for training ENV_ID with verl."
@@ -60,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
         native_tools=args.native_tools,
     )
     path = write_parquet(rows, args.out)
-    print(f"wrote {len(rows)} rows for {args.env_id} to {path}")
+    # Not into the data when the data goes to stdout (`--out /dev/stdout | ...`)
+    print(f"wrote {len(rows)} rows for {args.env_id} to {path}", file=sys.stderr if is_stdout(path) else sys.stdout)
     return 0
