@@ -55,6 +55,7 @@ SNAP = "toolenv-test/SkyRLSnap-v0"
 TOLL = "toolenv-test/SkyRLToll-v0"
 LOOPS = "toolenv-test/SkyRLLoops-v0"
 FAILING = "toolenv-test/SkyRLFailing-v0"
+FAILING_TOLL = "toolenv-test/SkyRLFailingToll-v0"
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
 
@@ -118,6 +119,12 @@ def _failing_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[HoldingAdd()], tasks=TASKS, parser="hermes", reward=FailingJudge(), **kw)
 
 
+def _failing_toll_env(**kw: Any) -> toolenv.ToolEnv:
+    """The failing judge plus a per-turn reward: each tool call costs 0.25."""
+    reward = [(FailingJudge(), 1.0), (toolenv.rewards.ToolCallPenalty(-0.25), 1.0)]
+    return toolenv.ToolEnv(tools=[HoldingAdd()], tasks=TASKS, parser="hermes", reward=reward, **kw)
+
+
 def _snap_env(**kw: Any) -> toolenv.ToolEnv:
     return toolenv.ToolEnv(tools=[Snapshot()], tasks=TASKS, parser="hermes", **kw)
 
@@ -149,6 +156,7 @@ _TEST_ENVS = (
     (TOLL, _toll_env),
     (LOOPS, _loops_env),
     (FAILING, _failing_env),
+    (FAILING_TOLL, _failing_toll_env),
 )
 for _id, _factory in _TEST_ENVS:
     if _id not in gym.registry:
@@ -157,7 +165,7 @@ for _id, _factory in _TEST_ENVS:
 
 @pytest.fixture(autouse=True)
 def _registered() -> Iterator[None]:
-    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL, LOOPS, FAILING])
+    register([SPIDER, HOTPOT, CALC, CLOSING, SNAP, TOLL, LOOPS, FAILING, FAILING_TOLL])
     yield
     close_pooled_envs()
 
@@ -802,22 +810,44 @@ def test_an_env_whose_init_raised_is_closed_without_waiting_for_close() -> None:
     assert ClosingAdd.closed == 2 and close_pooled_envs() == 0
 
 
-def test_an_env_whose_step_raised_releases_its_episode_and_is_closed() -> None:
-    """A step that raises (here the final reward's backend) ends SkyRL's sample without
-    `close()`: the episode's tools are released and the env closed right away, and a caller
-    that steps again gets a clear error instead of a step on a closed env."""
+def test_an_env_whose_step_raised_ends_its_episode_releases_it_and_is_closed(caplog: Any) -> None:
+    """A step whose env raises (here the final reward's backend; a remote env's server alike)
+    ends that sample with `done`, not with the exception: SkyRL's generator gathers a batch's
+    samples without `return_exceptions`, so one env's exception stopped the whole training step.
+    The failed step scores 0 (the earlier steps keep theirs), the error is logged and in the
+    metadata and metrics, the episode's tools are released and the env closed right away (no
+    `close()` needed), and a caller that steps again gets a clear error."""
     HoldingAdd.closed = HoldingAdd.released = 0
     env = skyrl_gym.make(FAILING, env_config={}, extras={"extra_info": {"task_id": "t1"}, "max_turns": 5})
     env.init(None)
     assert env.step(CALL.format(a=2, b=3))["observations"][0]["content"] == "5"
-    with pytest.raises(ConnectionError, match="judge is unreachable"):
-        env.step("<answer>5</answer>")
+    with caplog.at_level("WARNING"):
+        out = env.step("<answer>5</answer>")
+    assert out["done"] is True and out["reward"] == 0.0 and out["observations"] == []
+    assert out["metadata"]["error"] == "ConnectionError: the judge is unreachable"
+    assert out["metadata"]["task_id"] == "t1" and not out["metadata"]["terminated"]
+    assert "the judge is unreachable" in caplog.text
+    assert env.get_metrics()["env_error"] == 1.0
     assert HoldingAdd.released == 1 and HoldingAdd.closed == 1
     assert close_pooled_envs() == 0
     with pytest.raises(RuntimeError, match="closed"):
         env.step("<answer>5</answer>")
     env.close()
     assert HoldingAdd.released == 1 and HoldingAdd.closed == 1
+
+
+def test_an_env_error_under_reward_at_end_carries_the_steps_scored_before() -> None:
+    """With `reward_at_end` the earlier steps carried 0: the step that ends the episode on an
+    env error carries what the turns scored before it (a tool call's -0.25 here)."""
+    extras = {"extra_info": {"task_id": "t1"}, "max_turns": 5}
+    env = skyrl_gym.make(FAILING_TOLL, env_config={"reward_at_end": True}, extras=extras)
+    env.init(None)
+    assert env.step(CALL.format(a=2, b=3))["reward"] == 0.0
+    out = env.step("<answer>5</answer>")
+    assert out["done"] and out["reward"] == -0.25 and out["metadata"]["error"]
+    metrics = env.get_metrics()
+    assert metrics["env_error"] == 1.0 and metrics["terminated"] == 0.0
+    assert close_pooled_envs() == 0
 
 
 def test_an_env_dropped_without_close_is_closed() -> None:

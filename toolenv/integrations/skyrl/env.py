@@ -12,9 +12,11 @@ like `make` and `get_metrics` always; both work here.
 Building a toolenv env per sample would reload its tasks and tool backends, so the
 envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one and
 `close()` gives it back, its tools released. The generator calls `close()` only after a
-finished episode, so an env whose `init` or `step` raised is closed right then, and one the
+finished episode, so an env whose `init` raised is closed right then, and one the
 generator drops without `close()` (it raised between two calls) is closed when it is
-collected. The generator starts a whole batch at once,
+collected. A `step` whose env fails (its step or final reward raises) ends the episode with
+`done` and the error in the metadata instead of raising: the generator gathers a whole
+batch, and one exception would stop the training step. The generator starts a whole batch at once,
 so the pool grows to a batch's size; the envs' coroutines all run on one event loop of
 this module's (`_LOOP`, a `toolenv._aio.BackgroundLoop`), not on a loop per env.
 """
@@ -255,6 +257,8 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         self._episode: Episode | None = None
         self._closed = False
         self._broken = False
+        #: The env's failure that ended the episode ("Type: message"), None while it has not failed.
+        self.error: str | None = None
 
     # ------------------------------------------------------------------ SkyRL's calls
     def init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -285,9 +289,13 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
     def step(self, action: str) -> BaseTextEnvStepOutput:
         """One model turn: the env parses the text, runs its calls and scores the turn. The
         observations are the next chat messages (none once `done`); the metadata is JSON-safe.
+        When the env itself fails (its step or final reward raises), the episode ends here:
+        `done`, reward 0 (with `reward_at_end`, what the turns scored before), `metadata["error"]`
+        and `self.error` say how, a warning is logged and the env is closed.
 
         Raises:
-            RuntimeError: `init` was not called, or the env is closed (a call on it raised).
+            RuntimeError: `init` was not called, or the env is closed (`close()` was called, `init`
+                raised or a step failed).
         """
         self._check_open()
         ep = self._episode
@@ -297,8 +305,13 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             return BaseTextEnvStepOutput(
                 observations=[], reward=0.0, done=True, metadata={"note": "the episode has ended"}
             )
-        with self._closed_on_error():
+        try:
             return self._step(ep, action)
+        except Exception as exc:  # noqa: BLE001 - one env's failure ends its sample, not SkyRL's batch
+            return self._failed(ep, exc)
+        except BaseException:  # interrupted: as in `_closed_on_error`
+            self._broken = True
+            raise
 
     def _step(self, ep: Episode, action: str) -> BaseTextEnvStepOutput:
         obs, reward, terminated, truncated, info = _LOOP.run(self.env.astep(action))
@@ -315,10 +328,39 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             postprocessed_action=None,
         )
 
+    def _failed(self, ep: Episode, exc: Exception) -> BaseTextEnvStepOutput:
+        """End the episode on the env's own failure (its step or final reward raised: a remote
+        env's server lost the session, a judge is unreachable). SkyRL's generator gathers a
+        batch's samples without `return_exceptions`, so raising would stop the whole training
+        step: the step says `done` instead, scores 0 (with `reward_at_end`, what the turns scored
+        before), and the env is closed at once (SkyRL calls `close()` after `done`, which then
+        does nothing)."""
+        self.error = f"{type(exc).__name__}: {exc}"
+        task_id = self.last_info.get("task_id")
+        _log.warning("toolenv: env %s failed on task %s; the episode ends here: %s", self.env_id, task_id, self.error)
+        self._discard()
+        self.turns += 1
+        reward = sum(t.reward for t in ep.turns) if self.reward_at_end else 0.0
+        return BaseTextEnvStepOutput(
+            observations=[],
+            reward=float(reward),
+            done=True,
+            metadata={
+                "env_id": self.env_id,
+                "task_id": task_id,
+                "turn": self.turns,
+                "terminated": False,
+                "truncated": False,
+                "error": self.error,
+            },
+            postprocessed_action=None,
+        )
+
     def get_metrics(self) -> dict[str, Any]:
         """The episode's numbers, for SkyRL's env metrics (which its default aggregator averages
         over a batch): return, turns, tool calls, error results, answered, terminated,
-        truncated, and each reward component's sum as `reward/<name>`. `{}` before `init`; after
+        truncated, env_error (1 when the env failed and ended the episode; it then ended neither
+        terminated nor truncated), and each reward component's sum as `reward/<name>`. `{}` before `init`; after
         `close()` still this sample's, though the pooled env may run another one by then."""
         ep = self._episode
         if ep is None:
@@ -333,15 +375,17 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             "tool_calls": ep.tool_calls,
             "tool_errors": ep.tool_errors,
             "answered": float(ep.answer is not None),
-            "terminated": float(ep.terminated),
-            "truncated": float(ep.truncated),
+            # An episode the env failed in ended neither way: its reward is not the env's.
+            "terminated": float(ep.terminated and self.error is None),
+            "truncated": float(ep.truncated and self.error is None),
+            "env_error": float(self.error is not None),
             **{f"reward/{k}": v for k, v in components.items()},
         }
 
     def close(self) -> None:
         """Release the episode's tools and give the env back to the pool (idempotent). An env
-        whose `init` or `step` raised was closed then already, as SkyRL's generator does not
-        call `close()` after a raise; this does nothing for it."""
+        whose `init` raised or whose step failed was closed then already (SkyRL's generator
+        does not call `close()` after a raise); this does nothing for it."""
         if self._closed:
             return
         self._closed = True
@@ -358,11 +402,13 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
     # ------------------------------------------------------------------ helpers
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this SkyRL env is closed (close() was called, or a call on it raised); make a new one")
+            raise RuntimeError(
+                "this SkyRL env is closed (close() was called, init raised or a step failed); make a new one"
+            )
 
     @contextlib.contextmanager
     def _closed_on_error(self) -> Iterator[None]:
-        """Close the env now if `init` or `step` raises: SkyRL's generator lets the exception
+        """Close the env now if `init` raises: SkyRL's generator lets the exception
         end the sample without calling `close()`, so waiting for it would leak the env and its
         episode's tools."""
         try:
