@@ -573,3 +573,72 @@ async def test_preemptions_are_summed_and_unknown_when_the_server_reports_none(t
     for counts, expected in (([None, None], -1), ([2, 1], 3), ([None, 1], 1)):
         out = await make_loop(Server(counts)).run({}, **await _row())
         assert out.metrics.num_preempted == expected, counts
+
+
+async def test_a_qwen3_template_rewrites_earlier_turns_and_the_stream_keeps_what_the_model_saw(
+    tiny_tokenizer, make_loop
+):
+    """Qwen3's template drops the `<think>` block of assistant turns before the last user query.
+    With user observations that are not tool responses (the tags format's `<information>`), a
+    re-rendering of the final conversation therefore differs from the stream; the stream keeps
+    the reasoning, as the model saw it when it wrote the next turn (docs/verl.md says so). With
+    tool observations the two are equal."""
+    import copy
+
+    from .conftest import ScriptedServer
+
+    chat_template_utils = pytest.importorskip("trl.chat_template_utils", reason="Qwen3's template, as TRL ships it")
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = chat_template_utils.qwen3_chat_template
+    tags = {"parser": "tags", "parser_kwargs": {"tags": {"calc": ["calculator", "expression"]}}}
+    answer = "<think>\nDone.\n</think>\n\nThe answer is <answer>42</answer>"
+    for env_kwargs, call, equal in (({}, CALL, True), (tags, "<calc>6 * 7</calc>", False)):
+        server = ScriptedServer(tokenizer, ["<think>\nI will compute it.\n</think>\n\n" + call, answer])
+        loop = make_loop(server, tokenizer=tokenizer, hf_model_type="qwen3")
+        out = await loop.run({}, **await _row(env_kwargs))
+        assert out.reward_score == 1.0
+        assert out.response_ids[: len(server.emitted[0])] == server.emitted[0]
+        assert "I will compute it." in tokenizer.decode(server.calls[1]["prompt_ids"])
+        assert [m["role"] for m in loop.messages][3] == ("user" if env_kwargs else "tool")
+        text = tokenizer.apply_chat_template(loop.messages, tokenize=False, add_generation_prompt=False)
+        stream = out.prompt_ids + out.response_ids
+        rendered = tokenizer.encode(text, add_special_tokens=False)
+        assert (stream == rendered[: len(stream)]) is equal
+        assert ("I will compute it." in text) is equal
+
+
+def _notes_env(notes: str, **kwargs: Any) -> Any:
+    """The calculator env whose factory reads a file of notes at once (a custom env that loads
+    data when it is made): a path that is not there raises FileNotFoundError."""
+    from toolenv.env import ToolEnv
+    from toolenv.integrations.verl.demo import Calculator
+
+    with open(notes, encoding="utf-8") as f:
+        f.read()
+    return ToolEnv(tools=[Calculator()], tasks=DEMO_TASKS, **kwargs)
+
+
+async def test_a_row_env_that_cannot_be_made_in_the_worker_falls_back_to_the_rows_prompt(
+    tmp_path, scripted_server, make_loop
+):
+    """The row names a data file of the machine that built the parquet; the loop's env_kwargs
+    point at the worker's copy. The row's env cannot be made here (FileNotFoundError, not a
+    ValueError), so the loop compares the row's prompt with the env's, as docs/verl.md says,
+    rather than failing verl's whole batch."""
+    import json
+
+    import gymnasium as gym
+
+    env_id = "toolenv-test/VerlNotes-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_notes_env)
+    there, here = tmp_path / "built-here.txt", tmp_path / "worker.txt"
+    there.write_text("notes")
+    here.write_text("notes")
+    row = (await abuild_rows(env_id, env_kwargs={"notes": str(there)}))[0]
+    there.unlink()  # the worker has no such file
+    loop = make_loop(scripted_server([CALL, "<answer>42</answer>"]), env_kwargs={"notes": str(here)})
+    out = await loop.run({}, raw_prompt=row["prompt"], extra_info=row["extra_info"])
+    assert out.reward_score == 1.0 and out.extra_fields["toolenv_stop_reason"] == "terminated"
+    assert json.loads(row["extra_info"]["env_kwargs"]) == {"notes": str(there)}
+    assert [m["content"] for m in loop.messages[:2]] == [m["content"] for m in row["prompt"]]

@@ -1,8 +1,9 @@
-"""ToolEnvAgentLoop when the env itself fails a step (a remote env's server lost the session):
-that episode ends, the batch goes on."""
+"""ToolEnvAgentLoop when the env itself fails a reset or a step (a remote env's server lost the
+session): that episode ends, the batch goes on."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -26,9 +27,14 @@ class FlakyEnv(ToolEnv):
     """The calculator env, whose server goes away at the `fail_at`-th step of an episode (and,
     with `fail_truncate`, when the loop ends the episode)."""
 
-    def __init__(self, fail_at: int = 2, fail_truncate: bool = False, **kwargs: Any) -> None:
+    def __init__(self, fail_at: int = 2, fail_truncate: bool = False, fail_reset: bool = False, **kwargs: Any) -> None:
         super().__init__(tools=[Calculator()], tasks=DEMO_TASKS, **kwargs)
-        self.fail_at, self.fail_truncate = fail_at, fail_truncate
+        self.fail_at, self.fail_truncate, self.fail_reset = fail_at, fail_truncate, fail_reset
+
+    async def areset(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_reset:
+            raise RemoteEnvError("the server refused the session")
+        return await super().areset(*args, **kwargs)
 
     async def astep(self, action: str, **kwargs: Any) -> Any:
         ep = self.episode
@@ -87,3 +93,31 @@ async def test_a_final_reward_the_env_cannot_give_ends_the_episode_as_an_env_err
     assert out.extra_fields["toolenv_stop_reason"] == "env_error"
     assert "the server is gone" in out.extra_fields["toolenv_error"]
     assert out.response_mask == [0] * len(out.response_ids) and out.response_ids
+
+
+async def test_an_env_reset_that_raises_ends_that_episode_only(tiny_tokenizer, scripted_server, make_loop, caplog):
+    """A remote env's server that refuses the session at reset fails that episode as a failing
+    step does (verl gathers a batch's episodes: the exception stopped the training step). The
+    sample is the row's prompt with an empty response, reward 0, the error reported; nothing
+    is generated for a task the env could not start."""
+    import asyncio
+
+    pool = EnvPool()
+    good = make_loop(scripted_server([CALL, "<answer>42</answer>"]), pool=pool)
+    bad_server = scripted_server([CALL])
+    bad = make_loop(bad_server, pool=pool)
+    ok_row, bad_row = await _row(fail_at=99), await _row(fail_at=99)
+    bad_row["extra_info"] = {**bad_row["extra_info"], "env_kwargs": json.dumps({"fail_at": 99, "fail_reset": True})}
+    with caplog.at_level("WARNING"):
+        ok, out = await asyncio.gather(good.run({"logprobs": True}, **ok_row), bad.run({"logprobs": True}, **bad_row))
+    assert ok.reward_score == 1.0
+    assert out.extra_fields["toolenv_stop_reason"] == "env_error"
+    assert "RemoteEnvError: the server refused the session" in out.extra_fields["toolenv_error"]
+    assert "the server refused the session" in caplog.text
+    assert bad_server.calls == []
+    prompt = tiny_tokenizer.apply_chat_template(bad_row["raw_prompt"], tokenize=False, add_generation_prompt=True)
+    assert out.prompt_ids == tiny_tokenizer.encode(prompt, add_special_tokens=False)
+    assert out.response_ids == [] and out.response_mask == [] and out.response_logprobs == []
+    assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == []
+    assert set(out.extra_fields["reward_extra_info"]) == set(ok.extra_fields["reward_extra_info"])
+    await pool.aclose()

@@ -193,10 +193,13 @@ async def changes_prompt(
 
 
 async def _row_prompt_differs(env_id: str, row_kwargs: dict[str, Any], task: Task, reset: list[Message]) -> bool | None:
-    """Whether the row's env prompts `task` differently from `reset`; None when it cannot be built."""
+    """Whether the row's env prompts `task` differently from `reset`; None when it cannot be built
+    here, whatever its factory raised (a file or service only the machine that built the rows has:
+    the loop's env_kwargs are often there to replace it)."""
     try:
         row_env = await asyncio.to_thread(make_env, env_id, row_kwargs)
-    except ValueError:
+    except Exception as exc:  # noqa: BLE001 - any failure to build it means "cannot be built here"
+        logger.info("toolenv: the row's env %s cannot be built here (%s: %s)", env_id, type(exc).__name__, exc)
         return None
     try:
         _, info = await row_env.areset(options={"task": task})

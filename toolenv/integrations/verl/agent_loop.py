@@ -68,8 +68,8 @@ def _check_template(parser: ActionParser, tokenizer: Any) -> None:
 #: Why an episode stopped (`extra_fields["toolenv_stop_reason"]`): the env ended it (an answer, its
 #: max_turns), the loop's max_turns, the response budget (a reply cut there is not stepped), the
 #: model's context (`rollout.max_model_len`, likewise), a reply with no token, a generation the
-#: server aborted, or the env failed (its step or final reward raised, e.g. a remote env's server
-#: lost the session; `extra_fields["toolenv_error"]` says how).
+#: server aborted, or the env failed (its reset, a step or the final reward raised, e.g. a remote
+#: env's server lost the session; `extra_fields["toolenv_error"]` says how).
 STOP_REASONS = (
     "terminated",
     "truncated",
@@ -279,8 +279,19 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         row_spec: tuple[str, dict[str, Any]] | None = None,
     ) -> AgentLoopOutput:
         _check_template(env.parser, self.tokenizer)
-        _, info = await env.areset(options={"task": task})
-        messages = await self._prompt(task, row, info["messages"], row_spec)
+        #: The env's failure, as "Type: message": verl gathers a batch's episodes, so one env's
+        #: exception would fail the whole training step; it ends this episode instead.
+        error: str | None = None
+        try:
+            _, info = await env.areset(options={"task": task})
+        except Exception as exc:  # as a failing step (a remote env's server refused the session)
+            if row.get("raw_prompt") is None:  # no prompt to give the sample
+                raise
+            error = _env_error(env_id, task, exc)
+        if error is None:
+            messages = await self._prompt(task, row, info["messages"], row_spec)
+        else:  # the sample is the row's prompt, nothing generated for a task the env could not start
+            messages = [dict(m) for m in row["raw_prompt"]]
         mm = await self.process_multi_modal_info(messages)
         if mm.get("videos") or mm.get("audios"):
             raise ValueError("ToolEnvAgentLoop carries images only; this row's prompt has video or audio")
@@ -313,15 +324,12 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         assistant_turns = observation_turns = 0
         terminated = truncated = False
         answer: str | None = None
-        stop_reason = "response_length"
-        #: The env's failure, as "Type: message": verl gathers a batch's episodes, so one env's
-        #: exception would fail the whole training step; it ends this episode instead.
-        error: str | None = None
+        stop_reason = "response_length" if error is None else "env_error"
         #: The stream and the conversation as the model's last turn left them, before the
         #: observation that followed it (inline, that observation is in the last message's text).
         before_observation: _Snapshot | None = None
 
-        while True:
+        while error is None:
             budget = self.response_length - len(mask)
             room = self._room(runtime)
             if room <= 0 < budget:  # the prompt fills the model's context
