@@ -72,6 +72,45 @@ def test_structured_calls_leave_the_format_to_the_template(run_dir: Path) -> Non
         chat_messages(_trajectory(run_dir, "right"), calls="structured", arguments="yaml")  # type: ignore[arg-type]
 
 
+@toolenv.tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"{city}: sunny"
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "北京"}}\n</tool_call>'
+
+
+class AsksTheWeather(Agent):
+    """Calls `weather` for 北京 (as a model writes it: the characters themselves), then answers."""
+
+    async def act(self, observation: str, messages: list[toolenv.Message], env_info: EnvInfo) -> str:
+        return [WEATHER_CALL, "<answer>5</answer>"][env_info.turn]
+
+
+def test_structured_arguments_keep_the_characters_the_model_wrote(tmp_path: Path) -> None:
+    """A JSON-string call's arguments hold non-ASCII text as written, not as `\\uXXXX` escapes: a template
+    that writes a string's arguments as they are (Qwen3's) trains the model on what it wrote."""
+    res = toolenv.rollout(
+        lambda: toolenv.ToolEnv(tools=[weather], tasks=TASKS[:1], max_turns=3), AsksTheWeather(), out=tmp_path / "run"
+    )
+    (t,) = res.trajectories
+    msgs = chat_messages(t, calls="structured")
+    arguments = msgs[2]["tool_calls"][0]["function"]["arguments"]
+    assert arguments == '{"city": "北京"}' and json.loads(arguments) == {"city": "北京"}
+    pytest.importorskip("trl", reason="the TRL checks need trl (pip install toolenv[trl]); CI installs it")
+    import tempfile
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(build_tiny_qwen2(Path(tempfile.mkdtemp()), with_model=False))
+    text = tokenizer.apply_chat_template(msgs, chat_template=qwen3_chat_template, tokenize=False)
+    assert WEATHER_CALL in text  # the call as the model wrote it
+
+
 def test_filters_and_file(run_dir: Path, tmp_path: Path) -> None:
     trajs = read_trajectories(run_dir / "trajectories.jsonl")
     assert export_chat(trajs, tmp_path / "all.jsonl") == 2

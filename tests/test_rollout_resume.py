@@ -91,6 +91,28 @@ def test_tasks_with_values_json_changes_resume(tmp_path: Path) -> None:
         rollout(example.ENV_ID, example.ScriptedAgent(), tasks=other, out=tmp_path / "files", images="files")
 
 
+def test_a_task_with_a_real_image_resumes_with_its_image_in_a_file_or_inline(tmp_path: Path) -> None:
+    """A task's image as pydantic writes it inline is URL-safe base64 (`-` and `_`, as about every
+    real image's has), as a file it is its SHA-256: the same task all the same, whichever
+    `images` the run wrote and the resume uses."""
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256))  # its base64 has "-" and "_" in the URL-safe alphabet
+
+    def tasks() -> list[Task]:
+        made = [Task.model_validate(t) for t in _tasks()]
+        made[0].context["photo"] = ToolImage(data=data, width=4, height=4)
+        return made
+
+    for first, then in [("files", "files"), ("inline", "files"), ("files", "inline")]:
+        out = tmp_path / f"{first}-{then}"
+        rollout(example.ENV_ID, example.ScriptedAgent(), tasks=tasks(), n=2, out=out, images=first)
+        res = rollout(example.ENV_ID, example.ScriptedAgent(), tasks=tasks(), out=out, images=then)
+        assert (res.new, res.skipped) == (2, 2)
+    other = tasks()
+    other[0].context["photo"] = ToolImage(data=data[::-1], width=4, height=4)
+    with pytest.raises(ValueError, match=r"1 task changed.*'sum-1'"):
+        rollout(example.ENV_ID, example.ScriptedAgent(), tasks=other, out=tmp_path / "files-files")
+
+
 def test_a_task_no_longer_given_is_kept(tmp_path: Path) -> None:
     out = tmp_path / "run"
     rollout(example.ENV_ID, example.ScriptedAgent(), out=out)

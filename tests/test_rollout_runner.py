@@ -96,6 +96,23 @@ def test_resume_drops_a_partial_last_line(tmp_path: Path) -> None:
     assert len(read_trajectories(path, strict=True)) == 4
 
 
+def test_a_resume_that_rewrites_the_file_keeps_its_permissions_and_its_link(tmp_path: Path) -> None:
+    """Dropping a killed write's partial line rewrites the file: a private run (`chmod 600`) stays
+    private, and a file kept elsewhere through a symlink is the one rewritten and appended to."""
+    elsewhere = tmp_path / "store" / "calc.jsonl"
+    elsewhere.parent.mkdir()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trajectories.jsonl").symlink_to(elsewhere)
+    rollout(example.ENV_ID, example.ScriptedAgent(), n=2, out=out)
+    elsewhere.chmod(0o600)
+    elsewhere.write_text(elsewhere.read_text() + '{"schema_version": 1, "env_id": "rollout_ex')  # a killed write
+    res = rollout(example.ENV_ID, example.ScriptedAgent(), out=out)
+    assert (res.new, res.skipped) == (2, 2)
+    assert (out / "trajectories.jsonl").is_symlink() and elsewhere.stat().st_mode & 0o777 == 0o600
+    assert len(read_trajectories(elsewhere, strict=True)) == 4
+
+
 def test_samples_and_seeds(tmp_path: Path) -> None:
     res = rollout(example.ENV_ID, example.ScriptedAgent(), n=2, samples=3, seed=10, out=tmp_path)
     keys = sorted(t.key for t in res.trajectories)

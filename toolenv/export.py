@@ -54,9 +54,10 @@ __all__ = [
 #: the content keeps the rest, so the target model's chat template writes the calls in its own
 #: format (train one family on another's rollouts).
 CallStyle = Literal["text", "structured"]
-#: How a structured call's arguments are written. `json`: a JSON string, as the OpenAI spec
-#: has it (and as a `datasets` Arrow column holds any arguments). `object`: the mapping itself,
-#: which most Hugging Face chat templates expect (`arguments | tojson` would encode a string twice).
+#: How a structured call's arguments are written. `json`: a JSON string (non-ASCII text as
+#: written, not escaped), as the OpenAI spec has it (and as a `datasets` Arrow column holds any
+#: arguments). `object`: the mapping itself, which most Hugging Face chat templates expect
+#: (`arguments | tojson` would encode a string twice).
 ArgumentStyle = Literal["json", "object"]
 
 
@@ -97,9 +98,11 @@ def _assistant_message(turn: TurnRecord, calls: CallStyle, arguments: ArgumentSt
     if parsed.answer is not None:
         content = f"{content}\n<answer>{parsed.answer}</answer>".strip()
     out = Message(role="assistant", content=content, tool_calls=list(parsed.tool_calls)).to_openai()
-    if arguments == "object":
-        for wire, call in zip(out["tool_calls"], parsed.tool_calls, strict=True):
-            wire["function"]["arguments"] = call.arguments
+    for wire, call in zip(out["tool_calls"], parsed.tool_calls, strict=True):
+        # A string keeps text as the model wrote it, not as `\uXXXX`: a template that writes the
+        # string as it is (Qwen3's) would train the model to write escapes
+        args = call.arguments
+        wire["function"]["arguments"] = args if arguments == "object" else json.dumps(args, ensure_ascii=False)
     return out
 
 

@@ -32,6 +32,7 @@ from typing import IO, Any, TypeVar
 from pydantic import ValidationError
 
 from toolenv import _aio
+from toolenv._outputs import open_output
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
@@ -368,8 +369,8 @@ class _Output:
         if not self._load_previous:  # started afresh: an earlier run's images are nobody's now
             (self.images or ImageStore(self.dir / IMAGES_DIR)).clear()
         if self._rewrite or self._edits:  # atomically: a crash now leaves the old file or the new one
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with tmp.open("w", encoding="utf-8") as dst:
+            # with its permissions, and through a symlink the file it points to (`open_output`)
+            with open_output(self.path) as dst:
                 if self._load_previous:
                     with self.path.open(encoding="utf-8", errors="surrogateescape") as src:  # a cut last line
                         for lineno, line in enumerate(src, 1):  # numbered as `iter_trajectory_lines` does
@@ -383,7 +384,6 @@ class _Output:
                                 data["success"] = edit
                                 line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
                             dst.write(line if line.endswith("\n") else line + "\n")
-            tmp.replace(self.path)
         self._edits = {}
 
     def write(self, traj: Trajectory) -> Trajectory:
@@ -506,8 +506,10 @@ def _image_digests(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if value.keys() == {"data", "mime", "width", "height"} and isinstance(value["data"], str):
+        # pydantic writes an image URL-safe (`-`, `_`); a line written another way may hold `+`, `/`
+        text = value["data"].replace("-", "+").replace("_", "/")
         with contextlib.suppress(ValueError):
-            return {**value, "data": hashlib.sha256(base64.b64decode(value["data"], validate=True)).hexdigest()}
+            return {**value, "data": hashlib.sha256(base64.b64decode(text, validate=True)).hexdigest()}
     if value.keys() == {"file", "mime", "width", "height"} and isinstance(value["file"], str):
         return {k: v for k, v in value.items() if k != "file"} | {"data": value["file"].partition(".")[0]}
     return {k: _image_digests(v) for k, v in value.items()}
