@@ -257,3 +257,58 @@ async def test_a_call_from_before_the_circuit_opened_is_not_taken_for_its_probe(
     tool.gates["probe"].set()
     assert await probe == "fine" and await call("ok") == "fine"  # the probe closed the circuit
     assert tool.runs == ["slow_fail", "fail", "probe", "ok"]
+
+
+class _Unhashable(Flaky):
+    """A tool over a backend whose `breaker_key` carries its options as a dict (unhashable)."""
+
+    def __init__(self, outcomes: list[str], options: dict[str, Any], **kw: Any) -> None:
+        super().__init__(outcomes, **kw)
+        self.options = options
+
+    def breaker_key(self) -> Any:
+        return (type(self).__name__, self.options)
+
+
+async def test_an_unhashable_breaker_key_gives_the_tool_a_circuit_of_its_own() -> None:
+    """A `breaker_key` that cannot be hashed is the tool's bug, not the step's: the call is
+    still answered (it raised out of the step), and the tool has a breaker of its own."""
+    tool = _Unhashable(["raise"], {"url": "http://127.0.0.1:1"}, breaker_threshold=2, breaker_cooldown=60)
+    other = _Unhashable(["ok"], {"url": "http://127.0.0.1:2"}, breaker_threshold=2, breaker_cooldown=60)
+    out = await calls(tool, 3)
+    assert tool.runs == 2 and "ConnectionError" in out[0][0].text and "unavailable" in out[2][0].text
+    assert breaker_for(tool) is breaker_for(tool) is not breaker_for(other)
+    assert [r.text for r, _ in await calls(other, 2)] == ["fine", "fine"]
+    tool.limits = ToolLimits(breaker_threshold=5, breaker_cooldown=60)  # new settings: a new breaker
+    fresh = breaker_for(tool)
+    assert fresh is not None and fresh.threshold == 5 and not fresh.is_open
+    reset_breakers()
+    assert breaker_for(tool) is not fresh
+
+
+async def test_calls_queued_behind_the_concurrency_cap_when_the_circuit_opens_are_refused() -> None:
+    """Calls let through while the circuit was closed, still waiting for a slot of the tool's
+    cap when it opens, were each sent to the dead server (and waited out its timeout) anyway."""
+    tool = Gated(max_concurrency=1, breaker_threshold=1, breaker_cooldown=10)
+    clock = [0.0]
+    breaker = breaker_for(tool)
+    assert breaker is not None
+    breaker.timer = lambda: clock[0]
+
+    async def call(q: str) -> str:
+        return (await calls(tool, 1, q=q))[0][0].text
+
+    first = asyncio.ensure_future(call("slow_fail"))
+    await asyncio.sleep(0)  # it holds the one slot
+    queued = [asyncio.ensure_future(call("ok")) for _ in range(3)]
+    await asyncio.sleep(0)  # let through the closed circuit, waiting for the slot
+    tool.gates["slow_fail"].set()
+    assert "ConnectionError" in await first  # the circuit opens
+    for text in await asyncio.gather(*queued):
+        assert text.startswith("Tool 'gated' is unavailable: its last 1 calls failed")
+    assert tool.runs == ["slow_fail"]
+    assert breaker.is_open and not breaker.probing  # a refused call is no outcome
+
+    clock[0] = 11.0
+    assert await call("ok") == "fine" and not breaker.is_open  # the cooldown over: the probe closes it
+    assert tool.runs == ["slow_fail", "ok"]

@@ -55,6 +55,35 @@ async def test_exceptions_and_wrong_return_types_become_errors() -> None:
     assert results[2].is_error and "text is int, not str" in results[2].text
 
 
+async def test_a_run_that_is_not_a_coroutine_says_so_and_an_awaitable_is_awaited() -> None:
+    """A `run` written as a plain `def` was "failed: AttributeError: 'ToolResult' object has no
+    attribute 'send'", and one returning an awaitable (a task, a future) the same."""
+
+    class Plain(toolenv.Tool):
+        name = "plain"
+
+        class Args(BaseModel):
+            pass
+
+        def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:  # type: ignore[override]
+            return ToolResult(text="ran")
+
+    class Future(Plain):
+        name = "future"
+
+        def run(self, args: BaseModel, ctx: ToolContext) -> asyncio.Future[ToolResult]:  # type: ignore[override]
+            future = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(future.set_result, ToolResult(text="from a future"))
+            return future
+
+    results, _ = await ToolCaller([Plain(), Future()]).invoke([ToolCall(name="plain"), ToolCall(name="future")], ctx())
+    assert results[0].is_error and "AttributeError" not in results[0].text
+    assert results[0].text == (
+        "Tool 'plain' is broken: its run returned ToolResult, not a coroutine (define it with `async def run`)."
+    )
+    assert results[1].text == "from a future" and not results[1].is_error
+
+
 async def test_timeout_fires_and_is_reported() -> None:
     """The limit cancels the call in flight (it does not wait for the tool to finish)."""
     ends: list[str] = []
@@ -170,6 +199,26 @@ async def test_retries_with_backoff_for_retryable_errors() -> None:
     assert results[0].text == "done" and records[0].attempts == 3
 
 
+async def test_retry_jitter_leaves_the_global_random_state_alone() -> None:
+    """A trainer seeds `random` for its own sampling; a tool call that retried must not shift it."""
+    import random
+
+    attempts = 0
+
+    @tool(retries=3, backoff=0.001)
+    async def flaky() -> ToolResult:
+        nonlocal attempts
+        attempts += 1
+        return ToolResult.error("try again", retryable=True) if attempts < 3 else ToolResult(text="done")
+
+    random.seed(1234)
+    expected = [random.random() for _ in range(3)]
+    random.seed(1234)
+    (result,), (record,) = await ToolCaller([flaky]).invoke([ToolCall(name="flaky")], ctx())
+    assert result.text == "done" and record.attempts == 3
+    assert [random.random() for _ in range(3)] == expected
+
+
 async def test_non_retryable_errors_are_not_retried() -> None:
     attempts = 0
 
@@ -202,6 +251,22 @@ def test_truncate_middle_keeps_short_text() -> None:
 def test_duplicate_tool_names_rejected(add_tool: toolenv.Tool) -> None:
     with pytest.raises(ValueError, match="two tools are named 'add'"):
         ToolCaller([add_tool, type(add_tool)()])
+
+
+def test_what_is_not_a_tool_instance_is_refused_with_a_hint(add_tool: toolenv.Tool) -> None:
+    """A function not decorated with `@tool` was "AttributeError: 'function' object has no
+    attribute 'name'", and a Tool class passed for an instance was taken, every call then
+    "failed: TypeError: run() missing 1 required positional argument"."""
+
+    def lookup(key: str) -> str:
+        return key
+
+    with pytest.raises(TypeError, match=r"lookup .* is not a toolenv\.Tool: decorate the function with @toolenv\.tool"):
+        ToolCaller([add_tool, lookup])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"is a Tool class, not a tool: pass an instance \(Add\(\)\)"):
+        ToolCaller([type(add_tool)])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"'add' is not a toolenv\.Tool"):
+        ToolCaller(["add"])  # type: ignore[list-item]
 
 
 def test_records_compare_equal_regardless_of_latency() -> None:

@@ -293,6 +293,25 @@ async def test_positional_only_parameters_are_passed_positionally() -> None:
     assert result.text == "5" and not result.is_error
 
 
+async def test_a_default_given_in_an_annotated_field_makes_the_parameter_optional() -> None:
+    """`Annotated[int, Field(default=3)]` is Pydantic's way to give a field its default: the
+    parameter was required anyway (in the schema, and a call without it refused)."""
+
+    @tool
+    def page(
+        n: Annotated[int, Field(default=3, description="rows")],
+        tags: Annotated[list[str], Field(default_factory=list)],
+        q: Annotated[str, Field(description="what")],
+    ) -> str:
+        return f"{q}:{n}:{tags}"
+
+    params = page.schema()["function"]["parameters"]
+    assert params["required"] == ["q"]
+    assert params["properties"]["n"] == {"default": 3, "description": "rows", "type": "integer"}
+    (result,), _ = await ToolCaller([page]).invoke([ToolCall(name="page", arguments={"q": "x"})], ctx())
+    assert result.text == "x:3:[]" and not result.is_error
+
+
 @pytest.mark.parametrize("annotation", ["ToolContext | None", "Optional[ToolContext]", "Annotated[ToolContext, 'ctx']"])
 async def test_an_optional_or_annotated_context_parameter_is_injected_not_shown(annotation: str) -> None:
     """`ctx: ToolContext | None = None` (callable without a context in tests) was a model

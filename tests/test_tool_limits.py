@@ -78,6 +78,11 @@ def test_no_overrides_keeps_the_same_objects() -> None:
         ),
         ({"echo": {"timeout": -1}}, r"tool_limits for 'echo': timeout: Input should be greater than 0"),
         ({"echo": {"timeut": 1}}, r"tool_limits for 'echo': timeut: Extra inputs are not permitted"),
+        # A value that is not a mapping of limits (`echo: 5`, `echo:` in YAML) was a bare
+        # "TypeError: 'int' object is not a mapping", naming neither the tool nor the setting.
+        ({"echo": 5}, r"tool_limits for 'echo' must map limit names to values \(timeout: 5, ...\), got 5"),
+        ({"*": None}, r"tool_limits for '\*' must map limit names to values \(timeout: 5, ...\), got None"),
+        (["echo"], r"tool_limits must map tool names \(or '\*'\) to their limits, got \['echo'\]"),
     ],
 )
 def test_bad_limits_are_one_clear_error(limits: dict[str, Any], message: str) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic_core import PydanticUndefined
 
 from toolenv._schema import flatten_schema, openai_schema
 from toolenv._threads import WORKERS
@@ -75,6 +76,11 @@ def with_limits(tools: Iterable[Tool], overrides: Mapping[str, Mapping[str, Any]
     tools = list(tools)
     if not overrides:
         return tools
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"tool_limits must map tool names (or '*') to their limits, got {overrides!r}")
+    for key, value in overrides.items():
+        if not isinstance(value, Mapping):
+            raise ValueError(f"tool_limits for {key!r} must map limit names to values (timeout: 5, ...), got {value!r}")
     names = [t.name for t in tools]
     unknown = sorted(set(overrides) - {*names, "*"})
     if unknown:
@@ -395,7 +401,9 @@ def _args_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None, li
         if _is_context(ann):
             ctx_param = pname
             continue
-        default = ... if param.default is inspect.Parameter.empty else param.default
+        # No default in the signature: the annotation's own `Field(default=...)` may give one
+        # (`...` would make the field required whatever the annotation says).
+        default = PydanticUndefined if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (ann, default)
     model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
     return model, ctx_param, positional

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,9 @@ class CircuitBreaker:
 
 
 _BREAKERS: dict[Hashable, CircuitBreaker] = {}
+#: Breakers of tools whose `breaker_key` cannot be hashed (or raises), by tool object: each
+#: entry holds its settings and is dropped when its tool dies, before its id can be reused.
+_OWN: dict[int, tuple[tuple[int, float], CircuitBreaker]] = {}
 _LOCK = threading.Lock()
 
 
@@ -99,15 +103,36 @@ def breaker_for(tool: Tool) -> CircuitBreaker | None:
     lim = tool.limits
     if lim.breaker_threshold is None:
         return None
-    key = (tool.breaker_key(), lim.breaker_threshold, lim.breaker_cooldown)
-    found = _BREAKERS.get(key)
+    try:
+        key = (tool.breaker_key(), lim.breaker_threshold, lim.breaker_cooldown)
+        found = _BREAKERS.get(key)
+    except Exception:  # noqa: BLE001 - a broken or unhashable breaker_key: a breaker of its own
+        return _own_breaker(tool, lim.breaker_threshold, lim.breaker_cooldown)
     if found is None:
         with _LOCK:
             found = _BREAKERS.setdefault(key, CircuitBreaker(lim.breaker_threshold, lim.breaker_cooldown))
     return found
 
 
+def _own_breaker(tool: Tool, threshold: int, cooldown: float) -> CircuitBreaker:
+    """The breaker of `tool` alone, whose `breaker_key` cannot be hashed (a dict of backend
+    options in it): that key raised out of the step (`toolenv.caller` gives such a tool
+    limits of its own likewise)."""
+    settings = (threshold, cooldown)
+    with _LOCK:
+        found = _OWN.get(id(tool))
+        if found is not None and found[0] == settings:
+            return found[1]
+        if found is None:
+            weakref.finalize(tool, _OWN.pop, id(tool), None)
+        breaker = CircuitBreaker(threshold, cooldown)
+        _OWN[id(tool)] = (settings, breaker)
+        return breaker
+
+
 def reset_breakers() -> None:
     """Close every circuit of the process (forget all failures), e.g. after fixing a server."""
     with _LOCK:
         _BREAKERS.clear()
+        for i, (settings, _) in list(_OWN.items()):  # the entries stay, for their finalizers
+            _OWN[i] = (settings, CircuitBreaker(*settings))

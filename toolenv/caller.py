@@ -11,13 +11,15 @@ import bisect
 import collections
 import contextlib
 import functools
+import inspect
 import logging
 import random
 import sys
 import threading
 import time
+import types
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Hashable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +28,7 @@ from pydantic.fields import FieldInfo
 
 from toolenv import _aio
 from toolenv._tool import Tool, ToolContext, ToolLimits
-from toolenv.breaker import breaker_for
+from toolenv.breaker import CircuitBreaker, breaker_for
 from toolenv.deadlines import Deadline
 from toolenv.types import Task, ToolCall, ToolImage, ToolResult
 
@@ -34,6 +36,10 @@ __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
 _NO_TOOL_LIMITS = ToolLimits()
 _log = logging.getLogger("toolenv")
+#: The retry jitter's own generator: drawing from the `random` module's would shift the
+#: sampling of a trainer that seeded it. The OS's, so that forked workers (which would share
+#: a `random.Random`'s state) do not retry in step.
+_JITTER = random.SystemRandom()
 
 #: Python 3.11+ keeps a call's deadline with `Deadline` (it needs `Task.uncancel`); 3.10 runs
 #: the whole call in a child task under a timer (`_run_in_task`).
@@ -639,7 +645,12 @@ def _start(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult | tuple[Corout
     No library offers this lazy deadline.
     """
     try:
-        coro = tool.run(args, ctx)
+        coro: Coroutine[Any, Any, Any] = tool.run(args, ctx)
+        if type(coro) is not types.CoroutineType:  # a `run` that is not an `async def`
+            made = _coroutine(tool, coro)
+            if isinstance(made, ToolResult):
+                return made
+            coro = made
         if not _DEADLINES:  # pragma: no cover - Python 3.10 runs the whole call in one task
             return coro, _NOT_STARTED
         return coro, coro.send(None)
@@ -647,6 +658,23 @@ def _start(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult | tuple[Corout
         return _checked(tool, stop.value)
     except (asyncio.CancelledError, Exception, SystemExit) as exc:  # noqa: BLE001 - see _failure
         return _failure(tool, exc)
+
+
+def _coroutine(tool: Tool, out: Any) -> Coroutine[Any, Any, Any] | ToolResult:
+    """What a `run` that is not an `async def` returned, as a coroutine: an awaitable (a task,
+    a future) is awaited in one; anything else is the error result naming the tool's bug."""
+    if isinstance(out, Coroutine):  # a coroutine of another kind (Cython's)
+        return out
+    if inspect.isawaitable(out):
+        return _awaited(out)
+    return ToolResult.error(
+        f"Tool '{tool.name}' is broken: its run returned {type(out).__name__}, not a coroutine "
+        "(define it with `async def run`)."
+    )
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> ToolResult:
@@ -673,6 +701,29 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
     except (asyncio.CancelledError, _SelfCancelled, Exception, SystemExit) as exc:  # noqa: BLE001 - see _failure
         return _failure(tool, exc)
     return _checked(tool, result)
+
+
+class _Admitted:
+    """A call its circuit breaker let through, waiting for its tool's concurrency cap or rate
+    limit: if the circuit opens meanwhile (the calls ahead of it failed), it is refused when
+    its turn comes rather than sent to the server that just failed, unless the cooldown is
+    over by then and it goes as the probe."""
+
+    __slots__ = ("breaker", "probe", "refused")
+
+    def __init__(self, breaker: CircuitBreaker, probe: bool) -> None:
+        self.breaker, self.probe, self.refused = breaker, probe, False
+
+    def again(self, tool: Tool) -> ToolResult | None:
+        """None to run the call now, else its refusal."""
+        if self.probe or not self.breaker.is_open:
+            return None
+        retry_in = self.breaker.admit()
+        if retry_in is None:
+            self.probe = True
+            return None
+        self.refused = True
+        return ToolResult.error(self.breaker.refusal(tool.name, retry_in), circuit_open=True)
 
 
 class _Failure(ToolResult):
@@ -741,6 +792,16 @@ async def _release(tool: Tool, ctx: ToolContext) -> None:
         _log.warning("tool %r failed to release episode %s", tool.name, ctx.episode_id, exc_info=True)
 
 
+def _not_a_tool(obj: object) -> str:
+    """Why `obj` cannot be one of a caller's tools, and what to give instead."""
+    if isinstance(obj, type) and issubclass(obj, Tool):
+        return f"{obj.__name__} is a Tool class, not a tool: pass an instance ({obj.__name__}())"
+    if callable(obj) and not isinstance(obj, type):
+        name = getattr(obj, "__name__", None) or type(obj).__name__
+        return f"{name} ({type(obj).__name__}) is not a toolenv.Tool: decorate the function with @toolenv.tool"
+    return f"{_clip(repr(obj))} is not a toolenv.Tool (a Tool instance, or a function decorated with @toolenv.tool)"
+
+
 class ToolCaller:
     """Invokes tool calls by name against a fixed set of tools.
 
@@ -751,6 +812,8 @@ class ToolCaller:
     def __init__(self, tools: Iterable[Tool]) -> None:
         self.tools: dict[str, Tool] = {}
         for t in tools:
+            if not isinstance(t, Tool):
+                raise TypeError(_not_a_tool(t))
             if not t.name:
                 raise ValueError(f"{t!r} has no name")
             if t.name in self.tools:
@@ -870,7 +933,7 @@ class ToolCaller:
             if not (result.is_error and result.retryable) or attempt > lim.retries:
                 return result, attempt
             delay = min(lim.backoff * 2 ** (attempt - 1), lim.max_backoff)
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            await asyncio.sleep(delay * (0.5 + _JITTER.random() / 2))
 
     async def _run_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         """One attempt, unless the tool's circuit is open; its outcome goes to the breaker."""
@@ -880,19 +943,22 @@ class ToolCaller:
         retry_in = breaker.admit()
         if retry_in is not None:
             return ToolResult.error(breaker.refusal(tool.name, retry_in), circuit_open=True)
-        probe = breaker.is_open  # let through an open circuit: the probe
+        admitted = _Admitted(breaker, breaker.is_open)  # let through an open circuit: the probe
         result: ToolResult | None = None
         try:
-            result = await self._run_limited_once(tool, args, ctx)
+            result = await self._run_limited_once(tool, args, ctx, admitted)
         finally:
-            if result is None:  # cancelled with its step: no outcome to count
-                breaker.abandon(probe=probe)
+            if result is None or admitted.refused:  # cancelled with its step, or refused: no outcome
+                breaker.abandon(probe=admitted.probe)
             else:
-                breaker.record(_failed(result), result.text.split("\n", 1)[0][:120], probe=probe)
+                breaker.record(_failed(result), result.text.split("\n", 1)[0][:120], probe=admitted.probe)
         return result
 
-    async def _run_limited_once(self, tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
-        """One attempt, after the tool's concurrency cap and rate limit let it through."""
+    async def _run_limited_once(
+        self, tool: Tool, args: Any, ctx: ToolContext, admitted: _Admitted | None = None
+    ) -> ToolResult:
+        """One attempt, after the tool's concurrency cap and rate limit let it through (and,
+        `admitted` by its breaker, if its circuit did not open while it waited)."""
         limiter = _limiter(tool)
         if limiter is None:
             return await self._guarded(tool, args, ctx)
@@ -901,9 +967,13 @@ class ToolCaller:
             async with semaphore:
                 if limiter.rate is not None:
                     await limiter.rate.wait()
+                if admitted is not None and (refusal := admitted.again(tool)) is not None:
+                    return refusal
                 return await self._guarded(tool, args, ctx)
         if limiter.rate is not None:
             await limiter.rate.wait()
+        if admitted is not None and (refusal := admitted.again(tool)) is not None:
+            return refusal
         return await self._guarded(tool, args, ctx)
 
     @staticmethod
