@@ -315,7 +315,7 @@ _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient
 
 # The retry jitter's own generator: drawing from the `random` module's would shift the
 # sequence a trainer seeded it for, by as many draws as the judge happened to retry.
-_JITTER = random.Random()
+_JITTER = random.SystemRandom()  # the OS's: forked workers do not share (and retry in step with) one state
 
 
 def _client() -> httpx.AsyncClient:
