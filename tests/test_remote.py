@@ -144,6 +144,26 @@ async def test_async_api_and_end_episode(url: str) -> None:
     await env.aclose()
 
 
+async def test_a_second_step_while_one_is_in_flight_is_refused(url: str) -> None:
+    """Two steps at once on one remote env were both sent naming the same turn: the server ran
+    the first and answered the second with the first's answer (2 for 1+1 and for 40+2), and the
+    client recorded two turns where the server ran one. As a local env, it refuses the second."""
+    env = RemoteToolEnv(url)
+    await env.areset(options={"task_id": "t2"})
+    first = asyncio.ensure_future(env.astep(CALL_ADD))
+    await asyncio.sleep(0)  # the first is sent and waits for its answer
+    with pytest.raises(gym.error.AlreadyPendingCallError, match="in flight"):
+        await env.astep('<tool_call>{"name": "add", "arguments": {"a": 40, "b": 2}}</tool_call>')
+    with pytest.raises(gym.error.AlreadyPendingCallError, match="in flight"):
+        await env.areset()
+    obs, *_ = await first
+    assert obs == "<tool_response>\n5\n</tool_response>"
+    assert env.episode is not None and len(env.episode.turns) == 1
+    obs, *_ = await env.astep('<tool_call>{"name": "add", "arguments": {"a": 40, "b": 2}}</tool_call>')
+    assert "42" in obs and len(env.episode.turns) == 2
+    await env.aclose()
+
+
 @pytest.mark.parametrize(
     "copy_env", [copy.deepcopy, lambda e: pickle.loads(pickle.dumps(e))], ids=["deepcopy", "pickle"]
 )

@@ -293,9 +293,7 @@ class ToolEnv(gym.Env[str, str]):
         as the turn's text (`written_turn` writes calls in the env's format).
         """
         ep = self._episode_to_step()
-        if self._in_step is not None:  # two turns at once would interleave in one episode
-            raise _in_flight("step")
-        self._in_step = asyncio._get_running_loop()  # in asyncio.__all__; no exception raised per step
+        self._begin_step()
         try:
             if not isinstance(action, str):
                 action = str(action)
@@ -350,10 +348,21 @@ class ToolEnv(gym.Env[str, str]):
                 info.update(end_info(ep))
             return obs, turn.reward, ep.terminated, ep.truncated, info
         finally:
-            self._in_step = None
-            if self._step_ended is not None:  # an `aclose` waits for this step
-                self._step_ended.set_result(None)
-                self._step_ended = None
+            self._end_step()
+
+    def _begin_step(self) -> None:
+        """Mark a step in flight, or refuse it while another is (two turns at once would
+        interleave in one episode)."""
+        if self._in_step is not None:
+            raise _in_flight("step")
+        self._in_step = asyncio._get_running_loop()  # in asyncio.__all__; no exception raised per step
+
+    def _end_step(self) -> None:
+        """The step in flight has ended: an `aclose` waiting for it goes on."""
+        self._in_step = None
+        if self._step_ended is not None:
+            self._step_ended.set_result(None)
+            self._step_ended = None
 
     def _episode_to_step(self) -> Episode:
         """The current episode, or the error that says why there is none to step."""

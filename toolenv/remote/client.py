@@ -26,7 +26,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from toolenv._tls import tls_context
-from toolenv.env import ToolEnv
+from toolenv.env import ToolEnv, _in_flight
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
@@ -242,6 +242,8 @@ class RemoteToolEnv(ToolEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode on the server. Options as for a local env: `task`, `task_id` or `task_index`."""
+        if self._in_step is not None:  # its answer would come for the new episode
+            raise _in_flight("reset")
         self._seed_lazily(seed)  # the local generator reads as a local env's would
         opts = dict(options or {})
         given = opts.get("task")
@@ -296,6 +298,7 @@ class RemoteToolEnv(ToolEnv):
         request = StepRequest(action=action)
         if self._replays:  # which turn of which episode: sent again, it is answered, not run again
             request = StepRequest(action=action, episode_id=ep.episode_id, turn=len(ep.turns) + 1)
+        self._begin_step()  # two at once would name one turn: the second would get the first's answer
         try:
             reply = await self._call(
                 "POST", f"/sessions/{self._session}/step", request, StepResponse, "step", retry=True
@@ -303,6 +306,8 @@ class RemoteToolEnv(ToolEnv):
         except BaseException as exc:  # the server may or may not have taken the step
             self._failed(exc, "last step")
             raise
+        finally:
+            self._end_step()
         info = reply.info
         turn = Turn(action, info.action, info.tool_results, info.tool_calls, reply.observation)
         turn.reward, turn.reward_components = reply.reward, info.reward_components

@@ -330,7 +330,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 
     def _failed(self, ep: Episode, exc: Exception) -> BaseTextEnvStepOutput:
         """End the episode on the env's own failure (its step or final reward raised: a remote
-        env's server lost the session, a judge is unreachable). SkyRL's generator gathers a
+        env's server lost the session, a custom reward's bug). SkyRL's generator gathers a
         batch's samples without `return_exceptions`, so raising would stop the whole training
         step: the step says `done` instead, scores 0 (with `reward_at_end`, what the turns scored
         before), and the env is closed at once (SkyRL calls `close()` after `done`, which then
