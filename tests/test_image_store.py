@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,18 @@ def test_store_put_is_idempotent_and_atomic(tmp_path: Path) -> None:
 def test_bad_images_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="images must be one of inline, files"):
         rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path, images="s3")
+
+
+def test_stored_images_are_as_readable_as_the_trajectories(tmp_path: Path) -> None:
+    # Images were written through mkstemp, which makes files 0600 whatever the umask, while the
+    # trajectories.jsonl beside them is 0644: another user (a viewer, a trainer in a container
+    # running as someone else) read the lines and then failed on every image with EACCES.
+    old = os.umask(0o022)
+    try:
+        name = ImageStore(tmp_path / "images").put(PNG, "image/png")
+        (tmp_path / "plain").write_bytes(b"")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "images" / name).stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == 0o644
+    assert not [p for p in (tmp_path / "images").iterdir() if p.name != name]  # no temporary file left

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
+import uuid
 from pathlib import Path
 
 __all__ = ["IMAGES_DIR", "IMAGE_STORE", "ImageStore"]
@@ -22,6 +22,7 @@ IMAGE_STORE = "toolenv_image_store"
 IMAGES_DIR = "images"
 
 _EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "image/gif": "gif"}
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)  # no newline translation on Windows
 _NAME = re.compile(r"[0-9a-f]{64}\.(png|jpg|webp|gif|bin)")
 
 
@@ -40,14 +41,16 @@ class ImageStore:
         path = self.dir / name
         if not path.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            # Written whole then renamed, so a run killed mid-write leaves no torn image.
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-")
+            # Written whole then renamed, so a run killed mid-write leaves no torn image. Made as
+            # `open` makes a file (0666 less the umask), as readable as the trajectories beside it;
+            # `tempfile.mkstemp` made every image 0600, unreadable to anyone else.
+            tmp = self.dir / f".tmp-{uuid.uuid4().hex}"
             try:
-                with os.fdopen(fd, "wb") as fh:
+                with open(os.open(tmp, _FLAGS, 0o666), "wb") as fh:
                     fh.write(data)
                 os.replace(tmp, path)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
                 raise
         self._written.add(name)
         return name

@@ -14,7 +14,7 @@ from PIL import Image, ImageChops
 
 import toolenv
 import toolenv_vision
-from toolenv_vision import CropArgs, CropTool, code_patch, generate_tasks, task_image, visualsearch_oracle
+from toolenv_vision import CodeOverlay, CropArgs, CropTool, code_patch, generate_tasks, task_image, visualsearch_oracle
 from toolenv_vision.envs import DEFAULT_OVERVIEW_SIZE, make_visualsearch_env
 
 
@@ -175,3 +175,17 @@ def test_generated_tasks_use_the_photos_of_the_image_root(tmp_path: Path) -> Non
         assert not result.is_error, result.text
         assert env.step(visualsearch_oracle(task, 1, ""))[1] == 1.0
     assert [t.context["image"] for t in generate_tasks(3, photos=["mine.png"], image_root=tmp_path)] == ["mine.png"] * 3
+
+
+def test_a_task_whose_recipe_is_a_code_overlay_resets() -> None:
+    # task_image takes context["render"] as a dict or a CodeOverlay; the overview made at reset
+    # keyed its cache with json.dumps, so a task built in Python with a CodeOverlay raised
+    # "TypeError: Object of type CodeOverlay is not JSON serializable" out of reset.
+    env = make_visualsearch_env(num_tasks=1)
+    (task,) = env.tasks
+    typed = task.model_copy(update={"context": {**task.context, "render": CodeOverlay(**task.context["render"])}})
+    _, plain = env.reset(options={"task": task})
+    _, info = env.reset(options={"task": typed})
+    assert info["messages"][-1].images[0].data == plain["messages"][-1].images[0].data
+    (result,) = env.step(visualsearch_oracle(typed, 0, ""))[4]["tool_results"]
+    assert not result.is_error, result.text

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import struct
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageChops, ImageCms
+from PIL import Image, ImageChops, ImageCms, ImageOps
 
 from toolenv import Task, ToolCall, ToolCaller, ToolContext, ToolImage, ToolResult
 from toolenv_vision import CropTool, images, task_image
@@ -45,6 +46,36 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
     assert r > 200 and g < 60 and b < 60
     overview = overview_image({"image": "phone.jpg"}, tmp_path, 448)
     assert (overview.width, overview.height) == (100, 200)
+
+
+def _exif(*entries: tuple[int, int, int, bytes]) -> bytes:
+    """A big-endian EXIF block of one IFD: (tag, type, count, 4 value bytes) per entry, as written."""
+    ifd = struct.pack(">H", len(entries)) + b"".join(struct.pack(">HHI", t, k, n) + v for t, k, n, v in entries)
+    return b"Exif\x00\x00MM\x00\x2a" + struct.pack(">I", 8) + ifd + struct.pack(">I", 0)
+
+
+@pytest.mark.parametrize("fmt", ["jpg", "png", "webp"])
+def test_an_odd_exif_tag_does_not_make_a_photo_unreadable(tmp_path: Path, fmt: str) -> None:
+    # Cameras and editors write tags with types other than the standard's (here Threshholding,
+    # a SHORT, as text). Pillow's exif_transpose re-encodes the EXIF block and raised
+    # struct.error: the crop came back "Tool 'crop' failed: error: required argument is not an
+    # integer" and generate_tasks over such a folder raised it, for a photo any viewer shows.
+    stored = Image.new("RGB", (200, 100), (255, 255, 255))
+    stored.paste((255, 0, 0), (0, 0, 40, 40))
+    exif = _exif((0x0107, 2, 4, b"abc\x00"), (0x0112, 3, 1, struct.pack(">HH", 6, 0)))  # rotate 90° to show
+    stored.save(tmp_path / f"odd.{fmt}", exif=exif, **({"lossless": True} if fmt == "webp" else {}))
+    with Image.open(tmp_path / f"odd.{fmt}") as im:
+        assert im.getexif()[0x0107] == "abc" and im.getexif()[0x0112] == 6
+        before = im.copy()
+    images.cache_clear()
+    shown = crop(tmp_path, f"odd.{fmt}", [60, 0, 100, 40])
+    assert shown.metadata["image_size"] == [100, 200]  # upright all the same
+    r, g, b = pixel(shown, 112, 112)  # red, stored top-left, is now top-right
+    assert r > 200 and g < 60 and b < 60
+    upright = images.as_shown(before)
+    assert upright.size == (100, 200)
+    assert before.size == (200, 100)  # and the caller's image is left as it was
+    assert ImageOps.exif_transpose(upright).size == (100, 200)  # no orientation left to apply twice
 
 
 @pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])

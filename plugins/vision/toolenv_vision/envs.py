@@ -25,7 +25,7 @@ from toolenv.episode import Episode
 from toolenv.rewards import ExactMatch
 from toolenv_vision.crop import DEFAULT_MIN_PIXELS, CropTool, box_in, view_dims
 from toolenv_vision.images import ImageRefError, resolve_image
-from toolenv_vision.render import task_image
+from toolenv_vision.render import CodeOverlay, task_image
 from toolenv_vision.tasks import (
     ANSWER_TOOL_REWRITES,
     DEFAULT_LONG_SIDE,
@@ -140,7 +140,10 @@ def overview_image(
         mtime_ns: int | None = resolve_image(context["image"], root).stat().st_mtime_ns
     except (KeyError, ImageRefError, OSError):
         mtime_ns = None  # task_image says what is wrong
-    key = json.dumps({"image": context.get("image"), "render": context.get("render")}, sort_keys=True)
+    recipe = context.get("render")
+    if isinstance(recipe, CodeOverlay):  # `task_image` takes the model as well as its JSON form
+        recipe = recipe.model_dump(mode="json")
+    key = json.dumps({"image": context.get("image"), "render": recipe}, sort_keys=True)
     view = (size, multiple, min_pixels, max_pixels)
     return _overview(key, str(root) if root is not None else None, view, mtime_ns)
 

@@ -12,7 +12,6 @@ treated as read-only.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 from collections import OrderedDict
@@ -20,7 +19,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image
 
 try:
     from PIL import ImageCms
@@ -147,17 +146,50 @@ def as_shown(image: Image.Image) -> Image.Image:
     and an embedded colour profile (Adobe RGB, a CMYK print profile) converted to sRGB, the
     space models and image processors take pixel values to be in.
 
-    The result carries no colour profile: its pixels are sRGB, what an untagged image means, and
-    the sRGB profile lcms makes is stamped with the time, which PNG crops then embedded (the same
-    crop had other bytes, hence another hash, in every process)."""
+    The result carries no colour profile and no EXIF or XMP block: its pixels are upright and
+    sRGB, what an untagged image means (a kept orientation would be applied a second time by
+    whoever calls `ImageOps.exif_transpose` on it), and the sRGB profile lcms makes is stamped
+    with the time, which PNG crops then embedded (the same crop had other bytes, hence another
+    hash, in every process)."""
     shown = _as_shown(image)
-    shown.info.pop("icc_profile", None)
+    for key in _SPENT_METADATA:
+        shown.info.pop(key, None)
     return shown
 
 
+_SPENT_METADATA = ("icc_profile", "exif", "xmp", "XML:com.adobe.xmp")
+"""Metadata the decoded pixels no longer follow: the profile is applied, and the EXIF or XMP
+orientation too (kept, `ImageOps.exif_transpose` of the result would turn it a second time)."""
+
+
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF orientation -> the transposition that shows the image upright (as `ImageOps.exif_transpose`)."""
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """`image` turned as its EXIF orientation says (a new image), or `image` itself.
+
+    Not `ImageOps.exif_transpose`: after turning the pixels it re-encodes the whole EXIF block,
+    which raises (struct.error, TypeError, AttributeError, ...) on a tag whose type is not the
+    standard's, as cameras and editors write, and the photo could not be read at all."""
+    try:
+        orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+    except Exception:  # noqa: BLE001 - any fault in the metadata (SyntaxError, struct.error, ...): pixels as stored
+        return image
+    method = _TRANSPOSE.get(orientation) if isinstance(orientation, int) else None
+    return image.transpose(method) if method is not None else image
+
+
 def _as_shown(image: Image.Image) -> Image.Image:
-    with contextlib.suppress(OSError, ValueError, SyntaxError):  # a broken EXIF block: the pixels as stored
-        ImageOps.exif_transpose(image, in_place=True)
+    image = _upright(image)
     icc = image.info.get("icc_profile")
     if image.mode.startswith("I;16") or (image.mode == "I" and _brightest(image) > 255):
         image = image.convert("I").point(lambda v: v / 256).convert("L")
