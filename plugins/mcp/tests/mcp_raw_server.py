@@ -11,6 +11,10 @@ one line `<pid> <method> <params as JSON>`. Tools:
 With `RAW_MCP_CHANGES` set it declares `tools.listChanged` and lists `change` too: calling it
 changes `b`'s output schema (and its results to match), removes `files.read`, adds `new`, and
 sends `notifications/tools/list_changed`.
+
+With `RAW_MCP_JUNK` set it writes bytes that are not UTF-8 to stdout before each call's
+result, and inside it (`first`'s text), as a server printing binary data (a progress bar, a
+file's raw bytes) does.
 """
 
 from __future__ import annotations
@@ -58,9 +62,18 @@ def change() -> None:
     send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
 
+JUNK = bool(os.environ.get("RAW_MCP_JUNK"))
+
+
 def send(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
+
+
+def send_junk() -> None:
+    """A line of bytes that are not UTF-8, then a result whose text holds one such byte."""
+    sys.stdout.buffer.write(b"\xff\xfe progress \x80\x81\n")
+    sys.stdout.buffer.flush()
 
 
 def log(method: str, params: Any) -> None:
@@ -106,6 +119,12 @@ def main() -> None:
             elif name == "change" and CHANGES:
                 change()
                 result(request_id, {"content": [{"type": "text", "text": "changed"}]})
+            elif name == "first" and JUNK:
+                send_junk()
+                line = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text"}]}})
+                text = b'"text": "first \xff"'  # raw bytes inside the JSON string
+                sys.stdout.buffer.write(line.encode().replace(b'"type": "text"', b'"type": "text", ' + text) + b"\n")
+                sys.stdout.buffer.flush()
             elif name in ("first", "files.read", "new") and name in listed:
                 result(request_id, {"content": [{"type": "text", "text": f"{name} {json.dumps(arguments)}"}]})
             else:

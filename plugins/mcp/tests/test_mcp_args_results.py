@@ -316,3 +316,89 @@ def test_a_schema_that_is_a_ref_to_its_definitions_names_its_arguments() -> None
         assert set(flat["properties"]) == {"name", "children"} and flat["required"] == ["name"]
     finally:
         tool._drop()
+
+
+def test_a_remote_ref_is_never_fetched_and_does_not_refuse_a_valid_call() -> None:
+    """jsonschema's default registry fetches an unknown `$ref` URL with a blocking `urlopen`
+    (no timeout) at every validation: a server's schema made each call's argument check do an
+    HTTP GET of the server's choosing, on the env's event loop. The remote part is left to the
+    server to check; the rest of the schema is still checked here."""
+    import http.server
+    import threading
+
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched.append(self.path)
+            body = b'{"type": "integer"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        remote = f"http://127.0.0.1:{httpd.server_port}/int.json"
+        schema = {
+            "type": "object",
+            "properties": {"n": {"$ref": remote}, "m": {"type": "integer"}},
+            "required": ["n"],
+        }
+        model = args_model("remote", schema)
+        assert arguments_of(model.model_validate({"n": "anything", "m": 1})) == {"n": "anything", "m": 1}
+        assert errors(model, {"n": 1, "m": "x"}) == [(("m",), "'x' is not of type 'integer'")]
+        assert errors(model, {"m": 1}) == [(("n",), "Field required")]
+        assert fetched == []
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_dangling_local_ref_does_not_refuse_every_call() -> None:
+    """A `$ref` to a definition the schema lacks raised an unresolvable-reference error at
+    each validation: every call was refused with it, valid or not. The server checks that part."""
+    schema = {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/Missing"}, "m": {"type": "integer"}},
+    }
+    model = args_model("dangling", schema)
+    assert arguments_of(model.model_validate({"p": {"x": 1}, "m": 2})) == {"p": {"x": 1}, "m": 2}
+    assert errors(model, {"m": "x"}) == [(("m",), "'x' is not of type 'integer'")]
+
+
+def test_properties_named_in_conditional_and_nested_subschemas_are_arguments() -> None:
+    """A property the schema names only under `if`/`then`/`else`, `dependentSchemas` or a
+    combinator inside a combinator (zod's `z.union([a.and(b), c])`) was an "unknown argument":
+    a call the schema accepts was refused before it reached the server."""
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["file", "url"]}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "file"}}},
+        "then": {"properties": {"path": {"type": "string"}}, "required": ["path"]},
+        "else": {"properties": {"url": {"type": "string"}}, "required": ["url"]},
+        "dependentSchemas": {"path": {"properties": {"encoding": {"type": "string"}}}},
+        "anyOf": [{"allOf": [{"properties": {"depth": {"type": "integer"}}}]}, {"properties": {"flat": {}}}],
+    }
+    model = args_model("fetch", schema)
+    assert set(model.model_fields) == {"kind", "path", "url", "encoding", "depth", "flat"}
+    sent = {"kind": "file", "path": "/tmp/x", "encoding": "utf-8", "depth": 2}
+    assert arguments_of(model.model_validate(sent)) == sent
+    assert errors(model, {"kind": "file"}) == [(("path",), "Field required")]
+    assert errors(model, {"kind": "url", "url": "u", "size": 1}) == [(("size",), "unknown argument")]
+
+
+def test_a_required_name_the_schema_does_not_describe_is_an_argument() -> None:
+    """`{"required": ["query"]}` without `properties.query` (a hand-written schema) asks for an
+    argument the model could not send: missing, it was "Field required"; sent, "unknown"."""
+    model = args_model(
+        "search", {"type": "object", "properties": {"limit": {"type": "integer"}}, "required": ["query"]}
+    )
+    assert set(model.model_fields) == {"limit", "query"}
+    assert arguments_of(model.model_validate({"query": "q"})) == {"query": "q"}
+    assert errors(model, {"limit": 1}) == [(("query",), "Field required")]

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
-from toolenv import Task, Tool, ToolContext
+from toolenv import Task, Tool, ToolCall, ToolCaller, ToolContext
 from toolenv.checker import check_tool_schema
 from toolenv_mcp import MCPServer, mcp_tools
 from toolenv_mcp.tool import function_name
@@ -21,12 +21,18 @@ from toolenv_mcp.tool import function_name
 RAW_SERVER = Path(__file__).resolve().with_name("mcp_raw_server.py")
 
 
-def raw_server(log: Path, *, scope: str = "process", name: str = "raw", changes: bool = False) -> MCPServer:
+def raw_server(
+    log: Path, *, scope: str = "process", name: str = "raw", changes: bool = False, junk: bool = False
+) -> MCPServer:
     return MCPServer(
         name=name,
         command=sys.executable,
         args=(str(RAW_SERVER),),
-        env={"RAW_MCP_LOG": str(log), **({"RAW_MCP_CHANGES": "1"} if changes else {})},
+        env={
+            "RAW_MCP_LOG": str(log),
+            **({"RAW_MCP_CHANGES": "1"} if changes else {}),
+            **({"RAW_MCP_JUNK": "1"} if junk else {}),
+        },
         scope=scope,  # type: ignore[arg-type]
     )
 
@@ -183,3 +189,30 @@ def test_the_tool_list_changed_notification_is_recognised_as_either_sdk_delivers
     assert _tools_changed_notice(ServerNotification(notice))
     other = types.ResourceListChangedNotification(method="notifications/resources/list_changed")
     assert not _tools_changed_notice(other) and not _tools_changed_notice(RuntimeError("transport"))
+
+
+def test_bytes_that_are_not_utf8_on_stdout_do_not_wedge_the_session(tmp_path: Path) -> None:
+    """The MCP SDK decodes a stdio server's output strictly: one byte that is not UTF-8 (a
+    progress bar, a file's raw bytes in a result) stopped its reader for good, and every call
+    after it hung until its timeout (and the session was replaced, losing the server's state).
+    Decoded with replacement characters, the junk line is skipped as any non-JSON line is, and a
+    result holding such a byte arrives."""
+    log = tmp_path / "requests.log"
+    tools = {t.name: t for t in mcp_tools(raw_server(log, junk=True), timeout=10)}
+    caller = ToolCaller(tools.values())
+    ctx = ToolContext(Task(id="t", question="q"), "ep", "c1", 1, {})
+
+    async def go() -> list[tuple[bool, str]]:
+        out = []
+        for name in ("first", "first", "b"):
+            (result,), _ = await caller.invoke([ToolCall(name=name, arguments={}, id="1")], ctx)
+            out.append((result.is_error, result.text))
+        return out
+
+    try:
+        outcomes = asyncio.run(go())
+    finally:
+        close_tools(tools.values())
+    assert outcomes == [(False, "first \ufffd"), (False, "first \ufffd"), (False, '{"v": 1}')]
+    pids = {pid for pid, method, _ in requests(log) if method == "tools/call"}
+    assert len(pids) == 1  # one server all along: none was replaced

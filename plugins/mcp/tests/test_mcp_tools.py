@@ -155,6 +155,30 @@ async def test_invalid_arguments_never_reach_the_server(server: MCPServer) -> No
         await close(tools)
 
 
+async def test_a_lone_surrogate_in_the_arguments_is_refused_and_the_server_lives_on(fresh_server: Factory) -> None:
+    """A model may write half of a UTF-16 pair as an escape (`"\\ud83d"`): JSON parses it into
+    a string that UTF-8 cannot encode. Sent as it was, the MCP SDK failed to serialize the
+    request inside its transport, the session died, and the shared server was restarted: every
+    episode's calls in flight on it failed, and its state was gone. It is refused instead."""
+    import json
+
+    tools = await amcp_tools(fresh_server(), include=["echo", "pid", "calls"])
+    try:
+        pid = await pid_of(tools)
+        before = (await call(tools, "calls")).text
+        text = json.loads('"smile \\ud83d"')
+        refused = await call(tools, "echo", text=text)
+        assert refused.is_error and refused.text == (
+            "Invalid arguments for tool 'echo': text: 'smile \\ud83d' is not valid Unicode "
+            "(a lone surrogate, '\\ud83d'). Expected arguments: text."
+        )
+        assert (await call(tools, "calls")).text == before  # not sent
+        assert await pid_of(tools) == pid  # the server lives on
+        assert (await call(tools, "echo", text="smile \U0001f600")).text == "smile \U0001f600"
+    finally:
+        await close(tools)
+
+
 async def test_a_failing_tool_is_an_error_observation(server: MCPServer) -> None:
     tools = await amcp_tools(server, include=["fail", "add"])
     try:

@@ -10,11 +10,14 @@ arguments never reach the server.
 
 from __future__ import annotations
 
+import functools
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import jsonschema  # type: ignore[import-untyped, unused-ignore]  # stubs optional
+import referencing
+import referencing.exceptions
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Self
@@ -23,6 +26,7 @@ __all__ = ["MCPArgs", "accepts_extra_arguments", "args_model", "arguments_of", "
 
 _MAX_ERRORS = 5
 _MAX_REF_HOPS = 8
+_MAX_SUBSCHEMA_DEPTH = 8  # nesting of combinators read for argument names (a recursive ref loops)
 
 
 class MCPArgs(BaseModel):
@@ -43,8 +47,8 @@ class MCPArgs(BaseModel):
         if not isinstance(obj, Mapping):
             raise _invalid(cls, [_custom("arguments must be a JSON object", (), obj)])
         arguments = dict(obj)
-        errors: list[InitErrorDetails] = []
-        if cls._known is not None:
+        errors = _unencodable(arguments, ())
+        if not errors and cls._known is not None:
             errors = [_custom("unknown argument", (k,), v) for k, v in arguments.items() if k not in cls._known]
         if not errors and cls._schema_validator is not None:
             errors = _schema_errors(cls._schema_validator, arguments)
@@ -80,9 +84,9 @@ def args_model(tool_name: str, schema: Mapping[str, Any]) -> type[MCPArgs]:
     Raises:
         ValueError: the schema is not a valid JSON schema.
     """
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    dialect = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        dialect.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ValueError(f"its input schema is not a valid JSON schema: {exc.message}") from None
     names = _property_names(schema)
@@ -96,7 +100,7 @@ def args_model(tool_name: str, schema: Mapping[str, Any]) -> type[MCPArgs]:
             field_of[prop] = field
     base = _OpenMCPArgs if open_ else MCPArgs
     model = create_model(f"{tool_name}_args", __base__=base, **fields)
-    model._schema_validator = cls(schema)
+    model._schema_validator = _lenient(dialect)(schema, registry=referencing.Registry())
     model._known = None if open_ else frozenset(names)
     model._field_of = field_of
     return model
@@ -111,17 +115,28 @@ def arguments_of(args: BaseModel) -> dict[str, Any]:
 
 
 def _property_names(schema: Mapping[str, Any]) -> list[str]:
-    """The argument names the schema defines: its `properties`, and those of its top-level
-    `allOf` / `anyOf` / `oneOf` branches (a schema composed of parts names them there)."""
+    """The argument names the schema defines: its `properties` and `required`, and those of every subschema
+    that applies to the arguments object itself (`allOf` / `anyOf` / `oneOf` branches, at any
+    depth; `if` / `then` / `else`; `dependentSchemas`): a schema composed of parts names them there."""
     names: dict[str, None] = {}
-    root = resolved(schema, schema)
-    branches = [root]
-    for key in ("allOf", "anyOf", "oneOf"):
-        found = root.get(key)
-        branches += [resolved(schema, b) for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
-    for branch in branches:
-        props = branch.get("properties")
+    pending: list[tuple[Mapping[str, Any], int]] = [(schema, 0)]
+    while pending:
+        node, depth = pending.pop(0)
+        node = resolved(schema, node)
+        props, required = node.get("properties"), node.get("required")
         names.update(dict.fromkeys(props) if isinstance(props, Mapping) else {})
+        names.update(dict.fromkeys(r for r in required if isinstance(r, str)) if isinstance(required, list) else {})
+        if depth >= _MAX_SUBSCHEMA_DEPTH:
+            continue
+        parts: list[Any] = []
+        for key in ("allOf", "anyOf", "oneOf"):
+            found = node.get(key)
+            parts += found if isinstance(found, list) else []
+        parts += [node.get(key) for key in ("if", "then", "else")]
+        for key in ("dependentSchemas", "dependencies"):  # `dependencies`: draft 7's name (values: schemas or lists)
+            found = node.get(key)
+            parts += list(found.values()) if isinstance(found, Mapping) else []
+        pending += [(part, depth + 1) for part in parts if isinstance(part, Mapping)]
     return list(names)
 
 
@@ -155,6 +170,30 @@ def _field_name(prop: str, taken: Mapping[str, Any]) -> str:
     return name
 
 
+@functools.cache
+def _lenient(dialect: Any) -> Any:
+    """`dialect` (a jsonschema validator class) checking nothing behind a `$ref` it cannot resolve.
+
+    The schema comes from the server. jsonschema's default registry fetches an unknown
+    `$ref` URL with a blocking `urlopen` at every validation (a GET of the server's choosing,
+    on the env's event loop), and a ref to a missing definition raised at every validation,
+    refusing every call: so refs resolve within the schema (and the metaschemas) only, and
+    what lies behind one that does not is left to the server to check.
+    """
+
+    def lenient(check: Any) -> Any:
+        def ref(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+            try:
+                yield from check(validator, value, instance, schema)
+            except referencing.exceptions.Unresolvable:
+                return
+
+        return ref
+
+    refs = {k: lenient(v) for k, v in dialect.VALIDATORS.items() if k in ("$ref", "$dynamicRef", "$recursiveRef")}
+    return jsonschema.validators.extend(dialect, refs)
+
+
 def _schema_errors(validator: Any, arguments: dict[str, Any]) -> list[InitErrorDetails]:
     errors: list[InitErrorDetails] = []
     missing: set[tuple[Any, ...]] = set()  # jsonschema reports `required` once per missing name
@@ -169,6 +208,33 @@ def _schema_errors(validator: Any, arguments: dict[str, Any]) -> list[InitErrorD
         else:
             errors.append(_custom(err.message, path, err.instance))
     errors.sort(key=lambda e: [str(p) for p in e["loc"]])  # by argument, whatever order jsonschema found them in
+    return errors[:_MAX_ERRORS]
+
+
+def _unencodable(value: Any, loc: tuple[Any, ...]) -> list[InitErrorDetails]:
+    """An error for each string (key or value) UTF-8 cannot encode: one holding a lone surrogate.
+
+    JSON lets a model write half of a UTF-16 pair as an escape (`"\\ud83d"`), and Python keeps
+    it; sent, it failed the MCP SDK's serialization inside the transport, which killed the
+    session (and restarted a shared server under every episode using it).
+    """
+    if isinstance(value, str):
+        if value.isascii():
+            return []
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            lone = value[exc.start : exc.end]
+            return [_custom(f"{value!r:.200} is not valid Unicode (a lone surrogate, {lone!r})", loc, value)]
+        return []
+    errors: list[InitErrorDetails] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            at = (*loc, key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key)
+            errors += _unencodable(key, at) + _unencodable(item, at)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            errors += _unencodable(item, (*loc, index))
     return errors[:_MAX_ERRORS]
 
 

@@ -522,8 +522,15 @@ async def _open_transport(
     if server.command is not None:
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
+        # Decoded leniently: with the SDK's strict default, one byte that is not UTF-8 on the
+        # server's stdout (a progress bar, raw bytes in a result) stopped its reader for good,
+        # and every later call hung. A junk line is then skipped like any line that is not JSON.
         params = StdioServerParameters(
-            command=server.command, args=list(server.args), env=dict(server.env) or None, cwd=server.cwd
+            command=server.command,
+            args=list(server.args),
+            env=dict(server.env) or None,
+            cwd=server.cwd,
+            encoding_error_handler="replace",
         )
         streams = await stack.enter_async_context(stdio_client(params, errlog=_errlog()))
     else:
