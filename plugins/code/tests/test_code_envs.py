@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -165,11 +166,13 @@ async def test_oracles_score_one_on_every_task() -> None:
     start = time.monotonic()
     he = await _oracle_scores("HumanEval-v0", make_humaneval_env)
     mbpp = await _oracle_scores("MBPP-v0", make_mbpp_env)
+    sanitized = await _oracle_scores("MBPP-v0", functools.partial(make_mbpp_env, subset="sanitized"))
     elapsed = time.monotonic() - start
-    assert len(he) == 164 and len(mbpp) == 974
+    assert len(he) == 164 and len(mbpp) == 974 and len(sanitized) == 427
     assert [i for i, r in enumerate(he) if r != 1.0] == []
     assert [i for i, r in enumerate(mbpp) if r != 1.0] == []
-    print(f"oracles: 1138 tasks graded in {elapsed:.1f} s")
+    assert [i for i, r in enumerate(sanitized) if r != 1.0] == []
+    print(f"oracles: 1565 tasks graded in {elapsed:.1f} s")
 
 
 def test_example_runs() -> None:
@@ -203,3 +206,34 @@ async def test_many_envs_share_one_pool() -> None:
     assert {s["pid"] for s in pool.stats()} == pids_before and len(pids_before) == pool.size
     for e in envs:
         await e.aclose()
+
+
+async def test_a_session_killed_by_a_real_time_signal_is_an_observation() -> None:
+    """A real-time signal (SIGRTMIN+1) has no `signal.Signals` member: the observation still
+    says what ended the session instead of the tool failing with a ValueError."""
+    from toolenv import Task, ToolEnv
+    from toolenv_code.tool import PythonTool
+
+    env = ToolEnv(tools=[PythonTool(stateful=True)], tasks=[Task(id="t", question="q", answer="a")], parser="codeblock")
+    try:
+        await env.areset()
+        obs, *_, info = await env.astep("```python\nimport os, signal\nos.kill(os.getpid(), signal.SIGRTMIN + 1)\n```")
+        assert "killed by SIGRTMIN+1" in obs and "session has ended" in obs, obs
+        assert info["tool_results"][0].is_error
+    finally:
+        await env.aclose()
+
+
+def test_tools_given_as_an_empty_list_mean_no_tools() -> None:
+    """`tools=[]` (a baseline that answers without running code) is taken as given, not
+    replaced by the default `python` tool; leaving `tools` out still gives that tool."""
+    env = make_humaneval_env(tools=[], limit=1)
+    try:
+        assert env.tools == []
+    finally:
+        env.close()
+    default = make_mbpp_env(limit=1)
+    try:
+        assert [t.name for t in default.tools] == ["python"]
+    finally:
+        default.close()

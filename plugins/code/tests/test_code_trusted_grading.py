@@ -116,13 +116,14 @@ def test_honest_answers_still_pass_and_the_reader_passes_only_the_honest_way() -
 
 
 def test_every_reference_solution_scores_full_marks_and_most_tests_split() -> None:
-    """All 164 HumanEval and 974 MBPP reference solutions (~10-20 s on 2 cores)."""
+    """All 164 HumanEval and 974 + 427 MBPP (full and sanitized) reference solutions (~10-20 s on 2 cores)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    tasks = humaneval_tasks() + mbpp_tasks()
+    tasks = humaneval_tasks() + mbpp_tasks() + mbpp_tasks("sanitized")
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda t: run_tests(str(t.answer), _spec(t)), tasks))
-    assert [t.id for t, r in zip(tasks, reports, strict=True) if r.fraction != 1.0] == []
+    failed = [(t.id, t.context["dataset"]) for t, r in zip(tasks, reports, strict=True) if r.fraction != 1.0]
+    assert failed == []
     he, mb = reports[:164], reports[164:]
     he_split = sum(sum(r.split) for r in he) / sum(len(r.split) for r in he)
     mb_split = sum(sum(r.split) for r in mb) / sum(len(r.split) for r in mb)
@@ -548,3 +549,36 @@ def test_a_loop_the_replay_cannot_reproduce_runs_whole() -> None:
     report = run_tests(honest, spec)
     assert report.passed == [True] * 8, report.messages
     assert report.split == [False, False, True, False, False, False, False, True]
+
+
+def test_a_truth_test_takes_a_value_that_is_not_plain_data_as_python_does() -> None:
+    """`assert f(x)` and `assert not f(x)` ask only whether the value is true: a `re.Match` (the
+    reference solutions of sanitized MBPP 737, 787 and 794 return one), an object of the
+    solution's own class or a generator passes or fails them as in Python, split or not."""
+    spec = TestSpec(
+        tests=[
+            "assert vowel('annie')",
+            "assert not vowel('dawood')",
+            "assert vowel('Else') and vowel('id')",
+            "assert (vowel('x') or vowel('ant')) and not (vowel('b') or vowel('c'))",
+            "assert not thing(0) and thing(1)",
+            "assert gen(1) if gen(0) else False",
+        ]
+    )
+    answer = (
+        "import re\ndef vowel(s):\n    return re.match('[aeiouAEIOU]', s)\n"
+        "class T:\n    def __init__(self, v):\n        self.v = v\n"
+        "    def __bool__(self):\n        return bool(self.v)\n"
+        "def thing(v):\n    return T(v)\n"
+        "def gen(n):\n    return (i for i in range(n))\n"
+    )
+    for split in (True, False):
+        report = run_tests(answer, spec.model_copy(update={"split_tests": split}))
+        assert report.passed == [True] * 6, (split, report.messages)
+    assert all(run_tests(answer, spec).split)
+    wrong = answer.replace("re.match('[aeiouAEIOU]', s)", "re.match('[a-z]', s)")
+    assert run_tests(wrong, spec).passed == [True, False, False, False, True, True]
+    for task_id in ("MBPP/737", "MBPP/787", "MBPP/794"):
+        task = next(t for t in mbpp_tasks("sanitized") if t.id == task_id)
+        report = run_tests(str(task.answer), _spec(task))
+        assert report.fraction == 1.0 and all(report.split), (task_id, report.messages)

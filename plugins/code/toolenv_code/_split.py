@@ -74,7 +74,8 @@ class Probe:
 
     levels: tuple[str, ...]
     """Source run in the solution's process: level 0 is the probe, level `l` the `l`-th
-    enclosing node with the previous level's value as `__toolenv_v__`."""
+    enclosing node with the previous level's value as `__toolenv_v__`; where the test uses only
+    the truth of the last, one more level, `not not __toolenv_v__`, in the same place."""
     paths: tuple[Path, ...]
     """Where each level's node sits in the test's tree."""
     unconditional: bool
@@ -399,6 +400,12 @@ class _Splitter:
                 break
             levels.append(parent)
             paths.append(paths[-1][:-1])
+        top = levels[-1]
+        if isinstance(top, ast.expr) and _truth_only(top, chain[: len(chain) - len(levels) + 1]):
+            # Only its truth is used (`assert f(x)`, `not f(x)`): a value that is not plain data
+            # (a `re.Match`, a generator) is reported as `not not value`, a bool, in its place.
+            levels.append(ast.UnaryOp(ast.Not(), ast.UnaryOp(ast.Not(), top)))
+            paths.append(paths[-1])
         self.probes.append((levels, paths, not conditional))
 
     def climbable(self, parent: ast.AST, child: ast.AST) -> bool:
@@ -424,6 +431,20 @@ class _Splitter:
                 and not parent.keywords
             )
         return False
+
+
+def _truth_only(node: ast.AST, chain: list[ast.AST]) -> bool:
+    """Whether the test uses only the truth of `node`'s value (`chain`: its ancestors, innermost
+    last): it is an assert's or a conditional expression's test, or the operand of `not`,
+    directly or through `and`/`or` and the branches of `... if ... else ...` that are used so."""
+    for parent in reversed(chain):
+        if isinstance(parent, ast.BoolOp) or (isinstance(parent, ast.IfExp) and parent.test is not node):
+            node = parent
+            continue
+        if isinstance(parent, ast.UnaryOp):
+            return isinstance(parent.op, ast.Not)
+        return isinstance(parent, (ast.Assert, ast.IfExp)) and parent.test is node
+    return False
 
 
 def _constant(node: ast.AST) -> bool:
@@ -663,6 +684,9 @@ def _level_source(levels: list[ast.AST], i: int) -> str:
         return ast.unparse(levels[0])
     node = copy.copy(levels[i])
     inner = levels[i - 1]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.UnaryOp) and node.operand.operand is inner:
+        node.operand = ast.UnaryOp(node.operand.op, ast.Name(INNER, ast.Load()))  # the truth level, `not not v`
+        return ast.unparse(node)
     for field, value in ast.iter_fields(node):
         if value is inner:
             setattr(node, field, ast.Name(INNER, ast.Load()))

@@ -17,7 +17,7 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     """A code env over `default_tasks`.
 
     Overrides: `tasks`, `limit` (first N tasks), `stateful` (variables persist within
-    an episode), `sandbox` (`SandboxLimits`), `tools`, and any `ToolEnv` argument
+    an episode), `sandbox` (`SandboxLimits`), `tools` (`[]`: none), and any `ToolEnv` argument
     (`max_turns`, `parser`, `reward`, ...). The default parser reads ```python blocks;
     pass `parser="hermes"` to call the `python` tool with JSON tool calls instead.
     """
@@ -29,7 +29,9 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     sandbox = overrides.pop("sandbox", None)
     if isinstance(sandbox, dict):
         sandbox = SandboxLimits.model_validate(sandbox)
-    tools = overrides.pop("tools", None) or [PythonTool(stateful=stateful, sandbox=sandbox)]
+    tools = overrides.pop("tools", None)
+    if tools is None:  # (an empty list is no tools: a baseline that answers without running code)
+        tools = [PythonTool(stateful=stateful, sandbox=sandbox)]
     parser = overrides.pop("parser", "codeblock")
     overrides.setdefault("reward", "tests_passed")
     overrides.setdefault("max_turns", 4)

@@ -7,7 +7,8 @@ expected values. The solution's sandboxed process runs the solution, the setup a
 the probes, each compiled on its own, and reports each probe's value as plain data (None,
 bools, numbers, str, bytes, `Fraction`, `Decimal` and lists, tuples, dicts and sets of them;
 a value that is not, say a generator or a NumPy array, is first widened through `list(...)`,
-`sorted(...)`, `.attr`, `[0]` or `()` where the test applies them to it, then converted as
+`sorted(...)`, `.attr`, `[0]` or `()` where the test applies them to it, reported as its truth
+where the test uses nothing else of it (`assert f(x)`, `not f(x)`), else converted as
 the in-process comparisons below convert it: a namedtuple to a tuple, a Counter to a dict,
 NumPy values to lists and numbers; a value still not plain data fails its test, saying so). The host decodes the values
 without evaluating anything (`toolenv_code._split.decode_value`), and the verdict comes from

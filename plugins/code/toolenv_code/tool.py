@@ -43,6 +43,18 @@ def _copied_handle(pool: SandboxPool, calls: int) -> _SessionHandle:
     return handle
 
 
+def _signal_name(signum: int) -> str:
+    """`SIGTERM`; a real-time signal, which has no `signal.Signals` member, as `SIGRTMIN+1`."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        pass
+    rtmin, rtmax = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if rtmin is not None and rtmax is not None and rtmin < signum < rtmax:
+        return f"SIGRTMIN+{signum - rtmin}"
+    return f"signal {signum}"
+
+
 def format_result(result: ExecResult, limits: SandboxLimits) -> str:
     """The observation text: output first, then why the run failed, if it did."""
     parts = [p for p in (result.stdout, result.stderr) if p]
@@ -51,7 +63,7 @@ def format_result(result: ExecResult, limits: SandboxLimits) -> str:
     elif result.timed_out:
         parts.append(f"Error: the code did not finish within {limits.timeout:g} s and was stopped.")
     elif result.signal is not None:
-        name = signal.Signals(result.signal).name if result.signal in signal.valid_signals() else str(result.signal)
+        name = _signal_name(result.signal)
         hint = " (CPU time limit)" if result.signal == signal.SIGXCPU else ""
         parts.append(f"Error: the process was killed by {name}{hint}.")
     elif result.exit_code and not result.stderr:
