@@ -35,6 +35,7 @@ from toolenv.types import Task, ToolCall, ToolImage, ToolResult
 __all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
 
 _NO_TOOL_LIMITS = ToolLimits()
+_COROUTINE = types.CoroutineType
 _log = logging.getLogger("toolenv")
 #: The retry jitter's own generator: drawing from the `random` module's would shift the
 #: sampling of a trainer that seeded it. The OS's, so that forked workers (which would share
@@ -646,7 +647,7 @@ def _start(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult | tuple[Corout
     """
     try:
         coro: Coroutine[Any, Any, Any] = tool.run(args, ctx)
-        if type(coro) is not types.CoroutineType:  # a `run` that is not an `async def`
+        if type(coro) is not _COROUTINE:  # a `run` that is not an `async def`
             made = _coroutine(tool, coro)
             if isinstance(made, ToolResult):
                 return made

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import re
@@ -183,7 +184,7 @@ class ToolEnv(gym.Env[str, str]):
         self._rng: np.random.Generator | None = None
         self._closed = False  # tools closed, and the env not used since
         #: The loop an `astep` is running on, else None: another step or a reset is refused, a close waits.
-        self._in_step: asyncio.AbstractEventLoop | None = None
+        self._in_step = False  # an `astep` is running: another step or a reset is refused, a close waits
         self._step_ended: asyncio.Future[None] | None = None  # what `aclose` waits on, made by it
 
     # ------------------------------------------------------------------ seeding
@@ -268,7 +269,7 @@ class ToolEnv(gym.Env[str, str]):
         it), or `task_index` (IndexError out of range); and `native_tools: True` when the agent
         gives the model the tools itself (`tool_schemas()` through the chat template or the API's
         `tools`): the prompt then says only how to answer, not the tools and call format again."""
-        if self._in_step is not None:
+        if self._in_step:
             raise _in_flight("reset")
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         if seed is not None and self.task_order == "sequential" and self.tasks:
@@ -293,7 +294,9 @@ class ToolEnv(gym.Env[str, str]):
         as the turn's text (`written_turn` writes calls in the env's format).
         """
         ep = self._episode_to_step()
-        self._begin_step()
+        if self._in_step:  # `_begin_step`, inlined: this is the hot path
+            raise _in_flight("step")
+        self._in_step = True
         try:
             if not isinstance(action, str):
                 action = str(action)
@@ -348,21 +351,24 @@ class ToolEnv(gym.Env[str, str]):
                 info.update(end_info(ep))
             return obs, turn.reward, ep.terminated, ep.truncated, info
         finally:
-            self._end_step()
+            self._in_step = False  # `_end_step`, inlined
+            if self._step_ended is not None:
+                self._end_step()
 
     def _begin_step(self) -> None:
         """Mark a step in flight, or refuse it while another is (two turns at once would
         interleave in one episode)."""
-        if self._in_step is not None:
+        if self._in_step:
             raise _in_flight("step")
-        self._in_step = asyncio._get_running_loop()  # in asyncio.__all__; no exception raised per step
+        self._in_step = True
 
     def _end_step(self) -> None:
         """The step in flight has ended: an `aclose` waiting for it goes on."""
-        self._in_step = None
-        if self._step_ended is not None:
-            self._step_ended.set_result(None)
-            self._step_ended = None
+        self._in_step = False
+        ended, self._step_ended = self._step_ended, None
+        if ended is not None:  # the close may wait on another thread's loop: handed over safely
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+                ended.get_loop().call_soon_threadsafe(_resolve, ended)
 
     def _episode_to_step(self) -> Episode:
         """The current episode, or the error that says why there is none to step."""
@@ -413,16 +419,15 @@ class ToolEnv(gym.Env[str, str]):
         only once the env is reset, which holds its tools again."""
         if self._closed:
             return
-        if self._in_step is not None:  # closed under it, its calls would go on with closed tools (or reopen them)
+        if self._in_step:  # closed under it, its calls would go on with closed tools (or reopen them)
             await self._step_end()
         await self.aend_episode()
         await self.caller.aclose()
         self._closed = True
 
     async def _step_end(self) -> None:
-        """Until the step in flight (on this loop) ends; not awaiting it: a cancelled wait leaves it be."""
-        if self._in_step is not asyncio.get_running_loop():
-            return  # a step on another loop (another thread's): nothing here can wait for it
+        """Until the step in flight ends (on this loop or another thread's); not awaiting the step: a
+        cancelled wait leaves it be."""
         if self._step_ended is None:
             self._step_ended = asyncio.get_running_loop().create_future()
         await asyncio.wait({self._step_ended})
@@ -434,7 +439,7 @@ class ToolEnv(gym.Env[str, str]):
             raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
-        if self._in_step is self._loop:  # a sync call interrupted twice (Ctrl-C) left its step here: let it end
+        if self._in_step and asyncio.all_tasks(self._loop):  # a sync call interrupted twice (Ctrl-C) left its step here
             try:
                 self._loop.run_until_complete(self._step_end())
             except BaseException:
@@ -481,7 +486,8 @@ class ToolEnv(gym.Env[str, str]):
         """The env without its private event loop, which cannot be pickled or deep-copied
         (the copy makes its own on its first sync call)."""
         state = self.__dict__.copy()
-        state["_loop"] = state["_in_step"] = state["_step_ended"] = None
+        state["_loop"] = state["_step_ended"] = None
+        state["_in_step"] = False
         return state
 
     def render(self) -> str | None:
@@ -523,6 +529,11 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     for r in results:  # the message shares the result's image list (one object fewer per step)
         msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
     return msgs
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _in_flight(what: str) -> gym.error.AlreadyPendingCallError:

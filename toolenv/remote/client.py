@@ -242,7 +242,7 @@ class RemoteToolEnv(ToolEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode on the server. Options as for a local env: `task`, `task_id` or `task_index`."""
-        if self._in_step is not None:  # its answer would come for the new episode
+        if self._in_step:  # its answer would come for the new episode
             raise _in_flight("reset")
         self._seed_lazily(seed)  # the local generator reads as a local env's would
         opts = dict(options or {})
