@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -226,11 +226,8 @@ class Gated(toolenv.Tool):
         return ToolResult(text="fine")
 
 
-@pytest.mark.parametrize("old_call_ends", ["failing", "cancelled"])
-async def test_a_call_from_before_the_circuit_opened_is_not_taken_for_its_probe(old_call_ends: str) -> None:
-    """While the one probe is out, a call let through before the circuit opened may end (fail,
-    or be cancelled with its episode): that is not the probe's outcome, so no second probe goes."""
-    tool = Gated(breaker_threshold=1, breaker_cooldown=10)
+def _clocked(tool: Gated) -> tuple[list[float], Callable[[str], Awaitable[str]]]:
+    """The tool's breaker on a clock the test sets (`clock[0]`), and a call of the tool by its `q`."""
     clock = [0.0]
     breaker = breaker_for(tool)
     assert breaker is not None
@@ -238,6 +235,16 @@ async def test_a_call_from_before_the_circuit_opened_is_not_taken_for_its_probe(
 
     async def call(q: str) -> str:
         return (await calls(tool, 1, q=q))[0][0].text
+
+    return clock, call
+
+
+@pytest.mark.parametrize("old_call_ends", ["failing", "cancelled"])
+async def test_a_call_from_before_the_circuit_opened_is_not_taken_for_its_probe(old_call_ends: str) -> None:
+    """While the one probe is out, a call let through before the circuit opened may end (fail,
+    or be cancelled with its episode): that is not the probe's outcome, so no second probe goes."""
+    tool = Gated(breaker_threshold=1, breaker_cooldown=10)
+    clock, call = _clocked(tool)
 
     old = asyncio.ensure_future(call("slow_fail"))
     await asyncio.sleep(0)  # let through while closed; now waiting on its gate
@@ -290,13 +297,9 @@ async def test_calls_queued_behind_the_concurrency_cap_when_the_circuit_opens_ar
     """Calls let through while the circuit was closed, still waiting for a slot of the tool's
     cap when it opens, were each sent to the dead server (and waited out its timeout) anyway."""
     tool = Gated(max_concurrency=1, breaker_threshold=1, breaker_cooldown=10)
-    clock = [0.0]
+    clock, call = _clocked(tool)
     breaker = breaker_for(tool)
     assert breaker is not None
-    breaker.timer = lambda: clock[0]
-
-    async def call(q: str) -> str:
-        return (await calls(tool, 1, q=q))[0][0].text
 
     first = asyncio.ensure_future(call("slow_fail"))
     await asyncio.sleep(0)  # it holds the one slot

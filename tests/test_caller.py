@@ -532,28 +532,56 @@ async def test_a_tool_without_arguments_says_so_when_given_some() -> None:
     )
 
 
+async def _end(tool_name: str, how: str, seen: list[str], stuck: asyncio.Event) -> None:
+    """A close or release that records itself, then fails (`fails`), never ends (`hangs`) or returns."""
+    seen.append(tool_name)
+    if how == "hangs":
+        await stuck.wait()
+    elif how == "fails":
+        raise RuntimeError(f"{tool_name} could not close")
+
+
+def _closing(tool_name: str, how: str, seen: list[str], stuck: asyncio.Event) -> toolenv.Tool:
+    """A tool whose `close` is `_end`."""
+
+    class Closing(toolenv.Tool):
+        """Records its close."""
+
+        name = tool_name
+
+        class Args(BaseModel):
+            pass
+
+        async def close(self) -> None:
+            await _end(tool_name, how, seen, stuck)
+
+    return Closing()
+
+
+def _releasing(tool_name: str, how: str, seen: list[str], stuck: asyncio.Event) -> toolenv.Tool:
+    """A tool whose `release` is `_end` (only tools that override `release` are released)."""
+
+    class Releasing(toolenv.Tool):
+        """Records its release."""
+
+        name = tool_name
+
+        class Args(BaseModel):
+            pass
+
+        async def release(self, ctx: ToolContext) -> None:
+            await _end(tool_name, how, seen, stuck)
+
+    return Releasing()
+
+
 async def test_closing_closes_every_tool_when_one_fails_and_raises_its_error() -> None:
     """One tool's failing `close` left the tools after it open (their processes, their
     connections) and stopped there: every tool must be closed, then the failure raised."""
     closed: list[str] = []
-
-    def named(tool_name: str, fails: bool) -> toolenv.Tool:
-        class Closing(toolenv.Tool):
-            """Records its close."""
-
-            name = tool_name
-
-            class Args(BaseModel):
-                pass
-
-            async def close(self) -> None:
-                closed.append(tool_name)
-                if fails:
-                    raise RuntimeError(f"{tool_name} could not close")
-
-        return Closing()
-
-    caller = ToolCaller([named("a", False), named("b", True), named("c", True), named("d", False)])
+    stuck = asyncio.Event()
+    hows = {"a": "", "b": "fails", "c": "fails", "d": ""}
+    caller = ToolCaller([_closing(n, how, closed, stuck) for n, how in hows.items()])
     with pytest.raises(RuntimeError, match="b could not close"):
         await caller.aclose()
     assert closed == ["a", "b", "c", "d"]
@@ -565,24 +593,7 @@ async def test_a_close_that_hangs_does_not_keep_the_other_tools_open() -> None:
     close timeout) left their processes and connections behind."""
     closed: list[str] = []
     stuck = asyncio.Event()
-
-    def named(tool_name: str, hangs: bool) -> toolenv.Tool:
-        class Closing(toolenv.Tool):
-            """Records its close; one never finishes it."""
-
-            name = tool_name
-
-            class Args(BaseModel):
-                pass
-
-            async def close(self) -> None:
-                closed.append(tool_name)
-                if hangs:
-                    await stuck.wait()
-
-        return Closing()
-
-    caller = ToolCaller([named("a", True), named("b", False), named("c", False)])
+    caller = ToolCaller([_closing("a", "hangs", closed, stuck), *(_closing(n, "", closed, stuck) for n in "bc")])
     with pytest.raises(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
         await asyncio.wait_for(caller.aclose(), 0.2)
     assert sorted(closed) == ["a", "b", "c"]
@@ -595,31 +606,13 @@ async def test_a_release_that_hangs_does_not_keep_the_other_tools_from_releasing
     holds until that one closes it. Every release starts; a failing one is logged, as before."""
     released: list[str] = []
     stuck = asyncio.Event()
-
-    def named(tool_name: str, how: str) -> toolenv.Tool:
-        class Releasing(toolenv.Tool):
-            """Records its release; one never finishes it, one fails."""
-
-            name = tool_name
-
-            class Args(BaseModel):
-                pass
-
-            async def release(self, ctx: ToolContext) -> None:
-                released.append(tool_name)
-                if how == "hangs":
-                    await stuck.wait()
-                elif how == "fails":
-                    raise RuntimeError("no backend")
-
-        return Releasing()
-
-    caller = ToolCaller([named("a", "hangs"), named("b", "fails"), named("c", "")])
+    hows = {"a": "hangs", "b": "fails", "c": ""}
+    caller = ToolCaller([_releasing(n, how, released, stuck) for n, how in hows.items()])
     with pytest.raises(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
         await asyncio.wait_for(caller.release(ctx()), 0.2)
     assert sorted(released) == ["a", "b", "c"]
     released.clear()
-    done = ToolCaller([named("b", "fails"), named("c", "")])
+    done = ToolCaller([_releasing("b", "fails", released, stuck), _releasing("c", "", released, stuck)])
     await done.release(ctx())  # the failure is logged, not raised
     assert released == ["b", "c"]
 
