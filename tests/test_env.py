@@ -574,3 +574,18 @@ async def test_a_copy_of_an_env_made_during_a_step_can_step() -> None:
     assert "slept" in (await twin.astep(nap))[0]
     await twin.aclose()
     await env.aclose()
+
+
+async def test_a_sync_close_inside_the_loop_of_a_step_in_flight_does_not_wait_for_it() -> None:
+    """A notebook's `env.close()` runs on the thread of the loop the step is on: waiting for the
+    step there would never end (the loop cannot run while close waits). It closes, and says so."""
+    tool = _Gated()
+    env = ToolEnv(tools=[tool], tasks=[{"question": "q", "answer": "a"}], parser="hermes")
+    await env.areset()
+    step = asyncio.ensure_future(env.astep(_GATED))
+    await asyncio.sleep(0)
+    with pytest.warns(RuntimeWarning, match="step is in flight"):
+        env.close()
+    assert tool.events == ["closed"]
+    tool.gate.set()
+    await step  # the step ends with the closed tool, as the warning said

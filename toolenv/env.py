@@ -183,7 +183,6 @@ class ToolEnv(gym.Env[str, str]):
         self._seed: int | None = None  # a reset's seed whose generator is not made yet
         self._rng: np.random.Generator | None = None
         self._closed = False  # tools closed, and the env not used since
-        #: The loop an `astep` is running on, else None: another step or a reset is refused, a close waits.
         self._in_step = False  # an `astep` is running: another step or a reset is refused, a close waits
         self._step_ended: asyncio.Future[None] | None = None  # what `aclose` waits on, made by it
 
@@ -472,6 +471,16 @@ class ToolEnv(gym.Env[str, str]):
         Tool calls left running on that loop past their timeout are cancelled and run to their
         end first (for a second at most), not left to be closed outside any loop."""
         loop, self._loop = self._loop, None
+        # On a thread running an event loop (a notebook), a step in flight there cannot end while
+        # this waits: the tools are closed under it, as the caller asked, and it is said once.
+        if self._in_step and asyncio._get_running_loop() is not None:  # in asyncio.__all__; raises nothing
+            warnings.warn(
+                "ToolEnv.close() inside a running event loop while a step is in flight: its tool calls may "
+                "go on with closed tools; await the step, or `await env.aclose()`, which waits for it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._in_step = False  # not waited for by `aclose`; the step's own end sets it again
         try:
             if not self._closed:
                 _aio.close_from_sync(loop, self.aclose())
