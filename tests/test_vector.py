@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import gymnasium as gym
@@ -610,6 +611,23 @@ async def test_aclose_while_a_step_is_in_flight_waits_for_it_then_closes() -> No
     assert all("open" in o for o in obs)
     await closing
     assert gate.events == ["start", "start", "done", "done"] and gate.closed == 1 and venv.closed
+
+
+async def test_a_sync_close_inside_the_loop_of_a_step_in_flight_does_not_wait_for_it() -> None:
+    """A notebook's `venv.close()` runs on the thread of the loop the step is on: each env's close
+    waiting for its step there would never end. It closes at once, and says so."""
+    gate = _Gate()
+    venv = _gated(gate)
+    await venv.areset(seed=0)
+    step = asyncio.ensure_future(venv.astep([GATE, GATE]))
+    while gate.events.count("start") < 2:
+        await asyncio.sleep(0)
+    with pytest.warns(RuntimeWarning, match="step is in flight"):
+        venv.close()
+    assert gate.closed == 1 and venv.closed
+    gate.opened.set()
+    with contextlib.suppress(Exception):  # the step ends with closed tools, as the warning said
+        await step
 
 
 def test_envs_gymnasium_wrapped_are_refused_clearly_and_closed() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
@@ -530,6 +531,16 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         """Close every sub-env, then the private loops (the vector env's, and any a sub-env's sync
         method made): also after the async API alone was used, and inside a running event loop
         (on a worker thread, as `ToolEnv.close`)."""
+        if asyncio._get_running_loop() is not None and any(e._in_step for e in self.envs):  # in asyncio.__all__
+            # A step in flight on this thread's loop cannot end while this waits for it (as `ToolEnv.close`).
+            warnings.warn(
+                "ToolVectorEnv.close() inside a running event loop while a step is in flight: its tool calls "
+                "may go on with closed tools; await the step, or `await venv.aclose()`, which waits for it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            for env in self.envs:
+                env._in_step = False  # not waited for by their `aclose`; each step's own end sets it again
         try:
             _aio.close_from_sync(self._loop, self.aclose())
         finally:
