@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import pickle
+import sys
 import threading
 import time
 from typing import Any
@@ -1326,7 +1327,11 @@ def test_a_stop_closes_a_shared_tool_a_deleted_session_stuck_in_a_step_still_hel
     assert shared.closes == 1
     stepping.join(30)
     assert not stepping.is_alive()  # closing the tool ended its call: its client is not left waiting
-    assert f"session {session} did not close within 0.2 s of the stop" in caplog.text
+    if sys.version_info >= (3, 11):
+        # Left behind, then let go of. On Python 3.10 a call runs in a task of its own (see
+        # `toolenv.caller`), the deleted session's close ends within the stop's close timeout and
+        # closes the tool itself: nothing is left behind, and nothing logged.
+        assert f"session {session} did not close within 0.2 s of the stop" in caplog.text
 
 
 def _catch(call: Any, arg: Any) -> None:
