@@ -562,18 +562,24 @@ def test_batch_infos_of_defaultdicts_marks_only_the_envs_that_have_the_key() -> 
     assert "x" not in second
 
 
+async def _step_in_flight() -> tuple[_Gate, ToolVectorEnv, asyncio.Future[Any]]:
+    """A gated vector env of two, reset, with a step whose calls have both started and wait."""
+    gate = _Gate()
+    venv = _gated(gate)
+    await venv.areset(seed=0)
+    step = asyncio.ensure_future(venv.astep([GATE, GATE]))
+    while gate.events.count("start") < 2:
+        await asyncio.sleep(0)
+    return gate, venv, step
+
+
 async def test_a_step_or_reset_while_a_step_is_in_flight_is_refused_and_changes_nothing() -> None:
     """Two overlapping `astep`s (a `gather` of two, a second task) both stepped every env: each
     episode got two turns from one batch of actions and the agent saw neither. As Gymnasium's
     AsyncVectorEnv refuses a call while one is pending, the second is AlreadyPendingCallError."""
     from gymnasium.error import AlreadyPendingCallError
 
-    gate = _Gate()
-    venv = _gated(gate)
-    await venv.areset(seed=0)
-    first = asyncio.ensure_future(venv.astep([GATE, GATE]))
-    while gate.events.count("start") < 2:
-        await asyncio.sleep(0)
+    gate, venv, first = await _step_in_flight()
     with pytest.raises(AlreadyPendingCallError, match="in flight"):
         await venv.astep(["<answer>5</answer>", "hmm"])
     with pytest.raises(AlreadyPendingCallError, match="in flight"):
@@ -593,12 +599,7 @@ async def test_aclose_while_a_step_is_in_flight_waits_for_it_then_closes() -> No
     waits for its pending call, it now waits for the step to end; no step starts meanwhile."""
     from gymnasium.error import ClosedEnvironmentError
 
-    gate = _Gate()
-    venv = _gated(gate)
-    await venv.areset(seed=0)
-    step = asyncio.ensure_future(venv.astep([GATE, GATE]))
-    while gate.events.count("start") < 2:
-        await asyncio.sleep(0)
+    gate, venv, step = await _step_in_flight()
     closing = asyncio.ensure_future(venv.aclose())
     for _ in range(10):  # let `aclose` run as far as it can
         await asyncio.sleep(0)
@@ -616,12 +617,7 @@ async def test_aclose_while_a_step_is_in_flight_waits_for_it_then_closes() -> No
 async def test_a_sync_close_inside_the_loop_of_a_step_in_flight_does_not_wait_for_it() -> None:
     """A notebook's `venv.close()` runs on the thread of the loop the step is on: each env's close
     waiting for its step there would never end. It closes at once, and says so."""
-    gate = _Gate()
-    venv = _gated(gate)
-    await venv.areset(seed=0)
-    step = asyncio.ensure_future(venv.astep([GATE, GATE]))
-    while gate.events.count("start") < 2:
-        await asyncio.sleep(0)
+    gate, venv, step = await _step_in_flight()
     with pytest.warns(RuntimeWarning, match="step is in flight"):
         venv.close()
     assert gate.closed == 1 and venv.closed
