@@ -103,6 +103,36 @@ async def test_timeout_fires_and_is_reported() -> None:
     assert records[0].error and records[0].latency_s >= 0.05
 
 
+async def test_time_a_tool_blocks_before_its_first_wait_counts_against_its_timeout() -> None:
+    """As `asyncio.timeout` counts it: the deadline runs from the call's start, so a tool that
+    blocked the loop past its timeout before awaiting is cancelled at that await, rather than
+    given a whole timeout more from there."""
+
+    @tool(timeout=0.1)
+    async def blocks_then_waits() -> str:
+        time.sleep(0.15)  # a blocking library call, before the first await
+        await asyncio.sleep(0.05)
+        return "late"
+
+    t0 = time.perf_counter()
+    results, _ = await ToolCaller([blocks_then_waits]).invoke([ToolCall(name="blocks_then_waits")], ctx())
+    assert results[0].is_error and "timed out after 0.1 s" in results[0].text
+    assert time.perf_counter() - t0 < 0.19  # cancelled at its await, not after its 50 ms wait
+
+
+async def test_a_tool_that_blocks_within_its_timeout_keeps_the_rest_of_it() -> None:
+    """Time spent blocking counts, but a call that then finishes within the timeout's rest succeeds."""
+
+    @tool(timeout=0.5)
+    async def blocks_a_little() -> str:
+        time.sleep(0.05)
+        await asyncio.sleep(0.05)
+        return "in time"
+
+    results, _ = await ToolCaller([blocks_a_little]).invoke([ToolCall(name="blocks_a_little")], ctx())
+    assert not results[0].is_error and results[0].text == "in time"
+
+
 async def test_a_tools_own_timeout_without_a_limit_is_reported() -> None:
     @tool(timeout=None)
     async def slow_service() -> str:

@@ -678,8 +678,10 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> ToolResult:
-    """The rest of a tool's run, after its first wait, under its deadline."""
+async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any, spent: float) -> ToolResult:
+    """The rest of a tool's run, after its first wait, under its deadline: what is left of its
+    timeout after the `spent` seconds of its first step (a blocking call before its first await
+    counts, as under `asyncio.timeout`: past its timeout, it is cancelled at that await)."""
     timeout = tool.limits.timeout
     try:
         if first is _NOT_STARTED:  # pragma: no cover - Python 3.10
@@ -687,7 +689,7 @@ async def _resume(tool: Tool, coro: Coroutine[Any, Any, Any], first: Any) -> Too
         elif timeout is None:
             result = await _Resumed(coro, first)
         else:  # `asyncio.timeout`'s rule, at a fraction of its cost per call (toolenv.deadlines)
-            deadline = Deadline(timeout)
+            deadline = Deadline(timeout, spent)
             try:
                 result = await _Resumed(coro, first, deadline)
             except _Detach as detach:  # still running past its deadline's grace: the step goes on
@@ -980,10 +982,11 @@ class ToolCaller:
     @staticmethod
     async def _guarded(tool: Tool, args: Any, ctx: ToolContext) -> ToolResult:
         """One run of the tool under its timeout; every failure becomes an error result."""
+        t0 = time.monotonic()  # the loop's clock: its deadline counts from here, as `asyncio.timeout`'s would
         started = _start(tool, args, ctx)
         if isinstance(started, ToolResult):
             return started
-        return await _resume(tool, *started)
+        return await _resume(tool, *started, time.monotonic() - t0)
 
     @property
     def releases(self) -> bool:

@@ -55,7 +55,8 @@ class Deadline:
     _members: set[Deadline]
     expired: bool
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, spent: float = 0.0) -> None:
+        """`delay` seconds from when the call began, `spent` seconds ago (its first step's time)."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
@@ -69,7 +70,7 @@ class Deadline:
         buckets = _BUCKETS.get(loop)
         if buckets is None:
             buckets = _BUCKETS[loop] = _Buckets()
-        self._members = buckets.arm(loop, self, delay)
+        self._members = buckets.arm(loop, self, delay, spent)
 
     def expire(self) -> None:
         """Cancel the call's task now (its timer calls this)."""
@@ -109,9 +110,10 @@ class _Buckets:
     def __init__(self) -> None:
         self.due: dict[float, set[Deadline]] = {}
 
-    def arm(self, loop: asyncio.AbstractEventLoop, deadline: Deadline, delay: float) -> set[Deadline]:
+    def arm(self, loop: asyncio.AbstractEventLoop, deadline: Deadline, delay: float, spent: float) -> set[Deadline]:
+        """Add `deadline` to its bucket (a past one, when `spent` used up `delay`: it fires at once)."""
         width = max(delay * SLACK, MIN_BUCKET_S)
-        when = math.ceil((loop.time() + delay) / width) * width
+        when = math.ceil((loop.time() + delay - spent) / width) * width
         members = self.due.get(when)
         if members is None:
             members = self.due[when] = set()
