@@ -67,6 +67,9 @@ class EnvInfo:
         episode: the episode's number in its rollout (1 for the first; task position x samples
             + sample + 1), the same when the run resumes or retries it, so an agent can seed it
             as the whole run would; None outside the rollout runner.
+        sample: which of its task's samples the episode is (0 for the first; `--samples`), so an
+            agent can tell a GRPO group's episodes apart (the replay agent plays each sample's own
+            recording); 0 outside the rollout runner.
     """
 
     env_id: str
@@ -76,6 +79,7 @@ class EnvInfo:
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)
     parser: ActionParser | None = None
     episode: int | None = None
+    sample: int = 0
 
     @property
     def env_name(self) -> str:

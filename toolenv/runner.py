@@ -227,7 +227,7 @@ async def run_episode(
         traj.error, done = _error("agent reset failed", exc), True
     while not done:
         turn = len(ep.turns)
-        env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser, episode)
+        env_info = EnvInfo(env_id, task, turn, env.max_turns, schemas, env.parser, episode, sample)
         t0 = time.perf_counter()
         try:
             action = await _within(deadline, agent.act(obs, list(messages), env_info))

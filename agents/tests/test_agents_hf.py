@@ -708,3 +708,64 @@ async def test_chat_template_kwargs_reach_the_template(tiny_model: Path) -> None
     assert "<think>" not in default.tokenizer.decode(default.prompt_ids(msgs, info))
     with pytest.raises(toolenv.agent.AgentError, match="cannot set add_generation_prompt, tools"):
         TransformersAgent(tiny_model, chat_template_kwargs={"tools": [], "add_generation_prompt": False})
+
+
+async def test_a_turn_of_parallel_hermes_calls_is_not_cut_at_the_first(tiny_model: Path) -> None:
+    """Qwen/Hermes templates write each call in its own `<tool_call>` block and end the turn with
+    EOS after the last: stopping at the first `</tool_call>` allowed one call a turn."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=80)
+    tok = agent.tokenizer
+    one = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    two = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 2}}</tool_call>'
+    ids = tok(one + two, add_special_tokens=False)["input_ids"]
+    _steer(agent, [*ids, tok.eos_token_id])
+    parser = toolenv.parsers.get_parser("hermes")
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="hi"), parser=parser)
+    action = await agent.act("", [toolenv.Message(role="user", content="What is 2 + 3?")], info)
+    assert action.text == one + two and action.token_ids == [*ids, tok.eos_token_id]
+    assert len(parser.parse(action.text).tool_calls) == 2 and action.metadata["finish_reason"] == "stop"
+
+
+def _gptoss_template() -> str:
+    trl = pytest.importorskip("trl", reason="gpt-oss's chat template comes with trl")
+    return (Path(trl.__file__).parent / "chat_templates" / "gptoss.jinja").read_text(encoding="utf-8")
+
+
+async def test_a_gpt_oss_episode_goes_on_after_its_tool_calls(tiny_model: Path) -> None:
+    """gpt-oss's template takes a call only from an assistant message's `tool_calls` (one per
+    message), refuses Harmony markers in `content`, and refuses a tool message that follows no
+    call: the agent sent the model's raw text, so every turn after a call failed with "Message has
+    tool role, but there was no previous assistant message with a tool call!". Each call now goes
+    as its own assistant message right before its result, as the Harmony format writes them."""
+    from toolenv_agents.hf import TransformersAgent
+
+    agent = TransformersAgent(tiny_model, max_new_tokens=4)
+    agent.tokenizer.chat_template = _gptoss_template()
+    parser = toolenv.parsers.get_parser("harmony")
+    action = (
+        "<|channel|>analysis<|message|>Add both pairs.<|end|>"
+        '<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>'
+        '<|start|>assistant<|channel|>commentary to=functions.sub <|constrain|>json<|message|>{"a": 9, "b": 4}<|call|>'
+    )
+    calls = parser.parse(action).tool_calls
+    assert [c.name for c in calls] == ["add", "sub"]
+    messages = [
+        toolenv.Message(role="system", content="Use the tools."),
+        toolenv.Message(role="user", content="2+3 and 9-4?"),
+        toolenv.Message(role="assistant", content=action, tool_calls=calls),
+        toolenv.Message(role="tool", content="5", name="add", tool_call_id=calls[0].id),
+        toolenv.Message(role="tool", content="5", name="sub", tool_call_id=calls[1].id),
+    ]
+    info = toolenv.agent.EnvInfo("", toolenv.Task(id="x", question="2+3?"), parser=parser)
+    rendered = agent.tokenizer.decode(agent.prompt_ids(messages, info))
+    assert (
+        "<|start|>assistant<|channel|>analysis<|message|>Add both pairs.<|end|>"
+        '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 2, "b": 3}<|call|>'
+        '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|>'
+        '<|start|>assistant to=functions.sub<|channel|>commentary json<|message|>{"a": 9, "b": 4}<|call|>'
+        '<|start|>functions.sub to=assistant<|channel|>commentary<|message|>"5"<|end|>'
+        "<|start|>assistant"
+    ) in rendered
+    assert rendered.endswith("<|start|>assistant")

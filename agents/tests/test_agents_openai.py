@@ -207,7 +207,7 @@ async def test_text_chat_and_completions_modes(server: Server) -> None:
     res = await arollout(make_env, agent(server, tool_calling="text"), n=1)
     assert res.trajectories[0].reward == 1.0
     body = server.requests[1]["body"]
-    assert body["stop"] == ["</tool_call>"] and "tools" not in body
+    assert "stop" not in body and "tools" not in body  # Hermes's per-call close: not a stop in chat (parallel calls)
     assert body["messages"][-1]["role"] == "user" and "<tool_response>" in body["messages"][-1]["content"]
     server.requests.clear()
     server.script = [
@@ -794,3 +794,115 @@ async def test_a_reply_that_cannot_be_decoded_is_retried(server: Server) -> None
     ]
     traj = (await arollout(make_env, agent(server), n=1)).trajectories[0]
     assert traj.error is None and traj.reward == 1.0 and traj.turns[0].agent_metadata["attempts"] == 2
+
+
+PARALLEL = (
+    '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>\n'
+    '<tool_call>{"name": "add", "arguments": {"a": 10, "b": 4}}</tool_call>'
+)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "qwen3_xml"])
+async def test_chat_text_mode_lets_a_model_make_parallel_calls(server: Server, parser: str) -> None:
+    """Hermes/Qwen templates write each call in its own `<tool_call>` block and end the turn after
+    the last one: stopping at the first `</tool_call>` cut every turn to one call. In chat text
+    mode the per-call closer is not sent as a stop string, so both calls of a turn run."""
+    reply = PARALLEL
+    if parser == "qwen3_xml":
+        reply = reply.replace(
+            '{"name": "add", "arguments": {"a": 2, "b": 3}}',
+            "<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n</function>",
+        )
+        reply = reply.replace(
+            '{"name": "add", "arguments": {"a": 10, "b": 4}}',
+            "<function=add>\n<parameter=a>\n10\n</parameter>\n<parameter=b>\n4\n</parameter>\n</function>",
+        )
+    server.script = [("json", 200, chat(reply), {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    res = await arollout(lambda: make_env(parser), agent(server, tool_calling="text"), n=1)
+    traj = res.trajectories[0]
+    assert "stop" not in server.requests[0]["body"]
+    assert traj.error is None and [r.text for r in traj.turns[0].results] == ["5", "14"]
+
+
+async def test_stop_strings_kept_where_the_format_takes_one_call_a_turn_or_asked(server: Server) -> None:
+    """Search-R1's tags (one call a turn: the model would write its own `<information>` next),
+    the completions API (one growing text: no chat turn to end) and a user's own `stop` keep
+    stop strings; `stop=[]` sends none."""
+
+    def tags_env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "q", "answer": "5"}], parser="tags", max_turns=1)
+
+    done = chat("<answer>5</answer>")
+    cases: list[tuple[Any, dict[str, Any], Any]] = [
+        (tags_env, {"tool_calling": "text"}, ["</search>", "</sql>", "</python>"]),
+        (make_env, {"api": "completions"}, ["</tool_call>"]),
+        (
+            make_env,
+            {"tool_calling": "text", "stop": ["</tool_call>", "Observation:"]},
+            ["</tool_call>", "Observation:"],
+        ),
+        (tags_env, {"tool_calling": "text", "stop": []}, None),
+    ]
+    for env, kw, want in cases:
+        server.requests.clear()
+        step = (
+            done
+            if kw.get("api") != "completions"
+            else {"choices": [{"text": "<answer>5</answer>", "finish_reason": "stop"}]}
+        )
+        server.script = [("json", 200, step, {})]
+        await arollout(env, agent(server, **kw), n=1)
+        assert server.requests[0]["body"].get("stop") == want, kw
+
+
+async def test_a_stop_string_of_ones_own_is_put_back_as_the_parsers_are(server: Server) -> None:
+    """A stop string the user sent that the server names as the one it cut at is put back, as the
+    parser's are (the action holds what the model wrote)."""
+    text = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
+    server.script = [
+        ("json", 200, chat(text, stop_reason="</tool_call>"), {}),
+        ("json", 200, chat("<answer>5</answer>"), {}),
+    ]
+    res = await arollout(make_env, agent(server, tool_calling="text", stop=["</tool_call>"]), n=1)
+    assert res.trajectories[0].turns[0].action == text + "</tool_call>"
+
+
+@pytest.mark.parametrize("tool_calling", ["text", "native"])
+async def test_a_stop_in_extra_body_is_taken_as_stop(server: Server, tool_calling: str) -> None:
+    """`extra_body={"stop": [...]}` (how stop strings were set before `stop`) is the `stop` argument:
+    sent in either mode, and the one the server cut at is put back in text mode."""
+    text = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
+    first = chat(text, stop_reason="</tool_call>") if tool_calling == "text" else chat("<answer>5</answer>")
+    server.script = [("json", 200, first, {}), ("json", 200, chat("<answer>5</answer>"), {})]
+    kw: dict[str, Any] = {"tool_calling": tool_calling, "extra_body": {"stop": ["</tool_call>"]}}
+    res = await arollout(make_env, agent(server, **kw), n=1)
+    assert server.requests[0]["body"]["stop"] == ["</tool_call>"]
+    if tool_calling == "text":
+        assert res.trajectories[0].turns[0].action == text + "</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"connect_timeout": 0}, "connect_timeout"),
+        ({"connect_timeout": -1.0}, "connect_timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"backoff": -0.5}, "backoff"),
+        ({"max_backoff": float("nan")}, "max_backoff"),
+    ],
+)
+def test_timeouts_and_backoffs_that_cannot_work_are_refused_at_once(kw: dict[str, Any], name: str) -> None:
+    """`connect_timeout=0` failed every request of the run as a server timing out ("timed out
+    (ConnectTimeout)" after all retries, in every episode); a NaN `timeout` failed each turn with
+    "deadline must not be NaN". Refused when the agent is built, naming the argument."""
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        OpenAIAgent(model="tiny", base_url="http://127.0.0.1:9/v1", **kw)
+
+
+async def test_a_404_says_to_check_base_url(server: Server) -> None:
+    """`--base-url http://host:8000` (no `/v1`) got vLLM's bare `{"detail": "Not Found"}` in every
+    episode's error, which did not say what was wrong: a 404 names base_url and model to check."""
+    server.script = [("json", 404, {"detail": "Not Found"}, {})]
+    traj = (await arollout(make_env, agent(server, max_retries=0), n=1)).trajectories[0]
+    assert traj.error is not None and "HTTP 404" in traj.error
+    assert "check base_url (the API root, e.g. http://127.0.0.1:8000/v1) and model" in traj.error

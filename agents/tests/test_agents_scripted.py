@@ -16,7 +16,7 @@ import toolenv
 from toolenv.registry import entries
 from toolenv.runner import rollout
 from toolenv_agents.oracle import OracleAgent
-from toolenv_agents.replay import ReplayAgent, load_replay
+from toolenv_agents.replay import ReplayAgent, load_replay, load_replay_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>'
@@ -187,3 +187,91 @@ def test_cli_replay_on_example_env(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     traj = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text())
     assert traj["agent"] == "replay" and traj["reward"] == 1.0 and traj["success"] is True
+
+
+def _answers_run(tmp_path: Path, samples: int) -> Path:
+    """A real run's trajectories file, `samples` per task, each sample answering its own number
+    (`<answer>t1-s0</answer>`...), so a replay shows which recorded sample it played."""
+    lines = "".join(
+        json.dumps({"task_id": t["id"], "sample": s, "actions": [f"<answer>{t['id']}-s{s}</answer>"]}) + "\n"
+        for t in TASKS
+        for s in range(samples)
+    )
+    out = tmp_path / "recorded"
+    agent = ReplayAgent(_write(tmp_path / "script.jsonl", lines))
+    rollout("toolenv/ToolEnv-v0", agent, env_kwargs=ENV_KW, samples=samples, out=out)
+    return out / "trajectories.jsonl"
+
+
+def _played(res: toolenv.RolloutResult) -> dict[tuple[str, int], str | None]:
+    return {(t.task.id, t.sample): (t.turns[0].action if t.turns else t.error) for t in res.trajectories}
+
+
+def test_replay_plays_each_sample_its_own_recorded_trajectory(tmp_path: Path) -> None:
+    """A recorded GRPO group (several samples per task) replays sample k as the recorded sample k,
+    at any concurrency, and says which one it played."""
+    path = _answers_run(tmp_path, samples=3)
+    recorded = {(t["task"]["id"], t["sample"]): t["turns"][0]["action"] for t in map(json.loads, path.open())}
+    assert len(set(recorded.values())) == 6  # six different recorded actions
+    res = rollout("toolenv/ToolEnv-v0", ReplayAgent(path), env_kwargs=ENV_KW, samples=3, concurrency=4)
+    assert _played(res) == recorded
+    assert all(t.turns[0].agent_metadata["replayed_sample"] == t.sample for t in res.trajectories)
+
+
+def test_replay_says_when_a_recorded_sample_is_missing(tmp_path: Path) -> None:
+    """A sample the file does not hold is an error naming it, not another sample's actions."""
+    path = tmp_path / "a.jsonl"
+    path.write_text(
+        json.dumps({"task_id": "t1", "sample": 0, "actions": ["<answer>first</answer>"]})
+        + "\n"
+        + json.dumps({"task_id": "t1", "sample": 2, "actions": ["<answer>third</answer>"]})
+        + "\n"
+    )
+    res = rollout("toolenv/ToolEnv-v0", ReplayAgent(path), env_kwargs=ENV_KW, tasks=TASKS[:1], samples=3)
+    played = _played(res)
+    assert played[("t1", 0)] == "<answer>first</answer>" and played[("t1", 2)] == "<answer>third</answer>"
+    assert "has no sample 1 of task 't1' (it holds sample(s) 0, 2)" in (played[("t1", 1)] or "")
+
+
+def test_replay_with_more_samples_than_recorded_says_so(tmp_path: Path) -> None:
+    """Replaying a one-sample recording with samples=2 must not play sample 0 twice: the second
+    sample is an error naming what the file holds."""
+    path = _answers_run(tmp_path, samples=1)
+    res = rollout("toolenv/ToolEnv-v0", ReplayAgent(path), env_kwargs=ENV_KW, samples=2, concurrency=1)
+    played = _played(res)
+    assert played[("t1", 0)] == "<answer>t1-s0</answer>" and played[("t2", 0)] == "<answer>t2-s0</answer>"
+    assert "has no sample 1 of task 't1' (it holds sample(s) 0)" in (played[("t1", 1)] or "")
+    assert "has no sample 1 of task 't2'" in (played[("t2", 1)] or "")
+
+
+def test_replay_with_fewer_samples_than_recorded_plays_each_tasks_own(tmp_path: Path) -> None:
+    """Replaying a 2-sample recording with one sample per task plays each task's own sample 0,
+    not the recorded sample 1 of the task before it."""
+    path = _answers_run(tmp_path, samples=2)
+    res = rollout("toolenv/ToolEnv-v0", ReplayAgent(path), env_kwargs=ENV_KW, concurrency=1)
+    assert _played(res) == {("t1", 0): "<answer>t1-s0</answer>", ("t2", 0): "<answer>t2-s0</answer>"}
+
+
+def test_one_replay_agent_serves_rollouts_of_other_task_orders(tmp_path: Path) -> None:
+    """The episode groups one rollout saw do not carry over to the next rollout of the same agent."""
+    path = _answers_run(tmp_path, samples=2)
+    agent = ReplayAgent(path)
+    for tasks in (TASKS, TASKS[::-1]):
+        res = rollout("toolenv/ToolEnv-v0", agent, env_kwargs=ENV_KW, tasks=tasks, samples=2)
+        assert _played(res) == {(t["id"], s): f"<answer>{t['id']}-s{s}</answer>" for t in TASKS for s in range(2)}
+
+
+def test_replay_lines_without_a_sample_are_sample_0_and_a_bad_sample_is_refused(tmp_path: Path) -> None:
+    """A hand-written line names no sample: it is sample 0, the first line of a task is kept (as
+    before samples were read); a sample that is not a non-negative int names its line."""
+    path = tmp_path / "a.jsonl"
+    path.write_text(
+        json.dumps({"task_id": "t1", "actions": ["<answer>5</answer>"]})
+        + "\n"
+        + json.dumps({"task_id": "t1", "actions": ["<answer>6</answer>"]})
+        + "\n"
+    )
+    assert load_replay_samples(path) == {"t1": {0: ["<answer>5</answer>"]}}
+    path.write_text(json.dumps({"task_id": "t1", "sample": -1, "actions": ["x"]}) + "\n")
+    with pytest.raises(ValueError, match=r"a\.jsonl:1: expected .* with any sample a non-negative int"):
+        ReplayAgent(path)

@@ -5,9 +5,10 @@ go to the template as `tools` (native tool calling: the env's prompt then only s
 answer) when the template writes tool calls in the format the env's parser reads (Qwen's and
 `hermes`); otherwise (Search-R1's `tags`, a template without tool calls) the template gets no
 tools and the env's prompt teaches its own format, so the model sees one description of the
-tools and one call format. The model
-generates until EOS (the tokenizer's or the generation config's) or one of the parser's
-stop strings, and the action carries the generated token ids and their log-probabilities —
+tools and one call format. The model generates until EOS (the tokenizer's or the generation
+config's) or one of the parser's stop strings (less one that closes one of several calls a turn,
+Hermes's `</tool_call>`: the template's end of turn ends the call list, so a turn may hold
+parallel calls), and the action carries the generated token ids and their log-probabilities —
 what an RL trainer needs, computed token by token so that no vocab-sized scores are kept —
 and a `finish_reason` (`length` when `max_new_tokens` or the model's context ran out; a
 prompt that fills the context is an `AgentError`). A cancelled `act` (an episode timeout)
@@ -38,6 +39,7 @@ from toolenv.parsers.base import ActionParser
 from toolenv.parsers.decoding import reply_text
 from toolenv.types import Message
 from toolenv_agents._seeds import episode_seed
+from toolenv_agents._stops import chat_stops
 
 __all__ = ["TransformersAgent"]
 
@@ -83,6 +85,22 @@ def _context_length(config: Any) -> int | None:
         base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
         return int((base if isinstance(base, int) else length) * factor)
     return length
+
+
+def _harmony(m: Message, parser: ActionParser) -> list[tuple[str, dict[str, Any]]]:
+    """An assistant turn as gpt-oss's chat template takes it, as (call id, message) pairs: each
+    call in a message of its own (the template writes one call per message and names a result
+    after the last call before it), the first with the turn's text outside its Harmony messages
+    (its analysis) as `content`; a turn without calls as its answer (or that text). The template
+    refuses Harmony markers in `content`, so the model's raw text cannot go as it is."""
+    parsed = parser.parse(m.content)
+    if not m.tool_calls:
+        return [("", {"role": "assistant", "content": parsed.answer if parsed.answer is not None else parsed.text})]
+    out = []
+    for k, call in enumerate(m.tool_calls):
+        wire = [{"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]
+        out.append((call.id, {"role": "assistant", "content": "" if k else parsed.text, "tool_calls": wire}))
+    return out
 
 
 class TransformersAgent(Agent):
@@ -200,11 +218,12 @@ class TransformersAgent(Agent):
             self._native[key] = template_mismatch(parser, self.tokenizer) is None
         return self._native[key]
 
-    def _chat(self, messages: list[Message]) -> list[dict[str, Any]]:
+    def _chat(self, messages: list[Message], parser: ActionParser | None = None) -> list[dict[str, Any]]:
         """The messages as chat-template dicts. A turn's tool results keep their call id and tool
         name (Mistral's templates require the id, Gemma 4's write the name); results that answer
         no call (parse errors) follow as one user message, as `toolenv.types.reply_messages` sends
         them, since templates that pair results with calls reject a tool message without an id.
+        With the Harmony `parser`, assistant turns go as gpt-oss's template takes them (`_harmony`).
 
         Raises:
             AgentError: a message carries images, which this agent cannot give the model (it
@@ -213,6 +232,8 @@ class TransformersAgent(Agent):
         """
         out: list[dict[str, Any]] = []
         unanswered: list[str] = []
+        harmony = parser is not None and parser.name == "harmony"
+        later: dict[str, dict[str, Any]] = {}  # Harmony: call id -> its assistant message, sent before its result
         for i, m in enumerate(messages):
             if m.images:
                 raise AgentError(
@@ -225,9 +246,17 @@ class TransformersAgent(Agent):
             if unanswered and m.role != "tool":
                 out.append({"role": "user", "content": "\n".join(unanswered)})
                 unanswered = []
+            if m.role == "assistant" and parser is not None and harmony:
+                first, *rest = _harmony(m, parser)
+                out.append(first[1])
+                later = dict(rest)
+                continue
             if m.role != "tool":
                 out.append({"role": m.role, "content": m.content})
-            elif self.tool_role == "tool":
+                continue
+            if m.tool_call_id in later:  # the call it answers goes right before it
+                out.append(later.pop(m.tool_call_id))
+            if self.tool_role == "tool":
                 result = {"role": "tool", "content": m.content, "tool_call_id": m.tool_call_id}
                 out.append({**result, "name": m.name} if m.name else result)
             else:
@@ -241,7 +270,7 @@ class TransformersAgent(Agent):
         `uses_native_tools(env_info.parser)`."""
         native = self.uses_native_tools(env_info.parser)
         rendered = self.tokenizer.apply_chat_template(
-            self._chat(messages),
+            self._chat(messages, env_info.parser),
             tools=(list[Any](env_info.tool_schemas) or None) if native else None,
             add_generation_prompt=True,
             tokenize=False,
@@ -306,20 +335,21 @@ class TransformersAgent(Agent):
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         prompt = self.prompt_ids(messages, env_info)
+        stops = chat_stops(env_info.stop)
         budget = self._budget(prompt)
         seed = episode_seed(self.seed, self._episode, env_info)
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         try:
             ids, logprobs = await loop.run_in_executor(
-                self._executor, self._generate, prompt, env_info.stop, seed, cancelled, budget
+                self._executor, self._generate, prompt, stops, seed, cancelled, budget
             )
         except asyncio.CancelledError:  # an episode timeout, a stopped run: free the model now
             cancelled.set()  # generation stops at its next token (a queued one never starts)
             raise
         # The closing EOS is not part of the action, unless it is a stop string the parser reads.
         ended = bool(ids) and ids[-1] in self._eos_ids
-        text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in env_info.stop else ids
+        text_ids = ids[:-1] if ended and self.tokenizer.decode(ids[-1:]) not in stops else ids
         text = (
             reply_text(env_info.parser, self.tokenizer, text_ids)  # the markers kept if the tokenizer made them special
             if env_info.parser is not None
@@ -328,11 +358,11 @@ class TransformersAgent(Agent):
         # `stop_strings` also stops on a token that runs past a stop string ("an" for "The a"):
         # the action ends with the stop string, as a server's does. Generation stopped at the
         # first one, so the earliest end is it.
-        ends = [text.find(s) + len(s) for s in env_info.stop if s in text]
+        ends = [text.find(s) + len(s) for s in stops if s in text]
         text = text[: min(ends)] if ends else text
         # `length`: the budget (or the context) ran out before EOS or a stop string (a half-written
         # call), as OpenAI-compatible servers report it.
-        at_stop = ended or bool(ends) or any(s in str(self.tokenizer.decode(ids)) for s in env_info.stop)
+        at_stop = ended or bool(ends) or any(s in str(self.tokenizer.decode(ids)) for s in stops)
         cut = not at_stop and len(ids) >= budget
         return AgentAction(
             text=text,

@@ -7,11 +7,12 @@ Three ways to talk to the server:
   tag; `codeblock`: a ```` ```python ```` block for its code tool; any other parser gets hermes).
   Later turns send the env's tool results back as `tool` messages with matching call ids.
 - `api="chat", tool_calling="text"`: plain chat; the model writes the parser's format itself,
-  each observation goes back as a user message, generation stops at the parser's stop strings.
+  each observation goes back as a user message, generation stops at the parser's stop strings
+  (but see `stop`: not at the close of one call in a format that writes several a turn).
   A format written in special tokens (`parser.special_tokens`: Harmony, Mistral...) is asked
   for with `skip_special_tokens: false` (a vLLM/SGLang field), so its markers reach the env.
 - `api="completions"`: one growing text prompt (the env's prompt, then action + observation);
-  stop strings and special tokens as in text mode.
+  all of the parser's stop strings, and special tokens as in text mode.
 
 In both chat modes a reasoning model's thinking (`reasoning` / `reasoning_content`, from a
 server's reasoning parser) is kept in the action's `metadata["reasoning"]` and sent back on its
@@ -48,6 +49,7 @@ from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, Task
 from toolenv_agents._seeds import episode_seed
+from toolenv_agents._stops import chat_stops
 
 __all__ = ["OpenAIAgent", "render_tool_calls"]
 
@@ -99,6 +101,15 @@ def _check_base_url(url: str) -> None:
         )
 
 
+def _check_seconds(**durations: float) -> None:
+    """Refuse a duration no request can work with: a timeout that is not positive (0 fails every
+    connection as the server timing out would, in every episode, after its retries) or a NaN."""
+    for name, value in durations.items():
+        timeout = "timeout" in name
+        if not (value > 0 if timeout else value >= 0):  # NaN fails both
+            raise ValueError(f"{name} must be a number of seconds {'> 0' if timeout else '>= 0'}, got {value!r}")
+
+
 class _Shared:
     """The pool and the cap, shared by every spawned copy; rebuilt if the event loop changes."""
 
@@ -139,6 +150,17 @@ class OpenAIAgent(Agent):
             the prompt's, as the server rendered it, recorded per turn.
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`). `n` other
             than 1 is a ValueError: one choice is read per turn.
+        stop: the stop strings of text mode and the completions API. None (the default) sends the
+            parser's, except, in chat, a stop string that closes one call of a format that writes
+            several calls a turn (`</tool_call>` of Hermes and Qwen3-Coder): the chat template ends
+            the model's turn after its last call with an end-of-turn token the server stops at, and
+            stopping at the first call's close would cut every turn to one call (no parallel calls).
+            The stops of a format that takes one call a turn (Search-R1's tags, whose model writes
+            its own `<information>` unless stopped; Harmony's `<|call|>`) or that end the turn's
+            whole call list (DeepSeek's, Kimi's, GLM's...) are sent, and so are all of the parser's
+            with the completions API (one growing text has no chat turn to end). A list is sent as
+            it is (`[]`: none), e.g. `["</tool_call>"]` for models trained on one call a turn, and
+            in native mode too. A `stop` in `extra_body` is taken as this one.
         seed: the sampling seed (vLLM and SGLang take it; None: not sent). Each request sends
             `seed + turn`, offset per episode (by its place in the rollout, so a resumed or
             retried episode draws as in the whole run), so the samples of a task (a GRPO group,
@@ -169,13 +191,15 @@ class OpenAIAgent(Agent):
         return_token_ids: bool = False,
         extra_body: dict[str, Any] | None = None,
         seed: int | None = None,
+        stop: list[str] | str | None = None,
     ) -> None:
         if api not in ("chat", "completions"):
             raise ValueError(f"api must be 'chat' or 'completions', got {api!r}")
         if tool_calling not in ("native", "text"):
             raise ValueError(f"tool_calling must be 'native' or 'text', got {tool_calling!r}")
-        if max_retries < 0 or max_concurrency < 1 or timeout <= 0:
-            raise ValueError("max_retries must be >= 0, max_concurrency >= 1 and timeout > 0")
+        if max_retries < 0 or max_concurrency < 1:
+            raise ValueError("max_retries must be >= 0 and max_concurrency >= 1")
+        _check_seconds(timeout=timeout, connect_timeout=connect_timeout, backoff=backoff, max_backoff=max_backoff)
         self.model = model
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         _check_base_url(self.base_url)
@@ -205,6 +229,14 @@ class OpenAIAgent(Agent):
         if base is not None and (isinstance(base, bool) or not isinstance(base, int)):
             raise ValueError(f"seed must be an int, got {base!r}")
         self.seed: int | None = base
+        given = self.extra_body.pop("stop", None) if stop is None else stop  # one place, as `seed`
+        if isinstance(given, str):  # the API takes one string too
+            given = [given]
+        if given is not None and (
+            not isinstance(given, list | tuple) or not all(isinstance(x, str) and x for x in given)
+        ):
+            raise ValueError(f"stop must be a list of non-empty strings, got {given!r}")
+        self.stop: list[str] | None = None if given is None else list(given)
         self._episodes = itertools.count(1)  # shared by spawned copies
         self._episode = 0  # 0: not spawned (direct use)
         self._shared = _Shared()
@@ -299,7 +331,15 @@ class OpenAIAgent(Agent):
                     retry_after = _retry_after(resp)
                 elif resp.status_code >= 400:
                     snippet = self._snippet(resp.text, 500)
-                    raise AgentError(self._redact(f"{self.base_url}{path} answered HTTP {resp.status_code}: {snippet}"))
+                    # A 404: a base URL without its `/v1`, or a model the server does not serve (OpenAI, vLLM).
+                    hint = (
+                        "; check base_url (the API root, e.g. http://127.0.0.1:8000/v1) and model"
+                        if resp.status_code == 404
+                        else ""
+                    )
+                    raise AgentError(
+                        self._redact(f"{self.base_url}{path} answered HTTP {resp.status_code}: {snippet}{hint}")
+                    )
                 else:
                     try:
                         data = resp.json()
@@ -350,7 +390,7 @@ class OpenAIAgent(Agent):
             body["return_token_ids"] = True
         data, attempts = await self._post("/completions", body)
         choice = data["choices"][0]
-        text = _with_stop(str(choice.get("text") or ""), choice, env_info.parser)
+        text = _with_stop(str(choice.get("text") or ""), choice, env_info.parser, self._stops(env_info))
         self._prompt += text
         lp = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
         return self._action(text, data, choice, attempts, lp)
@@ -365,7 +405,7 @@ class OpenAIAgent(Agent):
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = choice["message"]
-        text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser)
+        text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser, self._stops(env_info))
         reasoning = _reasoning(msg)
         self._transcript.append({"role": "assistant", "content": text, **reasoning})
         return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
@@ -374,6 +414,8 @@ class OpenAIAgent(Agent):
         body = self._body(env_info, messages=self._native_messages(messages))
         if env_info.tool_schemas:
             body["tools"] = env_info.tool_schemas
+        if self.stop:  # the user's own; a parser's would cut the text around native calls
+            body["stop"] = list(self.stop)
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = choice["message"]
@@ -443,11 +485,21 @@ class OpenAIAgent(Agent):
             ids.append(_fresh_id(base, used))
         return ids
 
+    def _stops(self, env_info: EnvInfo) -> tuple[str, ...]:
+        """The stop strings sent this turn (see `stop`): the user's, else the parser's less, in
+        chat, those that close one of several calls a turn."""
+        if self.stop is not None:
+            return tuple(self.stop)
+        if self.api == "chat":
+            return chat_stops(env_info.stop)
+        return env_info.stop
+
     def _gen_options(self, env_info: EnvInfo) -> dict[str, Any]:
-        """Text-mode fields: the parser's stop strings (all of them: vLLM and SGLang take any
+        """Text-mode fields: the stop strings (`_stops`, all of them: vLLM and SGLang take any
         number; OpenAI's own API refuses more than 4 with a 400), and special tokens kept in the
         text when the format is written in them (vLLM and SGLang skip them by default)."""
-        options: dict[str, Any] = {"stop": list(env_info.stop)} if env_info.stop else {}
+        stops = self._stops(env_info)
+        options: dict[str, Any] = {"stop": list(stops)} if stops else {}
         if env_info.parser is not None and env_info.parser.special_tokens:
             options["skip_special_tokens"] = False
         return options
@@ -535,16 +587,15 @@ def _retry_after(resp: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
 
 
-def _with_stop(text: str, choice: dict[str, Any], parser: ActionParser | None) -> str:
-    """Put back the stop string the server cut off (vLLM: `stop_reason`, SGLang: `matched_stop`),
-    unless the text holds it already (vLLM's `include_stop_str_in_output`).
+def _with_stop(text: str, choice: dict[str, Any], parser: ActionParser | None, stops: tuple[str, ...]) -> str:
+    """Put back the stop string (of `stops`, those sent) the server cut off (vLLM: `stop_reason`,
+    SGLang: `matched_stop`), unless the text holds it already (vLLM's `include_stop_str_in_output`).
 
     OpenAI's API and most gateways do not say whether a stop string or the model's end of turn
     ended the reply: there, the stop string that completes a call the text left open (the env
     reads more calls or fewer errors with it) is put back; a complete text is kept as it is."""
-    if parser is None or choice.get("finish_reason") != "stop" or not parser.stop or text.endswith(parser.stop):
+    if parser is None or choice.get("finish_reason") != "stop" or not stops or text.endswith(stops):
         return text
-    stops = parser.stop
     matched = choice.get("stop_reason") or choice.get("matched_stop")
     if isinstance(matched, str) and matched in stops:
         return text + matched

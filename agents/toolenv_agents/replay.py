@@ -1,12 +1,12 @@
-"""The `replay` agent: actions read from a JSONL file, keyed by task id.
+"""The `replay` agent: actions read from a JSONL file, keyed by task id and sample.
 
 Two line shapes are accepted:
-- `{"task_id": "t1", "actions": ["<tool_call>...</tool_call>", "<answer>5</answer>"]}`
-  ;
-- a trajectory line written by `toolenv rollout` (its `task.id` and turn actions),
+- `{"task_id": "t1", "actions": ["<tool_call>...</tool_call>", "<answer>5</answer>"]}`,
+  with an optional `"sample": k` (0 when absent);
+- a trajectory line written by `toolenv rollout` (its `task.id`, `sample` and turn actions),
   so a recorded run can be replayed against a changed env or reward, a killed run's too
   (its partial last line is left out with a warning).
-When a task id appears on several lines (several samples), the first line is used.
+When a (task id, sample) appears on several lines, the first line is used.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from typing import Any
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.types import Message, Task
 
-__all__ = ["ReplayAgent", "load_replay"]
+__all__ = ["ReplayAgent", "load_replay", "load_replay_samples"]
+
+#: Task id -> sample -> actions.
+Recorded = dict[str, dict[int, list[str]]]
 
 
-def load_replay(path: str | Path) -> dict[str, list[str]]:
-    """Task id → actions, from a JSONL file.
+def load_replay_samples(path: str | Path) -> Recorded:
+    """Task id → sample → actions, from a JSONL file.
 
     A partial last line (one with no newline at its end that is not a whole line: what a run
     killed mid-write leaves) is left out with a warning naming it, as `toolenv view`, `toolenv
@@ -34,7 +37,7 @@ def load_replay(path: str | Path) -> dict[str, list[str]]:
     from toolenv.report.html import partial_line_warning
 
     file = Path(path)
-    table: dict[str, list[str]] = {}
+    table: Recorded = {}
     # surrogateescape: bytes a kill cut inside a character make their line invalid, not the file
     with file.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -49,30 +52,48 @@ def load_replay(path: str | Path) -> dict[str, list[str]]:
                     continue
                 why = exc.msg if isinstance(exc, json.JSONDecodeError) else "bytes that are not UTF-8"
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({why})") from None
-            key, actions = _row(row)
-            if key is None or actions is None:
-                raise ValueError(f'{path}:{lineno}: expected {{"task_id": ..., "actions": [...]}} or a trajectory')
-            table.setdefault(key, actions)
+            key, sample, actions = _row(row)
+            if key is None or sample is None or actions is None:
+                raise ValueError(
+                    f'{path}:{lineno}: expected {{"task_id": ..., "actions": [...]}} or a trajectory, '
+                    "with any sample a non-negative int"
+                )
+            table.setdefault(key, {}).setdefault(sample, actions)
     return table
 
 
-def _row(row: Any) -> tuple[str | None, list[str] | None]:
+def load_replay(path: str | Path) -> dict[str, list[str]]:
+    """Task id → the actions of its first recorded sample (see `load_replay_samples`)."""
+    return {task: samples[min(samples)] for task, samples in load_replay_samples(path).items()}
+
+
+def _sample(value: Any) -> int | None:
+    """A line's `sample` (0 when absent); None when it is not a non-negative int."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _row(row: Any) -> tuple[str | None, int | None, list[str] | None]:
     if not isinstance(row, dict):
-        return None, None
+        return None, None, None
     if "task_id" in row and isinstance(row.get("actions"), list):
         actions = row["actions"]
         ok = all(isinstance(a, str) for a in actions)
-        return str(row["task_id"]), (list(actions) if ok else None)
+        return str(row["task_id"]), _sample(row.get("sample")), (list(actions) if ok else None)
     task, turns = row.get("task"), row.get("turns")
     if isinstance(task, dict) and isinstance(turns, list):
         actions = [t.get("action") for t in turns if isinstance(t, dict)]
         ok = all(isinstance(a, str) for a in actions)
-        return str(task.get("id", "")), ([str(a) for a in actions] if ok else None)
-    return None, None
+        return str(task.get("id", "")), _sample(row.get("sample")), ([str(a) for a in actions] if ok else None)
+    return None, None, None
 
 
 class ReplayAgent(Agent):
-    """Replays recorded actions; a task or turn with no recorded action is an agent error.
+    """Replays recorded actions; a task, sample or turn with no recorded action is an agent error.
+
+    In a rollout with several samples per task, sample k (`EnvInfo.sample`) plays the recorded
+    sample k of its task. Outside the runner, the first recorded sample is played.
 
     Args:
         path: the JSONL file.
@@ -82,20 +103,26 @@ class ReplayAgent(Agent):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._table = load_replay(self.path)
-        self._actions: list[str] | None = None
+        self._table = load_replay_samples(self.path)
         self._task_id = ""
 
     def reset(self, task: Task) -> None:
         self._task_id = task.id
-        self._actions = self._table.get(task.id)
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
-        if self._actions is None:
+        recorded = self._table.get(self._task_id)
+        if recorded is None:
             raise AgentError(f"{self.path.name} has no actions for task {self._task_id!r}")
-        if env_info.turn >= len(self._actions):
+        sample = min(recorded) if env_info.episode is None else env_info.sample
+        actions = recorded.get(sample)
+        if actions is None:
+            held = ", ".join(map(str, sorted(recorded)))
             raise AgentError(
-                f"{self.path.name} has {len(self._actions)} action(s) for task {self._task_id!r}; "
+                f"{self.path.name} has no sample {sample} of task {self._task_id!r} (it holds sample(s) {held})"
+            )
+        if env_info.turn >= len(actions):
+            raise AgentError(
+                f"{self.path.name} has {len(actions)} action(s) for sample {sample} of task {self._task_id!r}; "
                 f"none for turn {env_info.turn}"
             )
-        return AgentAction(text=self._actions[env_info.turn])
+        return AgentAction(text=actions[env_info.turn], metadata={"replayed_sample": sample})
