@@ -1014,3 +1014,51 @@ def test_close_pooled_envs_closes_every_env_when_one_fails_to_close() -> None:
     with pytest.raises(OSError, match="cannot close"):
         close_pooled_envs()
     assert ClosingAdd.closed == 2 and close_pooled_envs() == 0
+
+
+PROMPT = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.mark.parametrize("reward_at_end", [False, True])
+def test_an_env_whose_reset_raises_ends_its_sample_at_the_first_step(caplog: Any, reward_at_end: bool) -> None:
+    """SkyRL's generator calls `init` unguarded and gathers a batch without `return_exceptions`:
+    an env whose reset raises (a task it does not have, a tool backend that cannot open, a
+    remote env's server refusing the session) stopped the whole training step. As a failed
+    step does, it ends only its sample: `init` returns the row's prompt, the env is closed at
+    once, and the first step says `done`, reward 0, with the error in its metadata and metrics."""
+    ClosingAdd.closed = 0
+    extras = {"extra_info": {"task_id": "no-such-task"}, "max_turns": 5}
+    env = skyrl_gym.make(CLOSING, env_config={"reward_at_end": reward_at_end}, extras=extras)
+    with caplog.at_level("WARNING"):
+        messages, meta = env.init([dict(m) for m in PROMPT])
+    assert messages == PROMPT
+    assert meta["env_id"] == CLOSING and "no-such-task" in meta["error"]
+    assert "no-such-task" in caplog.text
+    assert ClosingAdd.closed == 1 and close_pooled_envs() == 0  # closed now, never pooled
+    out = env.step("<answer>5</answer>")
+    assert out["done"] is True and out["reward"] == 0.0 and out["observations"] == []
+    assert out["metadata"]["error"] == env.error and env.error.startswith("KeyError")
+    assert not out["metadata"]["terminated"] and not out["metadata"]["truncated"]
+    metrics = env.get_metrics()
+    assert metrics["env_error"] == 1.0 and metrics["return"] == 0.0 and metrics["turns"] == 0
+    assert metrics["terminated"] == 0.0 and metrics["truncated"] == 0.0
+    with pytest.raises(RuntimeError, match="closed"):
+        env.step("<answer>5</answer>")
+    env.close()
+    assert ClosingAdd.closed == 1
+
+
+def test_an_env_whose_reset_raises_without_a_prompt_still_raises() -> None:
+    """With no row prompt there is nothing to give the model: `init` raises, as before."""
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"task_id": "no-such-task"}})
+    with pytest.raises(KeyError, match="no-such-task"):
+        env.init([])
+
+
+def test_a_row_that_names_no_task_raises_even_with_a_prompt() -> None:
+    """A row that names no task is the dataset's bug, the same on every sample: it raises rather
+    than scoring the whole dataset 0."""
+    env = skyrl_gym.make(CLOSING, env_config={}, extras={"extra_info": {"split": "train"}})
+    with pytest.raises(ValueError, match="names no task"):
+        env.init([dict(m) for m in PROMPT])
+    assert close_pooled_envs() == 0

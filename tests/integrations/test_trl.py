@@ -360,6 +360,61 @@ def test_an_env_failure_scoring_an_unanswered_episode_ends_it_rather_than_the_ru
     assert env.error is None
 
 
+class _CountingAdd(Add):
+    """`add` that counts how often it was closed."""
+
+    closed = 0
+
+    async def close(self) -> None:
+        type(self).closed += 1
+
+
+def test_an_env_that_failed_is_closed_and_the_next_episode_gets_a_new_one() -> None:
+    """TRL keeps one environment per sample slot for the whole run. An env whose step raised may
+    hold broken state (a tool mid-call, a half-closed connection): its tools are closed, and the
+    next reset runs on a new env from the factory, as verl's env pool does."""
+    _CountingAdd.closed = 0
+    make = environment_factory(
+        lambda: make_env(tools=[_CountingAdd()], reward=[("exact_match", 1.0), (_Broken(), 1.0)])
+    )
+    env = make()
+    env.reset(task_id="t1")
+    failed = env.env
+    with pytest.raises(ToolCallError, match="The environment failed"):
+        env.answer(answer="5")
+    assert _CountingAdd.closed == 1  # closed at once
+    assert failed.episode is not None and failed.episode.released  # still readable by reward functions
+    env.reset(task_id="t1")
+    assert env.env is not failed and env.add(a=2, b=3) == "5"
+    env.reset(task_id="t1")  # a healthy env is kept
+    assert _CountingAdd.closed == 1
+
+
+def test_an_env_whose_reset_fails_ends_that_episode_rather_than_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    """TRL resets every environment of a batch before generating and catches nothing: one env
+    whose reset raised (a task it does not have, a tool backend that cannot open, a remote env's
+    server refusing the session) stopped the whole run. As a failed step does, it now ends that
+    episode only: logged, kept as `error`, the row's prompt shown as it is, every call refused
+    with that reason, and a reward of 0; the next reset starts clean."""
+    env = environment_factory(lambda: make_env(tools=[Add()]))()
+    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
+    with caplog.at_level("WARNING", logger="toolenv.integrations.trl"):
+        assert env.reset(prompt=prompt, task_id="no-such-task") is None  # the row's prompt stands
+    [record] = caplog.records
+    assert record.getMessage().endswith("failed on task no-such-task; the episode ends here: " + str(env.error))
+    assert env.error is not None and env.error.startswith("KeyError") and "no-such-task" in env.error
+    assert env.last_info["error"] == env.error and env.last_info["task_id"] == "no-such-task"
+    with pytest.raises(ToolCallError, match=r"^The episode has ended \(the environment failed\)"):
+        env.add(a=2, b=3)
+    with pytest.raises(ToolCallError, match=r"^The episode has ended \(the environment failed\)"):
+        env.answer(answer="5")
+    assert env.get_reward() == 0.0 and len(caplog.records) == 1
+    env.reset(prompt=prompt, task_id="t1")  # TRL reuses instances: the next episode starts clean
+    assert env.error is None and env.add(a=2, b=3) == "5"
+    with pytest.raises(KeyError, match="no-such-task"):  # no prompt to show: nothing to degrade to
+        env.reset(task_id="no-such-task")
+
+
 async def test_calls_from_a_thread_that_runs_an_event_loop() -> None:
     """GRPOTrainer calls reset, the tools and get_reward on its own thread; in Jupyter or Colab
     that thread runs an event loop, where a sync ToolEnv call cannot run its coroutine."""

@@ -83,12 +83,14 @@ async def test_an_empty_reply_ends_the_episode_on_the_models_last_token(tiny_tok
     _assert_stream_is_template(tiny_tokenizer, out, loop.messages)
 
 
-async def test_an_empty_first_reply_ends_the_episode_with_its_final_reward(scripted_server, make_loop):
+async def test_an_empty_first_reply_ends_the_episode_with_its_final_reward(tiny_tokenizer, scripted_server, make_loop):
     server = scripted_server([("", False)])
     out = await make_loop(server, max_turns=6).run({"logprobs": True}, **await _row(PENALIZED))
     assert len(server.calls) == 1
-    # Asked-for log-probs are a list, empty too: verl concatenates the batch's, and None fails there.
-    assert out.response_ids == [] and out.response_mask == [] and out.response_logprobs == []
+    # No model token: one turn-end token, masked out, carries the score (verl's v1 trainer fails
+    # an empty response); asked-for log-probs are a list, as verl concatenates the batch's.
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert out.response_ids == [im_end] and out.response_mask == [0] and out.response_logprobs == [0.0]
     assert out.extra_fields["toolenv_stop_reason"] == "empty_reply"
     # No model token carries it, but the score (GRPO's group baseline reads it) is the env's.
     assert out.reward_score == -1.0 and out.extra_fields["reward_extra_info"]["truncated"] == 1.0
@@ -284,5 +286,7 @@ async def test_a_prompt_that_fills_the_models_context_gets_an_empty_response(tin
     max_model_len = _prompt_len(tiny_tokenizer, row)
     server = ContextServer(tiny_tokenizer, [CALL], max_model_len)
     out = await make_loop(server, max_model_len=max_model_len).run({"logprobs": True}, **row)
-    assert server.prompts == [] and out.response_ids == [] and out.response_logprobs == []
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert server.prompts == [] and out.response_ids == [im_end] and out.response_logprobs == [0.0]
+    assert out.response_mask == [0]
     assert out.extra_fields["toolenv_stop_reason"] == "max_model_len" and out.reward_score == -1.0

@@ -4,7 +4,7 @@ session): that episode ends, the batch goes on."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -27,9 +27,18 @@ class FlakyEnv(ToolEnv):
     """The calculator env, whose server goes away at the `fail_at`-th step of an episode (and,
     with `fail_truncate`, when the loop ends the episode)."""
 
+    #: Every env made, in order, to see which the pool hands out and which it closes.
+    made: ClassVar[list[FlakyEnv]] = []
+
     def __init__(self, fail_at: int = 2, fail_truncate: bool = False, fail_reset: bool = False, **kwargs: Any) -> None:
         super().__init__(tools=[Calculator()], tasks=DEMO_TASKS, **kwargs)
         self.fail_at, self.fail_truncate, self.fail_reset = fail_at, fail_truncate, fail_reset
+        self.closes = 0
+        FlakyEnv.made.append(self)
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        await super().aclose()
 
     async def areset(self, *args: Any, **kwargs: Any) -> Any:
         if self.fail_reset:
@@ -55,6 +64,14 @@ if FLAKY not in gym.registry:
 async def _row(**env_kwargs: Any) -> dict[str, Any]:
     row = (await abuild_rows(FLAKY, env_kwargs=env_kwargs))[0]
     return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"]}
+
+
+async def _failing_row(**env_kwargs: Any) -> dict[str, Any]:
+    """A row whose env is made with `env_kwargs` (built by an env that works: a failing reset
+    cannot write its prompt)."""
+    row = await _row(fail_at=99)
+    row["extra_info"] = {**row["extra_info"], "env_kwargs": json.dumps(env_kwargs)}
+    return row
 
 
 async def test_an_env_step_that_raises_ends_that_episode_only(tiny_tokenizer, scripted_server, make_loop, caplog):
@@ -117,7 +134,58 @@ async def test_an_env_reset_that_raises_ends_that_episode_only(tiny_tokenizer, s
     assert bad_server.calls == []
     prompt = tiny_tokenizer.apply_chat_template(bad_row["raw_prompt"], tokenize=False, add_generation_prompt=True)
     assert out.prompt_ids == tiny_tokenizer.encode(prompt, add_special_tokens=False)
-    assert out.response_ids == [] and out.response_mask == [] and out.response_logprobs == []
+    # One masked-out turn-end token carries the score: verl's v1 trainer fails an empty response.
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert out.response_ids == [im_end] and out.response_mask == [0] and out.response_logprobs == [0.0]
     assert out.reward_score == 0.0 and out.extra_fields["turn_scores"] == []
     assert set(out.extra_fields["reward_extra_info"]) == set(ok.extra_fields["reward_extra_info"])
     await pool.aclose()
+
+
+@pytest.mark.parametrize("failure", ["step", "reset", "truncate"])
+async def test_an_env_that_failed_is_closed_and_not_handed_to_the_next_sample(scripted_server, make_loop, failure):
+    """An env whose reset, step or final reward raised may hold broken state (a tool mid-call, a
+    half-closed connection to its server): the pool closes it and makes a new env for the next
+    sample rather than handing the failed one on."""
+    kwargs = {"fail_at": 2 if failure == "step" else 99, "fail_reset": failure == "reset"}
+    kwargs["fail_truncate"] = failure == "truncate"
+    row = await _failing_row(**kwargs)
+    FlakyEnv.made.clear()
+    loop_kwargs = {"max_turns": 1} if failure == "truncate" else {}
+    pool = EnvPool()
+    outs = []
+    for _ in range(2):
+        loop = make_loop(scripted_server([CALL, "<answer>42</answer>"]), pool=pool, **loop_kwargs)
+        outs.append(await loop.run({}, **row))
+    assert [o.extra_fields["toolenv_stop_reason"] for o in outs] == ["env_error", "env_error"]
+    first, second = FlakyEnv.made
+    assert first is not second, "the failed env was handed to the next sample"
+    assert first.closes == 1 and second.closes == 1
+    assert list(pool.envs()) == [] and pool.created == 2
+    await pool.aclose()
+
+
+async def test_an_env_that_finished_its_episode_is_pooled_open(scripted_server, make_loop):
+    """A healthy env goes back to the pool, open, and the next sample gets it."""
+    row = await _row(fail_at=99)
+    FlakyEnv.made.clear()
+    pool = EnvPool()
+    for _ in range(2):
+        out = await make_loop(scripted_server([CALL, "<answer>42</answer>"]), pool=pool).run({}, **row)
+        assert out.reward_score == 1.0
+    assert pool.created == 1 and FlakyEnv.made[0].closes == 0
+    assert list(pool.envs()) == [FlakyEnv.made[0]]
+    await pool.aclose()
+    assert FlakyEnv.made[0].closes == 1
+
+
+async def test_an_episode_that_raises_closes_its_env(scripted_server, make_loop):
+    """An exception out of the episode (a reset that fails on a row with no prompt to fall back
+    on) propagates, and the env it left behind is closed, not pooled."""
+    row = await _failing_row(fail_reset=True)
+    del row["raw_prompt"]
+    FlakyEnv.made.clear()
+    pool = EnvPool()
+    with pytest.raises(RemoteEnvError):
+        await make_loop(scripted_server([CALL]), pool=pool).run({}, **row)
+    assert list(pool.envs()) == [] and FlakyEnv.made[-1].closes == 1

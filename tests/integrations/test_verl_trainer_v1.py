@@ -151,3 +151,45 @@ def test_server_fields_keep_the_earliest_and_latest_step() -> None:
     merge_server_fields(merged, {"spec_num_draft_tokens": 3})
     merge_server_fields(merged, {"spec_num_draft_tokens": 4})
     assert merged["spec_num_draft_tokens"] == 7
+
+
+class EmptyServer:
+    """A server whose reply has no token (vLLM can return none: an EOS-only sample it trims, a
+    request that stopped at once)."""
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+        from verl.workers.rollout.replica import TokenOutput
+
+        return TokenOutput(token_ids=[], log_probs=[])
+
+
+def _v1_worker() -> Any:
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    worker = worker_cls.__new__(worker_cls)
+    worker.processor = None
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    worker.mm_processor_kwargs = {}
+    return worker
+
+
+async def test_an_empty_reply_is_stored_by_the_default_trainer(tq, tiny_tokenizer, make_loop):
+    """A GRPO group where one sample's model wrote no token: verl's v1 worker stores each sample
+    with its score on the response's last position (`AgentLoopOutput.as_dict`), so an empty
+    response cannot carry it (IndexError there; the session fails and verl drops the whole
+    group). The sample keeps its place in the group: one masked-out token carries its score."""
+    row = await _row()
+    empty = await make_loop(EmptyServer()).run({"logprobs": True}, **row)
+    full = await make_loop(StepTaggingServer(tiny_tokenizer)).run({"logprobs": True}, **row)
+    assert empty.extra_fields["toolenv_stop_reason"] == "empty_reply"
+    worker = _v1_worker()
+    await worker._agent_loop_postprocess(empty, validate=False, uid="u0", session_id=0, global_steps=4)
+    await worker._agent_loop_postprocess(full, validate=False, uid="u0", session_id=1, global_steps=4)
+    stored = tq.rows["u0_0_0"]
+    assert stored["responses"].numel() == 1 and stored["response_mask"].tolist() == [0]
+    assert stored["rm_scores"].tolist() == [empty.reward_score]
+    assert stored["rollout_log_probs"].shape == stored["responses"].shape
+    assert stored["input_ids"].numel() == stored["prompts"].numel() + 1
+    assert [t["status"] for t in tq.tags] == ["success", "success"]

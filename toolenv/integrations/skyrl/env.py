@@ -14,11 +14,14 @@ envs are pooled per (env_id, env_kwargs) in the process: `__init__` borrows one 
 `close()` gives it back, its tools released. The generator calls `close()` only after a
 finished episode, so an env whose `init` raised is closed right then, and one the
 generator drops without `close()` (it raised between two calls) is closed when it is
-collected. A `step` whose env fails (its step or final reward raises) ends the episode with
-`done` and the error in the metadata instead of raising: the generator gathers a whole
-batch, and one exception would stop the training step. The generator starts a whole batch at once,
-so the pool grows to a batch's size; the envs' coroutines all run on one event loop of
-this module's (`_LOOP`, a `toolenv._aio.BackgroundLoop`), not on a loop per env.
+collected. The generator gathers a whole batch without `return_exceptions`, so one exception
+would stop the training step: when the env fails (its reset, a step or the final reward
+raises), the sample ends with `done` and the error in the metadata instead. A failed reset
+ends it at the first step (`init` returns the row's prompt, which the model answers once);
+only a row that names no task, or one with no prompt to fall back on, makes `init` raise.
+The generator starts a whole batch at once, so the pool grows to a batch's size; the envs'
+coroutines all run on one event loop of this module's (`_LOOP`, a
+`toolenv._aio.BackgroundLoop`), not on a loop per env.
 """
 
 from __future__ import annotations
@@ -259,22 +262,38 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         self._broken = False
         #: The env's failure that ended the episode ("Type: message"), None while it has not failed.
         self.error: str | None = None
+        #: `init`'s reset failed and no step has reported it yet.
+        self._reset_error_pending = False
 
     # ------------------------------------------------------------------ SkyRL's calls
     def init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Start the row's episode. Returns the row's prompt as given, or the env's own first
         messages for the task with `use_env_prompt` or an empty prompt; and `{env_id, task_id}`.
 
+        When the env's reset raises (a task it does not have, a tool that cannot open, a remote
+        env's server refusing the session), the sample fails as a failed step does, not SkyRL's
+        batch: the env is closed, a warning logged, and the row's prompt returned with
+        `{env_id, task_id: None, error}`; the first `step` then ends the episode (`done`,
+        reward 0, `metadata["error"]`). SkyRL lets an env mask no tokens, so that one reply is
+        trained with reward 0, as the turns of an episode whose step failed are.
+
         Raises:
             ValueError: the row names no task (see `task_options`), or the env's prompt has images.
-            KeyError: the row's `task_id` is not one of the env's tasks.
+            Exception: the env's reset raised and the row has no prompt to fall back on (e.g.
+                KeyError: the row's `task_id` is not one of the env's tasks).
         """
         self._check_open()
         with self._closed_on_error():
             return self._init(prompt)
 
     def _init(self, prompt: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        _, info = _LOOP.run(self.env.areset(options=task_options(self.extras)))
+        options = task_options(self.extras)  # a row naming no task is the dataset's bug: raised
+        try:
+            _, info = _LOOP.run(self.env.areset(options=options))
+        except Exception as exc:
+            if not prompt:  # nothing to give the model
+                raise
+            return self._reset_failed(prompt, exc)
         self._episode = self.env.episode
         self.turns = 0
         self.last_info = info
@@ -297,6 +316,10 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             RuntimeError: `init` was not called, or the env is closed (`close()` was called, `init`
                 raised or a step failed).
         """
+        if self._reset_error_pending:  # init's reset failed: this step ends the sample
+            self._reset_error_pending = False
+            self.turns += 1
+            return self._error_output(None, 0.0)
         self._check_open()
         ep = self._episode
         if ep is None:
@@ -335,12 +358,29 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         step: the step says `done` instead, scores 0 (with `reward_at_end`, what the turns scored
         before), and the env is closed at once (SkyRL calls `close()` after `done`, which then
         does nothing)."""
-        self.error = f"{type(exc).__name__}: {exc}"
         task_id = self.last_info.get("task_id")
+        self._fail(task_id, exc)
+        self.turns += 1
+        return self._error_output(task_id, sum(t.reward for t in ep.turns) if self.reward_at_end else 0.0)
+
+    def _reset_failed(
+        self, prompt: list[dict[str, Any]], exc: Exception
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """`init` for a reset that raised: the env closed, the row's prompt returned, and the
+        first `step` ends the sample (see `init`)."""
+        self._fail(None, exc)
+        self.turns = 0
+        self._reset_error_pending = True
+        return [dict(m) for m in prompt], {"env_id": self.env_id, "task_id": None, "error": self.error}
+
+    def _fail(self, task_id: str | None, exc: Exception) -> None:
+        """Record and log the env's failure, and close the env (it may hold broken state)."""
+        self.error = f"{type(exc).__name__}: {exc}"
         _log.warning("toolenv: env %s failed on task %s; the episode ends here: %s", self.env_id, task_id, self.error)
         self._discard()
-        self.turns += 1
-        reward = sum(t.reward for t in ep.turns) if self.reward_at_end else 0.0
+
+    def _error_output(self, task_id: str | None, reward: float) -> BaseTextEnvStepOutput:
+        """The step that ends a sample on the env's failure."""
         return BaseTextEnvStepOutput(
             observations=[],
             reward=float(reward),
@@ -361,10 +401,14 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         over a batch): return, turns, tool calls, error results, answered, terminated,
         truncated, env_error (1 when the env failed and ended the episode; it then ended neither
         terminated nor truncated), and each reward component's sum as `reward/<name>`. `{}` before `init`; after
-        `close()` still this sample's, though the pooled env may run another one by then."""
+        `close()` still this sample's, though the pooled env may run another one by then; after a
+        failed reset, zeros and env_error 1."""
         ep = self._episode
         if ep is None:
-            return {}
+            if self.error is None:
+                return {}
+            counts = ("return", "turns", "tool_calls", "tool_errors", "answered", "terminated", "truncated")
+            return {**dict.fromkeys(counts, 0.0), "env_error": 1.0}
         components: dict[str, float] = {}
         for turn in ep.turns:
             for k, v in turn.reward_components.items():

@@ -23,10 +23,11 @@ each such object holds a `ToolEnv` episode:
   step rewards); an episode still open (the model stopped calling tools without
   answering) is ended first and scored with no answer;
 - a call whose env step raises (its reward fails, a remote env's server lost the session),
-  or `get_reward()` scoring an open episode that raises, ends the episode, as in verl's agent
-  loop: a warning is logged, the environment's `error` (and `last_info["error"]`) says what
-  failed, the tools are released, the call fails with that text, and `get_reward()` gives
-  the return of the turns before it.
+  `get_reward()` scoring an open episode that raises, or a reset that raises on a row with a
+  prompt (the prompt then stands as it is), ends the episode, as in verl's agent loop: a
+  warning is logged, the environment's `error` (and `last_info["error"]`) says what failed,
+  the tools are released, the call fails with that text, and `get_reward()` gives the
+  return of the turns before it.
 
 The factory (`EnvironmentFactory`) pickles, for TRL's async trainer, and names each env's
 class, which TRL logs the env's reward under, uniquely.
@@ -115,16 +116,21 @@ class TRLEnvironment:
     Subclasses made by `environment_factory` add a method per tool; use the factory
     rather than this class. `env`, `last_info` and `error` are public for reward functions
     that read the episode (`kwargs["environments"]` in TRL); `error` is the env's failure
-    that ended the episode ("Type: message"), else None.
+    that ended the episode ("Type: message"), else None. An env that failed is closed, and
+    the next `reset` runs on a new one from `remake` (the factory's; without it, the same env
+    reopened).
     """
 
     _answer_tool: str | None = None
     _raise_tool_errors: bool = True
 
-    def __init__(self, env: ToolEnv) -> None:
+    def __init__(self, env: ToolEnv, remake: Callable[[], ToolEnv] | None = None) -> None:
         self.env = env
         self.last_info: dict[str, Any] = {}
         self.error: str | None = None
+        #: Makes the env that replaces one that failed (the factory's), None to reopen the same one.
+        self._remake = remake
+        self._broken = False
         self._return = 0.0
         self._calls = 0
 
@@ -135,13 +141,29 @@ class TRLEnvironment:
         prompt's empty user message; as content blocks `[image..., text]` when the task's prompt has images.
 
         The episode's prompt messages (and `last_info["messages"]`) are then what TRL shows the model: the
-        row's prompt, or that one user message, not the env's own text prompt with its call format."""
+        row's prompt, or that one user message, not the env's own text prompt with its call format.
+
+        When the env's reset raises (a task it does not have, a tool that cannot open, a remote env's
+        server refusing the session), the episode fails as a failing call does, not TRL's run: logged,
+        kept as `error`, every call refused and `get_reward()` 0.0; this returns None, the row's
+        prompt shown as it is. A row with no prompt to show raises it instead, as does a row that
+        names no task (ValueError)."""
         task = _row_task(row)
         options: dict[str, Any] = {"task": task} if task is not None else {"task_id": row["task_id"]}
-        _, info = _LOOP.run(self.env.areset(options=options))
+        if self._broken and self._remake is not None:  # the env that failed is closed: a new one
+            self.env = self._remake()
+        self._broken = False
         self._return = 0.0
         self._calls = 0
         self.error = None
+        try:
+            _, info = _LOOP.run(self.env.areset(options=options))
+        except Exception as exc:
+            if not row.get("prompt"):  # nothing TRL could show the model
+                raise
+            self._fail(task.id if task is not None else str(row["task_id"]), exc)
+            self._retire()
+            return None
         rendered = [im for m in info["messages"] for im in m.images]
         prompt = row.get("prompt")
         out: str | list[dict[str, Any]] | None = None
@@ -162,8 +184,8 @@ class TRLEnvironment:
         env's failure ended is not: its return is that of the turns before the failure). Scoring
         it failing is such a failure too: it ends the episode as a failing call does, rather than
         raising into TRL's reward step, which would stop the run."""
-        ep = self._episode()
         if self.error is None:
+            ep = self._episode()
             try:
                 self._return += _LOOP.run(self.env.atruncate())  # nothing when the episode has ended
             except Exception as exc:  # noqa: BLE001 - as a failing step: this episode ends, not the run
@@ -179,11 +201,11 @@ class TRLEnvironment:
 
     def _step(self, parsed: ParsedAction) -> tuple[str, dict[str, Any] | None]:
         """(observation, step info), or the reason and None when the episode has ended."""
-        ep = self._episode()
-        if self.error is not None or ep.terminated or ep.truncated:
+        ep = None if self.error is not None else self._episode()  # a failed reset left no episode
+        if ep is None or ep.terminated or ep.truncated:
             why = (
                 "the environment failed"
-                if self.error is not None
+                if ep is None or self.error is not None
                 else "the answer was given"
                 if ep.terminated
                 else f"the limit of {self.env.max_turns} turns was reached"
@@ -198,18 +220,29 @@ class TRLEnvironment:
         return obs, info
 
     def _env_failed(self, ep: Episode, exc: Exception) -> str:
-        """End the episode on the env's failure `exc`: logged, kept as `error`, tools released;
-        the text the failed call gives back."""
+        """End the episode on the env's failure `exc`: logged, kept as `error`, tools released and
+        closed; the text the failed call gives back."""
+        self._fail(ep.task.id, exc, len(ep.turns))
+        self._retire()
+        return f"The environment failed ({self.error}); the episode ends here."
+
+    def _retire(self) -> None:
+        """Close the env that failed (its episode released first; the episode stays readable): it
+        may hold broken state, such as a tool mid-call or a half-closed connection. The next
+        reset runs on a new env from the factory."""
+        self._broken = True
+        try:
+            _LOOP.run(self.env.aclose())
+        except Exception:  # noqa: BLE001 - the env's failure is the one to report
+            _log.warning("toolenv: closing the env of the failed episode failed too", exc_info=True)
+
+    def _fail(self, task_id: str, exc: Exception, turn: int = 0) -> None:
+        """Keep the env's failure `exc` as `error` (and in `last_info`) and log it."""
         self.error = f"{type(exc).__name__}: {exc}"
         _log.warning(
-            "toolenv: %s failed on task %s; the episode ends here: %s", type(self).__name__, ep.task.id, self.error
+            "toolenv: %s failed on task %s; the episode ends here: %s", type(self).__name__, task_id, self.error
         )
-        self.last_info = {"task_id": ep.task.id, "turn": len(ep.turns), "error": self.error}
-        try:
-            _LOOP.run(self.env.aend_episode())
-        except Exception:  # noqa: BLE001 - the step's failure is the one to report
-            _log.warning("toolenv: releasing the tools of the failed episode failed too", exc_info=True)
-        return f"The environment failed ({self.error}); the episode ends here."
+        self.last_info = {"task_id": task_id, "turn": turn, "error": self.error}
 
     def _failed(self, text: str, result: ToolResult | None = None) -> str:
         """`text`, or `ToolCallError(text)` raised when the factory says so (its default)."""
@@ -408,7 +441,10 @@ class EnvironmentFactory:
         cls = self._build()
         with self._lock:  # the env made to read the tools serves the first instance rather than being thrown away
             made = self._spare.pop() if self._spare else None
-        return cls(made if made is not None else _make_env(self.env, self.env_kwargs)[0])
+        return cls(made if made is not None else self._new_env(), remake=self._new_env)
+
+    def _new_env(self) -> ToolEnv:
+        return _make_env(self.env, self.env_kwargs)[0]
 
     def __repr__(self) -> str:
         return f"EnvironmentFactory({self.env!r}, name={self._name!r})"

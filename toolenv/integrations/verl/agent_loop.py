@@ -254,7 +254,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         row_spec = (env_id, row_kwargs) if env_kwargs != row_kwargs else None
         with tuned_gc() if self.tune_gc else contextlib.nullcontext():
             async with self.pool.lease(env_id, env_kwargs) as env:
-                return await self._episode(env, env_id, task, sampling_params, kwargs, row_spec)
+                out = await self._episode(env, env_id, task, sampling_params, kwargs, row_spec)
+                if out.extra_fields["toolenv_error"]:  # it may hold broken state: closed, not reused
+                    self.pool.discard(env)
+                return out
 
     async def _prompt(
         self, task: Task, row: dict[str, Any], reset: list[Message], row_spec: tuple[str, dict[str, Any]] | None
@@ -493,12 +496,19 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             # that says nothing about them.
             mask = [0] * len(mask)
 
+        if not mask:
+            # No response (the first reply empty, the prompt filling the context, a reset that
+            # failed): verl's default trainer (v1) puts the score on the response's last token and
+            # fails the sample's whole group on an empty one. One token that is not the model's
+            # (mask 0, log-prob 0.0) carries it; asked for, log-probs are a list (verl concatenates
+            # the batch's when its first sample has them).
+            runtime = [*runtime, self._filler_id()]
+            mask = [0]
+            logprobs = [0.0] if params.get("logprobs") else []
+
         self.messages = messages
         split = len(runtime) - len(mask)
         total = split + min(len(mask), self.response_length)
-        # Asked for, log-probs are a list for an empty response too: verl concatenates the batch's
-        # when its first sample has them, and a None among them fails there.
-        empty_logprobs: list[float] | None = [] if params.get("logprobs") and not mask else None
         score = float(sum(turn_scores))
         errors = sum(1 for r in results if r.is_error)
         tool_metrics = {
@@ -519,7 +529,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             prompt_ids=runtime[:split],
             response_ids=runtime[split:][: self.response_length],
             response_mask=mask[: self.response_length],
-            response_logprobs=logprobs[: self.response_length] if logprobs else empty_logprobs,
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
             # By absolute position; verl pads them to the batch's length. Rows past the episode's
             # tokens (an observation taken back) would not fit there.
             routed_experts=routed_experts[:total] if routed_experts is not None else None,
@@ -542,6 +552,15 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
                 "toolenv_error": error or "",
             },
         )
+
+    def _filler_id(self) -> int:
+        """The token of an otherwise empty response: the one that ends a turn (as if the model
+        stopped at once), else EOS, else padding."""
+        tokenizer: Any = self.tokenizer
+        for tid in (self.turn_end_id, tokenizer.eos_token_id, tokenizer.pad_token_id):
+            if tid is not None:
+                return int(tid)
+        return 0
 
     def _room(self, runtime: Sequence[int]) -> int:
         """Tokens the model can still write after `runtime` within `rollout.max_model_len` (the

@@ -7,7 +7,7 @@ class, factory or instance) or the name of a `toolenv.tools` plugin.
 
 verl builds a fresh agent loop per sample; building a fresh env per sample would
 reload task lists and tool backends, so idle envs are pooled per (env_id, kwargs)
-in this process and handed to one episode at a time.
+in this process and handed to one episode at a time. An env that failed is closed, not pooled.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,6 +26,8 @@ from toolenv.registry import resolve_tool, resolved_tools
 from toolenv.types import Task
 
 __all__ = ["EnvPool", "env_spec_from_row", "make_env", "plain", "resolve_tool", "shared_pool", "task_from_row"]
+
+logger = logging.getLogger(__name__)
 
 #: Factory arguments that select tasks; a row names its task itself, so they are not stored with it.
 TASK_SELECTION_KEYS = frozenset({"tasks", "limit"})
@@ -111,10 +114,16 @@ def task_from_row(extra_info: Mapping[str, Any] | None) -> Task:
 
 
 class EnvPool:
-    """Idle envs per (env_id, kwargs); `lease` hands one env to one episode at a time."""
+    """Idle envs per (env_id, kwargs); `lease` hands one env to one episode at a time.
+
+    An env that failed (an exception out of its lease, or `discard`) is closed rather than
+    pooled: it may hold broken state, such as a tool mid-call or a half-closed connection.
+    """
 
     def __init__(self) -> None:
         self._idle: dict[str, list[ToolEnv]] = defaultdict(list)
+        #: Leased envs marked failed (by id: a ToolEnv need not be hashable), closed when their lease ends.
+        self._failed: set[int] = set()
         self.created = 0
 
     @staticmethod
@@ -123,8 +132,10 @@ class EnvPool:
         return env_id + "|" + json.dumps(env_kwargs, sort_keys=True, default=repr)
 
     @asynccontextmanager
-    async def lease(self, env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
-        """Borrow an env (made on demand in a worker thread, since factories may load data)."""
+    async def lease(self, env_id: str, env_kwargs: Mapping[str, Any]) -> AsyncIterator[ToolEnv]:
+        """Borrow an env (made on demand in a worker thread, since factories may load data). It
+        goes back to the pool when the block ends, its episode released, unless the block raised
+        or `discard` marked it: then it is closed."""
         key = self.key(env_id, env_kwargs)
         idle = self._idle[key]
         if idle:
@@ -132,11 +143,35 @@ class EnvPool:
         else:
             env = await asyncio.to_thread(make_env, env_id, env_kwargs)
             self.created += 1
+        healthy = False
         try:
             yield env
+            healthy = id(env) not in self._failed
         finally:
-            await env.aend_episode()  # a sample cut short (length budget) frees its tools' sessions now
-            idle.append(env)
+            self._failed.discard(id(env))
+            await self._give_back(key, env, healthy)
+
+    def discard(self, env: ToolEnv) -> None:
+        """Mark a leased env as failed (its reset, a step or its reward raised): its lease closes
+        it when it ends instead of handing it to another episode."""
+        self._failed.add(id(env))
+
+    async def _give_back(self, key: str, env: ToolEnv, healthy: bool) -> None:
+        """Pool a healthy env, its episode's tools released (a sample cut short frees its tools'
+        sessions now); close any other. Failures here are logged: the episode's own outcome
+        (or exception) is what its caller needs."""
+        if healthy:
+            try:
+                await env.aend_episode()
+            except Exception:  # a tool that cannot release: closed below, not reused
+                logger.warning("toolenv: releasing env %r's episode failed; closing it", key, exc_info=True)
+            else:
+                self._idle[key].append(env)
+                return
+        try:
+            await env.aclose()
+        except Exception:  # see above
+            logger.warning("toolenv: closing the failed env %r raised too", key, exc_info=True)
 
     def envs(self) -> Iterator[ToolEnv]:
         """Every idle env."""
