@@ -200,24 +200,25 @@ class Scripted(toolenv.Agent):
 
 @contextlib.contextmanager
 def serving(
-    factory: Callable[[], Any] = make_env, *, graceful_timeout: float | None = None, **options: Any
+    factory: Callable[[], Any] = make_env, *, graceful_timeout: float | None = None, port: int = 0, **options: Any
 ) -> Iterator[str]:
     """A real uvicorn server of `create_app(factory, **options)` in a thread; yields its URL.
-    `graceful_timeout`: seconds its stop waits for requests in flight (`toolenv serve --graceful-timeout`)."""
+    `graceful_timeout`: seconds its stop waits for requests in flight (`toolenv serve --graceful-timeout`);
+    `port`: the port to listen on (0: any free one)."""
     from toolenv.remote.server import create_app
 
-    with asgi_server(create_app(factory, **options), graceful_timeout=graceful_timeout) as url:
+    with asgi_server(create_app(factory, **options), graceful_timeout=graceful_timeout, port=port) as url:
         yield url
 
 
 @contextlib.contextmanager
-def asgi_server(app: Any, *, graceful_timeout: float | None = None) -> Iterator[str]:
-    """Any ASGI app served by uvicorn on 127.0.0.1 in a thread; yields its URL."""
+def asgi_server(app: Any, *, graceful_timeout: float | None = None, port: int = 0) -> Iterator[str]:
+    """Any ASGI app served by uvicorn on 127.0.0.1 (on `port`, 0: any free one) in a thread; yields its URL."""
     import uvicorn
 
     from toolenv.commands.serve_cmd import bind_socket
 
-    sock = bind_socket("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", log_config=None, timeout_graceful_shutdown=graceful_timeout)
     server = uvicorn.Server(config)

@@ -11,13 +11,18 @@ episode's tool `state` stays on the server.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import copy
 import html
 import json
 import logging
+import os
 import re
 import secrets
+import threading
+import time
+import warnings
 import weakref
 from collections.abc import Coroutine, Mapping
 from typing import Any, SupportsFloat, TypeVar
@@ -30,6 +35,8 @@ from toolenv.env import ToolEnv, _in_flight
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
+    ENV_CHANGED,
+    ENV_HEADER,
     FEATURES,
     FEATURES_HEADER,
     IDEMPOTENCY_KEY,
@@ -62,6 +69,11 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_RETRIES = 2
 #: Seconds before the first of those retries; doubled for each next one.
 RETRY_BACKOFF = 0.2
+#: Seconds a connection to the server may take to be made (or `timeout`, if shorter): a host that is
+#: down is said soon, not after the request timeout, which tools that run long make long.
+CONNECT_TIMEOUT = 30.0
+#: Seconds the release of a session whose env was dropped unclosed may take, and exit waits for those.
+RELEASE_TIMEOUT = 2.0
 _JSON = {"content-type": "application/json"}
 #: Exceptions the server reports for reset options the env rejected; raised here as locally.
 _REBUILT: dict[str, type[Exception]] = {e.__name__: e for e in (ValueError, KeyError, IndexError, TypeError)}
@@ -103,6 +115,11 @@ class _ServerReward(Reward):
         )
 
 
+def _connect_limit(timeout: float | None) -> float:
+    """Seconds to make a connection in: `CONNECT_TIMEOUT` (read when an env is built), or `timeout` if shorter."""
+    return CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT)
+
+
 def _blocking(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` from sync code, also when this thread runs an event loop (the rollout
     runner builds envs inside one): on a short-lived loop in a worker thread."""
@@ -137,17 +154,85 @@ def _one_line(resp: httpx.Response) -> str:
     return " ".join(text.split())[:200] or resp.reason_phrase
 
 
+class _Lease:
+    """The server session a `RemoteToolEnv` holds, deleted when the env is dropped without `close()`.
+
+    Apart from the env, so that its `weakref.finalize` does not keep the env alive. Without it,
+    a dropped env (a notebook cell run again) holds a slot of the server until the session TTL.
+    The release is best effort: a short DELETE on a thread of its own (never blocking the thread
+    that dropped the env, which may run an event loop), never raising. At interpreter exit the
+    sessions of envs still open are released too, for `RELEASE_TIMEOUT` seconds at most.
+    """
+
+    def __init__(self, url: str, headers: dict[str, str], reachable: bool) -> None:
+        self.url, self.headers, self.reachable = url, headers, reachable
+        self.session: str | None = None
+        self.pid = os.getpid()  # a forked child's copy must not delete its parent's session
+        _LEASES.add(self)
+
+    def dropped(self) -> None:
+        """The env was garbage-collected: say it was not closed, and release its session."""
+        if self.session is not None and self.pid == os.getpid():
+            warnings.warn(
+                f"unclosed RemoteToolEnv holding session {self.session!r} of the server at {self.url}; "
+                "releasing it now: call env.close() when done with an env",
+                ResourceWarning,
+                stacklevel=2,
+            )
+        self.release()
+
+    def release(self) -> threading.Thread | None:
+        """Delete the session from a thread of its own (returned); None when there is nothing to send."""
+        session, self.session = self.session, None
+        if session is None or not self.reachable or self.pid != os.getpid():
+            return None  # a given transport is not usable from here (another loop's, or no real address)
+        thread = threading.Thread(target=self._delete, args=(session,), name="toolenv-remote-release", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down: no thread can start now
+            return None
+        return thread
+
+    def _delete(self, session: str) -> None:
+        try:
+            with httpx.Client(headers=self.headers, timeout=RELEASE_TIMEOUT, verify=tls_context()) as client:
+                resp = client.delete(f"{self.url}/sessions/{session}")
+            if resp.status_code not in (204, 404):
+                log.debug("releasing session %s of %s: answered %d", session, self.url, resp.status_code)
+        except Exception as exc:  # noqa: BLE001 - best effort: the session expires at its TTL anyway
+            log.debug("releasing session %s of %s failed: %r", session, self.url, exc)
+
+
+#: The leases of envs alive, released at interpreter exit.
+_LEASES: weakref.WeakSet[_Lease] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Release the sessions of envs still open at exit, all at once, for `RELEASE_TIMEOUT` seconds at most."""
+    threads = [t for t in (lease.release() for lease in list(_LEASES)) if t is not None]
+    deadline = time.monotonic() + RELEASE_TIMEOUT
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class RemoteToolEnv(ToolEnv):
     """A drop-in for a local env, stepped over HTTP on a `toolenv serve` server.
 
     Construction reads the server's metadata (parser, tool schemas, `max_turns`, reward
     weights); the first `reset` opens a session, i.e. one env instance on the server for
-    this object, and `close`/`aclose` deletes it. `tasks` lists the server's tasks on first use.
+    this object, and `close`/`aclose` deletes it (an env dropped unclosed, or still open at
+    interpreter exit, has it deleted too, best effort; dropped, with a `ResourceWarning`).
+    `tasks` lists the server's tasks on first use. A server that restarted with another env
+    (other tools, parser, prompt, limits or tasks) refuses its requests: a `RemoteEnvError`
+    (409) says to build a new `RemoteToolEnv`; one restarted with the same env is picked up
+    by the next `reset`.
 
     Args:
         url: the server's base URL, e.g. `http://127.0.0.1:8000`.
         headers: sent with every request (e.g. the `Authorization` a proxy in front expects).
         timeout: seconds one request may take (a step runs all of its tool calls); None: no limit.
+            Its connection must be made within `CONNECT_TIMEOUT` seconds (or `timeout`, if shorter).
         transport: an `httpx.AsyncBaseTransport` to send requests through (retries, a Unix
             socket, a proxy); used as is and closed with the env. It belongs to one event
             loop, as an httpx client: use the env's sync API or its async API, not both.
@@ -187,8 +272,10 @@ class RemoteToolEnv(ToolEnv):
         self.url = url.rstrip("/")
         self._retries = retries
         self._headers = dict(headers or {})
-        self._timeout = httpx.Timeout(timeout)
+        self._timeout = httpx.Timeout(timeout, connect=_connect_limit(timeout))
         self._transport = transport
+        self._fingerprint: str | None = None  # the server's env, as it said at construction
+        self._lease = self._new_lease()
         # One keep-alive client per event loop: an httpx client (its connections) belongs to one loop.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
@@ -202,6 +289,8 @@ class RemoteToolEnv(ToolEnv):
         # was cancelled, or timed out): the next reset moves to a new session, not behind it.
         self._busy = False
         meta, tasks, self._replays = _blocking(self._describe())
+        if self._fingerprint is not None:
+            self._lease.headers[ENV_HEADER] = self._fingerprint
         try:
             parser = get_parser(meta.parser, **meta.parser_kwargs)
         except (ValueError, TypeError) as exc:
@@ -219,6 +308,23 @@ class RemoteToolEnv(ToolEnv):
         #: The server's description of its env.
         self.remote = meta
         self._tasks: list[Task] | None = tasks  # after ToolEnv.__init__, which sets `tasks` to []
+
+    @property
+    def _session(self) -> str | None:
+        """The id of the server session this env holds (kept in its lease, released if the env is dropped)."""
+        return self._lease.session
+
+    @_session.setter
+    def _session(self, value: str | None) -> None:
+        self._lease.session = value
+
+    def _new_lease(self) -> _Lease:
+        headers = {FEATURES_HEADER: ", ".join(FEATURES), **self._headers}
+        if self._fingerprint is not None:
+            headers[ENV_HEADER] = self._fingerprint
+        lease = _Lease(self.url, headers, reachable=self._transport is None)
+        weakref.finalize(self, lease.dropped).atexit = False  # exit releases by `_release_at_exit`
+        return lease
 
     # ------------------------------------------------------------------ what stands in for the env
     @property
@@ -411,8 +517,8 @@ class RemoteToolEnv(ToolEnv):
         mirrored episode comes along, but the server's is not copied: the copy cannot step it.
         A given `transport` is copied as far as it can be (an httpx one cannot)."""
         state = super().__getstate__()
-        state["_clients"] = None
-        state["_session"] = state["_create_key"] = None
+        state["_clients"] = state["_lease"] = None
+        state["_create_key"] = None
         state["_busy"] = False
         ep = self._episode
         if ep is not None and not (ep.terminated or ep.truncated):
@@ -426,13 +532,17 @@ class RemoteToolEnv(ToolEnv):
         """Restore a copy; its HTTP clients are made on first use."""
         self.__dict__.update(state)
         self._clients = weakref.WeakKeyDictionary()
+        self._lease = self._new_lease()
 
     # ------------------------------------------------------------------ HTTP
     def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
         # Every request says what this client reads: the server then sends the fields of those features.
+        # Once known, every request names the server's env it was built for: a server restarted with
+        # another env refuses it (409) rather than serve it silently with this client's stale mirror.
+        env = {} if self._fingerprint is None else {ENV_HEADER: self._fingerprint}
         return httpx.AsyncClient(
             base_url=self.url,
-            headers={FEATURES_HEADER: ", ".join(FEATURES), **self._headers, **extra_headers},
+            headers={FEATURES_HEADER: ", ".join(FEATURES), **env, **self._headers, **extra_headers},
             timeout=self._timeout,
             transport=self._transport,
             verify=tls_context(),
@@ -505,6 +615,7 @@ class RemoteToolEnv(ToolEnv):
         self._check_protocol(resp)
         meta = self._parse(resp, EnvMetadata, what)
         replays = REPLAY in feature_set(resp.headers.get(FEATURES_HEADER))
+        self._fingerprint = resp.headers.get(ENV_HEADER)  # absent from a server before it: no check
         if self._transport is None:
             return meta, None, replays
         return meta, (await self._get_once("/tasks", TaskList, "list the server's tasks"))[0].tasks, replays
@@ -600,6 +711,12 @@ class RemoteToolEnv(ToolEnv):
             await asyncio.sleep(RETRY_BACKOFF * 2**attempt)
         if resp.status_code >= 400:
             raise self._failure(resp, what)
+        if resp.is_redirect:  # not followed: a POST's body would be dropped, or sent to another host
+            raise RemoteEnvError(
+                f"{what}: the server at {self.url} redirects to {resp.headers['location']} ({resp.status_code}); "
+                "build the RemoteToolEnv with the URL it redirects to (an https:// one, another path)",
+                status=resp.status_code,
+            )
         return resp
 
     def _no_answer(self, exc: httpx.TransportError, what: str, attempts: int = 1) -> RemoteEnvError:
@@ -615,6 +732,10 @@ class RemoteToolEnv(ToolEnv):
             kind = {httpx.ConnectTimeout: "connect", httpx.WriteTimeout: "write", httpx.PoolTimeout: "pool"}
             limit = getattr(self._timeout, kind.get(type(exc), "read"))
             within = f" within {limit:g} s" if limit is not None else " in time"
+            if isinstance(exc, httpx.ConnectTimeout):
+                return RemoteEnvError(
+                    f"{what}: cannot reach the toolenv server at {self.url}: no connection{within} ({cause})"
+                )
             return RemoteEnvError(f"{what}: no answer from the toolenv server at {self.url}{within} ({cause})")
         return RemoteEnvError(f"{what}: cannot reach the toolenv server at {self.url} ({cause})")
 
@@ -644,6 +765,12 @@ class RemoteToolEnv(ToolEnv):
         except ValidationError:
             message, kind = _one_line(resp), None
         status = resp.status_code
+        if status == 409 and kind == ENV_CHANGED:
+            return RemoteEnvError(
+                f"{what}: the server at {self.url} now serves another env than when this RemoteToolEnv was built "
+                "(it restarted with other tools, parser, prompt, limits or tasks); build a new RemoteToolEnv for it",
+                status=status,
+            )
         if status == 400 and kind in _REBUILT:
             return _REBUILT[kind](message)
         if status == 404 and "/sessions/" in resp.request.url.path:

@@ -16,6 +16,11 @@ env instance of its own; `RemoteToolEnv` is the client. Endpoints:
 - `GET /health`, `GET /metadata` (its `Toolenv-Features` header lists `replay` and `prompt`), `GET /tasks`,
   `GET /schema`
 
+Every answer names the served env in its `Toolenv-Env` header (a fingerprint of its metadata and
+tasks). A request whose `Toolenv-Env` header names another env (its client was built before the
+server restarted with other tools, parser, prompt, limits or tasks) is refused with a 409 of type
+`EnvChanged`, but for the reads a client rebuilds itself from and a `DELETE`.
+
 The metadata (of `GET /metadata` and `POST /sessions`) holds the env's `system_prompt` and
 `answer_tool_rewrites` only for a client whose `Toolenv-Features` request header lists `prompt`:
 an older client refuses fields it does not know.
@@ -33,6 +38,7 @@ raised (its exception type and message; the traceback goes to the server's log o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -42,9 +48,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
@@ -62,6 +70,8 @@ from toolenv.remote.sessions import (
     as_tool_env,
 )
 from toolenv.remote.wire import (
+    ENV_CHANGED,
+    ENV_HEADER,
     FEATURES,
     FEATURES_HEADER,
     IDEMPOTENCY_KEY,
@@ -89,6 +99,7 @@ __all__ = [
     "DEFAULT_SESSION_TTL",
     "create_app",
     "describe_env",
+    "env_fingerprint",
     "parser_spec",
 ]
 
@@ -223,6 +234,7 @@ def create_app(
         env_id = getattr(spec, "id", "") or ""
     metadata = describe_env(first, env_id)
     task_list = TaskList.model_construct(tasks=list(first.tasks))
+    fingerprint = env_fingerprint(metadata, task_list)
     store = SessionStore(
         env_factory, max_sessions=max_sessions, ttl=session_ttl, spare=first, close_timeout=close_timeout
     )
@@ -375,6 +387,7 @@ def create_app(
             Route("/tasks", _guarded(tasks), methods=["GET"]),
             Route("/schema", _guarded(schema), methods=["GET"]),
         ],
+        middleware=[Middleware(_SameEnv, fingerprint=fingerprint)],
         exception_handlers={
             _Failure: _on_failure,
             UnknownSessionError: _on_unknown_session,
@@ -385,7 +398,61 @@ def create_app(
     )
     app.state.sessions = store
     app.state.metadata = metadata
+    app.state.fingerprint = fingerprint
     return app
+
+
+def env_fingerprint(metadata: EnvMetadata, tasks: TaskList) -> str:
+    """What names the served env across restarts: a hash of everything a client mirrors of it."""
+    digest = hashlib.sha256()
+    for part in (dump_json(metadata), dump_json(tasks)):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\n")
+    return digest.hexdigest()[:32]
+
+
+#: What a client built for another env may still ask for: what it is rebuilt from, and deleting a session.
+_ANY_ENV_PATHS = frozenset({"/metadata", "/health", "/schema"})
+
+
+class _SameEnv:
+    """ASGI middleware: name the served env on every answer (`ENV_HEADER`), and refuse (409) a
+    request built for another one: its client's parser, tools and tasks are those of an env this
+    server no longer serves (it restarted with another), and it would go on with them silently."""
+
+    def __init__(self, app: ASGIApp, fingerprint: str) -> None:
+        self.app = app
+        self.fingerprint = fingerprint.encode("ascii")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._refused(scope):
+            response = _error(
+                409,
+                "this client was built for another env than this server serves (the server restarted with other "
+                "tools, parser, prompt, limits or tasks); build the client again",
+                ENV_CHANGED,
+            )
+            response.headers[ENV_HEADER] = self.fingerprint.decode("ascii")
+            await response(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", []), (ENV_HEADER.lower().encode("ascii"), self.fingerprint)]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, named)
+
+    def _refused(self, scope: Scope) -> bool:
+        if scope["method"] == "DELETE" or scope["path"] in _ANY_ENV_PATHS:
+            return False
+        wanted = ENV_HEADER.lower().encode("ascii")
+        said = [value for name, value in scope["headers"] if name == wanted]
+        return bool(said) and said[-1] != self.fingerprint
 
 
 def _guarded(endpoint: Endpoint) -> Endpoint:

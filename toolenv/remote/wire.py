@@ -27,6 +27,8 @@ from toolenv.trajectory import dump_json as json_line
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
 __all__ = [
+    "ENV_CHANGED",
+    "ENV_HEADER",
     "FEATURES",
     "FEATURES_HEADER",
     "IDEMPOTENCY_KEY",
@@ -70,6 +72,13 @@ REPLAY = "replay"
 PROMPT = "prompt"
 #: What this version does, as a server and as a client (the value of `FEATURES_HEADER`).
 FEATURES = (REPLAY, PROMPT)
+#: The header naming the env a server serves, as a fingerprint of its metadata and tasks: on every
+#: answer of the server; on a client's requests, the env it was built for. A server refuses (409,
+#: error type `ENV_CHANGED`) a request built for another env: it restarted with other tools, parser,
+#: prompt, limits or tasks, and the client's mirror of them is wrong. Optional on both sides.
+ENV_HEADER = "Toolenv-Env"
+#: The `ErrorResponse.type` of that refusal.
+ENV_CHANGED = "EnvChanged"
 #: The serialization context key naming the features of the side that reads the JSON.
 _READER_FEATURES = "reader_features"
 _PROMPT_FIELDS = ("system_prompt", "answer_tool_rewrites")
