@@ -804,3 +804,127 @@ def test_a_base_url_the_judge_cannot_post_to_is_refused_when_built(url: str, mon
         LLMJudge()
     for good in ["http://127.0.0.1:8000/v1", "https://api.openai.com/v1/", "HTTP://Judge:8000"]:
         assert LLMJudge(base_url=good).url.endswith("/chat/completions")
+
+
+def _judge_in_threads(j: LLMJudge, answers: list[list[str]]) -> list[list[tuple[float, dict[str, Any]]]]:
+    """Each list of `answers` judged by one thread on its own event loop (TRL's reward
+    functions in a thread pool, or two sync envs in two threads), all threads started together."""
+    import asyncio
+
+    start = threading.Barrier(len(answers))
+    results: list[list[tuple[float, dict[str, Any]]]] = [[] for _ in answers]
+    errors: list[BaseException] = []
+
+    async def judge_all(i: int) -> None:
+        for a in answers[i]:
+            ep = make_episode(a)
+            results[i].append((await j.final(ep), reward_info(ep)["judge"]))
+
+    def run(i: int) -> None:
+        try:
+            start.wait(timeout=10)
+            asyncio.run(judge_all(i))
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(answers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    return results
+
+
+def test_threads_on_their_own_loops_share_one_request_per_answer(server: FakeServer) -> None:
+    """Two threads, each with its own event loop, judging one answer at once: the second waited
+    only for a request of its own loop, so it asked again (twice the judge's load, and a
+    sampled judge could score one answer two ways)."""
+    server.script = [Reply(body=completion("yes"), delay=0.5)]
+    j = judge(server)
+    results = _judge_in_threads(j, [["Paris"], ["Paris"], ["Paris"]])
+    assert [r[0][0] for r in results] == [1.0, 1.0, 1.0]
+    assert len(server.requests) == 1
+    assert sorted(r[0][1]["cached"] for r in results) == [False, True, True]
+
+
+class _LocalJudge(LLMJudge):
+    """A judge whose model runs in process (its `complete` answers at once): no network
+    between cache lookups, so many threads go through the reply cache in a short run."""
+
+    async def complete(self, messages: list[dict[str, str]]) -> tuple[str, int]:
+        return ("yes" if "<prediction>\nParis" in messages[-1]["content"] else "no"), 1
+
+
+def test_threads_evicting_from_a_small_cache_score_every_answer() -> None:
+    """Many threads judging many answers through a cache smaller than their number read, add
+    and evict at once: the cache (an unlocked LRU) raised KeyError and RuntimeError, scored
+    answers 0 as failures, and lost count of its size."""
+    import sys
+
+    j = _LocalJudge(base_url="http://127.0.0.1:9/v1", cache_size=3)
+    answers = [["Paris", "Lyon", f"Nice {i % 3}", "Paris", f"Lille {i % 2}", "Lyon", "Metz"] * 300 for i in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: races show up in a short run
+    try:
+        results = _judge_in_threads(j, answers)
+    finally:
+        sys.setswitchinterval(interval)
+    errors = {info["error"] for done in results for _, info in done} - {None}
+    assert not errors and j.failures == 0
+    for row, done in zip(answers, results, strict=True):
+        assert [score for score, _ in done] == [1.0 if a == "Paris" else 0.0 for a in row]
+    assert j._replies is not None and j._replies.currsize == len(j._replies) == len(list(j._replies)) <= 3
+
+
+@pytest.mark.parametrize("owner_ends", ["loop closed", "loop stopped"])
+def test_a_request_whose_thread_stopped_its_loop_is_asked_again(server: FakeServer, owner_ends: str) -> None:
+    """A thread that gave up on its judge call (a timeout) and left or closed its loop leaves
+    the request it made unfinished: another thread asking about the same answer then asks
+    itself, rather than waiting for a loop that no longer runs."""
+    import asyncio
+
+    server.script = [Reply(body=completion("yes"), delay=3.0), Reply(body=completion("yes"))]
+    j = judge(server)
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(j.final(make_episode("Paris")), 0.6)
+
+    import httpx  # noqa: F401 - imported here, not in the timed calls below
+
+    loop = asyncio.new_event_loop()
+    try:
+        started = time.monotonic()
+        if owner_ends == "loop closed":  # `asyncio.run` cancels the tasks left, the request's too
+            threading.Thread(target=asyncio.run, args=(give_up(),)).start()
+        else:  # a sync env's loop between steps: stopped, its request still pending
+            threading.Thread(target=loop.run_until_complete, args=(give_up(),)).start()
+        time.sleep(0.3)
+        assert len(server.requests) == 1 and j._pending  # the other thread waits for this one
+        [[(score, info)]] = _judge_in_threads(j, [["Paris"]])
+        assert score == 1.0 and info["cached"] is False and len(server.requests) == 2
+        assert time.monotonic() - started < 2.5  # did not wait for the first request's reply (3 s)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"timeout": float("nan")}, "timeout must be a positive number of seconds"),
+        ({"timeout": "30"}, "timeout must be a positive number of seconds"),
+        ({"retries": 1.5}, "retries must be a whole number >= 0"),
+        ({"backoff": float("nan")}, "backoff must be a number of seconds >= 0"),
+        ({"backoff": "0.5"}, "backoff must be a number of seconds >= 0"),
+        ({"max_backoff": -1.0}, "max_backoff must be a number of seconds >= 0"),
+    ],
+)
+def test_settings_that_would_fail_every_call_are_refused_when_built(settings: dict[str, Any], message: str) -> None:
+    """A NaN timeout, a fractional retry count or a backoff given as text were accepted, then
+    failed every judge call (each episode scored 0, the reason only in reward info) or, for a
+    NaN backoff, retried at once with no delay: refused when the judge is built, from a config too."""
+    with pytest.raises(ValueError, match=message):
+        LLMJudge(**settings)
+    with pytest.raises(ValueError, match=message):
+        get_reward({"judge": settings})

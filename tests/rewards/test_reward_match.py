@@ -120,3 +120,18 @@ def test_the_docs_account_of_verls_math_scorers_holds() -> None:
     math = _verl_scorer("math_reward").compute_score  # type: ignore[attr-defined]
     assert math("so \\boxed{1} then \\boxed{\\frac{1}{2}}", "0.5") == 1.0  # the last box
     assert math("\\boxed{5\\text{ cm}}", "5") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("Montre\u0301al", "Montr\u00e9al"),  # decomposed (NFD, as macOS files hold it) and composed
+        ("Andre\u0301 the Giant", "Andr\u00e9 the Giant"),
+        ("the\u0301", "th\u00e9"),  # "thé" decomposed: no article "the" to drop from it
+    ],
+)
+def test_canonically_equivalent_unicode_matches(prediction: str, gold: str) -> None:
+    """Two spellings of one text (a composed é and e plus a combining accent) are the same
+    answer: they scored 0, and a decomposed "thé" even lost an article "the" to normalisation."""
+    assert exact_match(prediction, gold) == 1.0 and exact_match(gold, prediction) == 1.0
+    assert token_f1(prediction, gold) == 1.0

@@ -178,3 +178,36 @@ def test_a_penalty_that_charged_nothing_is_zero_not_minus_zero() -> None:
         zeros += [v for v in info["reward_components"].values() if v == 0.0]
     assert len(zeros) == 6 and all(math.copysign(1.0, v) == 1.0 for v in zeros), zeros
     env.close()
+
+
+def test_amounts_from_a_config_as_text_score_as_numbers() -> None:
+    """A config may give an amount as text (`per_call: "-0.5"`, as weights may be): the penalty
+    multiplied the text, so the first tool call ended the step with a TypeError mid-training."""
+    spec = {
+        "tool_call_penalty": {"per_call": "-0.5", "free_calls": "1"},
+        "tool_success": {"per_success": "0.25"},
+        "answer_avoidance_penalty": {"penalty": "-2"},
+    }
+    steps = episode([call("add", a=1, b=2), call("add", a=1, b=2)], spec, max_turns=2)
+    assert [s[1] for s in steps] == [
+        {"tool_call_penalty": 0.0, "tool_success": 0.25, "answer_avoidance_penalty": 0.0},
+        {"tool_call_penalty": -0.5, "tool_success": 0.25, "answer_avoidance_penalty": -2.0},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ({"tool_call_penalty": {"per_call": float("nan")}}, "tool_call_penalty's per_call must be a finite number"),
+        ({"tool_call_penalty": {"per_call": "cheap"}}, "tool_call_penalty's per_call must be a finite number"),
+        ({"tool_call_penalty": {"free_calls": 1.5}}, "tool_call_penalty's free_calls must be a whole number"),
+        ({"invalid_call_penalty": {"per_invalid": float("inf")}}, "per_invalid must be a finite number"),
+        ({"answer_avoidance_penalty": {"penalty": None}}, "penalty must be a finite number"),
+        ({"penalties": {"no_answer": float("nan")}}, "no_answer must be a finite number"),
+        ({"tool_success": {"max_per_turn": "two"}}, "tool_success's max_per_turn must be a whole number"),
+    ],
+)
+def test_an_amount_that_is_no_finite_number_is_refused_when_built(reward: Any, message: str) -> None:
+    """Not at the first step whose amount is non-zero (a NaN there ends the step with an error)."""
+    with pytest.raises(ValueError, match=message):
+        get_reward(reward)

@@ -193,3 +193,31 @@ def test_a_blank_answer_is_not_verified(blank: str) -> None:
     assert env.episode is not None and reward_info(env.episode)["tool_verified"]["skipped"] == "no answer"
     comps, reward_value, _ = run(["<answer>print(1)</answer>"], runs_the_answer)
     assert comps == {"tool_verified": 1.0}
+
+
+def test_an_async_build_args_is_awaited() -> None:
+    """`build_args` may be a coroutine function (it reads the task's tests from a store): its
+    coroutine was taken for the arguments, failed as 'not iterable' and scored 0 (never awaited)."""
+
+    async def build(ep: Episode) -> dict[str, str]:
+        await asyncio.sleep(0)
+        return with_tests(ep)
+
+    async def build_none(ep: Episode) -> None:
+        await asyncio.sleep(0)
+
+    async def build_fails(ep: Episode) -> dict[str, str]:
+        raise KeyError("tests")
+
+    comps, reward_value, _ = run(["<answer>square = lambda x: x * x</answer>"], ToolVerified("python", build, passed))
+    assert comps == {"tool_verified": 1.0} and reward_value == 1.0
+    comps, _, env = run(["<answer>x</answer>"], ToolVerified("python", build_none))
+    assert comps == {"tool_verified": 0.0}
+    assert (
+        env.episode is not None and reward_info(env.episode)["tool_verified"]["skipped"] == "build_args returned None"
+    )
+    comps, _, env = run(["<answer>x</answer>"], ToolVerified("python", build_fails))
+    assert comps == {"tool_verified": 0.0}
+    assert (
+        env.episode is not None and "build_args failed: KeyError" in reward_info(env.episode)["tool_verified"]["error"]
+    )

@@ -55,7 +55,12 @@ class Reward(abc.ABC):  # noqa: B024 - both hooks are optional; the ABC marks it
 
 
 class WeightedSum(Reward):
-    """Σ wᵢ·rᵢ over named parts; each part's unweighted value is a reported component."""
+    """Σ wᵢ·rᵢ over named parts; each part's unweighted value is a reported component.
+
+    A part's value is its `turn`/`final`; a part that overrides `turn_components` or
+    `final_components` instead is valued at the sum of the components it reports (a nested
+    `WeightedSum` at its weighted total), reported under the part's key.
+    """
 
     name = "weighted_sum"
 
@@ -70,14 +75,19 @@ class WeightedSum(Reward):
             raise ValueError(f"reward component names must be unique, got {names}")
         self.parts: dict[str, tuple[Reward, float]] = {}
         self._weights: dict[str, float] = {}
-        self._per_turn: list[tuple[str, Reward]] = []
+        # Each per-step part, and whether it is valued by its own `turn_components` (else `turn`).
+        self._per_turn: list[tuple[str, Reward, bool]] = []
+        self._own_final: set[str] = set()  # parts valued by their own `final_components`
         for k, (r, w) in zip(names, items, strict=True):
             # A bad weight is refused here, not at the first step whose component is non-zero.
             weight = w if type(w) is float and math.isfinite(w) else _weight(k, w)
             self.parts[k] = (r, weight)
             self._weights[k] = weight
-            if type(r).turn is not Reward.turn:
-                self._per_turn.append((k, r))
+            own_turn = _own_components(r, "turn_components")
+            if type(r).turn is not Reward.turn or own_turn:
+                self._per_turn.append((k, r, own_turn))
+            if _own_components(r, "final_components"):
+                self._own_final.add(k)
         #: False when every step scores 0 for every part (no part overrides `turn`): the env then
         #: takes `zero_components()` instead of awaiting `turn_components` (hot path).
         self.scores_turns = bool(self._per_turn) or type(self).turn_components is not WeightedSum.turn_components
@@ -124,23 +134,39 @@ class WeightedSum(Reward):
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
         # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
         components = dict.fromkeys(self.parts, 0.0)
-        for k, r in self._per_turn:
-            v = await (r.turn(episode, turn) if k == r.name else _keyed(episode, k, r.name, r.turn(episode, turn)))
+        for k, r, own in self._per_turn:
+            hook = _summed(k, r.turn_components(episode, turn)) if own else r.turn(episode, turn)
+            v = await (hook if k == r.name else _keyed(episode, k, r.name, hook))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         components = {}
         for k, (r, _) in self.parts.items():
-            v = await (r.final(episode) if k == r.name else _keyed(episode, k, r.name, r.final(episode)))
+            hook = _summed(k, r.final_components(episode)) if k in self._own_final else r.final(episode)
+            v = await (hook if k == r.name else _keyed(episode, k, r.name, hook))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
+
+
+def _own_components(reward: Reward, hook: str) -> bool:
+    """True when `reward` reports its score through its own `hook` (`turn_components` or
+    `final_components`) rather than through `turn`/`final`: a `WeightedSum`'s `turn`/`final`
+    already total its components, and the base's hooks only wrap `turn`/`final`."""
+    return getattr(type(reward), hook) is not getattr(Reward, hook) and not isinstance(reward, WeightedSum)
+
+
+async def _summed(key: str, components: Awaitable[Mapping[str, object]]) -> float:
+    """The sum of a part's own components (its value, as the base's one component is): the
+    sum reports a part by its key, so the part's several components become one."""
+    # Not `math.fsum`: it raises on inf + -inf, where `total` names the NaN component.
+    return sum((as_reward(f"{key}.{k}", v) for k, v in (await components).items()), 0.0)
 
 
 _MISSING: Any = object()
 
 
-async def _keyed(episode: Episode, key: str, name: str, hook: Awaitable[float]) -> float:
+async def _keyed(episode: Episode, key: str, name: str, hook: Awaitable[object]) -> object:
     """Await a part's `hook`, moving the details it records under its own `name` to its component
     `key` (a `WeightedSum({key: (reward, weight)})`): reward info is by component, like the
     components, and two parts of one name (two judges) do not overwrite each other's."""

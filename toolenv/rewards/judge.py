@@ -11,17 +11,22 @@ call time and never stored, logged or reported.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import logging
+import math
+import numbers
 import os
 import random
 import re
 import string
+import threading
 import urllib.parse
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import cachetools
 
@@ -284,6 +289,27 @@ def _check_prompt(prompt: str) -> None:
         raise ValueError("the judge's prompt has no {prediction}: the judge would never see the answer")
 
 
+def _is_number(value: object) -> TypeGuard[float]:
+    """A real number, not NaN (nor a bool, nor text: a config's `"0.5"` would be repeated, not doubled)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_settings(*, timeout: object, retries: object, backoff: object, max_backoff: object) -> None:
+    """Refuse settings every request would fail on (a NaN timeout, `retries: 1.5`, a backoff
+    given as text) or that would retry with no delay (a NaN backoff).
+
+    Raises:
+        ValueError: the first such setting, named.
+    """
+    if not (_is_number(timeout) and timeout > 0):
+        raise ValueError(f"the judge's timeout must be a positive number of seconds, got {timeout!r}")
+    if not (isinstance(retries, numbers.Integral) and not isinstance(retries, bool) and int(retries) >= 0):
+        raise ValueError(f"the judge's retries must be a whole number >= 0, got {retries!r}")
+    for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+        if not (_is_number(value) and value >= 0):
+            raise ValueError(f"the judge's {name} must be a number of seconds >= 0, got {value!r}")
+
+
 def _check_base_url(url: str, source: str) -> None:
     """Refuse a URL the judge cannot post to: every episode would fail (and retry) on it.
 
@@ -328,6 +354,24 @@ def _client() -> httpx.AsyncClient:
     return client
 
 
+# How often a call waiting for another thread's request checks that its loop still runs it.
+_OWNER_POLL = 0.1
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A request in flight on one event loop; `done` carries its outcome to other threads' loops."""
+
+    task: asyncio.Task[tuple[str, int]]
+    done: concurrent.futures.Future[tuple[str, int]] = field(default_factory=concurrent.futures.Future)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a future's outcome seen: one nobody awaits any more logs no 'never retrieved'."""
+    if not future.cancelled():
+        future.exception()
+
+
 class LLMJudge(Reward):
     """Final reward from an LLM's verdict on the answer.
 
@@ -352,7 +396,8 @@ class LLMJudge(Reward):
         cache_size: replies kept, by request: the samples of a GRPO group that give the same
             answer are judged once (one request, even while it is in flight) and get the same
             score, not a sampled judge's noise. Failed calls and replies without a verdict are
-            not kept. 0: every episode asks.
+            not kept. 0: every episode asks. The cache is shared by threads (each with its own
+            event loop): one answer asked from two threads at once is one request.
     """
 
     def __init__(
@@ -372,10 +417,7 @@ class LLMJudge(Reward):
         name: str = "judge",
         cache_size: int = 4096,
     ) -> None:
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, got {retries}")
+        _check_settings(timeout=timeout, retries=retries, backoff=backoff, max_backoff=max_backoff)
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         _check_prompt(prompt)
@@ -394,7 +436,10 @@ class LLMJudge(Reward):
         self.extra_body = dict(extra_body or {})
         self.name = name
         self._replies: cachetools.LRUCache[str, str] | None = cachetools.LRUCache(cache_size) if cache_size else None
-        self._pending: dict[str, asyncio.Task[tuple[str, int]]] = {}
+        self._pending: dict[str, _Flight] = {}
+        # The cache, the requests in flight and the failure count are shared by every thread
+        # that scores with this judge: a lock of its own (held for dict operations only).
+        self._lock = threading.Lock()
         #: Judgements that scored 0 for a failure (HTTP, an unreadable reply, no verdict).
         self.failures = 0
         self._next_warning = 1
@@ -407,7 +452,12 @@ class LLMJudge(Reward):
         this process's event loops, which a copy cannot share (nor pickle)."""
         state = self.__dict__.copy()
         state["_pending"] = {}
+        del state["_lock"]  # a lock neither pickles nor may be shared by a copy
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
         """The chat messages sent for `episode`."""
@@ -452,13 +502,14 @@ class LLMJudge(Reward):
         """Score 0, keep why in reward info, and log it at the 1st, 10th, 100th ... failure: the
         trajectories do not keep reward info, and a judge that is down zeroes every reward."""
         record_reward_info(episode, self.name, score=0.0, error=error, reply=reply, attempts=attempts)
-        self.failures += 1
-        if self.failures >= self._next_warning:
-            self._next_warning *= 10
-            plural = "" if self.failures == 1 else "s"
-            _log.warning(
-                "judge %r failed (%d failure%s so far; each scores 0): %s", self.name, self.failures, plural, error
-            )
+        with self._lock:
+            self.failures += 1
+            failures, warn = self.failures, self.failures >= self._next_warning
+            if warn:
+                self._next_warning *= 10
+        if warn:
+            plural = "" if failures == 1 else "s"
+            _log.warning("judge %r failed (%d failure%s so far; each scores 0): %s", self.name, failures, plural, error)
         return 0.0
 
     def _key(self, messages: list[dict[str, str]]) -> str:
@@ -468,31 +519,65 @@ class LLMJudge(Reward):
     def _forget(self, messages: list[dict[str, str]]) -> None:
         """Drop the kept reply to `messages` (one that gave no verdict)."""
         if self._replies is not None:
-            self._replies.pop(self._key(messages), None)
+            key = self._key(messages)
+            with self._lock:
+                self._replies.pop(key, None)
 
     async def _ask(self, messages: list[dict[str, str]]) -> tuple[str, int, bool]:
         """`complete`, through the reply cache: (reply, attempts, whether another call's reply)."""
         if self._replies is None:
             return (*(await self.complete(messages)), False)
         key = self._key(messages)
-        found = self._replies.get(key)
+        loop = asyncio.get_running_loop()
+        with self._lock:  # never held across an await: other threads' loops take it too
+            found = self._replies.get(key)
+            flight = self._pending.get(key) if found is None else None
+            first = found is None and flight is None
+            if first:  # its loop makes the request
+                flight = self._pending[key] = _Flight(loop.create_task(self.complete(messages)))
+                flight.task.add_done_callback(functools.partial(self._settle, key, flight))
         if found is not None:
             return found, 0, True
-        loop = asyncio.get_running_loop()
-        task = self._pending.get(key)
-        if task is not None and task.get_loop() is loop:  # the same request in flight: wait for its reply
-            return (await asyncio.shield(task))[0], 0, True
-        task = loop.create_task(self.complete(messages))
-        self._pending[key] = task
-        task.add_done_callback(functools.partial(self._settle, key))
-        # Shielded: a waiter cancelled (its episode stopped) leaves the request to the others.
-        return (*(await asyncio.shield(task)), False)
+        assert flight is not None
+        if first:
+            # Shielded: a waiter cancelled (its episode stopped) leaves the request to the others.
+            return (*(await asyncio.shield(flight.task)), False)
+        if flight.task.get_loop() is loop:  # the same request in flight here: wait for its reply
+            return (await asyncio.shield(flight.task))[0], 0, True
+        return await self._from_other_loop(key, flight, messages)
 
-    def _settle(self, key: str, task: asyncio.Task[tuple[str, int]]) -> None:
-        if self._pending.get(key) is task:
-            del self._pending[key]
-        if self._replies is not None and not task.cancelled() and task.exception() is None:
-            self._replies[key] = task.result()[0]
+    async def _from_other_loop(
+        self, key: str, flight: _Flight, messages: list[dict[str, str]]
+    ) -> tuple[str, int, bool]:
+        """The reply of a request another thread's loop makes; our own request when that loop
+        stops running it (stopped, closed, or its task cancelled as the loop ended)."""
+        owner = flight.task.get_loop()
+        outcome = asyncio.wrap_future(flight.done)
+        outcome.add_done_callback(_retrieve)  # whether or not this call is still there to await it
+        while not outcome.done() and owner.is_running():
+            await asyncio.wait({outcome}, timeout=_OWNER_POLL)  # a cancelled wait leaves `outcome` be
+        if outcome.done() and not outcome.cancelled():
+            return (await outcome)[0], 0, True  # its JudgeError too: the answer was asked about once
+        reply, attempts = await self.complete(messages)
+        with self._lock:  # kept: later calls need not wait for the stalled request
+            if self._replies is not None:
+                self._replies[key] = reply
+        return reply, attempts, False
+
+    def _settle(self, key: str, flight: _Flight, task: asyncio.Task[tuple[str, int]]) -> None:
+        """Keep a request's reply (not a failure) and hand its outcome to other loops' waiters."""
+        failed = task.cancelled() or task.exception() is not None
+        with self._lock:
+            if self._pending.get(key) is flight:
+                del self._pending[key]
+            if self._replies is not None and not failed:
+                self._replies[key] = task.result()[0]
+        if task.cancelled():
+            flight.done.cancel()
+        elif (exc := task.exception()) is not None:
+            flight.done.set_exception(exc)
+        else:
+            flight.done.set_result(task.result())
 
     async def complete(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The reply text for `messages` and the attempts it took.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from collections import Counter
 
 from toolenv.episode import Episode
@@ -29,7 +30,12 @@ def _normalized(prediction: str, gold: str) -> tuple[str, str]:
     is only an article ("A" of a multiple choice) then became "", which every empty answer (or
     "the", or "?") equalled, and which F1 scored 0 even against itself. Such a gold and its
     prediction keep their articles, and a gold of punctuation alone keeps its punctuation. A
-    blank gold (a dataset's missing answer) stays "", which nothing matches."""
+    blank gold (a dataset's missing answer) stays "", which nothing matches.
+
+    Both sides are first composed (NFC): a decomposed "é" (e and a combining accent, as macOS
+    files hold it) is the same text as a composed one, and its "e" no word boundary of its own.
+    """
+    prediction, gold = unicodedata.normalize("NFC", prediction), unicodedata.normalize("NFC", gold)
     for norm in (normalize_answer, _keep_articles):
         g = norm(gold)
         if g:

@@ -9,6 +9,7 @@ action happened; answer avoidance lands on the step that ends the episode.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable
 
 from toolenv.episode import Episode, Turn
@@ -24,6 +25,36 @@ __all__ = [
     "count_invalid",
     "count_tool_successes",
 ]
+
+
+def _amount(reward: str, setting: str, value: object) -> float:
+    """`value` as a finite float: a config may give it as text (`"-0.5"`), as weights may be.
+
+    Raises:
+        ValueError: it is no number or not finite (it would end a step with an error mid-training).
+    """
+    try:
+        amount = float(value)  # type: ignore[arg-type]  # anything float() takes
+    except (TypeError, ValueError):
+        amount = math.nan
+    if not math.isfinite(amount):
+        raise ValueError(f"{reward}'s {setting} must be a finite number, got {value!r}")
+    return amount
+
+
+def _count(reward: str, setting: str, value: object) -> int:
+    """`value` as a whole number >= 0 (`"2"` from a config too).
+
+    Raises:
+        ValueError: it is not one.
+    """
+    try:
+        n = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        n = math.nan
+    if not (math.isfinite(n) and n.is_integer() and n >= 0):
+        raise ValueError(f"{reward}'s {setting} must be a whole number >= 0, got {value!r}")
+    return int(n)
 
 
 def _tool_results(turn: Turn) -> list[bool]:
@@ -53,8 +84,8 @@ class ToolCallPenalty(Reward):
     """`per_call` for every tool call of a turn (a cost on tool use), beyond `free_calls` per episode."""
 
     def __init__(self, per_call: float = -1.0, *, free_calls: int = 0, name: str = "tool_call_penalty") -> None:
-        self.per_call = per_call
-        self.free_calls = free_calls
+        self.per_call = _amount(name, "per_call", per_call)
+        self.free_calls = _count(name, "free_calls", free_calls)
         self.name = name
 
     async def turn(self, episode: Episode, turn: Turn) -> float:
@@ -76,7 +107,7 @@ class InvalidCallPenalty(Reward):
         no_action: bool = True,
         name: str = "invalid_call_penalty",
     ) -> None:
-        self.per_invalid = per_invalid
+        self.per_invalid = _amount(name, "per_invalid", per_invalid)
         self.parse_errors = parse_errors
         self.tool_errors = tool_errors
         self.no_action = no_action
@@ -92,7 +123,7 @@ class AnswerAvoidancePenalty(Reward):
     it ran out of turns, or answered `<answer></answer>`, which would otherwise dodge the penalty."""
 
     def __init__(self, penalty: float = -1.0, *, name: str = "answer_avoidance_penalty") -> None:
-        self.penalty = penalty
+        self.penalty = _amount(name, "penalty", penalty)
         self.name = name
 
     async def final(self, episode: Episode) -> float:
@@ -114,9 +145,9 @@ class ActionPenalties(Reward):
         *,
         name: str = "penalties",
     ) -> None:
-        self.calls = ToolCallPenalty(per_call)
-        self.invalid = InvalidCallPenalty(per_invalid)
-        self.avoidance = AnswerAvoidancePenalty(no_answer)
+        self.calls = ToolCallPenalty(_amount(name, "per_call", per_call))
+        self.invalid = InvalidCallPenalty(_amount(name, "per_invalid", per_invalid))
+        self.avoidance = AnswerAvoidancePenalty(_amount(name, "no_answer", no_answer))
         self.name = name
 
     async def turn(self, episode: Episode, turn: Turn) -> float:
@@ -132,8 +163,8 @@ class ToolSuccessBonus(Reward):
     def __init__(
         self, per_success: float = 1.0, *, max_per_turn: int | None = None, name: str = "tool_success"
     ) -> None:
-        self.per_success = per_success
-        self.max_per_turn = max_per_turn
+        self.per_success = _amount(name, "per_success", per_success)
+        self.max_per_turn = None if max_per_turn is None else _count(name, "max_per_turn", max_per_turn)
         self.name = name
 
     async def turn(self, episode: Episode, turn: Turn) -> float:

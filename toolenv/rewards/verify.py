@@ -18,7 +18,7 @@ from toolenv.types import ToolResult
 
 __all__ = ["ToolVerified"]
 
-BuildArgs = Callable[[Episode], "Mapping[str, Any] | None"]
+BuildArgs = Callable[[Episode], "Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None"]
 JudgeFn = Callable[[ToolResult], "float | Awaitable[float]"]
 
 
@@ -44,7 +44,7 @@ class ToolVerified(Reward):
     Args:
         tool: name of one of the env's tools.
         build_args: the tool's arguments for this episode (e.g. the answer plus the
-            task's tests); returning None skips the call and scores 0.
+            task's tests), sync or async; returning None skips the call and scores 0.
         judge: score of the `ToolResult` (sync or async); by default 1.0 unless it is an error.
         score_errors: pass failed tool results to `judge` too (by default they score 0).
         require_answer: score 0 without calling the tool when the episode has no answer or a
@@ -79,6 +79,8 @@ class ToolVerified(Reward):
             return 0.0
         try:
             args = self.build_args(episode)
+            if inspect.isawaitable(args):
+                args = await args
             kwargs = None if args is None else _arguments(args)
         except Exception as exc:  # noqa: BLE001 - a reward never breaks the episode
             return self._fail(episode, f"build_args failed: {type(exc).__name__}: {exc}")
