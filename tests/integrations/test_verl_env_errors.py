@@ -189,3 +189,21 @@ async def test_an_episode_that_raises_closes_its_env(scripted_server, make_loop)
     with pytest.raises(RemoteEnvError):
         await make_loop(scripted_server([CALL]), pool=pool).run({}, **row)
     assert list(pool.envs()) == [] and FlakyEnv.made[-1].closes == 1
+
+
+async def test_a_lease_that_loses_the_last_idle_env_to_another_thread_makes_one():
+    """verl's reward workers borrow from the same process-wide pool from several threads: one
+    that saw an idle env, which another thread took before it could, gets a new env rather
+    than failing its sample with an IndexError."""
+
+    class Raced(list[ToolEnv]):
+        def __bool__(self) -> bool:
+            return True  # it looked non-empty; the other thread took the env meanwhile
+
+    pool = EnvPool()
+    kwargs = {"fail_at": 99}
+    pool._idle[pool.key(FLAKY, kwargs)] = Raced()
+    async with pool.lease(FLAKY, kwargs) as env:
+        assert isinstance(env, FlakyEnv)
+    assert pool.created == 1
+    await pool.aclose()

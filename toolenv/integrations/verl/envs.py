@@ -137,10 +137,9 @@ class EnvPool:
         goes back to the pool when the block ends, its episode released, unless the block raised
         or `discard` marked it: then it is closed."""
         key = self.key(env_id, env_kwargs)
-        idle = self._idle[key]
-        if idle:
-            env = idle.pop()
-        else:
+        try:  # one atomic take: verl's reward threads lease from this pool too
+            env = self._idle[key].pop()
+        except IndexError:
             env = await asyncio.to_thread(make_env, env_id, env_kwargs)
             self.created += 1
         healthy = False
