@@ -111,18 +111,13 @@ async def _row() -> dict[str, Any]:
 async def test_default_trainer_stores_and_reads_the_staleness_tags(tq, tiny_tokenizer, make_loop):
     from omegaconf import OmegaConf
     from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator
-    from verl.trainer.ppo.v1 import agent_loop_tq, trainer_base
+    from verl.trainer.ppo.v1 import trainer_base
 
     out = await make_loop(StepTaggingServer(tiny_tokenizer)).run({}, **await _row())
     assert out.reward_score == 1.0
 
     # verl's worker stores the trajectory with its tags...
-    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
-    worker = worker_cls.__new__(worker_cls)
-    worker.processor = None
-    worker.reward_loop_worker_handles = None
-    worker.distillation_enabled = False
-    worker.mm_processor_kwargs = {}
+    worker = _v1_worker()
     await worker._agent_loop_postprocess(out, validate=False, uid="u0", session_id=0, global_steps=4)
 
     # ...and the trainer's metrics step reads them as ints (TypeError when they are None).
