@@ -230,3 +230,25 @@ def test_workers_starting_together_build_the_index_once(tmp_path: Path) -> None:
     assert [p.name for p in (cache / "bm25").iterdir() if not p.name.endswith(".lock")] == [
         BM25Backend(corpus, cache_dir=cache).load().cache_path.name
     ]
+
+
+async def test_text_that_reads_the_same_matches_whatever_its_unicode_form(tmp_path: Path) -> None:
+    """A decomposed passage (NFD: macOS file names, some PDF text) split at its accents into fragments
+    ("Ångström" indexed as "ngstro"), so the same word typed composed (NFC, as models write) found
+    nothing; full-width letters (CJK input methods) and ligatures did not match their plain forms."""
+    import unicodedata
+
+    rows = [
+        {"id": "nfd", "title": "", "text": unicodedata.normalize("NFD", "Anders Ångström measured spectra.")},
+        {"id": "lig", "title": "", "text": "The ﬁnal ofﬁce report."},
+        {"id": "gpt", "title": "", "text": "GPT models generate text."},
+        {"id": "other", "title": "", "text": "Bananas are yellow fruit."},
+    ]
+    corpus = tmp_path / "u.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    backend = BM25Backend(corpus, cache_dir=tmp_path / "cache")
+    queries = [unicodedata.normalize("NFC", "Ångström"), "final office", "ＧＰＴ"]
+    found = await backend.search(queries, 1)
+    assert [[h.id for h in row] for row in found] == [["nfd"], ["lig"], ["gpt"]]
+    # The passage itself is shown as the corpus has it.
+    assert found[0][0].text == rows[0]["text"]

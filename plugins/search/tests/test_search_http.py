@@ -482,3 +482,35 @@ def test_serve_search_bad_log_level_is_refused_before_serving() -> None:
     )
     assert out.returncode == 2 and "serving" not in out.stdout
     assert out.stderr.strip().splitlines()[-1].startswith("toolenv serve-search: error: argument --log-level")
+
+
+class _TopkIgnoringBackend:
+    """A retriever that answers its own fixed number of passages whatever `topk` asks (as some forks do)."""
+
+    name = "fixed"
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        row = [Passage(id=f"d{i}", title=f"T{i}", text=f"text {i}", score=10.0 - i) for i in range(8)]
+        return [row for _ in queries]
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_server_that_answers_more_than_topk_is_cut_to_topk(app_server: Any) -> None:
+    """The model sees the `topk` passages it asked for, best first, not a server's longer list."""
+    with app_server(create_app(_TopkIgnoringBackend())) as url:
+        backend = HTTPBackend(url, retries=0)
+        [hits] = await backend.search(["q"], 3)
+        assert [h.id for h in hits] == ["d0", "d1", "d2"]
+        batched = HTTPBackend(url, retries=0, batch_wait=0.01)
+        rows = await asyncio.gather(batched.search(["a"], 2), batched.search(["b"], 2))
+        assert [[h.id for h in row] for [row] in rows] == [["d0", "d1"], ["d0", "d1"]]
+        tool = SearchTool(HTTPBackend(url, retries=0), topk=2)
+        results, _ = await ToolCaller([tool]).invoke(
+            [ToolCall(name="search", arguments={"query": "q"}, id="a")], ToolContext(task=Task())
+        )
+        assert results[0].text == 'Doc 1(Title: "T0") text 0\nDoc 2(Title: "T1") text 1'
+        for closing in (backend, batched):
+            await closing.aclose()
+        await tool.close()

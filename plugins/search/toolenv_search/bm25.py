@@ -16,10 +16,11 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import bm25s  # type: ignore[import-untyped]
 import filelock
@@ -32,7 +33,17 @@ from toolenv_search.corpus import bundled_corpus_path, file_digest, load_corpus
 __all__ = ["BM25Backend", "BM25Index", "default_cache_dir"]
 
 _FORMAT = 1  # bump when the on-disk layout changes
+# Text is tokenized in this Unicode form (the passages shown keep the corpus's own). bm25s's tokens
+# are runs of word characters, which a decomposed accent (NFD) ends: "Ångström" was indexed as
+# "ngstro" and never matched the same word typed composed; NFKC also folds full-width letters and
+# ligatures ("ＧＰＴ", "ofﬁce") to their plain forms.
+_NORMAL_FORM: Final = "NFKC"
 _LOCK_WAIT = 900.0  # seconds to wait for another process's build: far more than 1M passages take
+
+
+def _normal(texts: Iterable[str]) -> list[str]:
+    """`texts` in `_NORMAL_FORM`, as they are tokenized for the index and its queries alike."""
+    return [unicodedata.normalize(_NORMAL_FORM, t) for t in texts]
 
 
 def _stemmer(name: str | None) -> Any:
@@ -67,7 +78,7 @@ class BM25Index:
         if not queries:
             return []
         tokens = bm25s.tokenize(
-            queries, stopwords=self.stopwords, stemmer=self.stemmer, return_ids=False, show_progress=False
+            _normal(queries), stopwords=self.stopwords, stemmer=self.stemmer, return_ids=False, show_progress=False
         )
         out: list[list[Passage]] = []
         for query_tokens in tokens:
@@ -97,7 +108,7 @@ def _top(scores: np.ndarray[Any, Any], k: int) -> list[int]:
 
 def _build(passages: list[Passage], stemmer: Any, stopwords: str, k1: float, b: float) -> Any:
     texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
-    tokens = bm25s.tokenize(texts, stopwords=stopwords, stemmer=stemmer, show_progress=False)
+    tokens = bm25s.tokenize(_normal(texts), stopwords=stopwords, stemmer=stemmer, show_progress=False)
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(tokens, show_progress=False)
     return retriever
@@ -113,6 +124,7 @@ def _load_or_build(corpus: Path, cache_root: Path, stemmer_name: str | None, k1:
             "k1": k1,
             "b": b,
             "fmt": _FORMAT,
+            "norm": _NORMAL_FORM,  # an index of text tokenized otherwise is another index
             "bm25s": getattr(bm25s, "__version__", "unknown"),  # its on-disk format may change between versions
         },
         sort_keys=True,

@@ -177,9 +177,12 @@ class HTTPBackend:
             attempt += 1
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
         try:
-            return parse_result(payload, len(queries))
+            rows = parse_result(payload, len(queries))
         except ValueError as exc:
             raise SearchError(f"the retrieval server sent a malformed response ({exc})") from None
+        # A server that answers its own number of passages (some forks ignore `topk`) would show the model
+        # more than it asked for; `topk` 0 asks for the server's default, which is left as it is.
+        return [row[:topk] for row in rows] if topk > 0 else rows
 
     async def aclose(self) -> None:
         """Stop using this loop's shared client; the last user closes it."""

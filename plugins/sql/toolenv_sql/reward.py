@@ -6,6 +6,23 @@ level has ORDER BY; columns in order, or in any order with `column_order=False`
 rounded to 12 significant digits and 6 decimals so that summation order does not
 decide a match. Anything that does not run scores 0; why is kept in
 `reward_info`, and a task whose gold query fails is also logged.
+
+Why these defaults, against the evaluations RL recipes copy:
+
+- Spider's test-suite evaluation (`exec_eval.result_eq`): multiset of rows, a list when
+  the gold has ORDER BY (anywhere in its text, here only at its outermost level, where
+  it decides the result's order), columns in any order. Same here but for the columns.
+- BIRD (`set(pred) == set(gold)`) and SkyRL-gym's SQL env (`grading.grade(..., "multiset")`,
+  from ReViSQL: each row's values sorted as text, rows in any order): rows never
+  ordered; BIRD also ignores duplicates, SkyRL ignores which column a value is in.
+  Duplicates count here: a question asking for each row wants each row, and a reward
+  that never changes with DISTINCT never teaches when it is needed.
+- Column order counts by default (as BIRD's), as a question that names its columns
+  wants them in that order; `column_order=False` gives Spider's leniency.
+- Nothing compares values as text (as SkyRL does, where 1 and 1.0 differ): 1 = 1.0,
+  NULL = NULL, NaN = NaN, text is case- and space-sensitive. Known limits of the
+  rounding: values less than 1e-6 apart may match (6 decimals), and an integer
+  of 13+ digits differs from the same value as a float (rounded to 12 digits).
 """
 
 from __future__ import annotations
