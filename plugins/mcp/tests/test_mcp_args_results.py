@@ -67,6 +67,25 @@ def test_awkward_property_names_keep_their_names_on_the_wire() -> None:
     assert errors(model, {"json": "x"}) == [(("json",), "'x' is not of type 'integer'")]
 
 
+def test_an_error_does_not_echo_a_long_argument_back() -> None:
+    # jsonschema's messages quote the value they refuse: a 20 kB `content` (a file the model wrote)
+    # came back whole in the error, once per problem, filling the model's context with its own text.
+    schema = {
+        "type": "object",
+        "properties": {"content": {"type": "string"}, "path": {"type": "string"}, "mode": {"enum": ["w", "a"]}},
+        "oneOf": [{"required": ["content"]}, {"required": ["path"]}],
+    }
+    model = args_model("write", schema)
+    found = errors(model, {"content": "x" * 20_000, "path": "p", "mode": "y" * 5_000})
+    assert [loc for loc, _ in found] == [(), ("mode",)]
+    for _, message in found:
+        assert len(message) < 400, len(message)
+    assert found[1][1].endswith("is not one of ['w', 'a']")
+    assert "is valid under each of" in found[0][1]
+    short = errors(model, {"content": "x" * 50, "path": "p"})[0][1]
+    assert "'x" + "x" * 49 + "'" in short  # a short value is quoted whole
+
+
 def test_an_invalid_schema_is_refused() -> None:
     with pytest.raises(ValueError, match="not a valid JSON schema"):
         args_model("bad", {"type": "object", "properties": {"a": {"type": "no-such-type"}}})
@@ -156,6 +175,44 @@ def test_undecodable_images_become_a_note() -> None:
     assert convert({"content": [{"type": "image", "data": junk, "mimeType": "image/jpeg"}]}).text == (
         "[image/jpeg image of 12 bytes omitted: it could not be decoded]"
     )
+
+
+def encoded(image: Any, fmt: str) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_an_image_is_labelled_by_its_bytes_and_sent_in_a_format_models_take() -> None:
+    # The server's `mimeType` was passed on as it was: JPEG bytes labelled image/png went to the
+    # model as a PNG data URL (which APIs checking the type refuse), and a TIFF or BMP, which
+    # chat APIs and VLM processors do not take, was passed on as image/tiff.
+    pil = pytest.importorskip("PIL.Image")
+    red = pil.new("RGB", (5, 3), "red")
+    blocks = [
+        {"type": "image", "data": encoded(red, "JPEG"), "mimeType": "image/png"},
+        {"type": "image", "data": encoded(red, "PNG"), "mimeType": "image/jpeg"},
+        {"type": "image", "data": encoded(red, "TIFF"), "mimeType": "image/tiff"},
+        {"type": "image", "data": encoded(pil.new("RGBA", (4, 2), (0, 0, 255, 9)), "TIFF"), "mimeType": "image/tiff"},
+        {"type": "image", "data": encoded(red, "BMP"), "mimeType": "image/bmp"},
+        {
+            "type": "resource",
+            "resource": {"uri": "file:///x.tif", "mimeType": "image/tiff", "blob": encoded(red, "TIFF")},
+        },
+        {"type": "image", "data": encoded(red, "WEBP"), "mimeType": "image/webp"},
+    ]
+    phone = io.BytesIO()  # a phone's JPEG with a second picture in it: Pillow names it MPO
+    red.save(phone, format="MPO", save_all=True, append_images=[red])
+    blocks.append({"type": "image", "data": base64.b64encode(phone.getvalue()).decode(), "mimeType": "image/jpeg"})
+    out = convert({"content": blocks})
+    assert [im.mime for im in out.images] == ["image/jpeg", "image/png", *["image/png"] * 4, "image/webp", "image/jpeg"]
+    assert out.images[-1].data == phone.getvalue()  # a JPEG as it is, not made a PNG
+    for im in out.images[:-1]:
+        decoded = im.to_pil()
+        assert im.mime == f"image/{decoded.format.lower()}" and decoded.size == (im.width, im.height)
+    assert out.images[2].to_pil().convert("RGB").getpixel((0, 0)) == (255, 0, 0)  # the pixels kept
+    assert out.images[3].to_pil().mode == "RGBA"  # and the transparency
+    assert out.text == ""
 
 
 def test_structured_content_and_errors() -> None:

@@ -113,6 +113,16 @@ def test_name_collisions_suggest_a_prefix(server: MCPServer, fresh_server: Facto
     asyncio.run(close(tools))
 
 
+def test_server_names_that_read_the_same_in_tool_names_say_to_rename_one(fresh_server: Factory) -> None:
+    # "a.b" and "a_b" both prefix their tools "a_b__": the error said to pass prefix_server_names=True,
+    # which was passed already.
+    with pytest.raises(ValueError) as info:
+        mcp_tools([fresh_server("a.b"), fresh_server("a_b")], include=["add"], prefix_server_names=True)
+    message = str(info.value)
+    assert "'a_b__add'" in message and "prefix_server_names=True" not in message
+    assert "rename" in message
+
+
 async def test_calls_and_results(server: MCPServer) -> None:
     tools = await amcp_tools(server)
     try:

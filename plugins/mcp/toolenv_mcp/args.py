@@ -25,6 +25,8 @@ from typing_extensions import Self
 __all__ = ["MCPArgs", "accepts_extra_arguments", "args_model", "arguments_of", "resolved"]
 
 _MAX_ERRORS = 5
+_MAX_QUOTED = 100  # characters of a refused value an error quotes
+_MAX_MESSAGE = 300  # characters of one error's message
 _MAX_REF_HOPS = 8
 _MAX_SUBSCHEMA_DEPTH = 8  # nesting of combinators read for argument names (a recursive ref loops)
 
@@ -206,9 +208,29 @@ def _schema_errors(validator: Any, arguments: dict[str, Any]) -> list[InitErrorD
                     missing.add(loc)
                     errors.append({"type": "missing", "loc": loc, "input": err.instance})
         else:
-            errors.append(_custom(err.message, path, err.instance))
+            errors.append(_custom(_short_message(err.message, err.instance), path, err.instance))
     errors.sort(key=lambda e: [str(p) for p in e["loc"]])  # by argument, whatever order jsonschema found them in
     return errors[:_MAX_ERRORS]
+
+
+def _short_message(message: str, instance: Any) -> str:
+    """`message` with the value it quotes cut short, and itself at most `_MAX_MESSAGE` characters.
+
+    jsonschema quotes the refused value whole: a 20 kB argument (a file the model wrote) came
+    back in the error, once per problem, filling the model's context with its own text.
+    """
+    quoted = repr(instance)
+    if len(quoted) > _MAX_QUOTED:
+        message = message.replace(quoted, _cut(quoted, _MAX_QUOTED))
+    return _cut(message, _MAX_MESSAGE)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its start and end around an ellipsis when longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return f"{text[:half]}…{text[-half:]}"
 
 
 def _unencodable(value: Any, loc: tuple[Any, ...]) -> list[InitErrorDetails]:

@@ -1,7 +1,8 @@
 """MCP `CallToolResult` (wire format) → toolenv `ToolResult`.
 
 Text contents are joined with newlines; images become `ToolImage`s when Pillow can
-read their size (the `images` extra), else a text note says what was left out;
+read them (the `images` extra), labelled by their bytes and sent as PNG unless they are
+PNG, JPEG, WebP or GIF, else a text note says what was left out;
 embedded text resources give their text, resource links a line naming the URI, audio
 and binary blobs a note. `structuredContent` is kept in `metadata["structured_content"]`
 and becomes the text when the result has no text of its own. `isError` → `is_error`.
@@ -62,12 +63,12 @@ def _image(data: Any, mime: str, texts: list[str], images: list[ToolImage]) -> N
     except (binascii.Error, ValueError):
         texts.append(f"[{mime} image omitted: its data is not valid base64]")
         return
-    size = _image_size(raw)
-    if size is None:
+    image = _readable(raw)
+    if image is None:
         why = "it could not be decoded" if _pillow() else "install toolenv-mcp[images] (Pillow) to receive images"
         texts.append(f"[{mime} image of {len(raw)} bytes omitted: {why}]")
         return
-    images.append(ToolImage(data=raw, mime=mime, width=size[0], height=size[1]))
+    images.append(image)
 
 
 def _resource(resource: Mapping[str, Any], texts: list[str], images: list[ToolImage]) -> None:
@@ -81,17 +82,32 @@ def _resource(resource: Mapping[str, Any], texts: list[str], images: list[ToolIm
         texts.append(f"[resource {uri} ({mime or 'binary'}) omitted: toolenv passes text and images]")
 
 
-def _image_size(raw: bytes) -> tuple[int, int] | None:
-    """(width, height) read by Pillow, or None (no Pillow, or not an image it knows)."""
+#: The formats chat APIs (OpenAI, Anthropic, Gemini) and VLM processors take, by Pillow's name (MPO: a
+#: phone camera's JPEG holding a second picture, a JPEG to them).
+_SENT_AS_IS = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+
+
+def _readable(raw: bytes) -> ToolImage | None:
+    """The image in `raw` as models take it, or None (no Pillow, or not an image it knows).
+
+    Labelled by what its bytes are, not by the server's `mimeType` (JPEG bytes sent as
+    image/png made a data URL that APIs checking the type refuse); a format models do not
+    take (TIFF, BMP, ...) is sent as PNG. A PNG, JPEG, WebP or GIF is read to its header only.
+    """
     pil = _pillow()
     if pil is None:
         return None
     try:
-        with pil.open(io.BytesIO(raw)) as im:  # reads the header only
+        with pil.open(io.BytesIO(raw)) as im:
             width, height = im.size
+            if width <= 0 or height <= 0:
+                return None
+            mime = _SENT_AS_IS.get(str(im.format))
+            if mime is not None:
+                return ToolImage(data=raw, mime=mime, width=int(width), height=int(height))
+            return ToolImage.from_pil(im.convert("RGBA" if im.has_transparency_data else "RGB"))
     except Exception:  # noqa: BLE001 - any undecodable image becomes a note
         return None
-    return (int(width), int(height)) if width > 0 and height > 0 else None
 
 
 @functools.cache

@@ -328,7 +328,7 @@ def _build(
                 )
             raise ValueError(
                 f"two MCP tools would be named {name!r} (servers {both[0]!r} and {both[1]!r}); "
-                "pass prefix_server_names=True or a prefix=... to tell them apart"
+                + _apart(prefix_server_names)
             )
         owners[name], mcp_names[name] = server, str(spec.get("name"))
     tools: list[MCPTool] = []
@@ -340,6 +340,14 @@ def _build(
             built._drop()
         raise
     return tools
+
+
+def _apart(prefix_server_names: bool) -> str:
+    """How to tell two servers' same-named tools apart: prefix them, or (prefixed already, their
+    names reading the same as function names, `a.b` and `a_b`) rename a server."""
+    if prefix_server_names:
+        return "rename one of the servers (their names read the same in tool names)"
+    return "pass prefix_server_names=True or a prefix=... to tell them apart"
 
 
 def _select(

@@ -179,3 +179,18 @@ def test_zoom_size_min_side() -> None:
     assert zoom_size(1, 1, 1, 100, min_side=32) == (32, 32)
     assert zoom_size(1000, 10, 224 * 224, 1024 * 1024, min_side=32) == (3200, 32)
     assert zoom_size(1000, 10, 224 * 224, 1024 * 1024) == (2240, 23)  # no floor unless asked
+
+
+@pytest.mark.parametrize(("size", "bbox"), [((5, 5), [0, 0, 5, 5]), ((6, 40), [0, 10, 6, 30]), ((3, 2), [0, 0, 1, 1])])
+def test_an_image_smaller_than_min_size_can_still_be_cropped(
+    tmp_path: Path, size: tuple[int, int], bbox: list[float]
+) -> None:
+    # Each side of a box had to cover `min_size` (8) pixels, which an icon or a thumbnail does
+    # not have: every crop, even of the whole image, was refused with a rule it could not meet.
+    Image.new("RGB", size, "blue").save(tmp_path / "tiny.png")
+    r = call(CropTool(tmp_path), Task(id="t", context={"image": "tiny.png"}), bbox=bbox)
+    assert not r.is_error, r.text
+    (img,) = r.images
+    assert min(img.width, img.height) >= 32
+    still = call(CropTool(tmp_path), Task(id="t", context={"image": "tiny.png"}), bbox=[0, 0, 1, 2], units="pixels")
+    assert still.is_error and "at least" in still.text  # a sliver of it is still too small

@@ -189,3 +189,27 @@ def test_a_task_whose_recipe_is_a_code_overlay_resets() -> None:
     assert info["messages"][-1].images[0].data == plain["messages"][-1].images[0].data
     (result,) = env.step(visualsearch_oracle(typed, 0, ""))[4]["tool_results"]
     assert not result.is_error, result.text
+
+
+def test_unicode_quotes_stops_and_full_width_forms_are_ignored_like_ascii_punctuation() -> None:
+    # CodeMatch promised punctuation ignored, but only ASCII's: the right code in curly quotes
+    # (“J6TA”), before a Chinese full stop (Qwen's), in full-width letters or with a zero-width
+    # space scored 0, a wrong reward for a right answer.
+    env = make_visualsearch_env(num_tasks=1)
+    (task,) = env.tasks
+    code = task.answer
+    assert code is not None
+    wide = "".join(chr(ord(c) + 0xFEE0) for c in code)  # Ｊ６ＴＡ: the full-width forms
+    for answer, reward in [
+        (f"“{code}”", 1.0),
+        (f"«{code}»", 1.0),
+        (f"{code}。", 1.0),
+        (f"「{code}」", 1.0),
+        (wide, 1.0),
+        (f"{code[:2]}\u200b{code[2:]}", 1.0),
+        (f"{code[:2]}\u2013{code[2:]}", 1.0),
+        (f"“{code[:3]}”", 0.0),
+        ("“”", 0.0),
+    ]:
+        env.reset(options={"task": task})
+        assert env.step(f"<answer>{answer}</answer>")[1] == reward, answer

@@ -20,9 +20,9 @@ Box rules (also in the tool description the model sees):
 * `bbox` is `[x1, y1, x2, y2]`, left/top inclusive, right/bottom exclusive (Pillow's crop);
   mapped to pixels of the task image, fractions are rounded outwards.
 * The box must lie inside the image, with x1 < x2, y1 < y2, each side at least
-  `min_size` pixels of the task image, and its long side at most `max_aspect_ratio`
-  times its short side (Qwen-VL processors raise on images past 200:1, which would
-  stop a whole rollout batch).
+  `min_size` pixels of the task image (its shorter side, if the image is smaller), and
+  its long side at most `max_aspect_ratio` times its short side (Qwen-VL processors
+  raise on images past 200:1, which would stop a whole rollout batch).
 
 The crop is resized, aspect ratio kept, so that its pixel count lies within
 [`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk; and
@@ -412,7 +412,8 @@ class CropTool(Tool):
             not shrunk): the processor resizes a large photo by pixel count, not by its side.
         min_pixels: a crop is enlarged to at least this many pixels.
         max_pixels: and shrunk to at most this many.
-        min_size: each side of a box covers at least this many task-image pixels.
+        min_size: each side of a box covers at least this many task-image pixels (or the
+            image's shorter side, for an image smaller than that).
         max_aspect_ratio: long side over short side of a box, at most.
         min_shown_side: each side of the returned image is at least this long, even past
             `max_pixels` (32: Qwen-VL processors raise on a side under their 28 or 32 px grid).
@@ -530,6 +531,11 @@ class CropTool(Tool):
         vw, vh = self._view(width, height) if self._scaled_view else (width, height)
         return f"The image is {vw}x{vh} px."
 
+    def _min_size(self, image: Image.Image) -> int:
+        """`min_size`, or the image's shorter side if that is shorter: an icon or a thumbnail
+        under `min_size` px could not be cropped at all, not even whole."""
+        return min(self.min_size, image.width, image.height)
+
     def crop(self, args: BaseModel, task: Task) -> ToolResult:
         """The synchronous crop of `task`'s image; errors (with the image's size) come back as error results."""
         try:
@@ -552,7 +558,7 @@ class CropTool(Tool):
             )
         try:
             box = PixelBox.scaled(
-                args.bbox, *frame.scale, image.width, image.height, self.min_size, self.max_aspect_ratio
+                args.bbox, *frame.scale, image.width, image.height, self._min_size(image), self.max_aspect_ratio
             )
         except ValidationError as exc:
             return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): {_error_text(exc)}. {trailer}")

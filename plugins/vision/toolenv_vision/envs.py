@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import string
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,11 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def _code(text: str) -> str:
-    return "".join(text.lower().translate(_PUNCTUATION).split())
+    """`text` as a code: NFKC (full-width `Ｊ６` is `J6`), lower case, without punctuation,
+    spaces or invisible characters, Unicode's (“ ” « » 。 –, zero-width spaces) as ASCII's:
+    the codes are ASCII letters and digits, and models quote and end them in many scripts."""
+    text = unicodedata.normalize("NFKC", text).lower().translate(_PUNCTUATION)
+    return "".join(c for c in text if unicodedata.category(c)[0] not in "PZC")
 
 
 class CodeMatch(ExactMatch):
