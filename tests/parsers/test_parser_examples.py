@@ -95,6 +95,18 @@ def test_hermes_unclosed_call_does_not_swallow_the_next() -> None:
     ]
 
 
+def test_hermes_a_tool_call_tag_inside_the_arguments_is_text() -> None:
+    # vLLM's hermes parser reads a call to its first `</tool_call>`, so a model that writes the tag
+    # itself inside a string (code or docs about tool calls) makes one call there; so must the env.
+    write = '<tool_call>{"name": "write", "arguments": {"text": "wrap it in <tool_call> tags"}}</tool_call>'
+    action = HermesParser().parse("Writing." + write + "\n" + hermes_call({"name": "b", "arguments": {}}))
+    assert action.errors == [] and action.text == "Writing."
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [
+        ("write", {"text": "wrap it in <tool_call> tags"}, "call_0"),
+        ("b", {}, "call_1"),
+    ]
+
+
 def test_hermes_good_and_bad_calls_mix() -> None:
     text = hermes_call({"name": "a", "arguments": {}}) + "<tool_call>{oops}</tool_call>"
     action = HermesParser().parse(text)

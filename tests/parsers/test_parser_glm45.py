@@ -218,6 +218,15 @@ def test_think_tags_inside_a_call_are_text() -> None:
     assert only.arguments == {"s": "<think>x</think> y"}
 
 
+def test_a_tool_call_tag_inside_a_value_is_text_as_vllm_reads_it() -> None:
+    # vLLM's glm45 parser reads a call to its first `</tool_call>`: a value that holds the tag
+    # itself (a file about tool calls) is text, and the call runs.
+    code = 'PROMPT = "Call tools as <tool_call>NAME ..."'
+    action = PARSER.parse("Writing." + call("write", ("path", "a.py"), ("content", code)) + call("run"))
+    assert action.errors == [] and action.text == "Writing."
+    assert summary(action) == [("write", {"path": "a.py", "content": code}, "call_0"), ("run", {}, "call_1")]
+
+
 # ---------------------------------------------------------------- where the turn ends
 @pytest.mark.parametrize("end", ["<|observation|>", "<|user|>", "<|endoftext|>"])
 def test_nothing_after_an_end_of_turn_token_is_read(end: str) -> None:

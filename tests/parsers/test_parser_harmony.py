@@ -246,3 +246,53 @@ def test_format_call_declines_a_name_the_recipient_cannot_hold(name: str) -> Non
     # back as another tool (`get weather` as `get`), so the parser says it cannot write it.
     assert HarmonyParser().format_call(name, {"city": "Paris"}) is None
     assert HarmonyParser().format_call("get_weather", {}) is not None
+
+
+def test_a_completions_mode_conversation_is_what_the_gpt_oss_template_renders() -> None:
+    # Completions mode (one growing text: the prompt, then each reply and `continue_with` its
+    # observation) must give gpt-oss the prompt its chat template renders for the same
+    # conversation: the tool message right after `<|call|>`, then `<|start|>assistant`, which
+    # begins the model's next message, and no stray text between messages.
+    trl = pytest.importorskip("trl", reason="gpt-oss's real chat template comes with trl")
+    from pathlib import Path
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    source = (Path(trl.__file__).parent / "chat_templates" / "gptoss.jinja").read_text(encoding="utf-8")
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        (rendered,), _ = render_jinja_template([messages], chat_template=source, add_generation_prompt=True)
+        return str(rendered)
+
+    env = toolenv.ToolEnv(
+        tools=[Weather(), Now()], tasks=[{"question": "Weather in Paris?", "answer": "20"}], parser="harmony"
+    )
+    env.reset(seed=0)
+    user = {"role": "user", "content": "Weather in Paris?"}
+    text = render([user])
+    args = {"where": {"city": "Paris"}, "strict": True}
+    # The reply as gpt-oss writes it after the prompt's `<|start|>assistant` (the recipient in the role section).
+    reply = (
+        "<|channel|>analysis<|message|>Look it up.<|end|>"
+        f"<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{json.dumps(args)}<|call|>"
+    )
+    _, _, term, _, step = env.step(reply)
+    assert not term and [c.name for c in step["tool_calls"]] == ["get_weather"]
+    text += reply + env.parser.continue_with(env.parser.format_results(step["tool_results"]))
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": args}}
+    result = step["tool_results"][0].text
+    expected = render(
+        [
+            user,
+            {"role": "assistant", "thinking": "Look it up.", "tool_calls": [call]},
+            {"role": "tool", "content": result},
+        ]
+    )
+    # The HF template writes a tool's text as a JSON string (`tojson`); Harmony's own renderer
+    # (openai_harmony, which vLLM uses for gpt-oss) writes it as it is, as the parser does.
+    expected = expected.replace(json.dumps(result), result)
+    assert text == expected
+    assert text.endswith(
+        "<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+        f"{result}<|end|><|start|>assistant"
+    )

@@ -559,3 +559,102 @@ def test_lfm2_5_real_template_calls_with_multiline_strings_read_back(tmp_path: A
     assert "'SELECT name\nFROM singer" in reply  # the template writes the line breaks raw
     parsed = get_parser("pythonic").parse(reply)
     assert parsed.errors == [] and [(c.name, c.arguments) for c in parsed.tool_calls] == [("run_sql", args)]
+
+
+def test_lfm2_5_an_apostrophe_inside_a_string_is_read_as_vllm_reads_it() -> None:
+    """LFM2.5's template writes `'` + value + `'` unescaped, so the model writes `'It's here'`.
+    vLLM's `lfm2` parser closes such a string at the one later quote that makes the list valid
+    Python; a trainer reading it as an error would score a served call as no call."""
+    p = get_parser("pythonic")
+    reply = "<|tool_call_start|>[say(text='It's here', n=1)]<|tool_call_end|>Said.<|im_end|>"
+    parsed = p.parse(reply)
+    assert parsed.errors == [] and calls(parsed) == [("say", {"text": "It's here", "n": 1}, "call_0")]
+    assert parsed.text == "Said."
+    shell = "<|tool_call_start|>[run(command='sed -n '1,9p' f.py\nwc -l f.py')]<|tool_call_end|>"
+    assert calls(p.parse(shell)) == [("run", {"command": "sed -n '1,9p' f.py\nwc -l f.py"}, "call_0")]
+    dq = '<|tool_call_start|>[say(text="He said "hi" twice")]<|tool_call_end|>'
+    assert calls(p.parse(dq)) == [("say", {"text": 'He said "hi" twice'}, "call_0")]
+    # The rule's reading where only the last quote repairs the list, as vLLM reads it too.
+    two = p.parse("<|tool_call_start|>[f(a='It's', b='ok's')]<|tool_call_end|>")
+    assert calls(two) == [("f", {"a": "It's', b='ok's"}, "call_0")]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "[f(a='It's', b='ok')]",  # closing after `It's` or after `ok` both parse: ambiguous, as vLLM finds
+        "[f(a='It's here', b=)]",  # no closing quote makes the list valid
+        "[f(a='It's here')] [g(b=1)",  # the block is not a list either way
+    ],
+)
+def test_lfm2_5_an_apostrophe_that_no_single_quote_repairs_stays_an_error(block: str) -> None:
+    parsed = get_parser("pythonic").parse(f"<|tool_call_start|>{block}<|tool_call_end|>")
+    assert parsed.tool_calls == [] and parsed.errors and "not valid Python" in parsed.errors[0]
+
+
+def test_an_apostrophe_outside_lfm2_markers_is_still_an_error() -> None:
+    # vLLM's `pythonic` and `llama4_pythonic` parsers repair nothing: neither does the bare format.
+    parsed = get_parser("pythonic").parse("[say(text='It's here')]")
+    assert parsed.tool_calls == [] and "not valid Python" in parsed.errors[0]
+
+
+def test_lfm2_5_real_template_calls_with_apostrophes_read_back(tmp_path: Any) -> None:
+    trl = pytest.importorskip("trl", reason="the real chat templates come with trl")
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from toolenv.integrations.verl.tiny import build_tiny_qwen2
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path, with_model=False))
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "lfm2_2_5.jinja").read_text(encoding="utf-8")
+    # The string with apostrophes comes last: after it, a later string's closing quote would
+    # repair the list as well (`message='…, to=\'bob'`), which vLLM finds ambiguous and drops.
+    args = {"to": "bob", "message": "It's done, isn't it?\nSee 'notes'."}
+    call = {"type": "function", "function": {"name": "send", "arguments": args}}
+    user = [{"role": "user", "content": "hi"}]
+    head = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template([*user, {"role": "assistant", "content": "", "tool_calls": [call]}], tokenize=False)
+    reply = whole[len(head) :]
+    assert "'It's done" in reply  # the template writes the apostrophes unescaped
+    parsed = get_parser("pythonic").parse(reply)
+    assert parsed.errors == [] and [(c.name, c.arguments) for c in parsed.tool_calls] == [("send", args)]
+
+
+def test_lfm2_5_zero_padded_integers_are_read_as_vllm_reads_them() -> None:
+    """`month=07` is not valid Python (leading zeros), yet LFM2 models write dates so; vLLM's
+    `lfm2` parser strips the zeros of such an integer outside strings, and so must the env."""
+    p = get_parser("pythonic")
+    parsed = p.parse("<|tool_call_start|>[get_date(month=07, day=09, year=2025, tz='07:00')]<|tool_call_end|>")
+    assert parsed.errors == [] and calls(parsed) == [
+        ("get_date", {"month": 7, "day": 9, "year": 2025, "tz": "07:00"}, "call_0")
+    ]
+    # Valid literals stay as Python reads them: zero, floats, exponents, hex, a padded float.
+    valid = "<|tool_call_start|>[f(a=00, b=07.5, c=1e07, d=0x07, e=1.07, g=[01, 0])]<|tool_call_end|>"
+    assert calls(p.parse(valid)) == [("f", {"a": 0, "b": 7.5, "c": 1e7, "d": 7, "e": 1.07, "g": [1, 0]}, "call_0")]
+    # With an apostrophe to repair as well, both repairs apply, as in vLLM.
+    both = p.parse("<|tool_call_start|>[note(month=07, text='It's due')]<|tool_call_end|>")
+    assert calls(both) == [("note", {"month": 7, "text": "It's due"}, "call_0")]
+    # Outside LFM2's markers the format is Llama's, whose vLLM parsers repair nothing.
+    assert "leading zeros" in p.parse("[get_date(month=07)]").errors[0]
+
+
+def test_lfm2_5_parameters_named_after_python_keywords_are_read_as_vllm_reads_them() -> None:
+    """`convert(from='USD', to='EUR')` is a schema LFM2 sees often, and `from=` is not valid
+    Python; vLLM's `lfm2` parser renames such parameters to parse the list and restores them."""
+    p = get_parser("pythonic")
+    parsed = p.parse(
+        "<|tool_call_start|>[convert(amount=5, from='USD', to='EUR'), f(class=1, x='from=2')]<|tool_call_end|>"
+    )
+    assert parsed.errors == [] and calls(parsed) == [
+        ("convert", {"amount": 5, "from": "USD", "to": "EUR"}, "call_0"),
+        ("f", {"class": 1, "x": "from=2"}, "call_1"),
+    ]
+    # An error names the parameter as the model wrote it.
+    bad = p.parse("<|tool_call_start|>[convert(from=usd)]<|tool_call_end|>")
+    assert bad.tool_calls == [] and "the value of from is" in bad.errors[0]
+    # Keyword values (True, None) and `==` are not parameters; the bare Llama format renames nothing.
+    assert calls(p.parse("<|tool_call_start|>[f(in=True, b=None)]<|tool_call_end|>")) == [
+        ("f", {"in": True, "b": None}, "call_0")
+    ]
+    assert "not valid Python" in p.parse("[convert(from='USD')]").errors[0]

@@ -275,3 +275,25 @@ def test_a_last_call_whose_close_was_the_stop_string_is_read() -> None:
     assert action.errors == []
     assert [(c.name, c.arguments) for c in action.tool_calls] == [("run_sql", {"limit": 3})]
     assert action.text == "Checking."
+
+
+def test_a_tool_call_tag_inside_a_parameter_is_text_as_vllm_reads_it() -> None:
+    # vLLM's qwen3_coder parser reads a block to its first `</tool_call>`: a file the model writes
+    # that holds `<tool_call>` (code or docs about tool calls) is the parameter's text.
+    code = 'PROMPT = "Call tools as <tool_call>{...}"'
+    text = "Writing." + block("write", path="a.py", content=code) + "\n" + block("run", cmd="python a.py")
+    action = get_parser("qwen3_xml").parse(text)
+    assert action.errors == [] and action.text == "Writing."
+    assert [(c.name, c.arguments, c.id) for c in action.tool_calls] == [
+        ("write", {"path": "a.py", "content": code}, "call_0"),
+        ("run", {"cmd": "python a.py"}, "call_1"),
+    ]
+    # A block whose `</tool_call>` was forgotten holds the next block's function too, as vLLM reads it.
+    forgot = block("write", path="a.py").removesuffix("</tool_call>") + block("run", cmd="ls")
+    action = get_parser("qwen3_xml").parse(forgot)
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [("write", {"path": "a.py"}), ("run", {"cmd": "ls"})]
+    assert action.errors == []
+    # Without its `</function>` either, the function runs to the next one's, as vLLM reads it.
+    unclosed = "<tool_call>\n<function=write>\n<parameter=path>\na.py\n</parameter>\n" + block("run", cmd="ls")
+    action = get_parser("qwen3_xml").parse(unclosed)
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [("write", {"path": "a.py", "cmd": "ls"})]

@@ -33,7 +33,9 @@ How the text is read, and why:
   format), a name that is not alone on its line, an `<arg_key>` or `<arg_value>` that is not
   closed, a key without a value or a value without a key, an empty key, a key given twice,
   text outside the pairs, a call not closed with `</tool_call>` (it ends where the next
-  `<tool_call>` opens, so the calls after it still run). A good call next to a bad one still
+  `<tool_call>` opens, so the calls after it still run; unless it reads whole up to the
+  `</tool_call>` after that, as vLLM reads it, with the `<tool_call>` text inside an
+  `<arg_value>`). A good call next to a bad one still
   runs. Ids are `call_0`, `call_1`, … by position: the format has none.
 - **Reasoning is never a call.** Every `<think>…</think>` block (to the end of the text when
   unclosed) is reasoning, and so is everything before a `</think>` that no `<think>` opens
@@ -84,6 +86,9 @@ from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_pars
 __all__ = ["Glm45Parser"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+#: Calls per reply not closed before the next `<tool_call>` that are also read up to their
+#: `</tool_call>`, as vLLM reads them (a `<tool_call>` inside a value).
+_MAX_TAG_IN_VALUES = 8
 _KEY, _KEY_END = "<arg_key>", "</arg_key>"
 _VALUE, _VALUE_END = "<arg_value>", "</arg_value>"
 _THINK, _THINK_END = "<think>", "</think>"
@@ -136,7 +141,7 @@ class Glm45Parser(SchemaBound, ActionParser):
         errors: list[str] = []
         #: The turn's text in order, as (text, is_reasoning); reasoning is never read.
         pieces: list[tuple[str, bool]] = []
-        pos = index = 0
+        pos = index = tries = 0
         first_end = find(_THINK_END, 0)
         if first_end >= 0 and not 0 <= find(_THINK, 0) < first_end:
             pos = first_end + len(_THINK_END)  # the reply starts in reasoning the prompt opened
@@ -158,7 +163,14 @@ class Glm45Parser(SchemaBound, ActionParser):
             pieces.append((text[pos:call], False))
             body = call + len(_OPEN)
             close, nxt = find(_CLOSE, body), find(_OPEN, body)
-            if close >= 0 and (nxt < 0 or close < nxt):
+            whole = False
+            if 0 <= nxt < close and tries < _MAX_TAG_IN_VALUES and 0 <= find(_VALUE, body) < nxt:
+                # vLLM reads a call to its first `</tool_call>`: a `<tool_call>` after an <arg_value>
+                # and before that close is text in the value (a file about tool calls) when the call
+                # reads so. Each try reads to the close: a few at most.
+                tries += 1
+                whole = self._read(text[body:close], index)[1] is None
+            if close >= 0 and (nxt < 0 or close < nxt or whole):
                 found, err = self._read(text[body:close], index)
                 if found is not None:
                     calls.append(found)

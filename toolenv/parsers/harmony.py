@@ -104,6 +104,10 @@ class HarmonyParser(ActionParser):
     stop = ("<|call|>",)
     special_tokens = True
     tool_messages = True
+    # In one growing text (completions mode) the tool messages follow `<|call|>` directly, and
+    # `<|start|>assistant` opens the model's next message, as gpt-oss's prompts end: a newline
+    # between messages is text outside any message, which the model never saw in training.
+    continuation = ("", "<|start|>assistant")
 
     def __init__(self, answer_tag: bool = True) -> None:
         self.answer_tag = answer_tag

@@ -14,6 +14,8 @@ from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 __all__ = ["HermesParser", "read_tool_call_blocks", "scan_tool_call_blocks", "tool_responses"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+#: Open blocks per reply whose body is also tried up to the next `</tool_call>` (`_whole_call`).
+_MAX_TAG_IN_ARGUMENTS = 8
 
 
 def scan_tool_call_blocks(text: str) -> Iterator[tuple[int, int, str, bool]]:
@@ -45,17 +47,28 @@ def read_tool_call_blocks(
 ) -> tuple[list[ToolCall], list[str], str]:
     """The calls in every `<tool_call>` block of `text` (each body read by `decode(body, index)`),
     the errors, and the text outside the blocks. A block not closed before the next one is an
-    error; the last block may be open (generation stopped on `</tool_call>`, which servers leave
-    out of the text), and is read when its body decodes."""
+    error, unless its body up to the `</tool_call>` after it decodes, as vLLM reads it: the next
+    `<tool_call>` was text inside its arguments. The last block may be open (generation stopped
+    on `</tool_call>`, which servers leave out of the text), and is read when its body decodes."""
     calls: list[ToolCall] = []
     errors: list[str] = []
     if _OPEN not in text:  # skip the scan for plain text and bare answers
         return calls, errors, text
     pieces: list[str] = []
-    pos = 0
-    for i, (start, end, body, closed) in enumerate(scan_tool_call_blocks(text)):
+    pos = count = tries = 0
+    for start, end, body, closed in scan_tool_call_blocks(text):
+        if start < pos:
+            continue  # a `<tool_call>` inside the arguments of the call read before
         pieces.append(text[pos:start])
         pos = end
+        i, count = count, count + 1
+        if not closed and end < len(text) and tries < _MAX_TAG_IN_ARGUMENTS:
+            tries += 1  # each try decodes to the close: a few keep a reply of open tags linear
+            whole = _whole_call(text, start, i, decode)
+            if whole is not None:
+                calls.append(whole[0])
+                pos = whole[1]
+                continue
         # An open call that ends the reply is read, as vLLM's `<tool_call>(.*)` reads it: the
         # server stopped on `</tool_call>` and left the stop string out of the text.
         call, err = decode(body, i) if closed or end == len(text) else (None, "")
@@ -68,6 +81,19 @@ def read_tool_call_blocks(
             calls.append(call)
     pieces.append(text[pos:])
     return calls, errors, "".join(pieces)
+
+
+def _whole_call(
+    text: str, start: int, index: int, decode: Callable[[str, int], tuple[ToolCall | None, str | None]]
+) -> tuple[ToolCall, int] | None:
+    """The call whose body runs from the `<tool_call>` at `start` to the first `</tool_call>`
+    after it, other `<tool_call>`s included (text in its arguments), and where it ends; None
+    when there is no close or that body does not decode."""
+    close = text.find(_CLOSE, start + len(_OPEN))
+    if close < 0:
+        return None
+    call, _ = decode(text[start + len(_OPEN) : close], index)
+    return (call, close + len(_CLOSE)) if call is not None else None
 
 
 def tool_responses(results: Sequence[ToolResult]) -> str:

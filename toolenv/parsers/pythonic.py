@@ -20,7 +20,11 @@ How the text is read, and why:
   `<|tool_call_start|>…<|tool_call_end|>` closes its list, so text may follow that block
   (as its model cards show and vLLM's `lfm2` parser reads), and a line break written raw
   inside a quoted string there is read as one (LFM2.5's template writes strings unescaped,
-  and vLLM's `lfm2` parser escapes such line breaks). A reply that
+  and vLLM's `lfm2` parser escapes such line breaks). A block that is still not valid Python
+  is read as vLLM's `lfm2` parser reads it: zero-padded integers (`month=07`) unpadded, and a
+  string broken by a quote inside it (`'It's here'`) closed at the one later quote that makes
+  the list valid (none or several: the error stays), or else parameters named after Python
+  keywords (`from='USD'`) read under their names. A reply that
   starts with `[name(` but does not end with its list (text after it, not closed, too long)
   is an error that says so, unless it gives an `<answer>`; when a later list does end the
   reply, that list runs and the error for the first is reported beside it.
@@ -104,6 +108,16 @@ _CLOSER = {"[": "]", "(": ")", "{": "}"}
 _MAX_NESTING = 200  # Python's parser refuses deeper bracket nesting
 _MAX_FAILED_SCANS = 8
 _MAX_VALUE_DEPTH = 100  # format_call: deeper values are refused
+_MAX_REQUOTES = 32  # closing quotes tried for a broken string (`_requote`), each one a parse
+_VALUE_ENDS = ",)]}:"  # what may follow a string's closing quote in a call list
+#: `_unpad_ints`'s tokens: a string (to the end, if open), a name (digits in it are no number), a digit run.
+_NUMBER_OR_SKIPPED = re.compile(r"""'(?:[^'\\]|\\.)*(?:'|\Z)|"(?:[^"\\]|\\.)*(?:"|\Z)|[^\W\d]\w*|\d[\d_]*""", re.DOTALL)
+#: `_keywords_renamed`'s tokens: a string (skipped) or a parameter name followed by `=`.
+_KEYWORD_ARG_OR_STRING = re.compile(
+    r"""'(?:[^'\\]|\\.)*(?:'|\Z)|"(?:[^"\\]|\\.)*(?:"|\Z)|(?<=[(,])\s*[^\W\d]\w*(?=\s*=(?!=))""", re.DOTALL
+)
+_KEYWORD_SUFFIX = "_pyreservedkw_"  # vLLM's: a name no tool has
+_NOT_INT = frozenset(".eEjJ")  # after a digit run: a float, exponent or imaginary number
 _JSON_NAMES: dict[str, Any] = {"true": True, "false": False, "null": None}
 _KINDS = {bytes: "bytes (write a string)", complex: "a complex number"}
 _HINT = "Write [func_name(param=value, ...)] with keyword arguments."
@@ -161,12 +175,13 @@ class PythonicParser(ActionParser):
         """LFM2's turn: each `<|tool_call_start|>…<|tool_call_end|>` holds a call list, and the
         model may go on writing after it (its model cards show a sentence there), as vLLM's
         `lfm2` parser reads it. The text outside the blocks is returned. A line break written
-        raw inside a quoted string is read as one (`_escape_line_breaks`)."""
+        raw inside a quoted string is read as one (`_escape_line_breaks`), and so is a quote
+        (`_requote`)."""
         pieces: list[str] = []
         pos = index = 0
         while (start := text.find(_LFM_START, pos)) >= 0 and (stop := text.find(_LFM_END, start)) >= 0:
             pieces.append(text[pos:start])
-            block = _escape_line_breaks(text[start + len(_LFM_START) : stop])
+            block = _repaired(_escape_line_breaks(text[start + len(_LFM_START) : stop]), self.max_chars)
             inner, index = self._read_reply(block, index, calls, errors, problems)
             pieces.append(inner)
             pos = stop + len(_LFM_END)
@@ -385,6 +400,127 @@ def _escape_line_breaks(text: str) -> str:
     return "".join(out)
 
 
+def _repaired(block: str, max_chars: int) -> str:
+    """`block`, or, when it is not valid Python, what vLLM's `lfm2` parser reads instead: its
+    integers unpadded (`_unpad_ints`), then a broken string closed (`_requote`) or else its
+    keyword-named parameters renamed (`_keywords_renamed`)."""
+    if len(block) > max_chars or _parses(block):
+        return block
+    unpadded = _unpad_ints(block)
+    if unpadded != block and _parses(unpadded):
+        return unpadded
+    requoted = _requote(unpadded)
+    if requoted is not None:
+        return requoted
+    renamed = _keywords_renamed(unpadded)
+    return renamed if renamed != unpadded and _parses(renamed) else unpadded
+
+
+def _keywords_renamed(text: str) -> str:
+    """`text` with each parameter named after a Python keyword (`from=`, `class=`) renamed so
+    that Python reads the list; `_call` restores the name (`_keyword_restored`). LFM2 models
+    call tools whose schemas have such names (`convert(from=..., to=...)`), and vLLM's `lfm2`
+    parser renames them so. A name counts when it follows `(` or `,` and `=` (not `==`) follows it."""
+    return _KEYWORD_ARG_OR_STRING.sub(lambda m: _renamed(m.group()), text)
+
+
+def _renamed(token: str) -> str:
+    return token + _KEYWORD_SUFFIX if token[0] not in "'\"" and keyword.iskeyword(token.strip()) else token
+
+
+def _keyword_restored(name: str) -> str:
+    """A parameter's name as the model wrote it (undoes `_keywords_renamed`)."""
+    if name.endswith(_KEYWORD_SUFFIX) and keyword.iskeyword(stem := name[: -len(_KEYWORD_SUFFIX)]):
+        return stem
+    return name
+
+
+def _unpad_ints(text: str) -> str:
+    """`text` with the leading zeros of its decimal integers outside strings removed (`07` → `7`).
+
+    Python refuses `month=07`, which LFM2 models write for dates; vLLM's `lfm2` parser strips
+    the zeros. What Python reads already is kept: `0`, `00`, floats (`07.5`, `1.07`), exponents
+    (`1e07`), `0x07`, and digits inside names and strings."""
+    if "0" not in text:
+        return text
+    return _NUMBER_OR_SKIPPED.sub(lambda m: _unpadded(text, m), text)
+
+
+def _unpadded(text: str, m: re.Match[str]) -> str:
+    token = m.group()
+    if not token[0].isdigit():
+        return token  # a string or a name
+    digits = token.replace("_", "")
+    after = text[m.end() : m.end() + 1]
+    if digits[0] != "0" or not digits.strip("0") or text[m.start() - 1 : m.start()] == "." or after in _NOT_INT:
+        return token
+    return str(int(digits))
+
+
+def _parses(source: str) -> bool:
+    try:
+        _parse(source.strip())
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
+def _requote(text: str) -> str | None:
+    """`text` with its first broken string closed at the one later quote that makes the text
+    valid Python (the quotes inside escaped), or None when no quote or several do.
+
+    A string is broken when the quote Python would close it with is followed by none of
+    `,)]}:` (`'It's here'`, `'sed -n '1,9p' f.py'`): LFM2.5's template writes string values
+    unescaped, so the model writes apostrophes and quoted words raw. vLLM's `lfm2` parser
+    repairs such a string by this rule, and leaves it an error when several closing quotes
+    work (`a='It's', b='ok'` also reads as `a='It\\'s\\', b=\\'ok'`): the env reads what the
+    server reads. Past `_MAX_REQUOTES` candidate quotes the string is left broken.
+    """
+    pos, n = 0, len(text)
+    while pos < n:
+        quote = text[pos]
+        if quote not in "'\"":
+            pos += 1
+            continue
+        quotes = _unescaped(text, pos + 1, quote)
+        if not quotes:
+            return None
+        if _closes(text, quotes[0]):
+            pos = quotes[0] + 1  # this string closes where Python closes it
+            continue
+        winners: list[str] = []
+        for close in [q for q in quotes if _closes(text, q)][:_MAX_REQUOTES]:
+            inner = text[pos + 1 : close]
+            inside = set(_unescaped(inner, 0, quote))
+            escaped = "".join("\\" + c if i in inside else c for i, c in enumerate(inner))
+            candidate = _escape_line_breaks(f"{text[:pos]}{quote}{escaped}{quote}{text[close + 1 :]}")
+            if _parses(candidate):
+                winners.append(candidate)
+        return winners[0] if len(winners) == 1 else None
+    return None
+
+
+def _unescaped(text: str, start: int, quote: str) -> list[int]:
+    """The positions of `quote` in `text` from `start` on that no backslash escapes."""
+    found: list[int] = []
+    pos, n = start, len(text)
+    while pos < n:
+        c = text[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == quote:
+            found.append(pos)
+        pos += 1
+    return found
+
+
+def _closes(text: str, at: int) -> bool:
+    """Whether the quote at `at` can end a string: what follows it (past white space) ends a value."""
+    rest = text[at + 1 :].lstrip()[:1]
+    return rest != "" and rest in _VALUE_ENDS
+
+
 def _unmark(text: str) -> str:
     for marker in _MARKERS:
         text = text.replace(marker, "")
@@ -432,13 +568,14 @@ def _call(node: ast.expr, index: int) -> tuple[ToolCall | None, str | None]:
     for kw in node.keywords:
         if kw.arg is None:
             return None, f"{where} ({name}): write every argument as param=value, without **."
-        if kw.arg in args:
-            return None, f"{where} ({name}): argument {kw.arg} is given twice."
+        key = _keyword_restored(kw.arg)
+        if key in args:
+            return None, f"{where} ({name}): argument {key} is given twice."
         try:
-            args[kw.arg] = _value(kw.value)
+            args[key] = _value(kw.value)
         except _NotLiteral as exc:
             return None, (
-                f"{where} ({name}): the value of {kw.arg} is {exc}, not a literal. Write values as Python "
+                f"{where} ({name}): the value of {key} is {exc}, not a literal. Write values as Python "
                 "literals: quoted strings, numbers, True/False/None, and lists and dicts of these."
             )
     return new_call(name, args, f"call_{index}"), None

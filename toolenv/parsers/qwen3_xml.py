@@ -36,6 +36,8 @@ from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call
 __all__ = ["Qwen3XMLParser"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+#: Open blocks per reply also read up to the next `</tool_call>` (`_whole_block`).
+_MAX_TAG_IN_PARAMETERS = 8
 _FUNCTION, _FUNCTION_END = "<function=", "</function>"
 _PARAMETER, _PARAMETER_END = "<parameter=", "</parameter>"
 #: The `</tool_call>` of a function written without its opening `<tool_call>`.
@@ -69,10 +71,22 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
                 return self._parse_bare(text)
             return tool_call_action(calls, errors, text, self.answer_tag)
         pieces: list[str] = []
-        pos = index = 0  # index: the next call's position in the turn (its id and error number)
+        pos = index = tries = 0  # index: the next call's position in the turn (its id and error number)
         for start, end, body, closed in scan_tool_call_blocks(text):
+            if start < pos:
+                continue  # a `<tool_call>` inside a parameter of the block read before
             pieces.append(text[pos:start])
             pos = end
+            if not closed and end < len(text) and tries < _MAX_TAG_IN_PARAMETERS:
+                # vLLM reads a block to its first `</tool_call>`: a `<tool_call>` before it is text
+                # in a parameter (a file about tool calls). Each try reads to the close: a few at most.
+                tries += 1
+                whole = self._whole_block(text, start, index)
+                if whole is not None:
+                    calls += whole[0]
+                    index += len(whole[0])
+                    pos = whole[1]
+                    continue
             if not closed:
                 # An open block that ends the reply is read, as vLLM's `<tool_call>(.*?)$` reads it
                 # (generation stopped on `</tool_call>`, which servers leave out of the text), when
@@ -117,6 +131,17 @@ class Qwen3XMLParser(SchemaBound, ActionParser):
             head = text.find(_FUNCTION, pos)
         pieces.append(text[pos:])
         return tool_call_action(calls, errors, "".join(pieces), self.answer_tag)
+
+    def _whole_block(self, text: str, start: int, index: int) -> tuple[list[ToolCall], int] | None:
+        """The calls of the block opening at `start` read to the first `</tool_call>` after it,
+        and where it ends; None when it has no close or any part of it is an error."""
+        close = text.find(_CLOSE, start + len(_OPEN))
+        if close < 0:
+            return None
+        found: list[ToolCall] = []
+        problems: list[str] = []
+        self._read_block(text[start + len(_OPEN) : close], index, found, problems)
+        return (found, close + len(_CLOSE)) if found and not problems else None
 
     def _read_block(self, body: str, index: int, calls: list[ToolCall], errors: list[str]) -> int:
         """Append the calls of one `<tool_call>` block (or their errors); return the next call's
