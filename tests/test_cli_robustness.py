@@ -287,6 +287,34 @@ def test_a_run_whose_every_episode_failed_exits_non_zero(tmp_path: Path) -> None
     assert again.returncode == 0, again.stderr  # nothing new to play: not a failed run
 
 
+SERVER_ERROR = (
+    "from rollout_example import ScriptedAgent\n"
+    "class Body(ScriptedAgent):\n"
+    "    async def act(self, o, m, i):\n"
+    "        if i.task.id != 'sum-2' or BODY_ON_EVERY:\n"
+    "            body = '{\\n  \"error\": {\\n    \"message\": \"' + 'x' * 3000 + '\"\\n  }\\n}'\n"
+    "            raise RuntimeError('Error code: 500 - ' + body)\n"
+    "        return await super().act(o, m, i)\n"
+)
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_the_first_error_a_run_names_is_one_line(tmp_path: Path, every: bool) -> None:
+    """An error with a server's response body in it (several lines, thousands of characters) was
+    printed as it is: the failed run's one line was a page of JSON."""
+    (tmp_path / "body_agent.py").write_text(f"BODY_ON_EVERY = {every}\n" + SERVER_ERROR)
+    out = _toolenv(
+        "rollout", f"rollout_example:{example.ENV_ID}", "--no-progress", "-n", "3", "--agent", "body_agent:Body",
+        "--out", str(tmp_path / "run"), env=_env(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == (1 if every else 0), out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    said = "every episode of this run ended with an error (3)" if every else "2 episode(s) ended with an error"
+    assert said in line
+    error = 'agent failed on turn 0: RuntimeError: Error code: 500 - { "error": { "message": "'
+    assert line.endswith(": " + error + "x" * (MAX_ERROR_CHARS - 1 - len(error)) + "…")  # clipped as error_line clips
+
+
 # ---------------------------------------------------------------------- arguments and error lines
 def test_negative_seed_is_a_usage_error(tmp_path: Path) -> None:
     out = _toolenv(
@@ -441,6 +469,30 @@ def test_an_output_folder_that_is_a_file_is_named(run_dir: Path, tmp_path: Path,
         line = _one_line_error(_toolenv(command, str(run_dir), "--out", str(out)), f"toolenv {command}: error: ")
         assert line == f"toolenv {command}: error: --out {out}: {a_file} is a file, not a folder"
     assert a_file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(("command", "name"), [("export", "sft.jsonl"), ("view", "report.html")])
+def test_an_output_that_is_a_folder_is_named(run_dir: Path, tmp_path: Path, command: str, name: str) -> None:
+    """An --out that is a folder (`--out out/`, meaning "put it there") was `[Errno 21] Is a
+    directory: '...'`, and `toolenv view` said so only after reading the whole run."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    line = _one_line_error(_toolenv(command, str(run_dir), "--out", str(folder)), f"toolenv {command}: error: ")
+    assert line == f"toolenv {command}: error: --out {folder} is a folder: name the file to write, e.g. {folder / name}"
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("port", ["65536", "-1"])
+def test_view_serve_on_a_port_out_of_range_is_a_usage_error(run_dir: Path, port: str) -> None:
+    """A port no socket can have is refused with the options, before the report is written (it
+    was `bind(): port must be 0-65535.`, once the page was written)."""
+    out = _toolenv("view", str(run_dir), "--serve", "--port", port)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == (
+        f"toolenv view: error: argument --port: must be 0 to 65535 (0 picks a free one), got {port} "
+        "(see toolenv view --help)"
+    )
+    assert not (run_dir / "report.html").exists()
 
 
 def test_view_serve_on_a_port_in_use_names_the_address(run_dir: Path) -> None:

@@ -738,3 +738,53 @@ def test_a_private_export_stays_private_when_written_again(run_dir: Path, tmp_pa
     os.umask(umask)
     export_chat(trajs, fresh)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+
+
+# ---------------------------------------------------------------------- non-finite rewards
+def _strict_json(text: str) -> Any:
+    """JSON as RFC 8259 has it: NaN and Infinity are no JSON numbers (JavaScript's JSON.parse,
+    serde_json and OpenAI's fine-tuning upload refuse them), so a line holding one is refused."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_min_reward_leaves_out_an_episode_whose_reward_is_nan(run_dir: Path, tmp_path: Path) -> None:
+    """A NaN reward (a reward function that divided by zero) is not "at least" any reward:
+    `--min-reward` leaves it out, as it leaves out any reward below the bound."""
+    right = _trajectory(run_dir, "right")
+    nan = right.model_copy(update={"reward": float("nan"), "sample": 1})
+    assert export_chat([right, nan], tmp_path / "chat.jsonl", min_reward=0.0) == 1
+    (line,) = [json.loads(x) for x in (tmp_path / "chat.jsonl").read_text().splitlines()]
+    assert line["metadata"]["sample"] == 0
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), float("-inf")])
+def test_an_export_with_a_non_finite_reward_is_strict_json(run_dir: Path, tmp_path: Path, reward: float) -> None:
+    """Every line of an export is JSON any reader takes: a non-finite reward in `metadata`, which
+    JSON has no number for, is null (as a non-finite logprob is in a token export), not a bare `NaN`."""
+    right = _trajectory(run_dir, "right").model_copy(update={"reward": reward})
+    with_tokens = right.model_copy(
+        update={"turns": [t.model_copy(update={"prompt_token_ids": [1], "token_ids": [2]}) for t in right.turns[:1]]}
+    )
+    assert export_chat([right], tmp_path / "chat.jsonl") == 1
+    assert export_tokens([with_tokens], tmp_path / "tokens.jsonl") == 1
+    for name in ("chat.jsonl", "tokens.jsonl"):
+        (line,) = [_strict_json(x) for x in (tmp_path / name).read_text().splitlines()]
+        assert line["metadata"]["reward"] is None
+
+
+@pytest.mark.parametrize("source", ["tools.jsn", "mytools.JSON", "toolenv/Nope-v0"])
+def test_cli_tools_that_name_neither_a_file_nor_an_env_say_so(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    """A --tools file name with a typo was read as an env id: the error was Gymnasium's alone,
+    `Environment `tools.jsn` doesn't exist. Did you mean: `Hopper`?`, naming no option."""
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(run_dir), "--out", str(out), "--tools", source]) == 2
+    err = capsys.readouterr().err
+    start = f"toolenv export: error: --tools {source}: no such file, nor an env id Gymnasium knows ("
+    assert err.startswith(start) and err.count("\n") == 1, err
+    assert not out.exists()

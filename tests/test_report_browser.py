@@ -188,3 +188,26 @@ def test_the_served_report_in_chromium(tmp_path: Path) -> None:
     assert fetched[:2] == ["", "rows.json"] and len(fetched) == 4, fetched  # the page, its rows, two episodes
     assert all(re.fullmatch(r"episodes/[0-3]\.json", f) for f in fetched[2:]), fetched
     assert [p for p in problems if not p.startswith("request: ")] == []
+
+
+def test_the_reward_filters_leave_out_a_nan_reward(tmp_path: Path) -> None:
+    """A NaN reward (written "NaN", JSON having no number for it) is within no bound: the reward
+    filters left it in, since the page compared the string; infinities compare as numbers."""
+    example = load_example("rollout_example")
+    rollout(example.ENV_ID, example.ScriptedAgent(), out=tmp_path / "run")
+    (one,) = [t for t in read_trajectories(tmp_path / "run" / "trajectories.jsonl") if t.task.id == "color"]
+    rewards = [float("nan"), float("inf"), float("-inf"), 0.5]
+    page_path = tmp_path / "nan.html"
+    page_path.write_text(
+        render_report([one.model_copy(update={"sample": i, "reward": r}) for i, r in enumerate(rewards)])
+    )
+    with _browser_page() as (page, problems):
+        page.goto(page_path.as_uri())
+        rows = page.locator("#episode-list tbody tr")
+        assert rows.count() == 4
+        page.fill("#f-min", "0")
+        assert [rows.nth(i).locator("td").nth(3).inner_text() for i in range(rows.count())] == ["Infinity", "0.500"]
+        page.fill("#f-min", "")
+        page.fill("#f-max", "1")
+        assert [rows.nth(i).locator("td").nth(3).inner_text() for i in range(rows.count())] == ["-Infinity", "0.500"]
+    assert problems == []

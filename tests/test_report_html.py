@@ -510,3 +510,16 @@ def test_two_reports_written_at_once_do_not_share_a_temporary_file(run_dir: Path
     for page in (first, pages[0]):
         assert len(page_data(page.read_text())["episodes"]) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "run"]
+
+
+@pytest.mark.parametrize("given", [".", "trajectories.jsonl", "./", "sub/.."])
+def test_the_default_title_names_a_run_given_as_dot(run_dir: Path, monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    """`cd runs/NAME && toolenv view .` titled the page `toolenv · ` (the name of `.` is empty):
+    the title names the run's folder however the run is given, served or not."""
+    from toolenv.report.served import RunIndex
+
+    (run_dir / "sub").mkdir()
+    monkeypatch.chdir(run_dir)
+    page = build_report(given, run_dir / "page.html").read_text(encoding="utf-8")
+    assert "<title>toolenv · run</title>" in page and page_data(page)["title"] == "toolenv · run"
+    assert RunIndex([given]).title == "toolenv · run"

@@ -191,7 +191,8 @@ def _kept(t: Trajectory, success_only: bool, min_reward: float | None, weights: 
     `weights`, one with no turn to train on: every weight 0 is nothing to learn)."""
     if t.error is not None or not t.turns or (weights and not any(trains_on(turn) for turn in t.turns)):
         return False
-    return not ((success_only and not t.success) or (min_reward is not None and t.reward < min_reward))
+    # `not >=`: a NaN reward is at least no bound (`nan < bound` is False, which would keep it)
+    return not ((success_only and not t.success) or (min_reward is not None and not t.reward >= min_reward))
 
 
 def _metadata(t: Trajectory) -> dict[str, Any]:
@@ -209,6 +210,28 @@ class _NoImageFolder(ImageStore):
         raise ValueError(
             f"a trajectory has images, which go to {IMAGES_DIR}/ beside the output: export to a file, not {self.target}"
         )
+
+
+def _finite_json(value: Any) -> Any:
+    """`value` with each NaN or infinity as null: JSON has no number for them, and a bare `NaN`
+    (what `json.dumps` writes) is refused by JSON.parse, serde_json and fine-tuning uploads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def _json_line(line: dict[str, Any]) -> str:
+    """One line of an export: strict JSON (`_finite_json`), non-ASCII text as written, and U+FFFD
+    for a lone surrogate (half an emoji a server cut), as the run's file has it."""
+    try:
+        text = json.dumps(line, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # a non-finite float (a NaN reward): rare, so walked only then
+        text = json.dumps(_finite_json(line), ensure_ascii=False, allow_nan=False)
+    return fix_text(text)
 
 
 def _write_lines(
@@ -233,8 +256,7 @@ def _write_lines(
         for t in trajectories:
             if not keep(t) or (out := lines(t)) is None:
                 continue
-            # U+FFFD for a lone surrogate (half an emoji a server cut), as the run's file has it
-            fh.writelines(fix_text(json.dumps(line, ensure_ascii=False)) + "\n" for line in out)
+            fh.writelines(_json_line(line) + "\n" for line in out)
             written += 1
 
     with open_output(target) as fh:

@@ -17,3 +17,14 @@ def check_folder(flag: str, out: Path, folder: Path) -> None:
             if not path.is_dir():
                 raise ValueError(f"{flag} {out}: {path} is a file, not a folder")
             return
+
+
+def check_file(flag: str, out: Path, example: str) -> None:
+    """Refuse an `out` that is a folder (`--out out/`, meaning "put it there"): opening it would say
+    only `[Errno 21] Is a directory`, and only once the work is done.
+
+    Raises:
+        ValueError: `FLAG OUT is a folder: name the file to write, e.g. OUT/EXAMPLE`.
+    """
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a folder: name the file to write, e.g. {out / example}")

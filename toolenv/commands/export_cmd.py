@@ -96,8 +96,14 @@ def _schema_file(path: Path) -> list[dict[str, Any]]:
 def _env_schemas(env_id: str) -> list[dict[str, Any]]:
     """The tool schemas of the env `env_id` (`module:namespace/Name-vN` imports the module first)."""
     import gymnasium as gym
+    from gymnasium.error import Error as GymError
 
-    env = gym.make(env_id)
+    from toolenv.cli import error_line
+
+    try:
+        env = gym.make(env_id)
+    except GymError as exc:  # a file name with a typo reads as an env id: say both were tried
+        raise ValueError(f"--tools {env_id}: no such file, nor an env id Gymnasium knows ({error_line(exc)})") from None
     try:
         schemas = getattr(env.unwrapped, "tool_schemas", None)
         if not callable(schemas):
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import itertools
 
     from toolenv._outputs import is_stdout
-    from toolenv.commands._paths import check_folder
+    from toolenv.commands._paths import check_file, check_folder
     from toolenv.export import export_chat, export_tokens
     from toolenv.report.html import check_distinct, iter_run, run_file
 
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = {run_file(r).resolve() for r in args.run}
     if args.out.resolve() in inputs:  # the export would replace the run it reads
         raise ValueError(f"--out {args.out} is the trajectories file of a run being exported")
+    check_file("--out", args.out, "sft.jsonl")
     check_folder("--out", args.out, args.out.parent)
     read = 0
 

@@ -26,6 +26,17 @@ def _for_loopback(host: str | None) -> bool:
     return name.lower().rstrip(".") in _LOOPBACK
 
 
+def _port(text: str) -> int:
+    """A TCP port, checked with the options: a bad one is a usage error before the report is written."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535 (0 picks a free one), got {port}")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", metavar="RUN", type=Path, nargs="+", help="run directories (runs/NAME) or trajectories.jsonl files"
@@ -38,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also serve the report on http://127.0.0.1:PORT/ until Ctrl-C, each episode read from the run "
         "when it is opened",
     )
-    parser.add_argument("--port", type=int, default=8765, help="port for --serve (default 8765; 0 picks a free one)")
+    parser.add_argument("--port", type=_port, default=8765, help="port for --serve (default 8765; 0 picks a free one)")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -107,10 +118,11 @@ def _warn(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolenv._outputs import is_stdout
-    from toolenv.commands._paths import check_folder
-    from toolenv.report.html import build_report, run_file
+    from toolenv.commands._paths import check_file, check_folder
+    from toolenv.report.html import REPORT, build_report, run_file
 
     if args.out is not None:
+        check_file("--out", args.out, REPORT)
         if args.out.resolve() in {run_file(r).resolve() for r in args.run}:  # the page would replace the run
             raise ValueError(f"--out {args.out} is the trajectories file of a run being reported on")
         check_folder("--out", args.out, args.out.parent)

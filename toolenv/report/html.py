@@ -74,6 +74,12 @@ def iter_run(run: str | Path, *, warn: Callable[[str], None] | None = None) -> t
     return iter_trajectory_file(file, on_partial=partial_line_warning(file, warn)), file.parent
 
 
+def run_name(folder: Path) -> str:
+    """The name of a run's folder, for a page's title: that of the folder `.` or `sub/..` stands for
+    (their own names are empty or `..`), and never more of its path than its name."""
+    return Path(os.path.abspath(folder)).name or str(folder)
+
+
 def check_distinct(runs: Sequence[str | Path]) -> None:
     """Refuse runs that name one trajectories file more than once (a run twice, its folder and
     its file, a link to it), whose episodes would all be read, reported or exported twice.
@@ -279,7 +285,7 @@ def build_report(
     check_distinct(runs)
     folders = [folder for _, folder in opened]
     target = Path(out) if out is not None else folders[0] / REPORT
-    title = title or f"toolenv · {' + '.join(f.name for f in folders)}"
+    title = title or f"toolenv · {' + '.join(run_name(f) for f in folders)}"
     # The data's file is nameless (gone however the process ends) and its own (two reports at
     # once), beside the report, or in the run's folder for /dev/stdout (/dev is not writable).
     spool = folders[0] if in_system_folder(target) else Path(os.path.realpath(target)).parent

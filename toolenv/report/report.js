@@ -60,8 +60,11 @@
   function matches(r) {
     const min = parseFloat($("f-min").value);
     const max = parseFloat($("f-max").value);
-    if (!Number.isNaN(min) && r.reward < min) return false;
-    if (!Number.isNaN(max) && r.reward > max) return false;
+    // A non-finite reward is the string "NaN" or "Infinity" (JSON has no number for it): compared as
+    // a number, and `!(x >= min)` so that NaN is within no bound.
+    const reward = Number(r.reward);
+    if (!Number.isNaN(min) && !(reward >= min)) return false;
+    if (!Number.isNaN(max) && !(reward <= max)) return false;
     const env = $("f-env").value;
     if (env && r.env_id !== env) return false;
     const st = $("f-status").value;

@@ -23,6 +23,7 @@ from toolenv.report.html import (
     check_distinct,
     partial_line_warning,
     run_file,
+    run_name,
 )
 from toolenv.report.summary import SummaryBuilder
 from toolenv.trajectory import Trajectory, kept_lines
@@ -91,7 +92,7 @@ class RunIndex:
                 )
             files.append(file)
         check_distinct(runs)
-        self.title = title or f"toolenv · {' + '.join(f.parent.name for f in files)}"
+        self.title = title or f"toolenv · {' + '.join(run_name(f.parent) for f in files)}"
         self.lines: list[_Line] = []
         rows: list[dict[str, Any]] = []
         summary = SummaryBuilder()
