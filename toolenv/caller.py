@@ -353,6 +353,16 @@ def _unknown_arguments(tool: Tool, arguments: dict[str, Any]) -> list[str]:
     return [k for k in arguments if k not in allowed]
 
 
+def _not_an_object(tool: Tool, arguments: object) -> str:
+    """The error of a call whose arguments are no mapping of names to values."""
+    kinds = {type(None): "null", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    kind = kinds.get(type(arguments), "an array" if isinstance(arguments, list | tuple) else type(arguments).__name__)
+    return (
+        f"Invalid arguments for tool '{tool.name}': the arguments must be a JSON object of named values, "
+        f"got {kind}. {_expected(tool)}"
+    )
+
+
 def _unknown_message(tool: Tool, unknown: list[str]) -> str:
     names = ", ".join(repr(u) for u in unknown)
     return f"Invalid arguments for tool '{tool.name}': unknown argument(s) {names}. {_expected(tool)}"
@@ -898,6 +908,8 @@ class ToolCaller:
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             return None, ToolResult.error(f"Unknown tool '{_clip(call.name)}'. Available tools: {known}.")
+        if not isinstance(call.arguments, dict):  # a trainer's own parser may hand over anything
+            return tool, ToolResult.error(_not_an_object(tool, call.arguments))
         allowed = self._allowed[call.name]
         if allowed is not None and not allowed.issuperset(call.arguments):
             return tool, ToolResult.error(_unknown_message(tool, _unknown_arguments(tool, call.arguments)))

@@ -301,8 +301,8 @@ class ToolEnv(gym.Env[str, str]):
                 action = str(action)
             if parsed is None:
                 parsed = self.parser.parse(action)
-            elif not all(c.id for c in parsed.tool_calls):
-                parsed = _with_call_ids(parsed)
+            elif not all(c.id and type(c.arguments) is dict for c in parsed.tool_calls):
+                parsed = _completed_calls(parsed)
             if parsed.tool_calls:
                 results, records = await self.caller.invoke_for(
                     parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state
@@ -552,10 +552,27 @@ def _in_flight(what: str) -> gym.error.AlreadyPendingCallError:
     )
 
 
-def _with_call_ids(parsed: ParsedAction) -> ParsedAction:
+def _completed_calls(parsed: ParsedAction) -> ParsedAction:
     """A copy of `parsed` whose calls without an id are named by position (`call_0`, ...), as a
-    parser names them: each tool result and message must answer its call by id."""
-    calls = [c if c.id else c.model_copy(update={"id": positional_id(i)}) for i, c in enumerate(parsed.tool_calls)]
+    parser names them: each tool result and message must answer its call by id, so an id
+    another call of the turn has already is passed over for the next free one. Arguments given
+    as JSON text (OpenAI's and verl's calls carry them so) are read as the object they hold."""
+    taken = {c.id for c in parsed.tool_calls if c.id}
+    calls = []
+    for i, c in enumerate(parsed.tool_calls):
+        update: dict[str, Any] = {}
+        if not c.id:
+            k = i
+            while positional_id(k) in taken:
+                k += len(parsed.tool_calls)
+            taken.add(positional_id(k))
+            update["id"] = positional_id(k)
+        if isinstance(c.arguments, str):
+            with contextlib.suppress(ValueError):  # not JSON: the caller's error result says so
+                decoded = json.loads(c.arguments)
+                if isinstance(decoded, dict):
+                    update["arguments"] = decoded
+        calls.append(c.model_copy(update=update) if update else c)
     return parsed.model_copy(update={"tool_calls": calls})
 
 

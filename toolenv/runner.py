@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -171,6 +171,29 @@ def _timed_out(timeout: float | None, where: str) -> str:
     return f"episode timed out after {timeout:g} s, during {where}"
 
 
+def _stopping(exc: BaseException) -> bool:
+    """Whether `exc` stops the run rather than its episode: a CancelledError while this task is
+    being cancelled (Ctrl-C, SIGTERM, a failed worker). One an agent or env lets out of its own
+    work (a request it cancelled itself) ends its episode, as any other error does; Python 3.10
+    cannot tell the two apart, so there it stops the run, as before."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is None or cancelling() > 0
+
+
+def _not_spawned(agent: Agent, task: Task, exc: Exception, **fields: Any) -> Trajectory:
+    """The trajectory of an episode that never started: `agent.spawn()` raised `exc`."""
+    return Trajectory(
+        agent=agent.label,
+        model=agent.model,
+        task=task,
+        started_at=_now(),
+        error=_error("agent failed to start", exc),
+        **fields,
+    )
+
+
 async def run_episode(
     env: ToolEnv,
     agent: Agent,
@@ -211,7 +234,9 @@ async def run_episode(
         traj.error = _timed_out(timeout, "env reset")
         traj.duration_s = time.perf_counter() - start
         return traj
-    except Exception as exc:  # noqa: BLE001 - recorded in the trajectory
+    except (Exception, asyncio.CancelledError) as exc:  # recorded in the trajectory
+        if _stopping(exc):
+            raise
         traj.error = _error("env reset failed", exc)
         traj.duration_s = time.perf_counter() - start
         return traj
@@ -238,7 +263,9 @@ async def run_episode(
         except _EpisodeTimeout:
             traj.error = _timed_out(timeout, f"the agent's turn {turn}")
             break
-        except Exception as exc:  # noqa: BLE001 - a failing agent ends its episode only
+        except (Exception, asyncio.CancelledError) as exc:  # a failing agent ends its episode only
+            if _stopping(exc):
+                raise
             traj.error = _error(f"agent failed on turn {turn}", exc)
             break
         t1 = time.perf_counter()
@@ -247,7 +274,9 @@ async def run_episode(
         except _EpisodeTimeout:
             traj.error = _timed_out(timeout, f"env step {turn}")
             break
-        except Exception as exc:  # noqa: BLE001
+        except (Exception, asyncio.CancelledError) as exc:  # a failing env ends its episode only
+            if _stopping(exc):
+                raise
             traj.error = _error(f"env step failed on turn {turn}", exc)
             break
         t2 = time.perf_counter()
@@ -338,9 +367,11 @@ class _Output:
             return {}
         return config if isinstance(config, dict) else {}
 
-    def load(self, retry_errors: bool, success_threshold: float) -> Iterator[Trajectory]:
+    def load(self, retry: Container[tuple[str, int]], success_threshold: float) -> Iterator[Trajectory]:
         """Each earlier trajectory to keep, its `success` marked at `success_threshold`
-        (a line whose `success` changes is rewritten at `start`)."""
+        (a line whose `success` changes is rewritten at `start`). An errored one whose
+        (task id, sample) is in `retry` is dropped, to be run again; an errored one this
+        run will not run again stays."""
         if not self._load_previous:
             return
         for lineno, traj, line in iter_trajectory_lines(self.path):
@@ -352,7 +383,7 @@ class _Output:
                     )
                 self._edits[lineno] = None  # a partial last line from a killed run: dropped
                 continue
-            if retry_errors and traj.error is not None:
+            if traj.error is not None and traj.key in retry:
                 self._edits[lineno] = None
                 continue
             success = traj.error is None and _reaches(traj.reward, success_threshold)
@@ -632,7 +663,8 @@ async def arollout(
         if output is not None:
             given: dict[str, str] | None = None  # task id -> digest, made when there is a line to check
             changed: set[str] = set()
-            for t in output.load(retry_errors, success_threshold):
+            retry = {(task.id, sample) for _, task, sample in work} if retry_errors else set()
+            for t in output.load(retry, success_threshold):
                 _check_same_run(output.path, t, env_id, the_agent)
                 if given is None:
                     given = {task.id: _task_digest(task, read_back=True) for task in chosen}
@@ -687,17 +719,23 @@ async def arollout(
                 if w_env is None:
                     w_env = _make_env(env, dict(env_kwargs or {}))[0]
                     envs.append(w_env)
-                traj = await run_episode(
-                    w_env,
-                    the_agent.spawn(),
-                    task,
-                    env_id=env_id,
-                    sample=sample,
-                    seed=None if seed is None else seed + index,
-                    success_threshold=success_threshold,
-                    timeout=episode_timeout,
-                    episode=index + 1,  # its place in the whole run, also when resumed
-                )
+                episode_seed = None if seed is None else seed + index
+                try:
+                    spawned = the_agent.spawn()
+                except Exception as exc:  # noqa: BLE001 - an agent failure ends its episode only
+                    traj = _not_spawned(the_agent, task, exc, env_id=env_id, sample=sample, seed=episode_seed)
+                else:
+                    traj = await run_episode(
+                        w_env,
+                        spawned,
+                        task,
+                        env_id=env_id,
+                        sample=sample,
+                        seed=episode_seed,
+                        success_threshold=success_threshold,
+                        timeout=episode_timeout,
+                        episode=index + 1,  # its place in the whole run, also when resumed
+                    )
                 if output:
                     traj = output.write(traj)
                 written += 1
@@ -771,7 +809,8 @@ def rollout(
             naming it). Earlier episodes' `success` is recomputed at `success_threshold`
             (their lines rewritten). Another run using `out` at the time is a RuntimeError.
         overwrite: start `out` afresh.
-        retry_errors: on resume, drop and rerun episodes that ended with an error.
+        retry_errors: on resume, drop and rerun episodes that ended with an error (those of
+            this run's tasks and samples; the others' stay as they are).
         seed: episode `i` resets with `seed + i` (None: unseeded); at least 0.
         success_threshold: an episode succeeds when its reward reaches this and it has no error.
         progress: draw a live progress bar on stderr.

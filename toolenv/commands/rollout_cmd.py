@@ -68,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as success (default 1.0)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="start the output afresh instead of resuming")
-    mode.add_argument("--retry-errors", action="store_true", help="on resume, rerun episodes that ended with an error")
+    mode.add_argument(
+        "--retry-errors", action="store_true", help="on resume, rerun this run's episodes that ended with an error"
+    )
     parser.add_argument(
         "--episode-timeout",
         type=float,
