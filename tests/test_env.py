@@ -589,3 +589,10 @@ async def test_a_sync_close_inside_the_loop_of_a_step_in_flight_does_not_wait_fo
     assert tool.events == ["closed"]
     tool.gate.set()
     await step  # the step ends with the closed tool, as the warning said
+
+
+def test_tools_given_as_one_string_is_a_clear_error() -> None:
+    """`tools="sql"` (a config's or `--kwargs` slip for `["sql"]`) was read letter by letter:
+    "no tool named 's'". It says what to write instead."""
+    with pytest.raises(TypeError, match=r"tools must be a list.*got the string 'nope'.*\['nope'\]"):
+        ToolEnv(tools="nope", tasks=TASKS)  # type: ignore[arg-type]

@@ -600,3 +600,22 @@ def test_an_agent_failing_to_decide_native_tools_ends_only_its_episode() -> None
         "agent failed to say how it sends the tools: RuntimeError: no tokenizer"
     ] * 2
     assert all(not t.turns for t in res.trajectories)
+
+
+def test_a_password_in_a_url_is_kept_out_of_run_json_and_errors(tmp_path: Path) -> None:
+    """A base URL with `user:password@` (a proxy's basic auth) is recorded without its password,
+    as keys and tokens are: run.json and trajectories are shared with others."""
+    url = "http://alice:hunter2@127.0.0.1:9/v1"  # port 9 (discard): nothing listens, the call fails at once
+    rollout(
+        example.ENV_ID,
+        "openai",
+        agent_kwargs={"model": "m", "base_url": url, "max_retries": 0},
+        env_kwargs={"system_prompt": "Reach http://bob:pw2@127.0.0.1:9/ for nothing."},
+        n=1,
+        out=tmp_path,
+    )
+    written = (tmp_path / "run.json").read_text() + (tmp_path / "trajectories.jsonl").read_text()
+    assert "hunter2" not in written and "alice:***@" in written  # the error line names the URL too
+    config = json.loads((tmp_path / "run.json").read_text())
+    assert config["agent_kwargs"]["base_url"] == "http://alice:***@127.0.0.1:9/v1"
+    assert "pw2" not in config["env_kwargs"]["system_prompt"]

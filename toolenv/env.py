@@ -162,6 +162,8 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"task_order must be 'random' or 'sequential', got {task_order!r}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if isinstance(tools, str):  # iterated, it would name a tool per letter
+            raise TypeError(f"tools must be a list of tools, got the string {tools!r}: write [{tools!r}]")
         self.tools: list[Tool] = with_limits([resolve_tool(t) if isinstance(t, str) else t for t in tools], tool_limits)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]

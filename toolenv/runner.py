@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Container, Coroutine, Iterable, Iterator, Mapping
@@ -594,11 +595,28 @@ async def _close_envs(envs: list[ToolEnv]) -> None:
 
 
 def _redact(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """`kwargs` for run.json, a value whose name suggests a secret as `***`. A number, a bool or
-    None is no secret: `max_tokens` or `return_token_ids` names a setting worth keeping."""
+    """`kwargs` for run.json, a value whose name suggests a secret as `***`, and the password of
+    any URL in it (`http://user:***@host`, a proxy's basic auth). A number, a bool or None is no
+    secret: `max_tokens` or `return_token_ids` names a setting worth keeping."""
     return {
-        k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) and not _plain(v) else v) for k, v in kwargs.items()
+        k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) and not _plain(v) else _without_passwords(v))
+        for k, v in kwargs.items()
     }
+
+
+#: The password of a URL's `user:password@` (its scheme and user kept, to tell what it was).
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+(@)")
+
+
+def _without_passwords(value: Any) -> Any:
+    """`value` with the password of each URL in its text as `***`, in nested lists and dicts too."""
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***\2", value) if "@" in value else value
+    if isinstance(value, Mapping):
+        return {k: _without_passwords(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_passwords(v) for v in value]
+    return value
 
 
 def _plain(value: Any) -> bool:

@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import urllib.parse
 from typing import Any, Literal
 
 import httpx
@@ -280,8 +281,11 @@ class OpenAIAgent(Agent):
         return sh.client, sh.semaphore
 
     def _redact(self, text: str) -> str:
+        """`text` without the API key, nor the password of a base URL's `user:password@`."""
         key = self._key()
-        return text.replace(key, "***") if key else text
+        text = text.replace(key, "***") if key else text
+        password = urllib.parse.urlsplit(self.base_url).password
+        return text.replace(f":{password}@", ":***@") if password else text
 
     def _snippet(self, text: str, limit: int) -> str:
         """A server's text for an error line: the key redacted before the cut (a cut key would
