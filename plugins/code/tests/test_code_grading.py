@@ -189,3 +189,21 @@ def test_a_completion_that_lost_its_indentation_gets_it_back() -> None:
     assert solution_source("def f(x):\n    return x", prefix) == prefix.rstrip("\n") + "\n\ndef f(x):\n    return x"
     assert solution_source("return x", "import math\n") == "import math\nreturn x"  # no function to complete
     assert run_tests("return x + 1", TestSpec(tests=["assert f(1) == 2"], solution_prefix=prefix)).fraction == 1.0
+
+
+def test_a_whole_program_that_opens_with_a_future_import_is_graded_as_it_runs() -> None:
+    """`from __future__ import annotations` must open a program: joined after the prompt, a correct
+    answer that starts with it (or with a docstring and then it) failed to compile and scored 0."""
+    task = next(t for t in humaneval_tasks() if t.id == "HumanEval/0")
+    spec = TestSpec.model_validate({k: v for k, v in task.context.items() if k in TestSpec.model_fields})
+    canonical = task.answers[0]
+    heads = ("from __future__ import annotations\n", '"""Mine."""\nfrom __future__ import (\n    annotations,\n)\n')
+    for head in heads:
+        report = run_tests(f"```python\n{head}{canonical}\n```", spec)
+        assert report.fraction == 1.0 and not report.solution_error, report
+    # Nothing else moves: the prompt still comes first, and a wrong answer still fails.
+    source = solution_source("from __future__ import annotations\nx = 1", "import math\n")
+    assert source.splitlines()[0] == "from __future__ import annotations"
+    assert source.index("import math") < source.index("x = 1")
+    wrong = "from __future__ import annotations\ndef has_close_elements(numbers, threshold):\n    return False"
+    assert run_tests(wrong, spec).fraction < 1.0

@@ -6,6 +6,7 @@ import contextlib
 import http.server
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -90,6 +91,45 @@ def test_network_to_loopback_server_fails(loopback_server: int) -> None:
     r = run_code(code, FAST)
     assert not r.ok and "secret" not in r.stdout
     assert "URLError" in r.stderr or "unreachable" in r.stderr or "refused" in r.stderr
+
+
+@pytest.mark.skipif(not os.access("/run", os.W_OK), reason="needs to make a socket in the host's /run")
+def test_a_host_service_s_unix_socket_under_run_is_not_reachable() -> None:
+    """Local services listen on unix sockets under /run (/var/run): PostgreSQL's, D-Bus's, Docker's,
+    a user's agents under /run/user. A read-only mount does not stop a connect to one (nor does
+    the empty network namespace), so the sandbox must not see them at all."""
+    from toolenv_code.sandbox import SandboxPool
+
+    path = f"/run/toolenv-test-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    got: list[bytes] = []
+    try:
+        server.bind(path)
+        os.chmod(path, 0o777)  # as PostgreSQL's is: anyone may connect
+        server.listen(1)
+        server.settimeout(3)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = server.accept()
+                got.append(conn.recv(100))
+                conn.close()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        pool = SandboxPool(size=1)  # servers started now: the socket is there when they mount
+        try:
+            code = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({path!r})\ns.sendall(b'escaped')\n"
+            r = pool.run(code, FAST)
+            assert pool.run("import os\nprint(os.path.isdir('/var/run'))", FAST).ok  # the directory is there
+        finally:
+            pool.close()
+        thread.join(4)
+        assert got == [] and not r.ok and "FileNotFoundError" in r.stderr, r.stdout + r.stderr
+    finally:
+        server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def test_fork_bomb_is_contained() -> None:

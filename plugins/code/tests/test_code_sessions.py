@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
 import signal
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import gymnasium as gym
 
@@ -242,3 +246,75 @@ def _wait_until_dead(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} did not die")
+
+
+async def test_a_call_abandoned_while_it_waits_for_a_server_never_runs() -> None:
+    """A tool call whose caller gave up (its tool timeout) while every server was busy must not
+    run later: the model was told it failed, so a session's variables must not change behind
+    its back (nor a later call run before it), and a backlog of abandoned calls must not keep
+    the servers busy."""
+    pool = SandboxPool(size=1)  # one server: the second call waits for the first
+    try:
+        busy = asyncio.create_task(pool.arun("import time; time.sleep(1.5)"))
+        await asyncio.sleep(0.3)
+        try:
+            await asyncio.wait_for(pool.arun("x = 1", session="late"), 0.2)
+        except asyncio.TimeoutError:
+            pass
+        else:
+            raise AssertionError("the call should still have been waiting for the server")
+        assert (await busy).ok
+        await asyncio.sleep(1.0)  # time enough for an abandoned call to run, were it still to
+        assert pool.stats()[0]["sessions"] == []
+        r = await pool.arun("print(x)", session="late")
+        assert "NameError" in r.stderr and r.new_session, r.stdout + r.stderr
+    finally:
+        pool.close()
+
+
+def test_closes_pending_for_a_server_that_died_are_dropped_with_it() -> None:
+    """A session closed while its server was idle is closed at that server's next request; if the
+    server dies first, the session is gone with it, and the close must not stay queued for good
+    (the queue is scanned on every request: a long run would keep growing it)."""
+    pool = SandboxPool(size=1)
+    try:
+        pool.run("x = 1", session="a")
+        (pid,) = [srv["pid"] for srv in pool.stats()]
+        pool.close_session("a")
+        os.kill(pid, signal.SIGKILL)
+        _wait_until_dead(pid)
+        assert pool.run("print('next')").stdout == "next\n"  # on a fresh server
+        assert pool._pending_close == []
+    finally:
+        pool.close()
+
+
+async def test_a_session_s_calls_run_in_the_order_they_were_made() -> None:
+    """A turn's tool calls run concurrently: with a stateful session, `x = 1` then `print(x)` must
+    still run in that order, whichever worker thread reaches the server first (under load the
+    second often did, and the model got a NameError for code it wrote in the right order)."""
+
+    class FirstJobLate(ThreadPoolExecutor):
+        """The first job's thread starts late, as a loaded host's scheduler may have it."""
+
+        late = True
+
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+            if FirstJobLate.late:
+                FirstJobLate.late = False
+
+                def slow() -> Any:
+                    time.sleep(0.5)
+                    return fn(*args, **kwargs)
+
+                return super().submit(slow)
+            return super().submit(fn, *args, **kwargs)
+
+    asyncio.get_running_loop().set_default_executor(FirstJobLate(max_workers=4))
+    pool = SandboxPool(size=1)
+    try:
+        first, second = await asyncio.gather(pool.arun("x = 1", session="s"), pool.arun("print(x)", session="s"))
+        assert first.ok and first.new_session
+        assert second.stdout == "1\n", second.stdout + second.stderr
+    finally:
+        pool.close()

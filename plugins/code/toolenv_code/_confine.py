@@ -3,9 +3,10 @@
 The server calls `setup_isolation` once at start. It moves into new mount and
 network namespaces (as root; through a user namespace otherwise; not at all if
 the kernel refuses both), lays a private tmpfs over /tmp (binding back, read-only,
-the interpreter's own paths there, if it lives under /tmp), and remounts every
-other mount read-only and nosuid, so sandboxed code can write only in its work
-directory. It also sets no_new_privs: no program it executes gains privileges.
+the interpreter's own paths there, if it lives under /tmp), an empty one over /run
+(local services' unix sockets: see `HIDDEN_RUN`), and remounts every other mount
+read-only and nosuid, so sandboxed code can write only in its work directory.
+It also sets no_new_privs: no program it executes gains privileges.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ PRIVATE_TMP = "/tmp"  # noqa: S108
 PRIVATE_SHM = "/dev/shm"  # noqa: S108
 #: The tmpfs on /dev/shm: the server's, and each child's own.
 SHM_OPTIONS = "size=16m,mode=1777"
+#: Where local services listen on unix sockets (PostgreSQL, D-Bus, Docker, a user's agents under
+#: /run/user; /var/run links here): covered by an empty read-only tmpfs. Neither a read-only mount
+#: nor the empty network namespace stops a `connect` to a socket file the code can reach by path.
+HIDDEN_RUN = "/run"
 _MS_FLAGS = {"nosuid": _linux.MS_NOSUID, "nodev": _linux.MS_NODEV, "noexec": _linux.MS_NOEXEC}
 _MS_ATIME = {"noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 
@@ -60,14 +65,16 @@ class Isolation:
     exposed: list[str] = field(default_factory=list)
 
 
-def _remount_readonly(iso: Isolation, skip: set[str]) -> None:
+def _remount_readonly(iso: Isolation, skip: set[str], covered: Iterable[str] = ()) -> None:
+    """Every mount read-only and nosuid but those in `skip`; those below `covered` (a tmpfs now
+    lies over them, so no path reaches them) are left alone, but for the binds made back there."""
     with open("/proc/self/mountinfo", encoding="utf-8") as fh:
         lines = fh.read().splitlines()
     seen: set[str] = set()
     for line in lines:
         parts = line.split()
         target = parts[4].encode().decode("unicode_escape")
-        if target in skip or target in seen:
+        if target in skip or target in seen or (_below(target, covered) and target not in iso.exposed):
             continue
         seen.add(target)
         # nosuid too: no_new_privs already voids set-uid bits for the children; this is a second lock.
@@ -239,6 +246,24 @@ def _nested_user_ns() -> int:
         os.waitpid(pid, 0)
 
 
+def _cover_run() -> bool:
+    """Lay an empty tmpfs over `HIDDEN_RUN` (read-only once `_remount_readonly` has run).
+
+    Not when it is missing or a link, nor when /tmp or /dev/shm lie below it (old systems
+    link /dev/shm to /run/shm): those must stay reachable.
+    """
+    if not os.path.isdir(HIDDEN_RUN) or os.path.islink(HIDDEN_RUN):
+        return False
+    if _below(os.path.realpath(PRIVATE_TMP), [HIDDEN_RUN]) or _below(os.path.realpath(PRIVATE_SHM), [HIDDEN_RUN]):
+        return False
+    flags = _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC
+    try:
+        _linux.mount("tmpfs", HIDDEN_RUN, "tmpfs", flags, "size=64k,mode=0755")
+    except OSError:
+        return False
+    return True
+
+
 def _mkdtemp() -> str:
     import tempfile  # only on this fallback path (see `_server._rmtree`)
 
@@ -267,7 +292,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
             iso.child_user_ns = _nested_user_ns()
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
-    hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM)))  # before they are covered
+    hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN)))  # before they are covered
     try:
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={tmpfs_mb}m,mode=0711")
@@ -277,12 +302,13 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
                 _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, SHM_OPTIONS)
                 skip.add(PRIVATE_SHM)
                 iso.private_shm = True
-        covered = [pair for pair in hidden if _below(pair[0], skip)]
-        hidden = [pair for pair in hidden if not _below(pair[0], skip)]
+        roots = skip | ({HIDDEN_RUN} if _cover_run() else set())
+        covered = [pair for pair in hidden if _below(pair[0], roots)]
+        hidden = [pair for pair in hidden if not _below(pair[0], roots)]
         iso.exposed = bind_back(covered)
         if os.geteuid() == 0 and not iso.user_ns:
             iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
-        _remount_readonly(iso, skip)
+        _remount_readonly(iso, skip, roots - skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True
     except OSError:

@@ -694,6 +694,35 @@ def _body_indent(prefix: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
+def _future_imports(code: str) -> tuple[str, str]:
+    """The `from __future__` imports `code` opens with (after its docstring, if any), and the rest.
+
+    They must open the program, so they go before the prompt: after it, a program that
+    runs as it is would not compile.
+    """
+    if "__future__" not in code:
+        return "", code
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            body = parse_ast(code).body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return "", code
+    futures: list[ast.stmt] = []
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            futures.append(stmt)
+        elif not (i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            break
+    if not futures:
+        return "", code
+    lines = code.splitlines(keepends=True)
+    moved = {n for stmt in futures for n in range(stmt.lineno - 1, stmt.end_lineno or stmt.lineno)}
+    head = "".join(lines[n] for n in sorted(moved))
+    rest = "".join(line for n, line in enumerate(lines) if n not in moved)
+    return head.rstrip("\n") + "\n", rest
+
+
 def solution_source(answer: str, prefix: str = "") -> str:
     """Join `prefix` and the answer's code: a whole program after the prefix, or a completion of it.
 
@@ -704,7 +733,8 @@ def solution_source(answer: str, prefix: str = "") -> str:
     if not prefix:
         return code
     if _compiles(code):
-        return prefix.rstrip("\n") + "\n\n" + code
+        future, code = _future_imports(code)
+        return future + prefix.rstrip("\n") + "\n\n" + code
     completion = prefix + code  # a body that continues the prompt's signature
     indent = _body_indent(prefix)
     if indent and code[:1] not in (" ", "\t") and not _compiles(completion):

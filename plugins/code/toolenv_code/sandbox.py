@@ -65,6 +65,16 @@ class ExecResult(BaseModel):
         return self.error is None and not self.timed_out and self.exit_code == 0
 
 
+class _Call:
+    """One call's place in a session's line (`SandboxPool._line_up`); `gone` once its caller
+    gave up on it (`SandboxPool.arun`)."""
+
+    __slots__ = ("gone",)
+
+    def __init__(self) -> None:
+        self.gone = False
+
+
 _UIDS_PER_SERVER = 64  # one for one-shot runs, one per live session
 
 
@@ -152,6 +162,7 @@ class SandboxPool:
         self._cond = threading.Condition()
         self._session_slot: dict[str, int] = {}
         self._pending_close: list[str] = []
+        self._lines: dict[str, list[_Call]] = {}  # per session: its calls waiting, in the order made
         self._closed = False
         self.restarts = 0
 
@@ -165,24 +176,59 @@ class SandboxPool:
         return (_new_pool, (self.size, tmpfs_mb, max_sessions, session_idle))
 
     # -- slots
-    def _acquire(self, slot: int | None) -> int:
+    def _acquire(self, slot: int | None, call: _Call | None = None, session: str | None = None) -> int:
+        """A free server's slot (`slot` itself when given), taken by `call` only once the calls
+        made before it in `session` have taken theirs (see `_line_up`); -1 once `call.gone`."""
         with self._cond:
-            while True:
-                if self._closed:
-                    raise RuntimeError("the sandbox pool is closed")
-                if slot is not None:
-                    if not self._busy[slot]:
-                        self._busy[slot] = True
-                        return slot
-                else:
-                    # Round robin: the least recently used server has had longest to fork its spare.
-                    for k in range(self.size):
-                        i = (self._next + k) % self.size
-                        if not self._busy[i]:
-                            self._busy[i] = True
-                            self._next = i + 1
-                            return i
-                self._cond.wait()
+            try:
+                return self._wait_for_slot(slot, call, session)
+            except BaseException:  # closed, or a Ctrl-C while it waits: the session's next calls go on
+                if session is not None and call is not None:
+                    self._leave_line(session, call)
+                raise
+
+    def _wait_for_slot(self, slot: int | None, call: _Call | None, session: str | None) -> int:
+        """`_acquire`, with `_cond` held."""
+        while True:
+            if self._closed:
+                raise RuntimeError("the sandbox pool is closed")
+            if call is not None and call.gone:
+                if session is not None:
+                    self._leave_line(session, call)
+                return -1
+            if slot is not None:
+                line = self._lines.get(session) if session is not None else None
+                if not self._busy[slot] and (not line or line[0] is call):
+                    self._busy[slot] = True
+                    if line and call is not None and session is not None:
+                        self._leave_line(session, call)  # the next in line waits for this slot now
+                    return slot
+            else:
+                # Round robin: the least recently used server has had longest to fork its spare.
+                for k in range(self.size):
+                    i = (self._next + k) % self.size
+                    if not self._busy[i]:
+                        self._busy[i] = True
+                        self._next = i + 1
+                        return i
+            self._cond.wait()
+
+    def _line_up(self, session: str, call: _Call) -> None:
+        """Put `call` in `session`'s line: a session runs its calls in the order they were made
+        (a turn's tool calls run concurrently, and their worker threads start in any order)."""
+        with self._cond:
+            self._lines.setdefault(session, []).append(call)
+
+    def _leave_line(self, session: str, call: _Call) -> None:
+        """Take `call` out of `session`'s line (with `_cond` held); the next in line may go."""
+        line = self._lines.get(session)
+        if line is None:
+            return
+        with contextlib.suppress(ValueError):
+            line.remove(call)  # by identity: a `_Call` equals only itself
+        if not line:
+            del self._lines[session]
+        self._cond.notify_all()
 
     def _release(self, slot: int) -> None:
         with self._cond:
@@ -197,9 +243,10 @@ class SandboxPool:
             if server is not None:
                 self.restarts += 1
                 server.close()
-                with self._cond:
+                with self._cond:  # its sessions died with it: nothing to close on the next one
                     for sid in server.sessions:
                         self._session_slot.pop(sid, None)
+                    self._pending_close = [sid for sid in self._pending_close if sid not in server.sessions]
             server = _Server(slot, *self._opts)
             self._servers[slot] = server
         return server
@@ -229,9 +276,25 @@ class SandboxPool:
     # -- public API
     def run(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
         """Run `code` in a fresh sandboxed process, or in stateful `session` (blocking, thread-safe)."""
+        call = _Call()
+        if session is None:
+            return self._run(code, limits, None, call)
+        self._line_up(session, call)
+        try:
+            return self._run(code, limits, session, call)
+        except BaseException:  # (out of line already once it had its slot) the session's next calls go on
+            with self._cond:
+                self._leave_line(session, call)
+            raise
+
+    def _run(self, code: str, limits: SandboxLimits | None, session: str | None, call: _Call) -> ExecResult:
+        """`run` for `call` (in `session`'s line already); `call.gone` set while it waits for a
+        server: it returns without running the code."""
         lim = (limits or SandboxLimits()).model_dump()
         if session is None:
-            slot = self._acquire(None)
+            slot = self._acquire(None, call)
+            if slot < 0:
+                return ExecResult(error=_ABANDONED)
             try:
                 resp = self._call(slot, {"op": "run", "code": code, "limits": lim})
             finally:
@@ -239,12 +302,18 @@ class SandboxPool:
             return _result(resp)
         with self._cond:
             pinned = self._session_slot.get(session)
+            new_pin = pinned is None
             if pinned is None:
                 load = [0] * self.size
                 for used in self._session_slot.values():
                     load[used] += 1
                 pinned = self._session_slot[session] = load.index(min(load))
-        slot = self._acquire(pinned)
+        slot = self._acquire(pinned, call, session)
+        if slot < 0:
+            with self._cond:  # a session it would have started: no pin left to skew the balance
+                if new_pin and self._session_slot.get(session) == pinned:
+                    del self._session_slot[session]
+            return ExecResult(error=_ABANDONED)
         try:
             server = self._server(slot)
             with self._cond:  # a restart of the server forgot the session's pin: it stays on this one
@@ -262,8 +331,24 @@ class SandboxPool:
         return result
 
     async def arun(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
-        """`run` from async code (in a worker thread, so any event loop may call it)."""
-        return await asyncio.to_thread(self.run, code, limits, session=session)
+        """`run` from async code (in a worker thread, so any event loop may call it).
+
+        Cancelled (a tool's timeout, say) while it still waits for a free server, the call is
+        dropped rather than run later: its caller was told it failed, a session's next call
+        could otherwise run before it, and abandoned calls would keep a busy pool busier.
+        """
+        call = _Call()
+        if session is not None:
+            self._line_up(session, call)  # here, in the order the calls are made
+        try:
+            return await asyncio.to_thread(self._run, code, limits, session, call)
+        except BaseException:  # cancelled, most often: out of line even if its job never starts
+            call.gone = True
+            with self._cond:  # and its thread, if it waits, wakes to give back its worker
+                if session is not None:
+                    self._leave_line(session, call)
+                self._cond.notify_all()
+            raise
 
     def close_session(self, session: str) -> None:
         """Forget `session`; its process is killed on the server's next request (never blocks)."""
@@ -298,6 +383,10 @@ class SandboxPool:
                     if rest is not None:
                         rest.proc.kill()
                 raise
+
+
+#: The result of a call given up on while it waited for a server (nobody reads it).
+_ABANDONED = "the call was abandoned before a sandbox server was free"
 
 
 def _result(resp: dict[str, Any]) -> ExecResult:
