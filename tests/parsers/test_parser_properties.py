@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from toolenv.parsers import CodeBlockParser, HermesParser, TagParser, get_parser
@@ -255,11 +255,31 @@ def test_huge_inputs_parse(text: str) -> None:
 
 @SETTINGS
 @given(corrupted_calls())
+@example('<tool_call>{"name": "", "<tool_call>arguments": {}}</tool_call>')  # found by CI: one call, as vLLM reads it
 def test_corrupted_hermes_calls_are_errors_or_calls(text: str) -> None:
     action = HermesParser().parse(text)
     check(action)
-    # Every opened call either parsed or produced an error the model can read.
-    assert len(action.tool_calls) + len(action.errors) == text.count("<tool_call>")
+    # Every opened call either parsed or produced an error the model can read, but for a
+    # `<tool_call>` inside another call's body up to its `</tool_call>`: as vLLM reads it, that
+    # may be text in the call's arguments (when the whole body decodes), not a call of its own.
+    opens = text.count("<tool_call>")
+    got = len(action.tool_calls) + len(action.errors)
+    if _a_call_opens_inside_another(text):
+        assert 1 <= got <= opens
+    else:
+        assert got == opens
+
+
+def _a_call_opens_inside_another(text: str) -> bool:
+    """Whether a `<tool_call>` comes after another one before that one's first `</tool_call>`."""
+    start = text.find("<tool_call>")
+    while start >= 0:
+        nxt = text.find("<tool_call>", start + 1)
+        close = text.find("</tool_call>", start)
+        if nxt >= 0 and (close < 0 or nxt < close):
+            return True
+        start = nxt
+    return False
 
 
 @ROUND_TRIP
