@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ class LeaksCancellation(Agent):
         return await example.ScriptedAgent().act(observation, messages, env_info)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 cannot tell a leaked CancelledError from a stop")
 @pytest.mark.parametrize("episode_timeout", [None, 30.0])
 def test_an_agent_leaking_its_own_cancellation_ends_that_episode_not_the_run(
     tmp_path: Path, episode_timeout: float | None
