@@ -314,9 +314,15 @@ class _Handoff:
 
     def _settle(self, task: asyncio.Task[Any]) -> None:
         self.task = None  # no task <-> handoff cycle left for the collector; a late `cancel` is harmless
-        if task.cancelled():
-            self.outcome.cancel()
-        elif (error := task.exception()) is not None:
-            self.outcome.set_exception(error)
-        else:
-            self.outcome.set_result(task.result())
+        pass_outcome(task, self.outcome)
+
+
+def pass_outcome(task: asyncio.Future[T], outcome: concurrent.futures.Future[T]) -> None:
+    """Give `outcome` (waited on from other threads) the result, error or cancellation of the
+    finished `task`."""
+    if task.cancelled():
+        outcome.cancel()
+    elif (error := task.exception()) is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(task.result())

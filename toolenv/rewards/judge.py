@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import cachetools
 
+from toolenv import _aio
 from toolenv._tls import tls_context
 from toolenv.episode import Episode
 from toolenv.parsers.reasoning import split_reasoning
@@ -572,12 +573,7 @@ class LLMJudge(Reward):
                 del self._pending[key]
             if self._replies is not None and not failed:
                 self._replies[key] = task.result()[0]
-        if task.cancelled():
-            flight.done.cancel()
-        elif (exc := task.exception()) is not None:
-            flight.done.set_exception(exc)
-        else:
-            flight.done.set_result(task.result())
+        _aio.pass_outcome(task, flight.done)
 
     async def complete(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """The reply text for `messages` and the attempts it took.
