@@ -289,8 +289,7 @@ class RemoteToolEnv(ToolEnv):
         # was cancelled, or timed out): the next reset moves to a new session, not behind it.
         self._busy = False
         meta, tasks, self._replays = _blocking(self._describe())
-        if self._fingerprint is not None:
-            self._lease.headers[ENV_HEADER] = self._fingerprint
+        self._lease.headers = self._request_headers()  # with the fingerprint, known now
         try:
             parser = get_parser(meta.parser, **meta.parser_kwargs)
         except (ValueError, TypeError) as exc:
@@ -319,10 +318,7 @@ class RemoteToolEnv(ToolEnv):
         self._lease.session = value
 
     def _new_lease(self) -> _Lease:
-        headers = {FEATURES_HEADER: ", ".join(FEATURES), **self._headers}
-        if self._fingerprint is not None:
-            headers[ENV_HEADER] = self._fingerprint
-        lease = _Lease(self.url, headers, reachable=self._transport is None)
+        lease = _Lease(self.url, self._request_headers(), reachable=self._transport is None)
         weakref.finalize(self, lease.dropped).atexit = False  # exit releases by `_release_at_exit`
         return lease
 
@@ -535,14 +531,17 @@ class RemoteToolEnv(ToolEnv):
         self._lease = self._new_lease()
 
     # ------------------------------------------------------------------ HTTP
-    def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
-        # Every request says what this client reads: the server then sends the fields of those features.
-        # Once known, every request names the server's env it was built for: a server restarted with
-        # another env refuses it (409) rather than serve it silently with this client's stale mirror.
+    def _request_headers(self) -> dict[str, str]:
+        """What every request sends: the features this client reads (the server then sends their
+        fields), the server's env it was built for once known (a server restarted with another env
+        refuses it, 409, rather than serve it silently with this client's stale mirror), the user's."""
         env = {} if self._fingerprint is None else {ENV_HEADER: self._fingerprint}
+        return {FEATURES_HEADER: ", ".join(FEATURES), **env, **self._headers}
+
+    def _new_client(self, **extra_headers: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             base_url=self.url,
-            headers={FEATURES_HEADER: ", ".join(FEATURES), **env, **self._headers, **extra_headers},
+            headers={**self._request_headers(), **extra_headers},
             timeout=self._timeout,
             transport=self._transport,
             verify=tls_context(),

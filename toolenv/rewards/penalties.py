@@ -33,13 +33,18 @@ def _amount(reward: str, setting: str, value: object) -> float:
     Raises:
         ValueError: it is no number or not finite (it would end a step with an error mid-training).
     """
-    try:
-        amount = float(value)  # type: ignore[arg-type]  # anything float() takes
-    except (TypeError, ValueError):
-        amount = math.nan
+    amount = _float(value)
     if not math.isfinite(amount):
         raise ValueError(f"{reward}'s {setting} must be a finite number, got {value!r}")
     return amount
+
+
+def _float(value: object) -> float:
+    """`value` as a float (`"2"` and `"-0.5"` from a config too); NaN when it is no number."""
+    try:
+        return float(value)  # type: ignore[arg-type]  # anything float() takes
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _count(reward: str, setting: str, value: object) -> int:
@@ -48,10 +53,7 @@ def _count(reward: str, setting: str, value: object) -> int:
     Raises:
         ValueError: it is not one.
     """
-    try:
-        n = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        n = math.nan
+    n = _float(value)
     if not (math.isfinite(n) and n.is_integer() and n >= 0):
         raise ValueError(f"{reward}'s {setting} must be a whole number >= 0, got {value!r}")
     return int(n)
