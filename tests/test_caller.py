@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
@@ -400,7 +401,14 @@ async def test_a_high_rate_limit_waits_for_its_slot_without_polling(monkeypatch:
     assert all(r[0][0].text == "ok" for r in out)
     assert len(waits) <= 3 * n  # a sleep to its slot, the rest of the spacing, no polling
     assert max(waits) <= (n - 1) / 1000  # no call sleeps past its slot
-    assert min(b - a for a, b in zip(stamps, stamps[1:], strict=False)) >= 0.001 * 0.9
+    # The limiter lets calls through 1/rate apart. On 3.11+ a call's tool starts as it is let
+    # through; on 3.10 it starts in a task of its own one loop turn later, and a loaded host
+    # can delay one start into the next call's slot (CI saw two starts 0.19 ms apart), so
+    # there any k starts span at least k - 2 intervals rather than k - 1: one call of jitter.
+    jitter = 1 if sys.version_info < (3, 11) else 0
+    for i, a in enumerate(stamps):
+        for j in range(i + 1, len(stamps)):
+            assert stamps[j] - a >= max(0, j - i - jitter) * 0.001 * 0.9, (i, j, stamps[j] - a)
 
 
 async def test_calls_cancelled_while_waiting_for_the_rate_limit_do_not_delay_later_ones(
