@@ -906,3 +906,29 @@ async def test_a_404_says_to_check_base_url(server: Server) -> None:
     traj = (await arollout(make_env, agent(server, max_retries=0), n=1)).trajectories[0]
     assert traj.error is not None and "HTTP 404" in traj.error
     assert "check base_url (the API root, e.g. http://127.0.0.1:8000/v1) and model" in traj.error
+
+
+async def test_a_stop_token_the_server_names_by_id_is_put_back_as_its_stop_string(server: Server) -> None:
+    """vLLM stops gpt-oss at `<|call|>` as a stop token (its generation config lists it as an end
+    of turn), cuts it from the text and says so with the token's id (`stop_reason: 200012`), not
+    a string. The id does not say which stop string it stands for, so the one that completes the
+    call is put back: the growing prompt holds the call as Harmony writes it, `<|call|>` and all,
+    rather than an unterminated message the model never sees in training."""
+
+    def env() -> toolenv.ToolEnv:
+        return toolenv.ToolEnv(tools=[Lookup()], tasks=[{"question": "2+3?", "answer": "5"}], parser="harmony")
+
+    call = '<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"query": "five"}'
+    server.script = [
+        ("json", 200, {"choices": [{"text": call, "finish_reason": "stop", "stop_reason": 200012}]}, {}),
+        ("json", 200, {"choices": [{"text": "<|channel|>final<|message|>5", "finish_reason": "stop"}]}, {}),
+    ]
+    res = await arollout(env, agent(server, api="completions"), n=1)
+    traj = res.trajectories[0]
+    assert traj.error is None and traj.turns[0].action == call + "<|call|>"
+    assert traj.turns[0].results[0].text == 'Doc 1(Title: "five") five'
+    assert call + "<|call|>" in server.requests[1]["body"]["prompt"]
+    # A reply the model ended by itself (vLLM: `stop_reason` null) is kept as it is.
+    server.script = [("json", 200, {"choices": [{"text": call, "finish_reason": "stop", "stop_reason": None}]}, {})]
+    kept = await arollout(env, agent(server, api="completions"), n=1)
+    assert kept.trajectories[0].turns[0].action == call

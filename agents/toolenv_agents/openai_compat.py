@@ -596,20 +596,31 @@ def _with_stop(text: str, choice: dict[str, Any], parser: ActionParser | None, s
     SGLang: `matched_stop`), unless the text holds it already (vLLM's `include_stop_str_in_output`).
 
     OpenAI's API and most gateways do not say whether a stop string or the model's end of turn
-    ended the reply: there, the stop string that completes a call the text left open (the env
-    reads more calls or fewer errors with it) is put back; a complete text is kept as it is."""
+    ended the reply, and a server naming a stop token by its id (vLLM stops gpt-oss at `<|call|>`,
+    an end of turn in its generation config, and cuts it from the text) does not say which stop
+    string it stands for: there, the stop string that completes a call the text left open (the
+    env reads more calls or fewer errors with it) is put back; a complete text is kept as it is."""
     if parser is None or choice.get("finish_reason") != "stop" or not stops or text.endswith(stops):
         return text
     matched = choice.get("stop_reason") or choice.get("matched_stop")
-    if isinstance(matched, str) and matched in stops:
-        return text + matched
-    if "stop_reason" in choice or "matched_stop" in choice:  # the server said no stop string ended it
+    if isinstance(matched, str):
+        return text + matched if matched in stops else text
+    if matched is None and ("stop_reason" in choice or "matched_stop" in choice):  # ended by itself
         return text
     before = parser.parse(text)
     for stop in stops:
         after = parser.parse(text + stop)
         if len(after.tool_calls) > len(before.tool_calls) or len(after.errors) < len(before.errors):
             return text + stop
+    if isinstance(matched, int) and not isinstance(matched, bool):  # a stop token ended the call it follows
+        for stop in stops:
+            after = parser.parse(text + stop)
+            if (
+                after.tool_calls
+                and len(after.tool_calls) == len(before.tool_calls)
+                and len(after.errors) <= len(before.errors)
+            ):
+                return text + stop
     return text
 
 
