@@ -6,7 +6,10 @@ the kernel refuses both), lays a private tmpfs over /tmp (binding back, read-onl
 the interpreter's own paths there, if it lives under /tmp), an empty one over /run
 (local services' unix sockets: see `HIDDEN_RUN`), and remounts every other mount
 read-only and nosuid, so sandboxed code can write only in its work directory.
-It also sets no_new_privs: no program it executes gains privileges.
+It also sets no_new_privs (no program it executes gains privileges), then installs a
+seccomp filter that keeps it and all it forks from making unix sockets, but connected pairs:
+neither the read-only mounts nor the network namespace stop a `connect` to a host daemon's
+socket file outside /run (see `_linux.socket_filter_program`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class Isolation:
     #: Each child is put in a Landlock domain of its own that cannot reach abstract unix
     #: sockets from outside it (the children share the server's network namespace).
     child_socket_scope: bool = False
+    #: A seccomp filter refuses `socket(AF_UNIX)` (and AF_VSOCK, datagram socketpairs, io_uring)
+    #: to the server and everything it forks: see `_linux.socket_filter_program`.
+    unix_socket_filter: bool = False
     #: In a user namespace: a nested one (an open fd) every child joins, so that being root
     #: there gives no power over our mounts and namespaces; -1 if it could not be made.
     child_user_ns: int | None = None
@@ -277,6 +283,9 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         _linux.set_no_new_privs()
         iso.no_new_privs = True
         iso.child_socket_scope = _linux.landlock_abi() >= _linux.LANDLOCK_SCOPED_ABI
+    if iso.no_new_privs:  # seccomp asks for it (or CAP_SYS_ADMIN, which the children lack)
+        with contextlib.suppress(OSError):
+            iso.unix_socket_filter = _linux.install_socket_filter()
     try:
         _linux.unshare(_linux.CLONE_NEWNS | _linux.CLONE_NEWNET)
     except OSError:

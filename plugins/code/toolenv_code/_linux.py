@@ -9,8 +9,10 @@ a few ctypes calls into libc are the smaller, dependency-free choice.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
+import sys
 from typing import Any
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "MS_REMOUNT",
     "clone_sibling",
     "fork_bare",
+    "install_socket_filter",
     "landlock_abi",
     "landlock_scope_abstract_sockets",
     "mount",
@@ -39,6 +42,7 @@ __all__ = [
     "set_child_subreaper",
     "set_no_new_privs",
     "setns",
+    "socket_filter_program",
     "unshare",
 ]
 
@@ -226,3 +230,116 @@ def fork_bare() -> int:
     For a single-threaded process that forks on a hot path and needs none of them.
     """
     return _clone(0, signal.SIGCHLD)
+
+
+# -- seccomp: unix and vsock sockets
+#
+# A minimal BPF program through `prctl(PR_SET_SECCOMP)`: the PyPI bindings need libseccomp
+# (pyseccomp: ctypes over it, unreleased since 2021; libseccomp's own: a C extension built
+# against the system library), while this filter is a dozen instructions on two numbers.
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_RET_ALLOW = 0x7FFF0000
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+_LD_ABS_W, _JEQ, _JGE, _AND, _RET = 0x20, 0x15, 0x35, 0x54, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K
+_AF_UNIX, _AF_VSOCK = 1, 40
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF
+_X32_SYSCALL_BIT = 0x40000000
+_SYS_IO_URING_SETUP = 425  # the same number on every architecture
+#: `uname -m` → (AUDIT_ARCH_*, socket, socketpair): the filter must check the architecture
+#: first, as the same number names another call in another ABI (32-bit calls on a 64-bit kernel).
+_SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 53), "aarch64": (0xC00000B7, 198, 199)}
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _arg_low(index: int) -> int:
+    """Offset in `struct seccomp_data` of the low 32 bits of argument `index` (an `int` argument)."""
+    return 16 + 8 * index + (4 if sys.byteorder == "big" else 0)
+
+
+#: An instruction: (code, where to go if true, where if false, k). A target is a label's name,
+#: or None for the next instruction; a label is a bare string before the instruction it names.
+_Insn = tuple[int, str | None, str | None, int]
+
+
+def _assemble(program: list[_Insn | str]) -> list[tuple[int, int, int, int]]:
+    """Resolve labels into BPF's forward jump counts (from the instruction after the jump)."""
+    labels: dict[str, int] = {}
+    insns: list[_Insn] = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
+
+    def offset(target: str | None, at: int) -> int:
+        return 0 if target is None else labels[target] - at - 1
+
+    return [(code, offset(jt, at), offset(jf, at), k) for at, (code, jt, jf, k) in enumerate(insns)]
+
+
+def socket_filter_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) instructions, for `uname -m` = `machine`.
+
+    Refused, with EACCES (as socket(2) documents a denied type): `socket(AF_UNIX)` and
+    `socket(AF_VSOCK)`, whose addresses the network namespace does not confine, and a
+    `socketpair` of a datagram type (SOCK_RAW is one for AF_UNIX): its ends may be connected,
+    or sent from, to any socket file. Stream and seqpacket pairs stay (already connected,
+    they cannot be pointed elsewhere): `multiprocessing.Pipe` and asyncio's loop use them.
+    With EPERM: `io_uring_setup`, as a ring makes and connects sockets without these calls;
+    on x86_64, the x32 ABI's calls. A call of another ABI (32-bit code) kills the process.
+    """
+    arch, nr_socket, nr_socketpair = _SECCOMP_ARCHES[machine]
+    x32: list[_Insn | str] = [(_JGE, "refuse", None, _X32_SYSCALL_BIT)] if machine == "x86_64" else []
+    return _assemble([
+        (_LD_ABS_W, None, None, 4),  # struct seccomp_data.arch
+        (_JEQ, None, "kill", arch),
+        (_LD_ABS_W, None, None, 0),  # .nr
+        *x32,
+        (_JEQ, "family", None, nr_socket),
+        (_JEQ, "type", None, nr_socketpair),
+        (_JEQ, "refuse", "allow", _SYS_IO_URING_SETUP),
+        "family",  # socket(family, type, protocol)
+        (_LD_ABS_W, None, None, _arg_low(0)),
+        (_JEQ, "deny", None, _AF_UNIX),
+        (_JEQ, "deny", "allow", _AF_VSOCK),
+        "type",  # socketpair(family, type, protocol, sv)
+        (_LD_ABS_W, None, None, _arg_low(1)),
+        (_AND, None, None, _SOCK_TYPE_MASK),  # without SOCK_NONBLOCK and SOCK_CLOEXEC
+        (_JEQ, "allow", None, _SOCK_STREAM),
+        (_JEQ, "allow", "deny", _SOCK_SEQPACKET),
+        "allow",
+        (_RET, None, None, _RET_ALLOW),
+        "deny",
+        (_RET, None, None, _RET_ERRNO | errno.EACCES),
+        "refuse",
+        (_RET, None, None, _RET_ERRNO | errno.EPERM),
+        "kill",
+        (_RET, None, None, _RET_KILL_PROCESS),
+    ])  # fmt: skip
+
+
+def install_socket_filter() -> bool:
+    """Install `socket_filter_program` for this process and all it forks, for good.
+
+    Returns False, changing nothing, on an architecture it does not know. Needs no_new_privs
+    (see `set_no_new_privs`) or CAP_SYS_ADMIN; raises OSError where the kernel refuses.
+    """
+    machine = os.uname().machine
+    if machine not in _SECCOMP_ARCHES:
+        return False
+    insns = socket_filter_program(machine)
+    array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
+    prog = _SockFprog(len(insns), array)
+    zero = ctypes.c_ulong(0)
+    _check(_libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog), zero, zero),
+           "prctl(PR_SET_SECCOMP)")  # fmt: skip
+    return True

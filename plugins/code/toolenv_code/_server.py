@@ -703,6 +703,7 @@ class Server:
                 "uid_drop": iso.uid_drop,
                 "no_new_privs": iso.no_new_privs,
                 "child_socket_scope": iso.child_socket_scope,
+                "unix_socket_filter": iso.unix_socket_filter,
                 "readonly_mounts": iso.readonly_mounts,
                 "readonly_failures": iso.readonly_failures,
                 "workroot_tmpfs": iso.private_tmp,

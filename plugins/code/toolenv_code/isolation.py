@@ -2,8 +2,8 @@
 
 `isolation_report()` does not trust the setup code's intentions: it runs a probe
 through the pool and reports what the probe observed (network interfaces it can see,
-whether / is writable, whether it has a PID namespace of its own, its uid, the
-rlimits in force). `toolenv doctor` prints it.
+whether / is writable, whether it has a PID namespace of its own, its uid, whether it
+may make a unix socket, the rlimits in force). `toolenv doctor` prints it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ with open("/proc/self/status") as fh:
 # host's, where a private one could not be mounted) shows it with pids in more than one.
 out["pid_ns"] = os.getpid() <= 2 or bool(nspid and len(nspid[0]) > 1)
 out["uid"] = os.getuid()
+import socket
+try:  # a host daemon's socket file outside /run is reachable by path unless this is refused
+    socket.socket(socket.AF_UNIX).close()
+    out["unix_sockets"] = "open"
+except PermissionError:
+    out["unix_sockets"] = "socketpair-only"
 out["limits"] = {}
 for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
     soft = resource.getrlimit(getattr(resource, name))[0]
@@ -59,6 +65,11 @@ class IsolationReport(BaseModel):
         description="The identity the code runs as: a uid of its own, root of a user namespace (your uid "
         "outside), or the uid that started the pool (which can signal your processes)."
     )
+    unix_sockets: Literal["socketpair-only", "open"] = Field(
+        description="`socketpair-only`: the code cannot make a unix socket (a seccomp filter refuses it; "
+        "connected pairs stay), so it cannot connect to a host daemon's socket file; `open`: it can, "
+        "to any socket file it can see that its uid may write."
+    )
     rlimits: list[str] = Field(description="Resource limits in force (names of `resource.RLIMIT_*`).")
     limits: dict[str, int | None] = Field(description="The rlimit values seen by the probe (soft limits).")
     fork_servers: int = Field(description="Warm fork servers in the pool.")
@@ -67,7 +78,8 @@ class IsolationReport(BaseModel):
         """One line for `toolenv doctor`."""
         return (
             f"network={self.network} filesystem={self.filesystem} processes={self.processes} "
-            f"user={self.user} rlimits={','.join(r.removeprefix('RLIMIT_') for r in self.rlimits)}"
+            f"user={self.user} unix_sockets={self.unix_sockets} "
+            f"rlimits={','.join(r.removeprefix('RLIMIT_') for r in self.rlimits)}"
         )
 
 
@@ -98,6 +110,7 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
         filesystem="readonly-root" if seen["root_readonly"] else "none",
         processes="pid-namespace" if seen["pid_ns"] else "process-group",
         user=user,
+        unix_sockets=seen["unix_sockets"],
         rlimits=[k for k, v in limits.items() if v is not None],
         limits=limits,
         fork_servers=pool.size,
