@@ -26,7 +26,7 @@ from toolenv.parsers.base import ActionParser, get_parser
 from toolenv.registry import resolve_tool
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
-from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message
+from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message, reply_messages
 
 __all__ = ["DEFAULT_TEMPLATE", "ToolEnv", "written_turn"]
 
@@ -535,11 +535,11 @@ def end_info(ep: Episode) -> dict[str, Any]:
 
 
 def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResult]) -> list[Message]:
+    """The turn as chat messages: the assistant's, then the env's reply (`reply_messages`: a
+    `tool` message per answered call, one user message for parse errors). Agents send these as
+    they are, and OpenAI's API and several templates refuse a `tool` message that answers no call."""
     calls: list[ToolCall] | None = parsed.tool_calls or None
-    msgs = [new_message("assistant", action, None, None, calls)]
-    for r in results:  # the message shares the result's image list (one object fewer per step)
-        msgs.append(new_message("tool", r.text, r.name or None, r.call_id or None, None, r.images))
-    return msgs
+    return [new_message("assistant", action, None, None, calls), *reply_messages(results)]
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -309,17 +309,19 @@ def new_parsed(tool_calls: list[ToolCall], answer: str | None, text: str, errors
 def reply_messages(results: Sequence[ToolResult]) -> list[Message]:
     """The env's reply to a turn as chat messages: a `tool` message per result that answers a
     call (it has a call id), then one user message for those that answer none (parse errors,
-    "no tool call"). Templates that pair each result with its call (Mistral's) reject a tool
-    message without an id; verl's agent loop and the SFT export both send replies this way."""
-    out = [
-        Message(role="tool", content=r.text, name=r.name or None, tool_call_id=r.call_id, images=r.images)
-        for r in results
-        if r.call_id
-    ]
-    unanswered = [r for r in results if not r.call_id]
+    "no tool call"). OpenAI's API and templates that pair each result with its call (Mistral's,
+    gpt-oss's) reject a tool message without a call; the env's `info["messages"]`, verl's agent
+    loop and the SFT export all send replies this way. Built with `new_message`: it runs every step."""
+    out: list[Message] = []
+    unanswered: list[ToolResult] = []
+    for r in results:
+        if r.call_id:  # the message shares the result's image list (one object fewer per step)
+            out.append(new_message("tool", r.text, r.name or None, r.call_id, None, r.images))
+        else:
+            unanswered.append(r)
     if unanswered:
         text = "\n".join(r.text for r in unanswered)
-        out.append(Message(role="user", content=text, images=[im for r in unanswered for im in r.images]))
+        out.append(new_message("user", text, None, None, None, [im for r in unanswered for im in r.images]))
     return out
 
 
