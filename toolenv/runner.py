@@ -24,7 +24,7 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Container, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,31 +33,23 @@ from typing import IO, Any, TypeVar
 from pydantic import ValidationError
 
 from toolenv import _aio
-from toolenv._outputs import open_output
 from toolenv.agent import Agent, AgentAction, EnvInfo, load_agent
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import gen0_threshold_for, tuned_gc
-from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.registry import resolved_tools
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
+from toolenv.run_output import RunOutput, reaches
 from toolenv.trajectory import (
     CallStats,
     Trajectory,
     TurnRecord,
     dump_json,
-    dump_line,
-    invalid_line_message,
-    iter_trajectory_lines,
 )
 from toolenv.types import Task, load_tasks
 
 __all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
 
-TRAJECTORIES = "trajectories.jsonl"
-SUMMARY = "summary.json"
-RUN_CONFIG = "run.json"
-LOCK = ".lock"
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 EnvSpec = str | Callable[[], Any]
@@ -160,12 +152,6 @@ async def _before(deadline: float, aw: Coroutine[Any, Any, T]) -> T:
         await _aio.cancel_and_wait(task)  # a stop of the run arriving meanwhile still comes through
         raise _EpisodeTimeout
     return task.result()
-
-
-def _reaches(reward: float, threshold: float) -> bool:
-    """`reward >= threshold`, a reward a float rounding below it included: weights 0.6, 0.3
-    and 0.1 add up to 0.9999999999999999, and a perfect episode is a success all the same."""
-    return reward >= threshold or math.isclose(reward, threshold, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _timed_out(timeout: float | None, where: str) -> str:
@@ -323,175 +309,9 @@ async def run_episode(
         for k, v in t.reward_components.items():
             comps[k] = comps.get(k, 0.0) + v
     traj.reward_components = comps
-    traj.success = traj.error is None and _reaches(traj.reward, success_threshold)
+    traj.success = traj.error is None and reaches(traj.reward, success_threshold)
     traj.duration_s = time.perf_counter() - start
     return traj
-
-
-# ---------------------------------------------------------------------- output files
-class _Output:
-    """`trajectories.jsonl` (append, flushed per line), `images/`, `summary.json`, `run.json`.
-
-    Nothing on disk changes until `start` (after the caller has checked what `load` gave).
-    Earlier trajectories are read one at a time and the file is rewritten line by line, so
-    resuming holds none of them unless the caller keeps them (`keep_trajectories`).
-    """
-
-    def __init__(self, out: Path, *, resume: bool, overwrite: bool, images: str) -> None:
-        self.dir = out
-        self.path = out / TRAJECTORIES
-        self.images = ImageStore(out / IMAGES_DIR) if images == "files" else None
-        self._rewrite = overwrite  # the file needs writing afresh at `start`
-        self._edits: dict[int, bool | None] = {}  # line number -> its new `success`, or None: dropped
-        self._load_previous = False
-        self._fh: IO[str] | None = None
-        out.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock(out)
-        try:
-            if self.path.exists() and self.path.stat().st_size > 0 and not overwrite:
-                if not resume:
-                    raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
-                self._load_previous = True
-            elif not self.path.exists():
-                self._rewrite = True
-        except BaseException:
-            self.unlock()
-            raise
-
-    def previous_config(self) -> dict[str, Any]:
-        """The `run.json` of the run being resumed ({} when starting afresh, or none is readable)."""
-        if not self._load_previous:
-            return {}
-        try:
-            config = json.loads((self.dir / RUN_CONFIG).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return config if isinstance(config, dict) else {}
-
-    def load(self, retry: Container[tuple[str, int]], success_threshold: float) -> Iterator[Trajectory]:
-        """Each earlier trajectory to keep, its `success` marked at `success_threshold`
-        (a line whose `success` changes is rewritten at `start`). An errored one whose
-        (task id, sample) is in `retry` is dropped, to be run again; an errored one this
-        run will not run again stays."""
-        if not self._load_previous:
-            return
-        for lineno, traj, line in iter_trajectory_lines(self.path):
-            if traj is None:
-                if line.endswith("\n"):  # not what a killed write leaves: never drop it unasked
-                    raise ValueError(
-                        f"cannot resume: {invalid_line_message(self.path, lineno, line)}; "
-                        "fix or remove that line, or use --overwrite (overwrite=True) to start again"
-                    )
-                self._edits[lineno] = None  # a partial last line from a killed run: dropped
-                continue
-            if traj.error is not None and traj.key in retry:
-                self._edits[lineno] = None
-                continue
-            success = traj.error is None and _reaches(traj.reward, success_threshold)
-            if success != traj.success:
-                traj.success = self._edits[lineno] = success
-            elif not line.endswith("\n"):  # a last line without its newline gets one
-                self._rewrite = True
-            yield traj
-
-    def start(self) -> None:
-        """Start writing: apply what `load` decided (lines dropped, `success` changed) and
-        remove a stale summary."""
-        (self.dir / SUMMARY).unlink(missing_ok=True)  # a killed run must not leave an earlier run's summary
-        if not self._load_previous:  # started afresh: an earlier run's images are nobody's now
-            (self.images or ImageStore(self.dir / IMAGES_DIR)).clear()
-        if self._rewrite or self._edits:  # atomically: a crash now leaves the old file or the new one
-            # with its permissions, and through a symlink the file it points to (`open_output`)
-            with open_output(self.path) as dst:
-                if self._load_previous:
-                    with self.path.open(encoding="utf-8", errors="surrogateescape") as src:  # a cut last line
-                        for lineno, line in enumerate(src, 1):  # numbered as `iter_trajectory_lines` does
-                            if not line.strip():
-                                continue
-                            edit = self._edits.get(lineno, line)
-                            if edit is None:
-                                continue
-                            if isinstance(edit, bool):
-                                data = json.loads(line)
-                                data["success"] = edit
-                                line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-                            dst.write(line if line.endswith("\n") else line + "\n")
-        self._edits = {}
-
-    def write(self, traj: Trajectory) -> Trajectory:
-        """Append `traj` and return it as written: a value JSON cannot hold is written as null
-        and named in `error` (the returned trajectory is read back from the line)."""
-        line, problems, altered = dump_line(traj, self.images)
-        if problems:
-            said = f"could not write {'; '.join(problems)}"
-            traj.error = f"{traj.error}; {said}" if traj.error else said
-            traj.success = False
-            line = dump_line(traj, self.images).text
-        if altered:  # keep in memory what the file holds
-            context = {IMAGE_STORE: self.images} if self.images else None
-            try:
-                traj = Trajectory.model_validate_json(line, context=context)
-            except ValidationError:  # what was left does not read back: keep who ran what, and why
-                traj = Trajectory(
-                    env_id=traj.env_id,
-                    agent=traj.agent,
-                    model=traj.model,
-                    task=traj.task,
-                    sample=traj.sample,
-                    seed=traj.seed,
-                    episode_id=traj.episode_id,
-                    error=f"{traj.error or 'the trajectory could not be written'}; its turns were left out",
-                    started_at=traj.started_at,
-                    duration_s=traj.duration_s,
-                )
-                line = dump_line(traj, self.images).text
-        if self._fh is None:
-            self._fh = self.path.open("a", encoding="utf-8")
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        return traj
-
-    def write_config(self, config: Mapping[str, Any]) -> None:
-        (self.dir / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
-
-    def write_summary(self, summary: Summary) -> None:
-        tmp = self.dir / (SUMMARY + ".tmp")
-        tmp.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.dir / SUMMARY)
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-    def unlock(self) -> None:
-        """Let another run use the directory."""
-        self.close()
-        if self._lock is not None:
-            self._lock.close()  # closing the file releases its lock
-            self._lock = None
-
-
-def _lock(out: Path) -> IO[bytes] | None:
-    """An exclusive lock on `out` (held by the open file `out/.lock`), so a second run on it
-    fails at once instead of writing into the same file: ours, or None where the platform
-    (Windows) or file system (an NFS mount without locking) has none."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    fh = (out / LOCK).open("a+b")
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise RuntimeError(
-            f"another run is writing to {out}; wait for it to end, or use another output directory"
-        ) from None
-    except OSError:  # no locks on this file system: run unguarded, as before
-        fh.close()
-        return None
-    return fh
 
 
 def _who(agent: str, model: str | None) -> str:
@@ -557,7 +377,7 @@ def _changed_tasks(path: Path, changed: list[str]) -> ValueError:
     )
 
 
-def _check_same_config(output: _Output, seed: int | None, env_kwargs: Mapping[str, Any]) -> None:
+def _check_same_config(output: RunOutput, seed: int | None, env_kwargs: Mapping[str, Any]) -> None:
     """Resuming is running the same run: refuse earlier episodes that ran with another seed
     (each reset with its own `seed + i`) or other env arguments (`max_turns`, `parser`...), as
     `run.json` records them. A run.json without them (or none) is not checked."""
@@ -671,7 +491,7 @@ async def arollout(
         envs.append(first)
         chosen = _select_tasks(first, tasks, n)
         work = [(i * samples + s, task, s) for i, task in enumerate(chosen) for s in range(samples)]
-        output = _Output(Path(out), resume=resume, overwrite=overwrite, images=images) if out is not None else None
+        output = RunOutput(Path(out), resume=resume, overwrite=overwrite, images=images) if out is not None else None
         if output is not None:
             closing.callback(output.unlock)
             _check_same_config(output, seed, env_kwargs or {})
@@ -765,6 +585,11 @@ async def arollout(
                 if on_trajectory is not None:
                     on_trajectory(traj)
 
+        def restored(traj: Trajectory) -> None:
+            totals.add(traj)
+            if keep_trajectories:
+                previous.append(traj)
+
         workers = min(concurrency, len(todo))
         interrupted = False
         try:
@@ -776,6 +601,8 @@ async def arollout(
             interrupted = True
             raise
         finally:
+            if output:  # the earlier lines of reruns not written go back: the summary counts them
+                output.restore(restored)
             everything = previous + new
             summary = totals.build(wall_time_s=time.perf_counter() - started, interrupted=interrupted)
             if output:
@@ -827,8 +654,10 @@ def rollout(
             naming it). Earlier episodes' `success` is recomputed at `success_threshold`
             (their lines rewritten). Another run using `out` at the time is a RuntimeError.
         overwrite: start `out` afresh.
-        retry_errors: on resume, drop and rerun episodes that ended with an error (those of
-            this run's tasks and samples; the others' stay as they are).
+        retry_errors: on resume, rerun episodes that ended with an error (those of this run's
+            tasks and samples; the others' stay as they are). Each earlier line is replaced by
+            its rerun, and kept (in `trajectories.retrying.jsonl` meanwhile) if the run stops
+            before that.
         seed: episode `i` resets with `seed + i` (None: unseeded); at least 0.
         success_threshold: an episode succeeds when its reward reaches this and it has no error.
         progress: draw a live progress bar on stderr.

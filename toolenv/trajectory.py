@@ -33,6 +33,7 @@ __all__ = [
     "kept_lines",
     "load_trajectory_file",
     "read_trajectories",
+    "retrying_file",
 ]
 
 T = TypeVar("T")
@@ -299,7 +300,8 @@ def _why_invalid(line: str, path: Path) -> str:
 
 
 def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Trajectory]:
-    """Trajectories from a JSONL file.
+    """Trajectories from a JSONL file, with the earlier lines a killed `--retry-errors` run left
+    in its `retrying_file` (each episode once: see `kept_lines`).
 
     Args:
         path: the file (`runs/NAME/trajectories.jsonl`).
@@ -309,14 +311,17 @@ def read_trajectories(path: str | Path, *, strict: bool = False) -> list[Traject
     Raises:
         ValueError: `strict` and a line is not a valid trajectory (the message names the line).
     """
-    out: list[Trajectory] = []
-    for lineno, traj, line in iter_trajectory_lines(path):
-        if traj is None:
-            if strict:
-                raise ValueError(f"{path}:{lineno}: {_why_invalid(line, Path(path))}")
-            continue
-        out.append(traj)
-    return out
+
+    def valid(file: Path, lines: Iterable[tuple[int, Trajectory | None, str]]) -> Iterator[Trajectory]:
+        for lineno, traj, line in lines:
+            if traj is None:
+                if strict:
+                    raise ValueError(f"{file}:{lineno}: {_why_invalid(line, file)}")
+                continue
+            yield traj
+
+    path = Path(path)
+    return list(_with_retrying(path, valid(path, iter_trajectory_lines(path)), _key, valid, iter_trajectory_lines))
 
 
 def invalid_line_message(path: str | Path, lineno: int, line: str) -> str:
@@ -344,26 +349,103 @@ def iter_trajectory_file(path: str | Path, *, on_partial: Callable[[int], None] 
     """`load_trajectory_file` one trajectory at a time, so a run of any size reads in flat
     memory: the number of a partial last line goes to `on_partial`, and the ValueErrors
     come when the iteration reaches the line (or the end of a file that held none)."""
-    return kept_lines(path, iter_trajectory_lines(path), on_partial)
+    return kept_lines(path, iter_trajectory_lines(path), on_partial, read=iter_trajectory_lines, key=_key)
+
+
+def retrying_file(path: str | Path) -> Path:
+    """Where a `--retry-errors` run keeps the earlier lines of the episodes it is rerunning
+    (`trajectories.retrying.jsonl` beside `trajectories.jsonl`) until their reruns are written.
+
+    A run that ends (Ctrl-C and SIGTERM included) puts back the lines whose rerun it did not
+    write and removes the file; one killed outright (SIGKILL, a crash) leaves it, and readers
+    of the run (`kept_lines`) and its next resume count each of its lines whose episode has no
+    line in the run's file.
+    """
+    path = Path(path)
+    return path.with_name(f"{path.stem}.retrying{path.suffix}")
+
+
+def _key(traj: Trajectory) -> tuple[str, int]:
+    return traj.key
+
+
+def _refuse(file: Path, lines: Iterable[tuple[int, T | None, str]]) -> Iterator[T]:
+    """The valid lines of a retrying file, written whole: any invalid line is a ValueError."""
+    for lineno, item, line in lines:
+        if item is None:
+            raise ValueError(invalid_line_message(file, lineno, line))
+        yield item
+
+
+def _with_retrying(
+    path: Path,
+    kept: Iterable[T],
+    key: Callable[[T], tuple[str, int]],
+    valid: Callable[[Path, Iterable[tuple[int, T | None, str]]], Iterator[T]],
+    read: Callable[[Path], Iterable[tuple[int, T | None, str]]],
+) -> Iterator[T]:
+    """`kept` (the run file's trajectories), then those of its `retrying_file` whose (task id,
+    sample) `kept` has none of, so each episode is read once: a line in the run's file is
+    never older than one of its episode left aside. Only the keys aside are held (the file is
+    read again at the end), so memory stays flat; a file removed meanwhile (the run putting
+    its lines back) is read as empty."""
+    aside = retrying_file(path)
+    waiting = {key(item) for item in _if_there(aside, read, valid)}
+    for item in kept:
+        if waiting:
+            waiting.discard(key(item))
+        yield item
+    if not waiting:
+        return
+    for item in _if_there(aside, read, valid):
+        if key(item) in waiting:
+            waiting.discard(key(item))
+            yield item
+
+
+def _if_there(
+    file: Path,
+    read: Callable[[Path], Iterable[tuple[int, T | None, str]]],
+    valid: Callable[[Path, Iterable[tuple[int, T | None, str]]], Iterator[T]],
+) -> Iterator[T]:
+    """The valid items of `file`, none when it is not there (or goes while it is read)."""
+    try:
+        yield from valid(file, read(file))
+    except FileNotFoundError:
+        return
 
 
 def kept_lines(
-    path: str | Path, lines: Iterable[tuple[int, T | None, str]], on_partial: Callable[[int], None] | None = None
+    path: str | Path,
+    lines: Iterable[tuple[int, T | None, str]],
+    on_partial: Callable[[int], None] | None = None,
+    *,
+    read: Callable[[Path], Iterable[tuple[int, T | None, str]]] | None = None,
+    key: Callable[[T], tuple[str, int]] | None = None,
 ) -> Iterator[T]:
     """The rule every reader of a run's file keeps, over `(line number, value or None when the
     line is invalid, raw line)`: an invalid line is a ValueError unless it is the partial last
     line a killed write leaves (its number goes to `on_partial`), and so is a file with no
-    valid line."""
+    valid line. Given `read` (what gave `lines`, for another file) and `key` (a value's (task
+    id, sample)), the earlier lines a killed `--retry-errors` run left in the `retrying_file`
+    follow, each whose episode the file has no line of (`_with_retrying`)."""
     partial: int | None = None
+
+    def valid() -> Iterator[T]:
+        nonlocal partial
+        for lineno, item, line in lines:
+            if item is None:
+                if line.endswith("\n"):
+                    raise ValueError(invalid_line_message(path, lineno, line))
+                partial = lineno
+                continue
+            yield item
+
+    items = valid() if read is None or key is None else _with_retrying(Path(path), valid(), key, _refuse, read)
     seen = False
-    for lineno, traj, line in lines:
-        if traj is None:
-            if line.endswith("\n"):
-                raise ValueError(invalid_line_message(path, lineno, line))
-            partial = lineno
-            continue
+    for item in items:
         seen = True
-        yield traj
+        yield item
     if not seen:
         extra = f" (only a partial line {partial}, from a run killed mid-write)" if partial else ""
         raise ValueError(f"{path} holds no trajectories{extra}")

@@ -145,8 +145,13 @@ class RunIndex:
 
 def _scan(file: Path, warn: Callable[[str], None] | None) -> Iterator[tuple[_Line, Trajectory]]:
     """Each trajectory of `file` with where its line is, kept as `iter_trajectory_file` keeps
-    them (`kept_lines`): read in bytes here, for the offsets."""
-    return kept_lines(file, _lines(file), partial_line_warning(file, warn))
+    them (`kept_lines`, the lines a killed `--retry-errors` run left aside included): read in
+    bytes here, for the offsets."""
+    return kept_lines(file, _lines(file), partial_line_warning(file, warn), read=_lines, key=_key)
+
+
+def _key(item: tuple[_Line, Trajectory]) -> tuple[str, int]:
+    return item[1].key
 
 
 def _lines(file: Path) -> Iterator[tuple[int, tuple[_Line, Trajectory] | None, str]]:
