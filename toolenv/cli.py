@@ -15,6 +15,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import select
 import signal
 import sys
@@ -121,8 +122,39 @@ def error_line(exc: BaseException) -> str:
             text = f"{exc.title}: {problems}"
         elif quoted and quoted in text:
             text = text.replace(quoted, problems)
-    text = " ".join(text.split()) or type(exc).__name__
+    text = _with_env_id_hint(" ".join(text.split())) or type(exc).__name__
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+#: Gymnasium's message for an env id it does not know, with its guess of a similar name if any.
+_NO_SUCH_ENV = re.compile(
+    r"Environment `(?P<name>[^`]+)` doesn't exist(?: in namespace (?P<ns>[^\s.]+))?\."
+    r"(?P<guess> Did you mean: `[^`]*`\?)?"
+)
+
+
+def _with_env_id_hint(text: str) -> str:
+    """Gymnasium's "Environment `X` doesn't exist" saying what to type instead.
+
+    `Spider-v0` (the name plugins and oracles use) gets the registered id, `toolenv/Spider-v0`,
+    rather than Gymnasium's guess at a similar name among its own (`Swimmer`); a name nothing
+    resembles gets where the ids are listed. A guess of Gymnasium's in the same namespace
+    (`toolenv/Spyder-v0`: `Spider`) is kept.
+    """
+    found = _NO_SUCH_ENV.search(text)
+    gymnasium = sys.modules.get("gymnasium")  # loaded, as it raised the error: never imported here
+    if found is None or gymnasium is None:
+        return text
+    name, namespace = found["name"], found["ns"]
+    ids = sorted(i for i, spec in gymnasium.registry.items() if spec.name == name and spec.namespace != namespace)
+    where = f" in namespace {namespace}" if namespace else ""
+    if ids:
+        hint = f"Environment `{name}` doesn't exist{where}; did you mean {' or '.join(ids)}?"
+    elif found["guess"] is None:
+        hint = f"{found[0]} `toolenv list` shows the installed env ids (your own: MODULE:NAME-vN imports MODULE first)."
+    else:
+        return text
+    return text.replace(found[0], hint, 1)
 
 
 #: The exit status of a command whose output reader went away: the shell's for SIGPIPE (128 + 13).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from typing import Any
 
 HELP = "Check an env (e.g. toolenv/Spider-v0) or a tool plugin (e.g. sql)."
@@ -43,6 +44,16 @@ def _is_env_id(target: str) -> bool:
     if any(e.name == target for e in entries("tools")):
         return False
     return _ENV_ID.fullmatch(target) is not None
+
+
+#: How `ToolEnv.reset` says it has no task to reset on (a generic env such as `toolenv/ToolEnv-v0`).
+_NO_TASKS = "this env has no tasks"
+
+#: What to type instead: the env's message names a Python keyword, not this command's option.
+_NO_TASKS_HINT = (
+    "the env has no tasks to check it on; give some with "
+    """--kwargs '{"tasks": [{"question": "2+3?", "answer": "5"}]}' (or "tasks": "FILE.jsonl")"""
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,4 +95,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<{width}}  {r.message}".rstrip())
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if any(r.message.startswith(_NO_TASKS) for r in failed):
+        print(f"toolenv check: {_NO_TASKS_HINT}", file=sys.stderr)
     return 1 if failed else 0

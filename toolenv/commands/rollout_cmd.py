@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sys
 from collections.abc import Coroutine
@@ -58,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a gym.make keyword (max_turns=6, parser=tags...); repeatable",
     )
     parser.add_argument("--tasks", type=Path, help="a JSONL file of tasks to run instead of the env's own")
-    parser.add_argument("-n", type=int, default=None, help="run the first N tasks (default: all)")
-    parser.add_argument("--samples", type=int, default=1, help="attempts per task (default 1)")
-    parser.add_argument("--concurrency", "-c", type=int, default=8, help="episodes in flight (default 8)")
+    parser.add_argument("-n", type=_positive_int, default=None, help="run the first N tasks (default: all)")
+    parser.add_argument("--samples", type=_positive_int, default=1, help="attempts per task (default 1)")
+    parser.add_argument("--concurrency", "-c", type=_positive_int, default=8, help="episodes in flight (default 8)")
     parser.add_argument("--out", type=Path, required=True, help="output directory, e.g. runs/NAME")
     parser.add_argument(
         "--seed", type=_non_negative_int, default=0, help="episode i resets with seed+i (0 or more; default 0)"
@@ -73,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--episode-timeout",
-        type=float,
+        type=_positive_seconds,
         default=None,
         metavar="SECONDS",
         help="stop an episode that runs longer and record it as an error (default: no limit)",
@@ -163,8 +164,48 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+#: Python's words for a call without a required argument (the agent's `__init__`, here).
+_MISSING_ARGUMENTS = re.compile(r"missing \d+ required (?:positional |keyword-only )?arguments?: (?P<names>.+)$")
+
+#: The agent arguments that have flags of their own; the others go in `--agent-arg KEY=VALUE`.
+_AGENT_FLAGS = {"model": "--model", "base_url": "--base-url"}
+
+
+def _with_agent_flags(message: str) -> str:
+    """An agent's "missing 1 required positional argument: 'model'" with the flags that give
+    what it misses (`--model`, `--agent-arg path=VALUE`): the signature's words are Python's."""
+    found = _MISSING_ARGUMENTS.search(message)
+    if found is None or not message.startswith("agent "):
+        return message
+    flags = [_AGENT_FLAGS.get(name, f"--agent-arg {name}=VALUE") for name in re.findall(r"'(\w+)'", found["names"])]
+    return f"{message}; pass {' and '.join(flags)}" if flags else message
+
+
+def _positive_int(text: str) -> int:
+    """A count (`-n`, `--samples`, `-c`): checked here so that the error names the flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """`--episode-timeout`: a number of seconds above 0, as the runner takes it (`inf`: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from toolenv.commands._paths import check_folder
+    from toolenv.registry import PluginError
     from toolenv.report.console import print_summary
     from toolenv.runner import arollout
 
@@ -199,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         )
+    except PluginError as exc:  # an agent that cannot be built: say which flag gives what it lacks
+        raise PluginError(_with_agent_flags(str(exc))) from exc
     except (KeyboardInterrupt, _Stopped) as exc:
         signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
         path = args.out / "trajectories.jsonl"
