@@ -7,11 +7,26 @@ rounded to 12 significant digits and 6 decimals so that summation order does not
 decide a match. Anything that does not run scores 0; why is kept in
 `reward_info`, and a task whose gold query fails is also logged.
 
+Under ORDER BY, rows with equal keys may come in any order, and where a tie crosses the
+gold's LIMIT (or OFFSET) any of the tied rows may be the ones kept: SQL leaves both to the
+engine's plan, so another index, join order or equivalent query returns them otherwise, and
+a list comparison (Spider's) scores that right answer 0 (32 of the 146 ordered Spider dev
+gold queries bundled here have such ties, 30 of them at a LIMIT). The keys are read by
+running the gold query once more, rewritten with sqlglot to select the ORDER BY terms no
+output column holds (a position, an alias or a selected expression is read from its
+column) and without its LIMIT and OFFSET; where that cannot be done (DISTINCT with a key not
+selected, a LIMIT that is not a number, a rewrite that fails or disagrees with the gold's own
+rows) the order is compared as a list, as before. Keys are compared as values are (rounded),
+so a collation's ties (`COLLATE NOCASE`) still count as different. A row may stand in for
+another only if the gold query's own result gives it the same key, so an answer scores 1 only
+with rows the gold query could have returned under some plan.
+
 Why these defaults, against the evaluations RL recipes copy:
 
 - Spider's test-suite evaluation (`exec_eval.result_eq`): multiset of rows, a list when
   the gold has ORDER BY (anywhere in its text, here only at its outermost level, where
-  it decides the result's order), columns in any order. Same here but for the columns.
+  it decides the result's order), columns in any order. Same here but for the columns
+  and for ties under ORDER BY, which Spider's list comparison gets wrong.
 - BIRD (`set(pred) == set(gold)`) and SkyRL-gym's SQL env (`grading.grade(..., "multiset")`,
   from ReViSQL: each row's values sorted as text, rows in any order): rows never
   ordered; BIRD also ignores duplicates, SkyRL ignores which column a value is in.
@@ -32,6 +47,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -40,7 +56,7 @@ from toolenv.episode import Episode
 from toolenv.rewards import Reward, record_reward_info, register_reward
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import QueryResult, execute
-from toolenv_sql.guard import is_ordered, prepare
+from toolenv_sql.guard import OrderKeys, is_ordered, order_keys, prepare
 from toolenv_sql.paths import DATA_DIR, resolve_database
 
 __all__ = ["ExecutionMatch", "clean_sql", "rows_match"]
@@ -49,9 +65,31 @@ _FENCE = re.compile(r"^```(.*?)```$", re.DOTALL)
 # A fence's info string ("sql", "sqlite", none): the first word, unless it begins the query itself.
 _INFO = re.compile(r"^([\w+.-]*)[ \t]*(?:\r?\n)?")
 _QUERY_STARTS = frozenset({"select", "with", "values"})
+_Row = tuple[Any, ...]
+# A run of gold rows [start, end) with equal ORDER BY keys, and the rows tied with it past the
+# gold's OFFSET or LIMIT, which may stand in for its own.
+_Run = tuple[int, int, list[_Row]]
+
+
+@dataclass(frozen=True)
+class _Gold:
+    """A gold query's result, and what its rows are compared with."""
+
+    result: QueryResult
+    ordered: bool
+    rows: list[_Row]
+    #: Each row's ORDER BY key when some are tied (None: none are, or they cannot be read).
+    keys: list[Any] | None = None
+    before: list[_Row] = field(default_factory=list)
+    after: list[_Row] = field(default_factory=list)
+
+
 # Gold results per (engine, path, sql); gold queries are fixed, so they run once per process.
-_GOLD: dict[tuple[str, str, str], tuple[QueryResult, bool]] = {}
+_GOLD: dict[tuple[str, str, str], _Gold] = {}
 _GOLD_CACHE_SIZE = 20_000
+# Rows read past a gold query's LIMIT to find those tied with its last row (fewer tied rows are
+# then known, never more: a right answer may still score 0, a wrong one never 1).
+_TIED_PAST_LIMIT = 1000
 
 _log = logging.getLogger(__name__)
 
@@ -112,13 +150,50 @@ def _normal(row: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(_value(v) for v in row)
 
 
-def _equal(p: list[tuple[Any, ...]], g: list[tuple[Any, ...]], ordered: bool) -> bool:
-    if ordered:
-        return p == g
-    return len(p) == len(g) and Counter(p) == Counter(g)
+def _key(key: Any) -> Any:
+    """An ORDER BY key as compared: keys as close as the values compared are tied (an equivalent
+    query may sum in another order and swap keys that differ only in their last bits)."""
+    return _normal(key) if isinstance(key, tuple) else _value(key)
 
 
-def _column_orders(p: list[tuple[Any, ...]], g: list[tuple[Any, ...]], ordered: bool) -> Iterator[tuple[int, ...]]:
+def _runs(
+    keys: Sequence[Any], before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]], size: int
+) -> list[_Run]:
+    """The runs of `size` gold rows that may come in another order: equal keys next to each
+    other, and the first and last run with the rows tied with them past the OFFSET and LIMIT."""
+    if len(keys) != size:
+        raise ValueError(f"rows_match got {len(keys)} keys for {size} gold rows; give one key per gold row.")
+    normal = [_key(k) for k in keys]
+    runs: list[_Run] = []
+    start = 0
+    for end in range(1, size + 1):
+        if end == size or normal[end] != normal[start]:
+            spare = [_normal(r) for r in (before if start == 0 else ())]
+            spare += [_normal(r) for r in (after if end == size else ())]
+            if end - start > 1 or spare:
+                runs.append((start, end, spare))
+            start = end
+    return runs
+
+
+def _equal(p: list[_Row], g: list[_Row], ordered: bool, runs: list[_Run] | None = None) -> bool:
+    """`p` equals `g`: as a multiset, as a list, or as a list but within `runs`, where `p` may
+    hold any rows of the run and its spare rows, in any order."""
+    if not ordered:
+        return len(p) == len(g) and Counter(p) == Counter(g)
+    if p == g:
+        return True
+    if not runs or len(p) != len(g):
+        return False
+    done = 0
+    for start, end, spare in runs:
+        if p[done:start] != g[done:start] or Counter(p[start:end]) - Counter(g[start:end] + spare):
+            return False
+        done = end
+    return p[done:] == g[done:]
+
+
+def _column_orders(p: list[_Row], g: list[_Row], ordered: bool, runs: list[_Run] | None) -> Iterator[tuple[int, ...]]:
     """Orders of `p`'s columns under which `p` equals `g`, found column by column: a column is
     placed only where the rows cut to the columns placed so far still equal `g`'s cut there
     (one of several identical columns is tried)."""
@@ -131,13 +206,14 @@ def _column_orders(p: list[tuple[Any, ...]], g: list[tuple[Any, ...]], ordered: 
             yield tuple(chosen)
             return
         gold_cut = [row[: i + 1] for row in g]
+        runs_cut = None if runs is None else [(s, e, [row[: i + 1] for row in spare]) for s, e, spare in runs]
         tried: set[tuple[Any, ...]] = set()
         for j in range(width):
             if j in chosen or columns[j] in tried:
                 continue
             tried.add(columns[j])
             chosen.append(j)
-            if _equal([tuple(row[k] for k in chosen) for row in p], gold_cut, ordered):
+            if _equal([tuple(row[k] for k in chosen) for row in p], gold_cut, ordered, runs_cut):
                 yield from walk(i + 1)
             chosen.pop()
 
@@ -150,15 +226,24 @@ def rows_match(
     *,
     ordered: bool,
     column_order: bool = True,
+    keys: Sequence[Any] | None = None,
+    before: Sequence[Sequence[Any]] = (),
+    after: Sequence[Sequence[Any]] = (),
 ) -> bool:
     """Equal as lists (`ordered`) or as multisets of rows; with `column_order=False`, under
-    some order of the predicted columns."""
+    some order of the predicted columns.
+
+    `keys`, one per gold row (its ORDER BY key), let `ordered` rows with equal keys next to
+    each other come in any order. `before` and `after` are rows past the gold's OFFSET and
+    LIMIT tied with its first and last row: any of them may stand in for a row of that tie.
+    """
     p, g = [_normal(r) for r in predicted], [_normal(r) for r in gold]
-    if _equal(p, g, ordered):
+    runs = _runs(keys, before, after, len(g)) if ordered and keys is not None else None
+    if _equal(p, g, ordered, runs):
         return True
     if column_order or not p or len(p) != len(g) or len(p[0]) != len(g[0]):
         return False
-    return next(_column_orders(p, g, ordered), None) is not None
+    return next(_column_orders(p, g, ordered, runs), None) is not None
 
 
 class ExecutionMatch(Reward):
@@ -203,12 +288,13 @@ class ExecutionMatch(Reward):
             return self._task_fault(episode, "the task has no gold query (task.context['gold_sql'])")
         try:
             path, engine = resolve_database(task.context, self.root)
-            gold, ordered = await self._gold(path, engine, gold_sql)
+            gold = await self._gold(path, engine, gold_sql)
         except SQLError as exc:
             return self._task_fault(episode, f"the gold query failed: {exc}")
-        if gold.truncated:  # only a prefix of its rows was kept: nothing can be said to match it
+        if gold.result.truncated:  # only a prefix of its rows was kept: nothing can be said to match it
             return self._task_fault(
-                episode, f"the gold result is too large to compare ({gold.row_count} rows, past the bytes kept)"
+                episode,
+                f"the gold result is too large to compare ({gold.result.row_count} rows, past the bytes kept)",
             )
         try:
             sql = prepare(clean_sql(episode.answer), dialect=self.dialect, engine=engine)
@@ -220,7 +306,13 @@ class ExecutionMatch(Reward):
             return self._score(episode, 0.0, str(exc))
         # A truncated result has rows past those kept (past the count, or the bytes kept): more than the gold's.
         matched = not predicted.truncated and rows_match(
-            predicted.rows, gold.rows, ordered=ordered, column_order=self.column_order
+            predicted.rows,
+            gold.rows,
+            ordered=gold.ordered,
+            column_order=self.column_order,
+            keys=gold.keys,
+            before=gold.before,
+            after=gold.after,
         )
         return self._score(episode, float(matched), None)
 
@@ -242,16 +334,60 @@ class ExecutionMatch(Reward):
             )
         return self._score(episode, 0.0, error)
 
-    async def _gold(self, path: Path, engine: str, gold_sql: str) -> tuple[QueryResult, bool]:
+    async def _gold(self, path: Path, engine: str, gold_sql: str) -> _Gold:
         key = (engine, str(path), gold_sql)
         found = _GOLD.get(key)
         if found is None:
-            result = await execute(path, engine, gold_sql.strip().rstrip(";"), timeout=max(self.timeout, 60.0))
-            found = (result, is_ordered(gold_sql, engine))
+            timeout = max(self.timeout, 60.0)
+            result = await execute(path, engine, gold_sql.strip().rstrip(";"), timeout=timeout)
+            found = _Gold(result, is_ordered(gold_sql, engine), result.rows)
+            order = order_keys(gold_sql, engine) if found.ordered and not result.truncated else None
+            if order is not None:
+                found = await _with_ties(found, path, engine, order, timeout)
             if len(_GOLD) >= _GOLD_CACHE_SIZE:
                 _GOLD.clear()
             _GOLD[key] = found
         return found
+
+
+async def _with_ties(gold: _Gold, path: Path, engine: str, order: OrderKeys, timeout: float) -> _Gold:
+    """`gold` with each row's ORDER BY key and the rows tied past its OFFSET and LIMIT, read by
+    running the query again with its keys selected and without its LIMIT and OFFSET (through the
+    guard and the read-only executor, as any query); `gold` as it is (compared strictly as a
+    list) when that fails or does not agree with the gold's own rows."""
+    width = len(gold.result.columns)
+    if any(j is not None and j >= width for j in order.terms):
+        return gold
+    end = None if order.limit is None else order.offset + order.limit
+    if end is None and not order.offset and None not in order.terms:
+        rows = gold.result.rows  # the keys are output columns: nothing to run again
+    else:
+        try:
+            sql = prepare(order.sql, dialect=None, engine=engine)
+            max_rows = None if end is None else end + _TIED_PAST_LIMIT
+            rows = (await execute(path, engine, sql, timeout=timeout, max_rows=max_rows, count_all=False)).rows
+        except SQLError as exc:
+            _log.debug(
+                "execution_match: cannot read the ORDER BY keys of %r (%s); order compared strictly", order.sql, exc
+            )
+            return gold
+    keyed = [(_key(order.key(row, width)), tuple(row[:width])) for row in rows]
+    window = keyed[order.offset : end]
+    if not window:
+        return gold
+    keys = [k for k, _ in window]
+    before = [row for k, row in keyed[: order.offset] if k == keys[0]]
+    after = [row for k, row in keyed[len(keyed) if end is None else end :] if k == keys[-1]]
+    if len(set(keys)) == len(keys) and not before and not after:
+        return gold  # no ties: the list comparison is the whole story
+    rows = [row for _, row in window]
+    # The gold's own rows must pass: a rewrite that changed the query's meaning is not trusted.
+    if not rows_match(gold.result.rows, rows, ordered=True, keys=keys, before=before, after=after):
+        _log.debug(
+            "execution_match: the ORDER BY keys of %r disagree with its rows; order compared strictly", order.sql
+        )
+        return gold
+    return replace(gold, rows=rows, keys=keys, before=before, after=after)
 
 
 register_reward("execution_match", ExecutionMatch)
