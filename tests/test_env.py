@@ -596,3 +596,17 @@ def test_tools_given_as_one_string_is_a_clear_error() -> None:
     "no tool named 's'". It says what to write instead."""
     with pytest.raises(TypeError, match=r"tools must be a list.*got the string 'nope'.*\['nope'\]"):
         ToolEnv(tools="nope", tasks=TASKS)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", ["abc", "4", 2.5, True, None])
+def test_max_turns_that_is_not_a_whole_number_is_refused_in_one_line(bad: object) -> None:
+    """`--env-arg max_turns=abc` (or a float, or True) reached a comparison and failed with
+    "'<' not supported between instances of 'str' and 'int'", naming nothing the user gave."""
+    with pytest.raises(ValueError, match=r"max_turns must be at least 1 \(a whole number\), got "):
+        toolenv.ToolEnv(tools=[], tasks=[{"question": "q"}], max_turns=bad)  # type: ignore[arg-type]
+
+
+def test_max_turns_takes_a_numpy_integer() -> None:
+    import numpy as np
+
+    assert toolenv.ToolEnv(tools=[], tasks=[{"question": "q"}], max_turns=np.int64(3)).max_turns == 3

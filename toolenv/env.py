@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import functools
 import json
+import operator
 import re
 import string
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, SupportsIndex
 
 import gymnasium as gym
 import numpy as np
@@ -156,8 +157,7 @@ class ToolEnv(gym.Env[str, str]):
         tool_limits: Mapping[str, Mapping[str, Any]] | None = None,
         answer_tool_rewrites: Mapping[str, str] | None = None,
     ) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        max_turns = _turns(max_turns)
         if task_order not in ("random", "sequential"):
             raise ValueError(f"task_order must be 'random' or 'sequential', got {task_order!r}")
         if render_mode not in (None, "ansi"):
@@ -540,6 +540,17 @@ def _turn_messages(action: str, parsed: ParsedAction, results: Sequence[ToolResu
     they are, and OpenAI's API and several templates refuse a `tool` message that answers no call."""
     calls: list[ToolCall] | None = parsed.tool_calls or None
     return [new_message("assistant", action, None, None, calls), *reply_messages(results)]
+
+
+def _turns(value: object) -> int:
+    """`max_turns` as an int of at least 1 (a numpy integer too), else one line saying so: a
+    string from `--env-arg max_turns=abc` would otherwise fail at a comparison naming nothing."""
+    turns = None
+    if isinstance(value, SupportsIndex) and not isinstance(value, bool):
+        turns = operator.index(value)
+    if turns is None or turns < 1:
+        raise ValueError(f"max_turns must be at least 1 (a whole number), got {value!r}")
+    return turns
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

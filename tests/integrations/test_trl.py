@@ -460,7 +460,13 @@ def test_no_answer_tool_and_names_that_cannot_be_methods() -> None:
     class Dashed(Add):
         name = "web-search"
 
-    for bad in (Reset(), Dashed()):
+    class Error(Add):  # the instance's `error` (None) would hide the method: TRL would call None
+        name = "error"
+
+    class LastInfo(Add):
+        name = "last_info"
+
+    for bad in (Reset(), Dashed(), Error(), LastInfo()):
         with pytest.raises(ValueError, match="cannot be offered to TRL"):
             environment_factory(lambda bad=bad: make_env(tools=[bad]))
 

@@ -522,7 +522,9 @@ def _environment_class(
 
     The methods come from `probe.tool_schemas()`, not `probe.tools`: a remote env's tools run on its
     server, so it has no local tools, only their schemas (for a local env the two say the same)."""
-    reserved = {"reset", "get_reward", "env", "last_info"}
+    # Its public attributes too: an instance's `error` (set in `__init__`) would hide a tool
+    # method of that name, and TRL would collect None as the tool.
+    reserved = {n for n in dir(TRLEnvironment) if not n.startswith("_")} | {"env", "last_info", "error"}
     methods: dict[str, Any] = {}
     for schema in map(flatten_schema, probe.tool_schemas()):
         tool_name = str(schema.get("function", schema).get("name", ""))
