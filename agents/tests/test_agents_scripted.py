@@ -51,6 +51,7 @@ def test_oracle_function_on_the_core_env() -> None:
 def test_oracle_without_plugin_is_an_episode_error() -> None:
     res = rollout("toolenv/ToolEnv-v0", "oracle", env_kwargs=ENV_KW, n=1)
     assert "no oracle named 'ToolEnv-v0'" in (res.trajectories[0].error or "")
+    assert "name that one: --agent-arg env=NAME" in (res.trajectories[0].error or "")  # says what to type
 
 
 ORACLES = sorted({e.name for e in entries("oracles")} & {e.name for e in entries("envs")})

@@ -45,7 +45,8 @@ class OracleAgent(Agent):
             try:
                 self._loaded[name] = load("oracles", name)
             except Exception as exc:
-                raise AgentError(str(exc)) from exc
+                hint = "" if self.env else "; if the env plays another env's tasks, name that one: --agent-arg env=NAME"
+                raise AgentError(f"{exc}{hint}") from exc
         return self._loaded[name]
 
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:

@@ -271,6 +271,8 @@ def test_dataset_rows_split_n_and_their_errors() -> None:
     assert len(dataset_rows(CALC, n=2)) == 2
     with pytest.raises(ValueError, match="n must be at least 1"):
         dataset_rows(CALC, n=0)
+    with pytest.raises(TypeError, match=r"^dataset_rows\(\) got an unexpected keyword argument 'bogus'"):
+        dataset_rows(CALC, bogus=1)  # type: ignore[call-arg]  # named as the user called it
     pytest.importorskip("toolenv_vision", reason="the image-prompt case uses the VisualSearch env (toolenv-vision)")
     with pytest.raises(ValueError, match="has images in its prompt"):
         dataset_rows("toolenv/VisualSearch-v0", n=1)

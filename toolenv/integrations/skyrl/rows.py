@@ -164,6 +164,17 @@ async def adataset_rows(
     return [_skyrl_row(row, env_class or env_id) for row in rows]
 
 
-def dataset_rows(env_id: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """Sync twin of `adataset_rows` (same keyword arguments); inside a running event loop, await that."""
-    return _aio.run(adataset_rows(env_id, **kwargs))
+def dataset_rows(
+    env_id: str,
+    *,
+    n: int | None = None,
+    split: str | None = None,
+    env_class: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    data_source: str | None = None,
+) -> list[dict[str, Any]]:
+    """Sync twin of `adataset_rows` (same arguments, spelt out so that a wrong one is refused
+    by this name); inside a running event loop, await that."""
+    return _aio.run(
+        adataset_rows(env_id, n=n, split=split, env_class=env_class, env_kwargs=env_kwargs, data_source=data_source)
+    )

@@ -63,5 +63,8 @@ def run(args: argparse.Namespace) -> int:
     )
     path = write_parquet(rows, args.out)
     # Not into the data when the data goes to stdout (`--out /dev/stdout | ...`)
-    print(f"wrote {len(rows)} rows for {args.env_id} to {path}", file=sys.stderr if is_stdout(path) else sys.stdout)
+    print(
+        f"wrote {len(rows)} row{'' if len(rows) == 1 else 's'} for {args.env_id} to {path}",
+        file=sys.stderr if is_stdout(path) else sys.stdout,
+    )
     return 0
