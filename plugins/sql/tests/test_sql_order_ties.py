@@ -12,7 +12,7 @@ import pytest
 
 from toolenv import Task
 from toolenv_sql.envs import make_spider_env
-from toolenv_sql.guard import order_keys
+from toolenv_sql.order import order_keys
 from toolenv_sql.reward import rows_match
 
 # Ages tie at 30 (Ann, Bob, Eve) and at 40 (Dan, Fay); Cy alone is youngest.

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
@@ -20,7 +17,7 @@ from sqlglot.errors import ParseError, SqlglotError, TokenError
 from toolenv_sql.errors import SQLError
 from toolenv_sql.syntax import clip, parse_problem, token_problem
 
-__all__ = ["DENIED_FUNCTIONS", "OrderKeys", "is_ordered", "order_keys", "parse_read_query", "prepare"]
+__all__ = ["DENIED_FUNCTIONS", "is_ordered", "parse_read_query", "prepare"]
 
 #: Functions that reach outside the database (files, extensions); denied in every dialect.
 DENIED_FUNCTIONS = frozenset(
@@ -184,87 +181,3 @@ def is_ordered(sql: str, dialect: str) -> bool:
     while isinstance(tree, exp.Subquery) and tree.args.get("order") is None:
         tree = tree.this
     return tree.args.get("order") is not None
-
-
-@dataclass(frozen=True)
-class OrderKeys:
-    """How to read the ORDER BY key of each row of an ordered query (see `order_keys`)."""
-
-    #: The query with the ORDER BY terms no output column holds selected after its own
-    #: columns, and without its LIMIT and OFFSET (so rows tied past them show).
-    sql: str
-    #: Per ORDER BY term, the output column holding it, or None: the next added column.
-    terms: tuple[int | None, ...]
-    offset: int
-    limit: int | None
-
-    def key(self, row: Sequence[Any], width: int) -> tuple[Any, ...]:
-        """The ORDER BY key of a row of `sql`'s result whose first `width` columns are the query's own."""
-        added = iter(range(width, len(row)))
-        return tuple(row[next(added)] if j is None else row[j] for j in self.terms)
-
-
-def order_keys(sql: str, dialect: str) -> OrderKeys | None:
-    """How to read each row's ORDER BY key of `sql`, or None when it is not ordered at its
-    outermost level or its keys cannot be read safely.
-
-    A term that is an output column's position (`ORDER BY 2`), alias, or expression is read
-    from that column; another expression is selected too, except under DISTINCT (where a new
-    column would change the rows) or in UNION/INTERSECT/EXCEPT. LIMIT and OFFSET must be
-    integer literals.
-    """
-    try:
-        tree = parse_read_query(sql, dialect)
-    except SQLError:
-        return None
-    while isinstance(tree, exp.Subquery) and tree.args.get("order") is None:
-        tree = tree.this
-    order = tree.args.get("order")
-    if order is None or not isinstance(tree, (exp.Select, exp.SetOperation)):
-        return None
-    bounds = _literal_bound(tree.args.get("offset")), _literal_bound(tree.args.get("limit"))
-    if -1 in bounds:
-        return None
-    terms: list[int | None] = []
-    added: list[exp.Expr] = []
-    for ordered in order.expressions:
-        column = _output_column(ordered.this, tree.selects)
-        if column is None:
-            if not isinstance(tree, exp.Select) or tree.args.get("distinct") is not None:
-                return None
-            added.append(ordered.this)
-        terms.append(column)
-    tree = tree.copy()
-    for i, term in enumerate(added):
-        tree.select(exp.alias_(term.copy(), f"_toolenv_order_key_{i}"), append=True, copy=False)
-    tree.set("limit", None)
-    tree.set("offset", None)
-    offset, limit = bounds
-    return OrderKeys(tree.sql(dialect=dialect), tuple(terms), offset or 0, limit)
-
-
-def _literal_bound(node: exp.Expr | None) -> int | None:
-    """A LIMIT's or OFFSET's count; None when there is none, -1 when it is not a literal count."""
-    if node is None:
-        return None
-    value = node.args.get("expression")
-    others = [k for k, v in node.args.items() if v and k != "expression"]  # LIMIT 10 PERCENT, WITH TIES, …
-    if not isinstance(value, exp.Literal) or not value.is_int or others:
-        return -1
-    return int(value.this)
-
-
-def _output_column(term: exp.Expr, selects: list[exp.Expr]) -> int | None:
-    """The output column an ORDER BY term names: by position, by alias (a bare name, which the
-    engines read as the alias first), or as the same expression."""
-    if isinstance(term, exp.Literal) and term.is_int:
-        position = int(term.this) - 1
-        return position if position >= 0 else None
-    if isinstance(term, exp.Column) and not term.table:
-        for j, select in enumerate(selects):
-            if isinstance(select, exp.Alias) and select.alias.lower() == term.name.lower():
-                return j
-    for j, select in enumerate(selects):
-        if not isinstance(select, exp.Star) and select.unalias() == term:
-            return j
-    return None

@@ -14,12 +14,14 @@ a list comparison (Spider's) scores that right answer 0 (32 of the 146 ordered S
 gold queries bundled here have such ties, 30 of them at a LIMIT). The keys are read by
 running the gold query once more, rewritten with sqlglot to select the ORDER BY terms no
 output column holds (a position, an alias or a selected expression is read from its
-column) and without its LIMIT and OFFSET; where that cannot be done (DISTINCT with a key not
-selected, a LIMIT that is not a number, a rewrite that fails or disagrees with the gold's own
-rows) the order is compared as a list, as before. Keys are compared as values are (rounded),
-so a collation's ties (`COLLATE NOCASE`) still count as different. A row may stand in for
-another only if the gold query's own result gives it the same key, so an answer scores 1 only
-with rows the gold query could have returned under some plan.
+column), without its OFFSET and with 1,000 more rows in its LIMIT; where that cannot be done
+or be trusted (DISTINCT with a key not selected, a LIMIT that is not a number, a term whose
+column the engines may resolve otherwise, a rewrite that sqlglot cannot render as parsed, that
+fails or disagrees with the gold's own rows) the order is compared as a list, as before.
+Keys are compared as values (floats to 12 significant digits, but not to 6 decimals: see
+`_key`), so a collation's ties (`COLLATE NOCASE`) still count as different. A row may stand
+in for another only if the gold query's own result gives it the same key, so an answer scores
+1 only with rows the gold query could have returned under some plan.
 
 Why these defaults, against the evaluations RL recipes copy:
 
@@ -56,7 +58,8 @@ from toolenv.episode import Episode
 from toolenv.rewards import Reward, record_reward_info, register_reward
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import QueryResult, execute
-from toolenv_sql.guard import OrderKeys, is_ordered, order_keys, prepare
+from toolenv_sql.guard import is_ordered, prepare
+from toolenv_sql.order import OrderKeys, order_keys
 from toolenv_sql.paths import DATA_DIR, resolve_database
 
 __all__ = ["ExecutionMatch", "clean_sql", "rows_match"]
@@ -151,9 +154,17 @@ def _normal(row: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def _key(key: Any) -> Any:
-    """An ORDER BY key as compared: keys as close as the values compared are tied (an equivalent
-    query may sum in another order and swap keys that differ only in their last bits)."""
-    return _normal(key) if isinstance(key, tuple) else _value(key)
+    """An ORDER BY key as compared: floats to 12 significant digits, so that keys apart only in
+    their last bits are tied (an equivalent query may sum in another order and swap them), but
+    not to 6 decimals as values are: keys under 5e-7 would all be 0, and any row "tied" for the
+    smallest. DuckDB's decimals are exact, and compared so."""
+    if isinstance(key, float):
+        return _NAN if key != key else float(f"{key:.12g}")
+    if isinstance(key, (tuple, list)):
+        return tuple(_key(k) for k in key)
+    if isinstance(key, dict):
+        return tuple((_key(k), _key(v)) for k, v in key.items())
+    return key
 
 
 def _runs(
@@ -341,7 +352,9 @@ class ExecutionMatch(Reward):
             timeout = max(self.timeout, 60.0)
             result = await execute(path, engine, gold_sql.strip().rstrip(";"), timeout=timeout)
             found = _Gold(result, is_ordered(gold_sql, engine), result.rows)
-            order = order_keys(gold_sql, engine) if found.ordered and not result.truncated else None
+            order = (
+                order_keys(gold_sql, engine, past=_TIED_PAST_LIMIT) if found.ordered and not result.truncated else None
+            )
             if order is not None:
                 found = await _with_ties(found, path, engine, order, timeout)
             if len(_GOLD) >= _GOLD_CACHE_SIZE:
@@ -352,11 +365,11 @@ class ExecutionMatch(Reward):
 
 async def _with_ties(gold: _Gold, path: Path, engine: str, order: OrderKeys, timeout: float) -> _Gold:
     """`gold` with each row's ORDER BY key and the rows tied past its OFFSET and LIMIT, read by
-    running the query again with its keys selected and without its LIMIT and OFFSET (through the
-    guard and the read-only executor, as any query); `gold` as it is (compared strictly as a
-    list) when that fails or does not agree with the gold's own rows."""
+    running the query again with its keys selected, without its OFFSET and past its LIMIT
+    (through the guard and the read-only executor, as any query); `gold` as it is (compared
+    strictly as a list) when that fails or does not agree with the gold's own rows."""
     width = len(gold.result.columns)
-    if any(j is not None and j >= width for j in order.terms):
+    if any(j is not None and not -width <= j < width for j in order.terms):
         return gold
     end = None if order.limit is None else order.offset + order.limit
     if end is None and not order.offset and None not in order.terms:
