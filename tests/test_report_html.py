@@ -523,3 +523,21 @@ def test_the_default_title_names_a_run_given_as_dot(run_dir: Path, monkeypatch: 
     page = build_report(given, run_dir / "page.html").read_text(encoding="utf-8")
     assert "<title>toolenv · run</title>" in page and page_data(page)["title"] == "toolenv · run"
     assert RunIndex([given]).title == "toolenv · run"
+
+
+def test_served_episode_of_a_file_gone_says_to_restart_the_viewer(run_dir: Path, tmp_path: Path) -> None:
+    """A file indexed and then removed (a later run put a killed retry's lines aside back and
+    removed `trajectories.retrying.jsonl`; a run folder deleted) gets the same one-line 500 as a
+    file rewritten, saying to restart, not a bare "No such file"."""
+    run = tmp_path / "gone"
+    run.mkdir()
+    (run / "trajectories.jsonl").write_bytes((run_dir / "trajectories.jsonl").read_bytes())
+    server, port = _serving(run)
+    try:
+        (run / "trajectories.jsonl").unlink()
+        status, body = _get_as(port, "/episodes/0.json", f"127.0.0.1:{port}")
+        text = body.decode("utf-8")
+        assert status == 500 and "restart toolenv view" in text and "gone" in text, text
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -121,14 +121,19 @@ class RunIndex:
 
         Raises:
             IndexError: no such episode.
-            ValueError: its line is no longer the trajectory indexed (the file was rewritten).
+            ValueError: its line is no longer the trajectory indexed (the file was rewritten or removed).
         """
         if not 0 <= i < len(self.lines):
             raise IndexError(f"no episode {i}: the run has {len(self.lines)}")
         where = self.lines[i]
-        with open(where.file, "rb") as fh:
-            fh.seek(where.offset)
-            raw = fh.read(where.length)
+        try:
+            with open(where.file, "rb") as fh:
+                fh.seek(where.offset)
+                raw = fh.read(where.length)
+        except FileNotFoundError:  # a later run removed it (lines aside put back) or the run is gone
+            raise ValueError(
+                f"{where.file} is gone since it was indexed; restart toolenv view to index it again"
+            ) from None
         try:
             traj = Trajectory.model_validate_json(
                 raw, context={IMAGE_STORE: ImageStore(where.file.parent / IMAGES_DIR)}
