@@ -9,6 +9,7 @@ components, timings and token counts when the agent knows them.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import uuid
@@ -387,17 +388,30 @@ def _with_retrying(
     """`kept` (the run file's trajectories), then those of its `retrying_file` whose (task id,
     sample) `kept` has none of, so each episode is read once: a line in the run's file is
     never older than one of its episode left aside. Only the keys aside are held (the file is
-    read again at the end), so memory stays flat; a file removed meanwhile (the run putting
-    its lines back) is read as empty."""
+    read again at the end), so memory stays flat.
+
+    A run may start or end while this reads, so the run's file is opened first (a retry writes
+    the file aside before the run's file loses a line), and lines aside gone by the end (a run
+    put them back, then removed the file) are looked for in the run's file as it is then."""
     aside = retrying_file(path)
+    kept = iter(kept)
+    first = next(kept, None)  # the run's file open before the file aside is: see above
     waiting = {key(item) for item in _if_there(aside, read, valid)}
-    for item in kept:
+    for item in kept if first is None else itertools.chain((first,), kept):
         if waiting:
             waiting.discard(key(item))
         yield item
     if not waiting:
         return
-    for item in _if_there(aside, read, valid):
+    try:
+        yield from _among(valid(aside, read(aside)), key, waiting)
+    except FileNotFoundError:  # put back meanwhile: in the run's file now
+        yield from _among((item for _, item, _ in read(path) if item is not None), key, waiting)
+
+
+def _among(items: Iterable[T], key: Callable[[T], tuple[str, int]], waiting: set[tuple[str, int]]) -> Iterator[T]:
+    """The first of `items` of each (task id, sample) in `waiting`, each taken out of it."""
+    for item in items:
         if key(item) in waiting:
             waiting.discard(key(item))
             yield item
