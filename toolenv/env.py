@@ -546,7 +546,9 @@ def _turns(value: object) -> int:
     """`max_turns` as an int of at least 1 (a numpy integer too), else one line saying so: a
     string from `--env-arg max_turns=abc` would otherwise fail at a comparison naming nothing."""
     turns = None
-    if isinstance(value, SupportsIndex) and not isinstance(value, bool):
+    if type(value) is int:  # the common case first: a Protocol's isinstance costs ~5 µs per env
+        turns = value
+    elif isinstance(value, SupportsIndex) and not isinstance(value, bool):
         turns = operator.index(value)
     if turns is None or turns < 1:
         raise ValueError(f"max_turns must be at least 1 (a whole number), got {value!r}")

@@ -40,12 +40,7 @@ from toolenv.registry import resolved_tools
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.run_output import RunOutput, reaches
-from toolenv.trajectory import (
-    CallStats,
-    Trajectory,
-    TurnRecord,
-    dump_json,
-)
+from toolenv.trajectory import CallStats, Trajectory, TurnRecord, dump_json
 from toolenv.types import Task, load_tasks
 
 __all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
@@ -268,8 +263,8 @@ async def run_episode(
             break
         t2 = time.perf_counter()
         rec = ep.turns[-1]
-        turn_reward, components = float(reward), dict(rec.reward_components)
-        if not math.isfinite(turn_reward) or not all(math.isfinite(v) for v in components.values()):
+        turn_reward, components = float(reward), rec.reward_components  # read only: the record copies it
+        if not math.isfinite(turn_reward) or not all(map(math.isfinite, components.values())):
             # An env that does not use WeightedSum (which refuses these) may still return one:
             # record it as an error with a finite reward, so the line reads back and averages hold.
             bad = {k: v for k, v in components.items() if not math.isfinite(v)} or {"reward": turn_reward}
@@ -581,7 +576,8 @@ async def arollout(
                 if keep_trajectories:
                     new.append(traj)
                 totals.add(traj)  # after the write: the summary counts what the file holds
-                bar.update(traj)
+                if progress:  # a bar that draws nothing need not count
+                    bar.update(traj)
                 if on_trajectory is not None:
                     on_trajectory(traj)
 
