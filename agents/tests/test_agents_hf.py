@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tools import Add
 from pydantic import BaseModel
 
 import toolenv
@@ -83,19 +84,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(out)
     fast.save_pretrained(out)
     return out
-
-
-class Add(toolenv.Tool):
-    """Add two integers."""
-
-    name = "add"
-
-    class Args(BaseModel):
-        a: int
-        b: int
-
-    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
-        return toolenv.ToolResult(text=str(args.a + args.b))
 
 
 async def test_generates_with_chat_template_tokens_and_logprobs(tiny_model: Path) -> None:

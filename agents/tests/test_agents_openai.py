@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from _tools import Add
 from pydantic import BaseModel
 
 import toolenv
@@ -83,19 +84,6 @@ def chat(content: str | None = None, tool_calls: list[dict[str, Any]] | None = N
 
 def call(name: str, args: dict[str, Any], cid: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-
-
-class Add(toolenv.Tool):
-    """Add two integers."""
-
-    name = "add"
-
-    class Args(BaseModel):
-        a: int
-        b: int
-
-    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
-        return toolenv.ToolResult(text=str(args.a + args.b))
 
 
 def make_env(parser: str = "hermes") -> toolenv.ToolEnv:

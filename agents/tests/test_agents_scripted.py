@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from _tools import Add
 
 import toolenv
 from toolenv.registry import entries
@@ -20,19 +20,6 @@ from toolenv_agents.replay import ReplayAgent, load_replay, load_replay_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>'
-
-
-class Add(toolenv.Tool):
-    """Add two integers."""
-
-    name = "add"
-
-    class Args(BaseModel):
-        a: int
-        b: int
-
-    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
-        return toolenv.ToolResult(text=str(args.a + args.b))
 
 
 TASKS = [{"id": "t1", "question": "2+3?", "answer": "5"}, {"id": "t2", "question": "10+4?", "answer": "14"}]

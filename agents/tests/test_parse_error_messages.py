@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from _strict_openai import native_call, reply, strict_server
-from pydantic import BaseModel
+from _tools import Add
 
 import toolenv
 from toolenv.runner import arollout
@@ -20,19 +20,6 @@ from toolenv_agents.openai_compat import OpenAIAgent
 
 BROKEN = '<tool_call>{"name": "add", "arguments": {"a": 2,}</tool_call>'
 GOOD = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
-
-
-class Add(toolenv.Tool):
-    """Add two integers."""
-
-    name = "add"
-
-    class Args(BaseModel):
-        a: int
-        b: int
-
-    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
-        return toolenv.ToolResult(text=str(args.a + args.b))
 
 
 def make_env() -> toolenv.ToolEnv:

@@ -154,14 +154,25 @@ async def _cancel_on_signal(coro: Coroutine[Any, Any, Any]) -> Any:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def _non_negative_int(text: str) -> int:
+def _int_at_least(text: str, least: int, why: str = "") -> int:
+    """An integer option of at least `least`, checked here so that the error names the flag."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more (gymnasium seeds are non-negative), got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more{why}, got {value}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    """`--seed`."""
+    return _int_at_least(text, 0, " (gymnasium seeds are non-negative)")
+
+
+def _positive_int(text: str) -> int:
+    """A count (`-n`, `--samples`, `-c`)."""
+    return _int_at_least(text, 1)
 
 
 #: Python's words for a call without a required argument (the agent's `__init__`, here).
@@ -179,17 +190,6 @@ def _with_agent_flags(message: str) -> str:
         return message
     flags = [_AGENT_FLAGS.get(name, f"--agent-arg {name}=VALUE") for name in re.findall(r"'(\w+)'", found["names"])]
     return f"{message}; pass {' and '.join(flags)}" if flags else message
-
-
-def _positive_int(text: str) -> int:
-    """A count (`-n`, `--samples`, `-c`): checked here so that the error names the flag."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
 
 
 def _positive_seconds(text: str) -> float:

@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _sql_ties import SINGERS
+from _sql_ties import rows as _rows
+from _sql_ties import score as _score
 
 from toolenv import Task
 from toolenv_sql.envs import make_spider_env
 from toolenv_sql.order import order_keys
 from toolenv_sql.reward import rows_match
 
-# Ages tie at 30 (Ann, Bob, Eve) and at 40 (Dan, Fay); Cy alone is youngest.
-SINGERS = [
-    ("Ann", 30, "UK"),
-    ("Cy", 20, "US"),
-    ("Bob", 30, "US"),
-    ("Dan", 40, "UK"),
-    ("Eve", 30, "UK"),
-    ("Fay", 40, "US"),
-]
 WORLD = "spider_dev_sample/database/world_1/world_1.sqlite"
 TV = "spider_dev_sample/database/tvshow/tvshow.sqlite"
 
@@ -37,24 +30,6 @@ def db(tmp_path: Path) -> Path:
         conn.executemany("INSERT INTO singer VALUES (?, ?, ?)", SINGERS)
     conn.close()
     return path
-
-
-def _score(path: Path, gold: str, answer: str, **overrides: Any) -> float:
-    """The reward of a one-turn episode answering `answer` to a task whose gold query is `gold`."""
-    task = Task(id="t", question="q", context={"db_path": path.name, "gold_sql": gold})
-    env = make_spider_env(tasks=[task], root=path.parent, **overrides)
-    env.reset(options={"task": task})
-    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
-    assert terminated
-    env.close()
-    return float(reward)
-
-
-def _rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute(sql).fetchall()
-    conn.close()
-    return rows
 
 
 def _differs(path: Path, gold: str, answer: str) -> None:

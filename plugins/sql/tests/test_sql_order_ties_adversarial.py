@@ -8,23 +8,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _sql_ties import SINGERS
+from _sql_ties import rows as _rows
+from _sql_ties import score as _score
 
-from toolenv import Task
-from toolenv_sql.envs import make_spider_env
 from toolenv_sql.order import order_keys
 
-# As in test_sql_order_ties: ages tie at 30 (Ann, Bob, Eve) and 40 (Dan, Fay); names are distinct.
-SINGERS = [
-    ("Ann", 30, "UK"),
-    ("Cy", 20, "US"),
-    ("Bob", 30, "US"),
-    ("Dan", 40, "UK"),
-    ("Eve", 30, "UK"),
-    ("Fay", 40, "US"),
-]
 # Ratios under a millionth, all distinct: "the smallest" has one right answer.
 RATIOS = [("a", 3e-7), ("b", 1e-7), ("c", 2e-7), ("d", 0.5000001), ("e", 0.5000002)]
 
@@ -57,32 +48,6 @@ def duck(tmp_path: Path) -> Path:
     conn.executemany("INSERT INTO singer VALUES (?, ?, ?)", SINGERS)
     conn.close()
     return path
-
-
-def _score(path: Path, gold: str, answer: str, **overrides: Any) -> float:
-    """The reward of a one-turn episode answering `answer` to a task whose gold query is `gold`."""
-    task = Task(id="t", question="q", context={"db_path": path.name, "gold_sql": gold})
-    env = make_spider_env(tasks=[task], root=path.parent, **overrides)
-    env.reset(options={"task": task})
-    _, reward, terminated, _, _ = env.step(f"<answer>{answer}</answer>")
-    assert terminated
-    env.close()
-    return float(reward)
-
-
-def _rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    if path.suffix == ".duckdb":
-        import duckdb
-
-        conn = duckdb.connect(str(path), read_only=True)
-        try:
-            return [tuple(r) for r in conn.execute(sql).fetchall()]
-        finally:
-            conn.close()
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute(sql).fetchall()
-    conn.close()
-    return rows
 
 
 def _wrong(path: Path, gold: str, answer: str) -> None:
