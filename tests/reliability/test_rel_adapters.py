@@ -269,6 +269,9 @@ def test_rel_adapter_interrupted_caller_cancels_its_call_first(make_adapter: Cal
         for event in RELEASE:
             event.set()
 
+    # Ctrl-C as Python sets it up: a process started in the background by a shell without job
+    # control inherits SIGINT ignored, and Python then leaves it so (the call would wait forever).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     poker = threading.Thread(target=interrupt_once_started, daemon=True)
     poker.start()
     try:
@@ -281,6 +284,7 @@ def test_rel_adapter_interrupted_caller_cancels_its_call_first(make_adapter: Cal
         assert HANG_EVENTS == ["started", "cancelled"], (HANG_EVENTS, seen)
     finally:
         poker.join()
+        signal.signal(signal.SIGINT, previous)
         for event in RELEASE:
             event.set()
     if isinstance(adapter, TRLAdapter):  # TRL keeps the env for its next rollout: it goes on
