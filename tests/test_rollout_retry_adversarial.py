@@ -8,24 +8,13 @@ Real runs in real subprocesses, killed for real; no network.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from test_rollout_retry_durability import ALL, _by_key, _errored_run, _start_retry, _wait_until_blocked, example
+from test_rollout_retry_durability import ALL, _by_key, _errored_run, _killed_retry, example
 
 from toolenv.runner import rollout
 from toolenv.trajectory import Trajectory, iter_trajectory_file, iter_trajectory_lines, kept_lines, retrying_file
-
-
-def _killed_retry(run: Path, tmp_path: Path, block: list[str], written: list[str]) -> None:
-    """A `--retry-errors` run on `run`, SIGKILLed once `written` are rerun and `block` blocked."""
-    proc = _start_retry(run, tmp_path, block)
-    try:
-        _wait_until_blocked(proc, tmp_path, block, written)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
 
 
 def test_a_reader_meanwhile_a_resume_puts_the_lines_back_reads_each_once(tmp_path: Path) -> None:

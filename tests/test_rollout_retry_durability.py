@@ -108,6 +108,19 @@ def _wait_until_blocked(proc: subprocess.Popen[str], tmp_path: Path, block: list
     raise AssertionError("the retrying run never reached the point to stop it at")
 
 
+def _killed_retry(
+    run: Path, tmp_path: Path, block: list[str], written: list[str], images: str = "inline"
+) -> subprocess.Popen[str]:
+    """A `--retry-errors` run on `run`, SIGKILLed once `written` are rerun and `block` blocked."""
+    proc = _start_retry(run, tmp_path, block, images)
+    try:
+        _wait_until_blocked(proc, tmp_path, block, written)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    return proc
+
+
 def _by_key(trajs: list[toolenv.Trajectory]) -> dict[str, toolenv.Trajectory]:
     counts = Counter(t.key for t in trajs)
     assert max(counts.values()) == 1, f"an episode read twice: {counts}"
@@ -145,12 +158,7 @@ def test_sigkill_during_a_retry_keeps_every_episode(
 ) -> None:
     run = tmp_path / "run"
     _errored_run(run, fail, images)
-    proc = _start_retry(run, tmp_path, block, images)
-    try:
-        _wait_until_blocked(proc, tmp_path, block, [t for t in fail if t not in block])
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+    proc = _killed_retry(run, tmp_path, block, [t for t in fail if t not in block], images)
     assert proc.returncode == -signal.SIGKILL
     _check_each_reader(run, tmp_path, block, capsys)
 
@@ -181,12 +189,7 @@ def test_sigkill_then_a_retry_again_reruns_what_was_left(tmp_path: Path, capsys:
     for block, written in ((["price", "color"], ["sum-2"]), (["color"], ["price"])):
         for mark in (tmp_path / "marks").glob("*"):
             mark.unlink()
-        proc = _start_retry(run, tmp_path, block)
-        try:
-            _wait_until_blocked(proc, tmp_path, block, written)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=60)
+        _killed_retry(run, tmp_path, block, written)
         _check_each_reader(run, tmp_path, block, capsys)
     res = rollout(example.ENV_ID, example.ScriptedAgent(), out=run, retry_errors=True)
     assert (res.new, res.skipped) == (1, 3) and res.summary.success_rate == 1.0

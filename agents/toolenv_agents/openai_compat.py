@@ -608,13 +608,12 @@ def _with_stop(text: str, choice: dict[str, Any], parser: ActionParser | None, s
     if matched is None and ("stop_reason" in choice or "matched_stop" in choice):  # ended by itself
         return text
     before = parser.parse(text)
-    for stop in stops:
-        after = parser.parse(text + stop)
+    afters = [(stop, parser.parse(text + stop)) for stop in stops]
+    for stop, after in afters:
         if len(after.tool_calls) > len(before.tool_calls) or len(after.errors) < len(before.errors):
             return text + stop
     if isinstance(matched, int) and not isinstance(matched, bool):  # a stop token ended the call it follows
-        for stop in stops:
-            after = parser.parse(text + stop)
+        for stop, after in afters:
             if (
                 after.tool_calls
                 and len(after.tool_calls) == len(before.tool_calls)

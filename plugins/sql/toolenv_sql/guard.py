@@ -17,7 +17,7 @@ from sqlglot.errors import ParseError, SqlglotError, TokenError
 from toolenv_sql.errors import SQLError
 from toolenv_sql.syntax import clip, parse_problem, token_problem
 
-__all__ = ["DENIED_FUNCTIONS", "is_ordered", "parse_read_query", "prepare"]
+__all__ = ["DENIED_FUNCTIONS", "is_ordered", "ordered_level", "parse_read_query", "prepare"]
 
 #: Functions that reach outside the database (files, extensions); denied in every dialect.
 DENIED_FUNCTIONS = frozenset(
@@ -172,12 +172,18 @@ def _prepare(sql: str, dialect: str | None, engine: str) -> str:
         raise SQLError(f"Could not translate the query from {source} to {engine}: {exc}") from None
 
 
-def is_ordered(sql: str, dialect: str) -> bool:
-    """True when the query's outermost level has ORDER BY (its row order is then part of the result)."""
+def ordered_level(sql: str, dialect: str) -> exp.Expr | None:
+    """The query's outermost level (inside parentheses that add nothing) when it has ORDER BY,
+    whose row order is then part of the result; None when it has none or does not parse."""
     try:
         tree = parse_read_query(sql, dialect)
     except SQLError:
-        return False
+        return None
     while isinstance(tree, exp.Subquery) and tree.args.get("order") is None:
         tree = tree.this
-    return tree.args.get("order") is not None
+    return tree if tree.args.get("order") is not None else None
+
+
+def is_ordered(sql: str, dialect: str) -> bool:
+    """True when the query's outermost level has ORDER BY (its row order is then part of the result)."""
+    return ordered_level(sql, dialect) is not None

@@ -10,7 +10,7 @@ from typing import Any
 from sqlglot import exp
 
 from toolenv_sql.errors import SQLError
-from toolenv_sql.guard import parse_read_query
+from toolenv_sql.guard import ordered_level, parse_read_query
 
 __all__ = ["OrderKeys", "order_keys"]
 
@@ -49,15 +49,10 @@ def order_keys(sql: str, dialect: str, *, past: int = 1000) -> OrderKeys | None:
     The query reads `past` rows past the LIMIT (all of them without one): a LIMIT it keeps lets
     the engine keep only its top rows rather than sort the whole result.
     """
-    try:
-        tree = parse_read_query(sql, dialect)
-    except SQLError:
+    tree = ordered_level(sql, dialect)
+    if tree is None or not isinstance(tree, (exp.Select, exp.SetOperation)):
         return None
-    while isinstance(tree, exp.Subquery) and tree.args.get("order") is None:
-        tree = tree.this
-    order = tree.args.get("order")
-    if order is None or not isinstance(tree, (exp.Select, exp.SetOperation)):
-        return None
+    order = tree.args["order"]
     bounds = _literal_bound(tree.args.get("offset")), _literal_bound(tree.args.get("limit"))
     if -1 in bounds:
         return None
