@@ -29,6 +29,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from toolenv import __version__
+from toolenv._ast import parse
 
 __all__ = ["error_line", "main"]
 
@@ -79,7 +80,7 @@ def _help_of(target: str) -> str | None:
         source = _source_of(target.split(":")[0])
         if source is None:
             return None
-        tree = ast.parse(source.read_text(encoding="utf-8"))
+        tree = parse(source.read_text(encoding="utf-8"))
     except (ImportError, OSError, SyntaxError, ValueError):  # a broken plugin is listed without help
         return None
     for node in tree.body:

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from toolenv._ast import parse
+
 __all__ = [
     "GROUPS",
     "PluginEntry",
@@ -180,7 +182,7 @@ def _registered_rewards(package: str) -> list[tuple[str, str]]:
                 source = file.read_text(encoding="utf-8")
                 if "register_reward(" not in source:  # most files: no need to parse them
                     continue
-                tree = ast.parse(source)
+                tree = parse(source)
             except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
                 continue
             module = ".".join((package, *file.relative_to(folder).with_suffix("").parts))

@@ -3,7 +3,6 @@ positional call ids, and values written as bare text, read (and written) by thei
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 import warnings
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
+from toolenv._ast import literal_eval
 from toolenv.parsers._json import decode_json, encode_json, same_json
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def python_literal(text: str, default: Any) -> Any:
     try:
         with warnings.catch_warnings():  # `'\d'` is valid Python that warns: not to the trainer's stderr
             warnings.simplefilter("ignore")
-            value = ast.literal_eval(text)
+            value = literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError):
         return default
     encoded = encode_json(value) if isinstance(value, (list, dict)) else None

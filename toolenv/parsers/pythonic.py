@@ -73,6 +73,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from toolenv._ast import parse
 from toolenv._tool import Tool
 from toolenv.parsers.base import ActionParser, register_parser
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_call, new_parsed
@@ -135,7 +136,7 @@ def _parse(source: str) -> ast.Expression:
     compiler warn (an invalid escape), and a model's text must not print to the trainer's stderr."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ast.parse(source, mode="eval")
+        return parse(source, mode="eval")
 
 
 class PythonicParser(ActionParser):

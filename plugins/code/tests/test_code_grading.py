@@ -207,3 +207,27 @@ def test_a_whole_program_that_opens_with_a_future_import_is_graded_as_it_runs() 
     assert source.index("import math") < source.index("x = 1")
     wrong = "from __future__ import annotations\ndef has_close_elements(numbers, threshold):\n    return False"
     assert run_tests(wrong, spec).fraction < 1.0
+
+
+def test_every_ast_parse_of_a_grading_holds_the_hosts_ast_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPython 3.11's AST constructor shares its recursion depth across threads (gh-106905): graders
+    on a thread pool failed with a SystemError until every host-side `ast.parse` took turns."""
+    import ast
+
+    from toolenv import _ast
+    from toolenv_code import grading
+
+    parse, unlocked = ast.parse, []
+
+    def checked(source: str | bytes, *args: object, **kwargs: object) -> object:
+        if not _ast._LOCK.locked():
+            unlocked.append(str(source)[:40])
+        return parse(source, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ast, "parse", checked)
+    grading._entry_points.cache_clear()
+    prefix = "def g(x):\n    '''only declared'''\n\ndef f(x):\n    '''doc'''\n"
+    spec = TestSpec(tests=["assert f(1) == 2", "assert g(1) == 1"], solution_prefix=prefix)
+    report = run_tests("def g(x):\n    return x\n\ndef f(x):\n    return g(x) + 1\n", spec)
+    assert report.fraction == 1.0
+    assert unlocked == []

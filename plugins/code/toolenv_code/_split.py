@@ -30,7 +30,6 @@ import operator
 import re
 import symtable
 import sys
-import threading
 import tokenize
 import warnings
 from collections.abc import Callable, Iterable
@@ -38,6 +37,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
+
+from toolenv._ast import parse
 
 __all__ = ["Probe", "ReplayTest", "SplitTest", "decode_value", "encode_value", "split_tests"]
 
@@ -226,23 +227,11 @@ def _big_int(value: object) -> bool:
     return type(value) is int and value.bit_length() > _CHEAP_BITS
 
 
-# CPython 3.11 keeps the AST constructor's recursion depth in state all threads share: two
-# `ast.parse` at once (graders on a thread pool) can fail with "SystemError: AST constructor
-# recursion depth mismatch" (gh-106905; a CI run hit it). The host's parses take turns.
-_AST_LOCK = threading.Lock()
-
-
-def parse_ast(source: str, mode: str = "exec") -> Any:
-    """`ast.parse(source, mode=mode)`, one thread at a time (see `_AST_LOCK`)."""
-    with _AST_LOCK:
-        return ast.parse(source, mode=mode)
-
-
 def _parse(source: str) -> ast.Module | None:
     try:
         with warnings.catch_warnings():  # dataset tests hold invalid escapes ("\\d") that warn
             warnings.simplefilter("ignore")
-            return parse_ast(source)  # type: ignore[no-any-return]
+            return parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
 
@@ -920,7 +909,7 @@ def decode_value(text: str) -> object:
     try:
         if _long_decimal_number(text):
             raise _Bad("a long decimal number")
-        tree = parse_ast(text, mode="eval")
+        tree = parse(text, mode="eval")
         return _decode(tree.body)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError, ZeroDivisionError, ArithmeticError) as e:
         raise ValueError(f"not a plain value: {type(e).__name__}") from None

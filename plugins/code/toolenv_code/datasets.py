@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from toolenv import Task
-from toolenv_code._split import parse_ast
+from toolenv._ast import parse
 from toolenv_code.grading import TestSpec
 
 __all__ = ["MBPP_SPLITS", "humaneval_tasks", "mbpp_split", "mbpp_tasks", "split_check"]
@@ -63,7 +63,7 @@ def split_check(test_source: str, entry_point: str) -> tuple[str, list[str]]:
     each assert-bearing statement of `check`'s body is one test, carrying the plain
     statements just before it (imports, helper variables) so that order is kept.
     """
-    module = parse_ast(test_source)
+    module = parse(test_source)
     setup: list[str] = []
     tests: list[str] = []
     pending: list[str] = []
@@ -110,8 +110,8 @@ def _tested_functions(code: str, tests: list[str]) -> list[str]:
     """The reference solution's top-level functions that the tests call (MBPP names no entry point)."""
     with warnings.catch_warnings():  # some tests hold invalid escapes ("\\d") that warn
         warnings.simplefilter("ignore")
-        body = parse_ast(code).body
-        names = [n for t in tests for n in ast.walk(parse_ast(t))]
+        body = parse(code).body
+        names = [n for t in tests for n in ast.walk(parse(t))]
     defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     called = {n.id for n in names if isinstance(n, ast.Name)}
     return sorted(defined & called)

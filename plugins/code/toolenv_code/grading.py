@@ -64,7 +64,8 @@ from typing import Any
 from markdown_it import MarkdownIt
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv_code._split import ReplayTest, SplitTest, decode_value, encode_value, parse_ast, split_tests
+from toolenv._ast import parse
+from toolenv_code._split import ReplayTest, SplitTest, decode_value, encode_value, split_tests
 from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
@@ -685,7 +686,7 @@ def _body_indent(prefix: str) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = parse_ast(prefix).body
+            body = parse(prefix).body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return ""
     if not body or not isinstance(body[-1], (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -705,7 +706,7 @@ def _future_imports(code: str) -> tuple[str, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = parse_ast(code).body
+            body = parse(code).body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return "", code
     futures: list[ast.stmt] = []
@@ -784,7 +785,7 @@ def _plain_test(source: str) -> str:
     try:
         with warnings.catch_warnings():  # dataset tests hold invalid escapes ("\\d") that warn
             warnings.simplefilter("ignore")
-            tree = parse_ast(source)
+            tree = parse(source)
     except (SyntaxError, ValueError):
         return source
     return ast.unparse(ast.fix_missing_locations(_PlainComparisons().visit(tree)))
@@ -884,7 +885,7 @@ def _entry_points(names: tuple[str, ...], prefix: str) -> tuple[str, ...]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = ast.parse(prefix).body if prefix else []
+            body = parse(prefix).body if prefix else []
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         body = []
     declared = {s.name for s in body if _is_stub(s)}  # type: ignore[attr-defined]

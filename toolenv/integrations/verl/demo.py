@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from toolenv._ast import parse
 from toolenv._tool import Tool, ToolContext
 from toolenv.types import ToolResult
 
@@ -34,7 +35,7 @@ def evaluate(expression: str) -> float:
         ValueError: anything else in the expression, or division by zero.
     """
     try:
-        tree = ast.parse(expression, mode="eval")
+        tree = parse(expression, mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
 
