@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -96,16 +97,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_http_server(port: int) -> subprocess.Popen[bytes]:
-    """The test server over streamable HTTP on 127.0.0.1:`port`, as a subprocess, once it accepts connections."""
-    proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", str(port)], env=dict(os.environ))
+def start_http_server(port: int, *, ready: Path | None = None) -> subprocess.Popen[bytes]:
+    """The test server over streamable HTTP on 127.0.0.1:`port`, as a subprocess, once it accepts
+    connections; with `ready`, at once: it creates that file when it has imported everything,
+    then binds the port the moment it is free (see `RestartableHTTPServer.restart`)."""
+    quick = ["--when-free", str(ready)] if ready is not None else []
+    proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), "--http", str(port), *quick], env=dict(os.environ))
+    if ready is None:
+        wait_listening(proc, port)
+    return proc
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait until `proc` accepts connections on 127.0.0.1:`port` (at most 30 s)."""
     deadline = time.monotonic() + 30
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"the HTTP test server exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                return
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
@@ -139,9 +150,26 @@ class RestartableHTTPServer:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.proc = start_http_server(self.port)
 
-    def restart(self) -> None:
+    def restart(self, *, quick: bool = False) -> None:
+        """A new server process on the same port. `quick`: the new one is started (its imports
+        done) before the old one stops, and takes the port the moment it is free, so that a
+        client reconnecting a second later (the MCP SDK's GET stream) meets the new server."""
+        if not quick:
+            stop_http_server(self.proc)
+            self.proc = start_http_server(self.port)
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            ready = Path(folder) / "ready"
+            new = start_http_server(self.port, ready=ready)
+            deadline = time.monotonic() + 30
+            while not ready.exists():  # its imports, while the old one still serves
+                if new.poll() is not None or time.monotonic() > deadline:
+                    new.kill()
+                    raise RuntimeError("the new HTTP test server did not get ready")
+                time.sleep(0.02)
         stop_http_server(self.proc)
-        self.proc = start_http_server(self.port)
+        self.proc = new
+        wait_listening(new, self.port)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A small MCP server for the tests, run as a subprocess: over stdio by default, or
-`--http PORT` for streamable HTTP on 127.0.0.1.
+`--http PORT` for streamable HTTP on 127.0.0.1 (`--http PORT --when-free READY_FILE`: once the port is free).
 
 `MCP_TEST_REFUSE_IF=<path>`: exit at start while that file exists (a server that cannot restart).
 `remember` / `recall` keep state per MCP session (over stdio: per process), as a stateful
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import struct
 import sys
 import time
@@ -194,9 +195,26 @@ async def hog(seconds: float) -> str:
     return f"hogged {seconds}"
 
 
+def _wait_until_free(port: int) -> None:
+    """Block until 127.0.0.1:`port` can be bound (another server still holds it)."""
+    while True:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                probe.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
 def main(argv: list[str]) -> None:
-    if len(argv) == 2 and argv[0] == "--http":
+    if argv[:1] == ["--http"] and len(argv) in (2, 4):
         port = int(argv[1])
+        if argv[2:3] == ["--when-free"]:  # a quick restart: imports done (says so in a file), then the port once free
+            with open(argv[3], "w"):
+                pass
+            _wait_until_free(port)
         run: Any = app.run
         settings: Any = app.settings
         if hasattr(settings, "port"):  # mcp 1.x: host and port are settings

@@ -243,13 +243,30 @@ def test_the_demo_stays_process_scoped() -> None:
         env.close()
 
 
-def test_an_episodes_http_session_the_server_forgot_is_reported_then_replaced(restartable_http: Any) -> None:
+def _found_expired(server: MCPServer, within: float = 30.0) -> bool:
+    """Whether an episode connection to `server` has heard a 404 for its session (within `within` s)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if any(e.conn._expired for key, e in list(connection._episodes.items()) if key[0] == server.key):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("noticed", [False, True], ids=["at-once", "after-the-sdks-get-stream-found-it"])
+def test_an_episodes_http_session_the_server_forgot_is_reported_then_replaced(
+    restartable_http: Any, noticed: bool
+) -> None:
+    """The 404 comes either to the call, or first to the SDK's GET stream reconnecting (a second
+    after it broke) while the episode is idle: the model hears the same thing either way."""
     srv = MCPServer(name="web", url=restartable_http.url, scope="episode")
     env = ToolEnv(tools=mcp_tools(srv, include=["remember", "recall"]), tasks=TASKS, max_turns=10)
     try:
         env.reset(seed=0)
         assert ask(env, "remember", value="a") == "ok"
-        restartable_http.restart()  # the episode's session is gone with the old process
+        restartable_http.restart(quick=noticed)  # the episode's session is gone with the old process
+        if noticed:  # the SDK's GET stream reconnects a second after it broke, to the new server
+            assert _found_expired(srv)
         obs, _, _, _, info = env.step(tool_call("recall"))
         result = info["tool_results"][0]
         assert result.is_error and result.retryable

@@ -220,8 +220,10 @@ class Connection:
             MCPConnectionLost: the connection ended during the call.
             Exception: the server answered with a protocol error (e.g. an unknown tool).
         """
+        during = f"the call to '{name}'"
+        await self._live(during)  # an episode's session that died while idle fails this call, saying so
         await self._list_first()
-        result = await self._send(lambda session: session.call_tool(name, arguments), f"the call to '{name}'")
+        result = await self._send(lambda session: session.call_tool(name, arguments), during)
         dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         return dumped
 
@@ -313,12 +315,15 @@ class Connection:
                 if self.episode is not None:  # reported now: the next call starts a new one
                     self._retire()
             if self._expired == generation:
-                return MCPConnectionLost(
-                    f"MCP server {self.label!r} no longer knows the session (HTTP 404: did it restart?), "
-                    f"so {during} was not run; {self._next(expired=True)}"
-                )
+                return self._expired_error(during)
             return MCPConnectionLost(f"MCP server {self.label!r} closed the connection during {during} {self._next()}")
         return exc
+
+    def _expired_error(self, during: str) -> MCPConnectionLost:
+        return MCPConnectionLost(
+            f"MCP server {self.label!r} no longer knows the session (HTTP 404: did it restart?), "
+            f"so {during} was not run; {self._next(expired=True)}"
+        )
 
     def _next(self, *, expired: bool = False) -> str:
         """What happens after a lost connection, as the end of the message saying so."""
@@ -331,8 +336,12 @@ class Connection:
         return "(did it crash?); the next call of this episode starts a new one, without the episode's state so far"
 
     # ------------------------------------------------------------------ lifecycle
-    async def _live(self) -> Any:
-        """The open session, starting (or restarting) it when there is none."""
+    async def _live(self, during: str = "this call") -> Any:
+        """The open session, starting (or restarting) it when there is none.
+
+        An episode's session found dead fails `during` (the request about to be sent) instead:
+        the episode's state is gone, which the model should hear.
+        """
         if self.closed:
             raise MCPServerError(f"MCP server {self.label!r}: its connection was closed")
         checking = self._checking
@@ -341,7 +350,10 @@ class Connection:
         if self._session is not None and not self._lost:
             return self._session
         if self.episode is not None and self._session is not None:  # the episode's server died while idle
+            expired = self._expired == self.starts  # its HTTP session, found gone (404) by the SDK's GET stream
             self._retire()
+            if expired:
+                raise self._expired_error(during)
             raise MCPConnectionLost(
                 f"MCP server {self.label!r} of this episode closed the connection between calls, "
                 f"so this call was not sent {self._next()}"
