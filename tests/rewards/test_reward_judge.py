@@ -900,7 +900,9 @@ def test_a_request_whose_thread_stopped_its_loop_is_asked_again(server: FakeServ
             threading.Thread(target=asyncio.run, args=(give_up(),)).start()
         else:  # a sync env's loop between steps: stopped, its request still pending
             threading.Thread(target=loop.run_until_complete, args=(give_up(),)).start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # a loaded host may take a while to send it
+        while not (len(server.requests) == 1 and j._pending) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert len(server.requests) == 1 and j._pending  # the other thread waits for this one
         [[(score, info)]] = _judge_in_threads(j, [["Paris"]])
         assert score == 1.0 and info["cached"] is False and len(server.requests) == 2
