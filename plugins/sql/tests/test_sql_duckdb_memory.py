@@ -237,7 +237,7 @@ def test_a_worker_killed_while_idle_is_replaced_without_an_error(shop: Path) -> 
 
 def _in_process(shop: Path, sql: str, max_rows: int | None) -> QueryResult | str:
     try:
-        return executor._connection(shop, "duckdb", True).run(sql, 5.0, max_rows, True)
+        return executor._connection(shop, "duckdb", True).run(sql, 5.0, max_rows, None)
     except SQLError as exc:
         return f"{type(exc).__name__}: {exc}"
 

@@ -50,6 +50,16 @@ def test_count_all_false_stops_one_row_past_the_cap(numbers_db: Path) -> None:
     assert len(res.rows) == 5 and 5 < res.row_count < 1000
 
 
+def test_count_limit_stops_counting_one_row_past_it(numbers_db: Path) -> None:
+    res = run_query(numbers_db, "sqlite", "SELECT i FROM n ORDER BY i", max_rows=5, count_limit=100)
+    assert (res.rows, res.row_count, res.exact_count, res.truncated) == ([(i,) for i in range(5)], 101, False, True)
+    whole = run_query(numbers_db, "sqlite", "SELECT i FROM n", max_rows=5, count_limit=1000)
+    assert (whole.row_count, whole.exact_count) == (1000, True)
+    assert run_query(numbers_db, "sqlite", "SELECT i FROM n", max_rows=50, count_limit=3).row_count == 51
+    with pytest.raises(ValueError, match="count_limit must be >= 0"):
+        run_query(numbers_db, "sqlite", "SELECT i FROM n", count_limit=-1)
+
+
 def test_runaway_recursive_cte_times_out_and_connection_still_works(numbers_db: Path) -> None:
     runaway = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     with pytest.raises(SQLError, match=r"longer than 0.3 s"):

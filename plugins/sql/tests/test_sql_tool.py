@@ -15,6 +15,9 @@ from toolenv_sql import DATA_DIR, SQLTool
 SPIDER_DB = DATA_DIR / "spider_dev_sample/database"
 SINGER = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
 
+#: Rows without end: SQLite streams them (the tool shows the first and stops counting past
+#: `max_count`); DuckDB materialises a recursive CTE first, and times out.
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
 HOSTILE = [
     "INSERT INTO singer (Singer_ID, Name) VALUES (99, 'x')",
     "UPDATE singer SET Name = 'x'",
@@ -37,7 +40,6 @@ HOSTILE = [
     "WITH x AS (SELECT 1) INSERT INTO singer (Singer_ID) SELECT * FROM x",
     "BEGIN EXCLUSIVE",
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c",
 ]
 
 
@@ -77,6 +79,40 @@ async def test_row_cap_and_total_count() -> None:
     assert len(res.metadata["rows"]) == 3
     assert res.metadata["row_count"] == 239
     assert "239 rows in total; showing the first 3" in res.text
+
+
+async def test_counting_stops_past_max_count_and_says_so() -> None:
+    context = {"db_path": "spider_dev_sample/database/world_1/world_1.sqlite"}
+    res = await call(SQLTool(max_rows=3, max_count=100), {"query": "SELECT Name FROM country"}, context)
+    assert res.text.splitlines()[-1] == "(more than 100 rows; showing the first 3. Add LIMIT or WHERE to see others.)"
+    assert (len(res.metadata["rows"]), res.metadata["row_count"], res.metadata["row_count_exact"]) == (3, 101, False)
+    exact = await call(SQLTool(max_rows=3, max_count=239), {"query": "SELECT Name FROM country"}, context)
+    assert "(239 rows in total; showing the first 3." in exact.text
+    assert (exact.metadata["row_count"], exact.metadata["row_count_exact"]) == (239, True)
+    every = await call(SQLTool(max_rows=3, max_count=None), {"query": "SELECT Name FROM country"}, context)
+    assert (every.metadata["row_count"], every.metadata["row_count_exact"]) == (239, True)
+    few = await call(SQLTool(max_rows=300, max_count=10), {"query": "SELECT Name FROM country"}, context)
+    assert (len(few.metadata["rows"]), few.metadata["row_count"]) == (239, 239)  # the kept rows are counted
+
+
+async def test_by_default_counting_stops_past_100000_rows(tmp_path: Path) -> None:
+    """Counting a `SELECT *` row by row took about a second per million rows, and on a larger
+    table the whole `query_timeout`: the model got a timeout instead of rows."""
+    path = tmp_path / "big.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        conn.execute(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 150000) "
+            "INSERT INTO t SELECT i, 'v' || i FROM s"
+        )
+    conn.close()
+    res = await call(SQLTool(root=tmp_path, query_timeout=60), {"query": "SELECT * FROM t"}, {"db_path": path.name})
+    assert res.text.endswith("(more than 100000 rows; showing the first 50. Add LIMIT or WHERE to see others.)")
+    assert (len(res.metadata["rows"]), res.metadata["row_count"], res.metadata["row_count_exact"]) == (
+        50,
+        100001,
+        False,
+    )
 
 
 async def test_huge_output_is_capped_by_characters() -> None:
@@ -150,6 +186,11 @@ async def test_hostile_sql_never_changes_a_byte(tmp_path: Path, monkeypatch: pyt
             assert any(
                 k in res.text for k in ("Only read queries", "Only one SQL statement", "not allowed", "stopped")
             ), res.text
+    for tool, ctx in zip(
+        [SQLTool(query_timeout=60), SQLTool(query_timeout=60, root=tmp_path, immutable=False)], contexts
+    ):
+        endless = await call(tool, {"query": ENDLESS}, ctx)
+        assert endless.text.endswith("(more than 100000 rows; showing the first 50. Add LIMIT or WHERE to see others.)")
     assert _digest(SPIDER_DB / "concert_singer") == bundled_before
     assert _digest(tmp_path) == tmp_before
     ok = await call(tools[1], {"query": "SELECT count(*) FROM singer"}, contexts[1])
@@ -192,6 +233,13 @@ async def test_duckdb_select(duck_db: Path) -> None:
     assert res.metadata["engine"] == "duckdb"
     assert res.metadata["rows"][:2] == [[0, "item0"], [1, "item1"]]
     assert res.metadata["row_count"] == 500
+    capped = await call(
+        SQLTool(root=duck_db.parent, max_rows=5, max_count=20),
+        {"query": "SELECT id FROM items"},
+        {"db_path": duck_db.name},
+    )
+    assert (capped.metadata["row_count"], capped.metadata["row_count_exact"]) == (21, False)
+    assert "(more than 20 rows; showing the first 5." in capped.text
 
 
 async def test_duckdb_mysql_dialect(duck_db: Path) -> None:
@@ -206,6 +254,7 @@ async def test_duckdb_hostile_sql_never_changes_a_byte(duck_db: Path, monkeypatc
     tool = SQLTool(root=duck_db.parent, query_timeout=0.5)
     hostile = [
         *(h.replace("singer", "items") for h in HOSTILE),
+        ENDLESS,
         "COPY items TO 'out.csv'",
         "SELECT * FROM read_csv('/etc/passwd')",
         "INSTALL httpfs",

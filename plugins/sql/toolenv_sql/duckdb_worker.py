@@ -144,7 +144,7 @@ def _slow_start_error(wait: float) -> QueryTimeout:
 
 
 def serve(conn: Connection, cap: int, spill: str | None = None) -> None:
-    """Answer `(path, sql, timeout, max_rows, count_all)` requests on `conn` until it closes;
+    """Answer `(path, sql, timeout, max_rows, count_to)` requests on `conn` until it closes;
     DuckDB spills into the folder `spill` (at most `cap` bytes), which goes with the worker
     should the caller be gone (the caller removes it otherwise)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -165,11 +165,11 @@ def serve(conn: Connection, cap: int, spill: str | None = None) -> None:
     conn.send(("ready", None))
     while True:
         try:
-            path, sql, timeout, max_rows, count_all = conn.recv()
+            path, sql, timeout, max_rows, count_to = conn.recv()
         except (EOFError, OSError):
             _remove(spill)  # the caller is gone (perhaps killed): no one else will
             return
-        kind, value = _answer(executor, watchdog, Path(path), sql, timeout, max_rows, count_all)
+        kind, value = _answer(executor, watchdog, Path(path), sql, timeout, max_rows, count_to)
         # After an allocation failed, or once freed memory stays mapped (glibc and DuckDB keep
         # it: ~1.9 GiB after one Out of Memory Error), leave: a fresh worker has all its room.
         retire = kind == "memory" or (kind == "error" and "Out of Memory" in str(value)) or _address_space() > cap // 2
@@ -235,11 +235,11 @@ class _Watchdog(threading.Thread):
 
 
 def _answer(
-    executor: Any, watchdog: _Watchdog, path: Path, sql: str, timeout: float, max_rows: int | None, count_all: bool
+    executor: Any, watchdog: _Watchdog, path: Path, sql: str, timeout: float, max_rows: int | None, count_to: int | None
 ) -> Any:
     watchdog.arm(timeout + 2 * _GRACE)
     try:
-        return ("ok", executor._connection(path, "duckdb", True).run(sql, timeout, max_rows, count_all))
+        return ("ok", executor._connection(path, "duckdb", True).run(sql, timeout, max_rows, count_to))
     except SQLError as exc:
         return ("error", exc)
     except MemoryError:
@@ -444,7 +444,9 @@ class _Pool:
         if not keep:
             worker.kill()
 
-    def _sent(self, path: str, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> tuple[_Worker, float]:
+    def _sent(
+        self, path: str, sql: str, call: _Call, max_rows: int | None, count_to: int | None
+    ) -> tuple[_Worker, float]:
         """A worker the query was sent to (another one if the first had died while idle), and
         the seconds it was given: what is left of `call`'s time."""
         for _attempt in range(2):
@@ -454,14 +456,14 @@ class _Pool:
                 self._release(worker, keep=True)
                 raise _not_started_error(call.timeout)
             try:
-                worker.send((path, sql, left, max_rows, count_all))
+                worker.send((path, sql, left, max_rows, count_to))
                 return worker, left
             except OSError:  # it died since its last query (killed from outside): this one never reached it
                 self._release(worker, keep=False)
         raise SQLError("DuckDB error: the query process ended before it got the query.")
 
-    def run(self, path: str, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> QueryResult:
-        worker, left = self._sent(path, sql, call, max_rows, count_all)
+    def run(self, path: str, sql: str, call: _Call, max_rows: int | None, count_to: int | None) -> QueryResult:
+        worker, left = self._sent(path, sql, call, max_rows, count_to)
         keep = False
         try:
             call.on_cancel(worker.stop)  # a caller that gives up frees the worker
@@ -586,9 +588,9 @@ def _duckdb_installed() -> bool:
     return importlib.util.find_spec("duckdb") is not None
 
 
-def run(path: Path, sql: str, call: _Call, max_rows: int | None, count_all: bool) -> QueryResult:
+def run(path: Path, sql: str, call: _Call, max_rows: int | None, count_to: int | None) -> QueryResult:
     """Run a DuckDB query in a worker process (blocking) within `call`'s time; raises `SQLError`
     or `QueryTimeout`."""
     if not _duckdb_installed():
         raise SQLError("This database needs DuckDB: pip install 'toolenv-sql[duckdb]'.")
-    return _pool_now().run(os.path.abspath(path), sql, call, max_rows, count_all)
+    return _pool_now().run(os.path.abspath(path), sql, call, max_rows, count_to)

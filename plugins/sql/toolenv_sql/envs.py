@@ -58,7 +58,7 @@ def system_prompt(dialect: str | None = None) -> str:
 
 
 # Options consumed here (the rest go to ToolEnv).
-_TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_chars", "max_cell_chars", "root")
+_TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_count", "max_chars", "max_cell_chars", "root")
 # Seconds an answer's query may run when scored (`ExecutionMatch`'s default), unless the tool's are more.
 _REWARD_TIMEOUT = 10.0
 
@@ -117,7 +117,7 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
     gold query returns no rows: execution match gives any empty query full marks there, a
     reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), `column_order`
     (False: the answer's columns may come in any order, as in Spider's official evaluation),
-    SQL options (`dialect`, `query_timeout`, `max_rows`, `max_chars`, `max_cell_chars`,
+    SQL options (`dialect`, `query_timeout`, `max_rows`, `max_count`, `max_chars`, `max_cell_chars`,
     `root`), `cache` (a `ResultCache`, or `True` or its settings for the process's cache of
     this env and options, keyed by task), and any `ToolEnv` keyword (`parser`, `reward`,
     `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name.

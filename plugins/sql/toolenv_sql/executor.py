@@ -84,11 +84,13 @@ _SIZE_BOMBS = frozenset() if hasattr(sqlite3.Connection, "setlimit") else frozen
 
 @dataclass(frozen=True)
 class QueryResult:
-    """Columns, the first rows, and how many rows the query produced in all."""
+    """Columns, the first rows, and how many rows the query produced in all (or at least, when
+    `exact_count` is False: counting stopped there, see `run_query`'s `count_all` and `count_limit`)."""
 
     columns: list[str]
     rows: list[tuple[Any, ...]]
     row_count: int
+    exact_count: bool = True
 
     @property
     def truncated(self) -> bool:
@@ -254,7 +256,7 @@ class _SQLiteConnection:
             self._setlimit(_SQLITE_LIMIT_LENGTH, cap)
 
     def run(
-        self, sql: str, timeout: float, max_rows: int | None, count_all: bool, call: _Call | None = None
+        self, sql: str, timeout: float, max_rows: int | None, count_to: int | None, call: _Call | None = None
     ) -> QueryResult:
         """Run `sql` within `timeout` s, or until `call`'s caller gives up (the progress handler
         sees it: a cancel that came before the query started still stops it)."""
@@ -270,7 +272,7 @@ class _SQLiteConnection:
                     self._functions.refused = None
                     cur = self.conn.execute(sql)
                     columns = [d[0] for d in cur.description or ()]
-                    rows, count = _drain(cur, max_rows, count_all)  # one row at a time: no batch of big rows
+                    result = _drain(columns, cur, max_rows, count_to)  # one row at a time: no batch of big rows
                     cur.close()
                     break
                 except sqlite3.OperationalError as exc:
@@ -299,7 +301,7 @@ class _SQLiteConnection:
                 call.on_cancel(None)
             self.deadline = math.inf
             self._call = None
-        return QueryResult(columns, rows, count)
+        return result
 
     def close(self) -> None:
         self.conn.close()
@@ -370,7 +372,7 @@ class _DuckDBConnection:
             done.wait(0.01)
 
     def run(
-        self, sql: str, timeout: float, max_rows: int | None, count_all: bool, call: _Call | None = None
+        self, sql: str, timeout: float, max_rows: int | None, count_to: int | None, call: _Call | None = None
     ) -> QueryResult:
         """Run `sql` within `timeout` s, or until `call`'s caller gives up."""
         stop, done = threading.Event(), threading.Event()
@@ -381,7 +383,7 @@ class _DuckDBConnection:
         try:
             cur = self.conn.execute(sql)
             columns = [d[0] for d in cur.description or ()]
-            rows, count = _drain(_batches(cur.fetchmany), max_rows, count_all)
+            result = _drain(columns, _batches(cur.fetchmany), max_rows, count_to)
         except self._duckdb.InterruptException:
             raise _timeout_error(timeout) from None
         except self._duckdb.Error as exc:
@@ -400,7 +402,7 @@ class _DuckDBConnection:
             with self._lock:
                 done.set()
             stop.set()  # the watcher leaves
-        return QueryResult(columns, rows, count)
+        return result
 
     def close(self) -> None:
         self.conn.close()
@@ -450,8 +452,9 @@ def _row_bytes(row: Any) -> int:
     return sum(_value_bytes(v) for v in row if isinstance(v, _SIZED))
 
 
-def _drain(rows: Iterable[Any], max_rows: int | None, count_all: bool) -> tuple[list[tuple[Any, ...]], int]:
-    """Keep the first `max_rows` rows (within `_MAX_KEPT_BYTES`) and count the rest (or stop one row past the cap)."""
+def _drain(columns: list[str], rows: Iterable[Any], max_rows: int | None, count_to: int | None) -> QueryResult:
+    """Keep the first `max_rows` rows (within `_MAX_KEPT_BYTES`) and count the rest, stopping one row
+    past `count_to` (None: every row)."""
     kept: list[tuple[Any, ...]] = []
     count = size = 0
     full = max_rows == 0
@@ -463,9 +466,20 @@ def _drain(rows: Iterable[Any], max_rows: int | None, count_all: bool) -> tuple[
             if not full:
                 kept.append(tuple(row))
                 full = max_rows is not None and len(kept) >= max_rows
-        if not count_all and max_rows is not None and count > max_rows:
-            break
-    return kept, count
+        if count_to is not None and count > count_to:
+            return QueryResult(columns, kept, count, exact_count=False)
+    return QueryResult(columns, kept, count)
+
+
+def _count_to(max_rows: int | None, count_all: bool, count_limit: int | None) -> int | None:
+    """The row past which `_drain` stops counting."""
+    if not count_all:
+        return max_rows
+    if count_limit is None:
+        return None
+    if count_limit < 0:
+        raise ValueError(f"count_limit must be >= 0, got {count_limit}")
+    return count_limit if max_rows is None else max(count_limit, max_rows)
 
 
 def _timeout_error(timeout: float) -> QueryTimeout:
@@ -562,6 +576,7 @@ def run_query(
     timeout: float = 5.0,
     max_rows: int | None = None,
     count_all: bool = True,
+    count_limit: int | None = None,
     immutable: bool = True,
 ) -> QueryResult:
     """Run `sql` on this thread's read-only connection to `path` (blocking); a DuckDB
@@ -574,16 +589,20 @@ def run_query(
             is killed).
         max_rows: rows kept in the result (None keeps all).
         count_all: count every row (True) or stop one row past `max_rows`.
+        count_limit: with `count_all`, stop counting one row past this many (at least `max_rows`):
+            `SELECT *` on a table of millions of rows then answers in milliseconds, not seconds.
+            A result whose count stopped early has `exact_count` False.
         immutable: open SQLite with `immutable=1` (no locking; the file must not change meanwhile).
 
     Raises:
         SQLError: the engine refused or failed the query, or it timed out.
     """
-    return _run(path, engine, sql, _Call(timeout), max_rows, count_all, immutable)
+    count_to = _count_to(max_rows, count_all, count_limit)
+    return _run(path, engine, sql, _Call(timeout), max_rows, count_to, immutable)
 
 
 def _run(
-    path: Path, engine: str, sql: str, call: _Call, max_rows: int | None, count_all: bool, immutable: bool
+    path: Path, engine: str, sql: str, call: _Call, max_rows: int | None, count_to: int | None, immutable: bool
 ) -> QueryResult:
     """`run_query` within what is left of `call`'s time."""
     if call.cancelled:
@@ -592,12 +611,12 @@ def _run(
         from toolenv_sql import duckdb_worker
 
         if duckdb_worker.AVAILABLE:
-            return duckdb_worker.run(path, sql, call, max_rows, count_all)
+            return duckdb_worker.run(path, sql, call, max_rows, count_to)
     left = call.left()
     if left <= 0:  # it waited its whole time for a pool thread
         raise _not_started_error(call.timeout, "every query thread was")
     try:
-        return _connection(path, engine, immutable).run(sql, left, max_rows, count_all, call)
+        return _connection(path, engine, immutable).run(sql, left, max_rows, count_to, call)
     except QueryTimeout:
         if call.cancelled:
             raise _cancelled_error() from None
@@ -636,6 +655,7 @@ async def execute(
     timeout: float = 5.0,
     max_rows: int | None = None,
     count_all: bool = True,
+    count_limit: int | None = None,
     immutable: bool = True,
     inline_budget: float = 0.002,
 ) -> QueryResult:
@@ -661,12 +681,15 @@ async def execute(
                 timeout=min(inline_budget, timeout),
                 max_rows=max_rows,
                 count_all=count_all,
+                count_limit=count_limit,
                 immutable=immutable,
             )
         except QueryTimeout:
             if inline_budget >= timeout:
                 raise
-    job = functools.partial(_run, path, engine, sql, call, max_rows, count_all, immutable)
+    job = functools.partial(
+        _run, path, engine, sql, call, max_rows, _count_to(max_rows, count_all, count_limit), immutable
+    )
     try:
         return await asyncio.get_running_loop().run_in_executor(_executor(), job)
     except asyncio.CancelledError:

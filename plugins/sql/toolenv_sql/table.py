@@ -57,8 +57,10 @@ def format_table(
     *,
     max_chars: int = 4000,
     max_cell_chars: int = 80,
+    exact_count: bool = True,
 ) -> str:
-    """Rows as an aligned `a | b` table with a footer giving the total row count.
+    """Rows as an aligned `a | b` table with a footer giving the total row count (with
+    `exact_count` False, `row_count` is a lower bound: "more than `row_count - 1` rows").
 
     The whole text, footer included, stays within `max_chars`, so a wide or huge result
     never floods the model's context: rows past the budget are left out (the footer says
@@ -102,18 +104,16 @@ def format_table(
         lines.append(text)
         size += len(text) + 1
 
+    noun = "row" if row_count == 1 else "rows"
+    total = f"{row_count} {noun} in total" if exact_count else f"more than {row_count - 1} rows"
+
     def footer(shown: int) -> str:
-        noun = "row" if row_count == 1 else "rows"
         if kept == len(columns) and cap >= max_cell_chars:
-            if shown == row_count:
+            if shown == row_count and exact_count:
                 return f"({row_count} {noun})"
             reason = "" if shown == len(rows) else f" (output capped at {max_chars} characters)"
-            return (
-                f"({row_count} {noun} in total; showing the first {shown}{reason}. Add LIMIT or WHERE to see others.)"
-            )
-        count = (
-            f"{row_count} {noun}" if shown == row_count else f"{row_count} {noun} in total; showing the first {shown}"
-        )
+            return f"({total}; showing the first {shown}{reason}. Add LIMIT or WHERE to see others.)"
+        count = f"{row_count} {noun}" if shown == row_count and exact_count else f"{total}; showing the first {shown}"
         cut = [f"cells cut to {cap} characters"] if cap < max_cell_chars else []
         if kept < len(columns):
             cut.append(f"only the first {kept} of {len(columns)} columns shown")

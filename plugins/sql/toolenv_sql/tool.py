@@ -45,6 +45,7 @@ class SQLTool(Tool):
         engine: str | None = None,
         query_timeout: float = 5.0,
         max_rows: int = 50,
+        max_count: int | None = 100_000,
         max_chars: int = 4000,
         max_cell_chars: int = 80,
         immutable: bool = True,
@@ -62,12 +63,18 @@ class SQLTool(Tool):
             engine: "sqlite" or "duckdb"; default by file suffix (or `task.context["engine"]`).
             query_timeout: seconds a query may take before it is stopped (waiting for a free worker counts).
             max_rows: rows kept in the result (`metadata["rows"]`, the table).
+            max_count: rows counted at most for the footer and `metadata["row_count"]` (None: all).
+                Past it counting stops ("more than 100000 rows", `metadata["row_count_exact"]`
+                False): a `SELECT *` on a table of millions of rows answers in milliseconds
+                instead of spending seconds (or its whole timeout) counting them.
             max_chars: characters of table text at most.
             max_cell_chars: characters per cell at most.
             immutable: open SQLite files with `immutable=1` (no locks; the file must not change meanwhile).
         """
         if query_timeout <= 0 or max_rows < 0 or max_chars < 200 or max_cell_chars < 4:
             raise ValueError("query_timeout must be > 0, max_rows >= 0, max_chars >= 200 and max_cell_chars >= 4")
+        if max_count is not None and max_count < 0:
+            raise ValueError(f"max_count must be >= 0 or None, got {max_count}")
         if limits is None and "timeout" not in limit_overrides:
             limit_overrides["timeout"] = query_timeout + 10.0  # the caller's guard stays behind the query's own
         default_cap = type(self).limits.max_output_chars
@@ -82,6 +89,7 @@ class SQLTool(Tool):
         self.engine = engine
         self.query_timeout = query_timeout
         self.max_rows = max_rows
+        self.max_count = max_count
         self.max_chars = max_chars
         self.max_cell_chars = max_cell_chars
         self.immutable = immutable
@@ -99,7 +107,13 @@ class SQLTool(Tool):
             path, engine = self.database(ctx)
             sql = prepare(args.query, dialect=self.dialect, engine=engine)
             result = await execute(
-                path, engine, sql, timeout=self.query_timeout, max_rows=self.max_rows, immutable=self.immutable
+                path,
+                engine,
+                sql,
+                timeout=self.query_timeout,
+                max_rows=self.max_rows,
+                count_limit=self.max_count,
+                immutable=self.immutable,
             )
         except SQLError as exc:
             return ToolResult.error(str(exc))
@@ -109,6 +123,7 @@ class SQLTool(Tool):
             result.row_count,
             max_chars=self.max_chars,
             max_cell_chars=self.max_cell_chars,
+            exact_count=result.exact_count,
         )
         return ToolResult(
             text=text,
@@ -116,6 +131,7 @@ class SQLTool(Tool):
                 "columns": result.columns,
                 "rows": [[jsonable(v) for v in row] for row in result.rows],
                 "row_count": result.row_count,
+                "row_count_exact": result.exact_count,
                 "engine": engine,
                 "sql": sql,
             },
