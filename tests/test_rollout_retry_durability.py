@@ -246,7 +246,7 @@ def test_a_killed_retry_of_every_episode_is_still_a_run_to_resume(tmp_path: Path
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-    with pytest.raises(FileExistsError, match="already has trajectories"):
+    with pytest.raises(FileExistsError, match=r"trajectories\.retrying\.jsonl already has trajectories"):
         rollout(example.ENV_ID, example.ScriptedAgent(), out=run, resume=False)
     res = rollout(example.ENV_ID, example.ScriptedAgent(), n=2, out=run, overwrite=True)
     assert (res.new, res.skipped) == (2, 0) and res.summary.episodes == 2 and res.summary.success_rate == 1.0

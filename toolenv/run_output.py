@@ -75,7 +75,8 @@ class RunOutput:
         try:
             if (_has_lines(self.path) or _has_lines(self.retrying)) and not overwrite:
                 if not resume:
-                    raise FileExistsError(f"{self.path} already has trajectories; resume, or overwrite to start again")
+                    held = self.path if _has_lines(self.path) else self.retrying  # a killed retry left only those
+                    raise FileExistsError(f"{held} already has trajectories; resume, or overwrite to start again")
                 self._load_previous = True
             if not self.path.exists():
                 self._rewrite = True
