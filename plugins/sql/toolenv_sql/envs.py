@@ -9,7 +9,7 @@ registers the `execution_match` reward.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from sqlglot.dialects.dialect import Dialect
 
 from toolenv import Task, ToolEnv, load_tasks
 from toolenv.result_cache import shared_cache
+from toolenv.rewards import Reward
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import run_query
@@ -61,6 +62,7 @@ def system_prompt(dialect: str | None = None) -> str:
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_count", "max_chars", "max_cell_chars", "root")
 # Seconds an answer's query may run when scored (`ExecutionMatch`'s default), unless the tool's are more.
 _REWARD_TIMEOUT = 10.0
+_EXECUTION_MATCH = ExecutionMatch.name
 
 
 def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, Any]) -> ToolEnv:
@@ -81,12 +83,11 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     # An answer gets at least the time its queries got in the tool: a query the model ran there
     # would otherwise time out when scored, on a database where queries are slow.
     timeout = max(_REWARD_TIMEOUT, float(tool_opts.get("query_timeout", 0.0)))
-    opts.setdefault(
-        "reward",
-        ExecutionMatch(
-            dialect=tool_opts.get("dialect"), root=tool_opts.get("root"), timeout=timeout, column_order=column_order
-        ),
-    )
+    reward_opts = _reward_options(tool_opts, timeout=timeout, column_order=column_order)
+    if "reward" in opts:  # a spec naming execution_match scores with the env's options too
+        opts["reward"] = _with_reward_options(opts["reward"], reward_opts)
+    else:
+        opts["reward"] = ExecutionMatch(**reward_opts)
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
     if "system_prompt" not in opts:
@@ -94,6 +95,59 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     opts.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     opts.setdefault("prompt_template", "{instructions}\n\n{question}\n")
     return ToolEnv(tasks=tasks, **opts)
+
+
+def _reward_options(tool_opts: Mapping[str, Any], *, timeout: float, column_order: bool) -> dict[str, Any]:
+    """The `ExecutionMatch` settings the env's options set: those left at the reward's defaults
+    are left out, so a spec is built as it would be without the env."""
+    given = {
+        "dialect": tool_opts.get("dialect"),
+        "root": tool_opts.get("root"),
+        "timeout": timeout,
+        "column_order": column_order,
+    }
+    defaults = {"dialect": None, "root": None, "timeout": _REWARD_TIMEOUT, "column_order": True}
+    return {k: v for k, v in given.items() if v != defaults[k]}
+
+
+def _with_reward_options(spec: Any, options: Mapping[str, Any]) -> Any:
+    """`spec` (a reward spec, as `toolenv.rewards.get_reward` takes) with `options` as the
+    settings of every `execution_match` it names; a setting the spec gives itself wins.
+
+    The env's `dialect`, `root`, `column_order` and answer timeout are the reward's too: a bare
+    `execution_match` would read a MySQL answer the tool ran as SQLite, and score it 0. The
+    name becomes a `{"name": ..., **settings}` list item, so the core builds it (and refuses a
+    setting it does not take) as for any spec. A `Reward` object is used as given.
+    """
+    if not options or isinstance(spec, Reward):
+        return spec
+    if isinstance(spec, str):
+        return [_execution_match_item(options, {})] if spec == _EXECUTION_MATCH else spec
+    if isinstance(spec, Mapping):
+        if _EXECUTION_MATCH not in spec:
+            return spec
+        # `{name: weight or settings}` as the list items it stands for, which may carry settings.
+        spec = [{**w, "name": k} if isinstance(w, Mapping) else (k, w) for k, w in spec.items()]
+    if isinstance(spec, Sequence):
+        return [_list_item(item, options) for item in spec]
+    return spec  # not a spec: get_reward says so
+
+
+def _execution_match_item(options: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """A list item naming execution_match: the env's `options`, then the spec's `own` settings (which win)."""
+    return {**options, **{str(k): v for k, v in own.items()}, "name": _EXECUTION_MATCH}
+
+
+def _list_item(item: Any, options: Mapping[str, Any]) -> Any:
+    """A list spec's item, with `options` when it names execution_match."""
+    if isinstance(item, str):
+        return _execution_match_item(options, {}) if item == _EXECUTION_MATCH else item
+    if isinstance(item, Mapping):
+        own = {k: v for k, v in item.items() if k != "name"}
+        return _execution_match_item(options, own) if item.get("name") == _EXECUTION_MATCH else item
+    if isinstance(item, Sequence) and len(item) == 2 and item[0] == _EXECUTION_MATCH:
+        return _execution_match_item(options, {"weight": item[1]})
+    return item
 
 
 def _gold_is_empty(task: Task, root: Any) -> bool:
@@ -120,7 +174,9 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
     SQL options (`dialect`, `query_timeout`, `max_rows`, `max_count`, `max_chars`, `max_cell_chars`,
     `root`), `cache` (a `ResultCache`, or `True` or its settings for the process's cache of
     this env and options, keyed by task), and any `ToolEnv` keyword (`parser`, `reward`,
-    `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name.
+    `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name. Every
+    `execution_match` a `reward` spec names gets `dialect`, `column_order`, `root` and the answer's
+    timeout, unless the spec sets them itself.
     """
     return _make_env("Spider-v0", spider_tasks(), overrides)
 

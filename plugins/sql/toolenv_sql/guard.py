@@ -88,6 +88,37 @@ def _kind(node: exp.Expr) -> str:
     return type(node).__name__.upper()
 
 
+# A query that lists the tables and their columns, per engine (DuckDB reads `sqlite_master` too, but
+# information_schema gives each column's type); each runs as written in MySQL and Postgres too.
+_SCHEMA_QUERIES = {
+    "sqlite": "SELECT name, sql FROM sqlite_master WHERE type = 'table'",
+    "duckdb": "SELECT table_name, column_name, data_type FROM information_schema.columns",
+}
+
+
+def _schema_statement(tree: exp.Expr) -> str | None:
+    """The keyword (SHOW, DESCRIBE) when `tree` asks for the schema that way, as MySQL and DuckDB do; else None.
+
+    They are reads, but no query sqlglot can check and transpile (SQLite has neither), so they
+    are refused with what to run instead rather than as writes.
+    """
+    if isinstance(tree, exp.Show):
+        return "SHOW"
+    if isinstance(tree, exp.Describe) and isinstance(tree.this, exp.Table):  # not EXPLAIN <query>
+        return "DESCRIBE"
+    if isinstance(tree, exp.Command) and str(tree.this).upper() in ("SHOW", "DESCRIBE", "DESC"):
+        return str(tree.this).upper()
+    return None
+
+
+def _refuse_schema_statement(keyword: str, engine: str | None) -> None:
+    """Refuse SHOW/DESCRIBE with the query that reads the schema on `engine` (SQLite's when unknown)."""
+    query = _SCHEMA_QUERIES.get(engine or "sqlite", _SCHEMA_QUERIES["sqlite"])
+    raise SQLError(
+        f"{keyword} is not supported here: read the schema in the question if it is given there, or run: {query}"
+    )
+
+
 def _refuse_pragma(fname: str) -> None:
     raise SQLError(
         f"PRAGMA functions are not allowed: {fname}() is refused like a PRAGMA statement. "
@@ -104,8 +135,12 @@ def parse_read_query(sql: str, dialect: str) -> exp.Expr:
     return _parse_read_query(sql, dialect)[0]
 
 
-def _parse_read_query(sql: str, dialect: str) -> tuple[exp.Expr, str]:
-    """`parse_read_query`, plus the query's text without the semicolons and comments that follow it."""
+def _parse_read_query(sql: str, dialect: str, engine: str | None = None) -> tuple[exp.Expr, str]:
+    """`parse_read_query`, plus the query's text without the semicolons and comments that follow it.
+
+    `engine` (the one the query will run on, when known) picks the schema query SHOW and
+    DESCRIBE are answered with.
+    """
     reader = Dialect.get_or_raise(dialect)  # an unknown name is a configuration error: ValueError
     try:
         tokens = reader.tokenize(sql)
@@ -127,6 +162,9 @@ def _parse_read_query(sql: str, dialect: str) -> tuple[exp.Expr, str]:
             f"Only one SQL statement per call is allowed; found {len(statements)}. Run them one call at a time."
         )
     tree = statements[0]
+    keyword = _schema_statement(tree)
+    if keyword is not None:
+        _refuse_schema_statement(keyword, engine)
     if not isinstance(tree, (exp.Query, exp.Values)):
         raise SQLError(f"{_ALLOWED}; this is {_kind(tree)}. The database is read-only.")
     for node in tree.walk():
@@ -163,7 +201,7 @@ def _prepare(sql: str, dialect: str | None, engine: str) -> str:
         SQLError: see `parse_read_query`; also when transpiling fails.
     """
     source = dialect or engine
-    tree, text = _parse_read_query(sql, source)
+    tree, text = _parse_read_query(sql, source, engine)
     if source == engine:
         return text
     try:
