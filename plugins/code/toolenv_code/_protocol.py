@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 __all__ = [
+    "CANCEL_OP",
     "GO_LIMITS",
     "MAX_FRAME",
     "ProtocolError",
@@ -24,6 +25,10 @@ MAX_FRAME = 256 * 1024 * 1024
 #: The limits a spare applies just before running the code, in wire order.
 GO_LIMITS = ("cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "max_open_files")
 _GO = struct.Struct(f"!{len(GO_LIMITS)}q")
+#: The one frame a client may send while its request is unanswered: stop that request's run
+#: now, as its timeout would (its caller gave up on it). It gets no answer of its own, and a
+#: fork server that reads it between requests (the run had ended) ignores it.
+CANCEL_OP = "cancel"
 
 
 class ProtocolError(EOFError):

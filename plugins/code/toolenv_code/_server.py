@@ -50,7 +50,7 @@ from toolenv_code._child import (
     warm_interpreter,
 )
 from toolenv_code._confine import PRIVATE_SHM, Isolation, setup_isolation
-from toolenv_code._protocol import ProtocolError, encode_go, read_frame, write_all, write_frame
+from toolenv_code._protocol import CANCEL_OP, ProtocolError, encode_go, read_frame, write_all, write_frame
 
 
 def _rmtree(path: str) -> None:
@@ -237,6 +237,7 @@ class Server:
         self.zygote_pid = 0
         self.counter = 0
         self.own_pidns = -1
+        self.req_fd = -1  # the client's requests (see `serve`); `_collect` watches it for a cancel
         # Each child gets a /tmp, /dev/shm and /proc of its own (see `_child._own_mounts`).
         self.own_mounts = iso.private_tmp and iso.private_shm
         confine_children(iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope, iso.exposed)
@@ -484,9 +485,11 @@ class Server:
         poller = select.poll()
         for fd in (child.out_r, child.err_r, child.pidfd, *([child.status_r] if session else [])):
             poller.register(fd, select.POLLIN)
+        if self.req_fd >= 0:
+            poller.register(self.req_fd, select.POLLIN)
         start = time.monotonic()
         deadline = start + timeout
-        exited = timed_out = False
+        exited = timed_out = cancelled = False
         session_status: int | None = None
         finish_by: float | None = None
         while True:
@@ -497,7 +500,10 @@ class Server:
                     timed_out = True
                 break
             for fd, _ in poller.poll(math.ceil((limit - now) * 1000)):
-                if fd == child.pidfd:
+                if fd == self.req_fd:
+                    cancelled = self._cancel_requested()
+                    poller.unregister(fd)
+                elif fd == child.pidfd:
                     exited = True
                     poller.unregister(fd)
                 elif fd == child.status_r:
@@ -509,6 +515,8 @@ class Server:
             if (exited or session_status is not None) and finish_by is None:
                 # Output written before exit/status is already in the pipes; give stragglers a moment.
                 finish_by = time.monotonic() + (0.0 if session and not exited else 0.25)
+            if cancelled:
+                break
             if exited and not outputs:
                 break
             if session and session_status is not None and not exited:
@@ -518,8 +526,8 @@ class Server:
             if not outputs and not exited and child.finished() is not None:
                 break  # a spare reported its status and closed its pipes: all its output is in
         duration = time.monotonic() - start
-        result: dict[str, Any] = {"timed_out": timed_out, "duration": duration}
-        reported = None if session or timed_out else child.finished()
+        result: dict[str, Any] = {"timed_out": timed_out, "duration": duration, "cancelled": cancelled}
+        reported = None if session or timed_out or cancelled else child.finished()
         if reported is not None:
             # Answer now; the kill takes down whatever the code left behind (PID namespace),
             # and the process is reaped and its work dir removed right after the answer.
@@ -527,11 +535,12 @@ class Server:
             self._drain_nonblocking(child, out, err)
             result.update(exit_code=reported, signal=None, alive=False)
             self.dying.append(child)
-        elif timed_out or (exited and (not session or session_status is None)):
-            # Killed, or the process ended (for a session: before its call did, so the session is over).
+        elif timed_out or cancelled or (exited and (not session or session_status is None)):
+            # Killed (timed out, or its caller gave up on it), or the process ended (for a
+            # session: before its call did, so the session is over).
             self._kill(child)
             self._drain_nonblocking(child, out, err)
-            killed = None if timed_out else child.killed_by()  # read before `_reap` unmaps the page
+            killed = None if timed_out or cancelled else child.killed_by()  # read before `_reap` unmaps the page
             if session:
                 self._reap(child)
             else:
@@ -554,6 +563,16 @@ class Server:
                 result["alive"] = False
         result.update(stdout=out.text(), stderr=err.text(), truncated=out.total > out.cap or err.total > err.cap)
         return result
+
+    def _cancel_requested(self) -> bool:
+        """Read what came on the request pipe during a run: a cancel (or the client gone) stops it.
+
+        The client sends nothing else while a request of its own is unanswered.
+        """
+        try:
+            return read_frame(self.req_fd).get("op") == CANCEL_OP
+        except (ProtocolError, OSError, ValueError):  # EOF: nobody is left to read the answer
+            return True
 
     @staticmethod
     def _read_into(fd: int, outputs: dict[int, Capture]) -> bool:
@@ -718,12 +737,15 @@ class Server:
             "session_close": self.op_session_close,
             "stats": self.op_stats,
         }
+        self.req_fd = req_fd
         while True:
             self._idle(req_fd)
             try:
                 req = read_frame(req_fd)
             except (ProtocolError, OSError):
                 break
+            if req.get("op") == CANCEL_OP:
+                continue  # for a run that had ended before it came: nothing to stop, nothing to answer
             handler = handlers.get(str(req.get("op")))
             try:
                 resp = handler(req) if handler else {"error": f"unknown op {req.get('op')!r}"}

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv_code._protocol import ProtocolError, read_frame, write_frame
+from toolenv_code._protocol import CANCEL_OP, ProtocolError, read_frame, write_frame
 
 __all__ = ["ExecResult", "SandboxLimits", "SandboxPool", "arun_code", "get_pool", "run_code", "shutdown_pool"]
 
@@ -67,12 +67,13 @@ class ExecResult(BaseModel):
 
 class _Call:
     """One call's place in a session's line (`SandboxPool._line_up`); `gone` once its caller
-    gave up on it (`SandboxPool.arun`)."""
+    gave up on it (`SandboxPool.arun`); `server` while its request there is unanswered."""
 
-    __slots__ = ("gone",)
+    __slots__ = ("gone", "server")
 
     def __init__(self) -> None:
         self.gone = False
+        self.server: _Server | None = None
 
 
 _UIDS_PER_SERVER = 64  # one for one-shot runs, one per live session
@@ -112,10 +113,41 @@ class _Server:
             ) from exc
         self.busy = False
         self.sessions: set[str] = set()
+        # Held to write a frame: a cancel (from the caller's thread) must not land inside a
+        # request being written, nor be sent once its request has been answered.
+        self.write_lock = threading.Lock()
 
-    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
-        write_frame(self.req_fd, obj)
-        return read_frame(self.resp_fd)
+    def request(self, obj: dict[str, Any], call: _Call | None = None) -> dict[str, Any]:
+        """Send `obj` and wait for the answer; for `call`, `_ABANDONED_RESP` without sending
+        when its caller has given up already, else a `cancel` may stop it while it runs."""
+        with self.write_lock:
+            if call is not None and call.gone:
+                return dict(_ABANDONED_RESP)
+            write_frame(self.req_fd, obj)
+            if call is not None:
+                call.server = self
+        try:
+            return read_frame(self.resp_fd)
+        finally:
+            if call is not None:
+                with self.write_lock:
+                    call.server = None
+
+    @staticmethod
+    def cancel(call: _Call) -> None:
+        """Stop `call`'s run if its request is on a server now (as its timeout would: the
+        server kills the run's processes, answers, and is free for the next call).
+
+        Set `call.gone` first: a request not sent yet then never is (`request`).
+        """
+        server = call.server
+        if server is None:
+            return
+        with server.write_lock:
+            stdin = server.proc.stdin
+            if call.server is server and stdin is not None and not stdin.closed:
+                with contextlib.suppress(OSError):  # the server died: the run died with it
+                    write_frame(server.req_fd, {"op": CANCEL_OP})
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -251,13 +283,14 @@ class SandboxPool:
             self._servers[slot] = server
         return server
 
-    def _call(self, slot: int, obj: dict[str, Any]) -> dict[str, Any]:
-        """One request on `slot`, retried once on a fresh server if the server died."""
+    def _call(self, slot: int, obj: dict[str, Any], call: _Call | None = None) -> dict[str, Any]:
+        """One request on `slot` (for `call`: see `_Server.request`), retried once on a fresh
+        server if the server died."""
         for attempt in (0, 1):
             server = self._server(slot)
             self._flush_closes(slot, server)
             try:
-                return server.request(obj)
+                return server.request(obj, call)
             except (ProtocolError, OSError):
                 server.close()
                 if attempt or obj["op"] == "session_run":
@@ -296,7 +329,7 @@ class SandboxPool:
             if slot < 0:
                 return ExecResult(error=_ABANDONED)
             try:
-                resp = self._call(slot, {"op": "run", "code": code, "limits": lim})
+                resp = self._call(slot, {"op": "run", "code": code, "limits": lim}, call)
             finally:
                 self._release(slot)
             return _result(resp)
@@ -310,16 +343,18 @@ class SandboxPool:
                 pinned = self._session_slot[session] = load.index(min(load))
         slot = self._acquire(pinned, call, session)
         if slot < 0:
-            with self._cond:  # a session it would have started: no pin left to skew the balance
-                if new_pin and self._session_slot.get(session) == pinned:
-                    del self._session_slot[session]
-            return ExecResult(error=_ABANDONED)
+            return self._abandoned(session, pinned, new_pin)
         try:
             server = self._server(slot)
             with self._cond:  # a restart of the server forgot the session's pin: it stays on this one
                 self._session_slot[session] = slot
+            known = session in server.sessions
             server.sessions.add(session)
-            resp = self._call(slot, {"op": "session_run", "session": session, "code": code, "limits": lim})
+            resp = self._call(slot, {"op": "session_run", "session": session, "code": code, "limits": lim}, call)
+            if resp.get("abandoned"):  # never sent: the session is as it was
+                if not known:
+                    server.sessions.discard(session)
+                return self._abandoned(session, slot, new_pin)
             if resp.get("error") or not resp.get("alive", False):
                 server.sessions.discard(session)
                 with self._cond:
@@ -330,12 +365,23 @@ class SandboxPool:
         result.session_ended = result.error is None and not resp.get("alive", False)
         return result
 
+    def _abandoned(self, session: str, pinned: int, new_pin: bool) -> ExecResult:
+        """The result of a session call given up on before it was sent."""
+        with self._cond:  # a session it would have started: no pin left to skew the balance
+            if new_pin and self._session_slot.get(session) == pinned:
+                del self._session_slot[session]
+        return ExecResult(error=_ABANDONED)
+
     async def arun(self, code: str, limits: SandboxLimits | None = None, *, session: str | None = None) -> ExecResult:
         """`run` from async code (in a worker thread, so any event loop may call it).
 
-        Cancelled (a tool's timeout, say) while it still waits for a free server, the call is
-        dropped rather than run later: its caller was told it failed, a session's next call
-        could otherwise run before it, and abandoned calls would keep a busy pool busier.
+        Cancelled (a tool's timeout, say), the call stops at once and the cancellation goes
+        on to the caller. Still waiting for a free server, it is dropped rather than run
+        later: its caller was told it failed, a session's next call could otherwise run before
+        it, and abandoned calls would keep a busy pool busier. Already running, its run is
+        killed as its own timeout would kill it (a session's process too: the session's next
+        call starts a fresh one and says so), so that its server is free for the next call
+        rather than busy until the sandbox's timeout.
         """
         call = _Call()
         if session is not None:
@@ -344,6 +390,7 @@ class SandboxPool:
             return await asyncio.to_thread(self._run, code, limits, session, call)
         except BaseException:  # cancelled, most often: out of line even if its job never starts
             call.gone = True
+            _Server.cancel(call)  # blocks at most while its own request is being written
             with self._cond:  # and its thread, if it waits, wakes to give back its worker
                 if session is not None:
                     self._leave_line(session, call)
@@ -387,11 +434,17 @@ class SandboxPool:
 
 #: The result of a call given up on while it waited for a server (nobody reads it).
 _ABANDONED = "the call was abandoned before a sandbox server was free"
+#: `_Server.request`'s answer for such a call, which it never sent.
+_ABANDONED_RESP = {"error": _ABANDONED, "abandoned": True}
+#: The result of a call whose run was stopped because its caller gave up on it (nobody reads it).
+_CANCELLED = "the call was cancelled by its caller and its run stopped"
 
 
 def _result(resp: dict[str, Any]) -> ExecResult:
     if resp.get("error"):
         return ExecResult(error=str(resp["error"]))
+    if resp.get("cancelled"):
+        return ExecResult(error=_CANCELLED, duration=float(resp.get("duration", 0.0)))
     return ExecResult(
         stdout=resp.get("stdout", ""),
         stderr=resp.get("stderr", ""),

@@ -148,11 +148,14 @@ class PythonTool(Tool):
             if handle is None:
                 handle = ctx.state[_STATE_KEY] = _SessionHandle(self.pool, ctx.episode_id)
                 self._handles.add(handle)
-        result = await self.pool.arun(args.code, self.sandbox, session=handle.id if handle else None)
+        earlier = 0
         if handle is not None:
-            if result.new_session and handle.calls:
-                note = "Note: the session was restarted, so variables from earlier calls are gone.\n"
-            handle.calls += 1
+            # Counted before it runs: a call cut off by the tool's timeout ended its session
+            # (`SandboxPool.arun`), and the next call must say that it restarted.
+            earlier, handle.calls = handle.calls, handle.calls + 1
+        result = await self.pool.arun(args.code, self.sandbox, session=handle.id if handle else None)
+        if result.new_session and earlier:
+            note = "Note: the session was restarted, so variables from earlier calls are gone.\n"
         text = note + format_result(result, self.sandbox)
         meta = {"exit_code": result.exit_code, "duration": result.duration, "timed_out": result.timed_out}
         return ToolResult(text=text, is_error=not result.ok, metadata=meta)
