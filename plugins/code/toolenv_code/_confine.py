@@ -4,8 +4,9 @@ The server calls `setup_isolation` once at start. It moves into new mount and
 network namespaces (as root; through a user namespace otherwise; not at all if
 the kernel refuses both), lays a private tmpfs over /tmp (binding back, read-only,
 the interpreter's own paths there, if it lives under /tmp), an empty one over /run
-(local services' unix sockets: see `HIDDEN_RUN`), and remounts every other mount
-read-only and nosuid, so sandboxed code can write only in its work directory.
+(local services' unix sockets: see `HIDDEN_RUN`) and another over the datasets shipped with
+this package (`data_dir`), and remounts every other mount read-only and nosuid, so sandboxed
+code can write only in its work directory.
 It also sets no_new_privs (no program it executes gains privileges), then installs a
 seccomp filter that keeps it and all it forks from making unix sockets, but connected pairs:
 neither the read-only mounts nor the network namespace stop a `connect` to a host daemon's
@@ -22,7 +23,16 @@ from dataclasses import dataclass, field
 
 from toolenv_code import _linux
 
-__all__ = ["PRIVATE_SHM", "PRIVATE_TMP", "SHM_OPTIONS", "Isolation", "bind_back", "open_hidden", "setup_isolation"]
+__all__ = [
+    "PRIVATE_SHM",
+    "PRIVATE_TMP",
+    "SHM_OPTIONS",
+    "Isolation",
+    "bind_back",
+    "data_dir",
+    "open_hidden",
+    "setup_isolation",
+]
 
 #: Mount points replaced inside the server's own mount namespace (never the host's).
 PRIVATE_TMP = "/tmp"  # noqa: S108
@@ -69,6 +79,10 @@ class Isolation:
     #: The interpreter's own paths under /tmp or /dev/shm (a venv made in `mktemp -d`), bound
     #: back read-only over the private tmpfs (and again by each child: see `bind_back`).
     exposed: list[str] = field(default_factory=list)
+    #: No path of the server's reaches the datasets shipped with this package (`data_dir`): an
+    #: empty read-only tmpfs lies over them, or a private one over a folder above them. Each
+    #: child's mount namespace is a copy of the server's, so it is covered there too.
+    hidden_data: bool = False
 
 
 def _remount_readonly(iso: Isolation, skip: set[str], covered: Iterable[str] = ()) -> None:
@@ -142,16 +156,22 @@ def _below(path: str, roots: Iterable[str]) -> bool:
     return any(path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def _interpreter_paths_hidden(hidden: tuple[str, ...]) -> list[str]:
-    """The interpreter's paths (prefixes, executable, `sys.path`) that lie strictly below a
-    mount point in `hidden`, as written and as resolved, without those inside another one."""
+def _interpreter_paths() -> set[str]:
+    """The interpreter's paths (prefixes, executable's directory, `sys.path`), as written and as resolved."""
     exe = sys.executable
     paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
     paths += [os.path.dirname(exe), os.path.dirname(os.path.realpath(exe))] if exe else []
     found: set[str] = set()
     for path in paths:
         if path and os.path.isabs(path) and os.path.exists(path):
-            found.update(p for p in (os.path.normpath(path), os.path.realpath(path)) if _below(p, hidden))
+            found.update((os.path.normpath(path), os.path.realpath(path)))
+    return found
+
+
+def _interpreter_paths_hidden(hidden: tuple[str, ...]) -> list[str]:
+    """The interpreter's paths (see `_interpreter_paths`) that lie strictly below a mount
+    point in `hidden`, without those inside another one."""
+    found = {path for path in _interpreter_paths() if _below(path, hidden)}
     kept: list[str] = []
     for path in sorted(found):  # a parent sorts before everything below it
         if not _below(path, kept):
@@ -270,6 +290,46 @@ def _cover_run() -> bool:
     return True
 
 
+def data_dir() -> str:
+    """The datasets shipped with this package (HumanEval, MBPP: reference solutions and tests), resolved.
+
+    Where the package is imported from: a checkout's `plugins/code/toolenv_code/data` for an
+    editable install, site-packages' otherwise. Copies elsewhere on the host are not covered.
+    """
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), "data")
+
+
+def _holds_kept_path(path: str) -> bool:
+    """Whether `path` is, or lies above, one that must stay reachable: /tmp, /dev/shm (the
+    work dirs) or one of the interpreter's paths (the code imports from them)."""
+    kept = {os.path.realpath(PRIVATE_TMP), os.path.realpath(PRIVATE_SHM), *_interpreter_paths()}
+    return any(k == path or _below(k, [path]) for k in kept)
+
+
+def _cover_data(path: str) -> bool:
+    """Lay an empty read-only tmpfs over the datasets at `path` (from `data_dir`, resolved while
+    the host's tree was in view); whether no path reaches them now.
+
+    Code that could read them would pass any task by running its reference solution (reward
+    hacking). Called once /tmp, /dev/shm and /run are covered and the interpreter's paths bound
+    back: a package under /tmp (a CI clone) is then either hidden already or back in one of
+    those binds, which this covers in turn (a child's recursive bind of it copies the cover).
+    Made read-only at once, as `_remount_readonly` leaves alone a mount below /run.
+    A symlink leading to `path` reaches the tmpfs; another mount of the same folder elsewhere
+    (a second bind of the checkout) would not, nor would a hard link.
+    """
+    if not os.path.exists(path):  # below a private tmpfs now (or never shipped): nothing to read
+        return True
+    if not os.path.isdir(path) or _holds_kept_path(path):
+        return False
+    flags = _linux.MS_RDONLY | _linux.MS_NOSUID | _linux.MS_NODEV | _linux.MS_NOEXEC
+    try:
+        _linux.mount("tmpfs", path, "tmpfs", flags, "size=4k,mode=0755")
+    except OSError:
+        return False
+    return not os.listdir(path)
+
+
 def _mkdtemp() -> str:
     import tempfile  # only on this fallback path (see `_server._rmtree`)
 
@@ -301,6 +361,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
             iso.child_user_ns = _nested_user_ns()
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
+    data = data_dir()  # resolved while the host's tree is in view
     hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN)))  # before they are covered
     try:
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
@@ -317,6 +378,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         iso.exposed = bind_back(covered)
         if os.geteuid() == 0 and not iso.user_ns:
             iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
+        iso.hidden_data = _cover_data(data)  # over the binds just made
         _remount_readonly(iso, skip, roots - skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True

@@ -723,6 +723,7 @@ class Server:
                 "no_new_privs": iso.no_new_privs,
                 "child_socket_scope": iso.child_socket_scope,
                 "unix_socket_filter": iso.unix_socket_filter,
+                "hidden_data": iso.hidden_data,
                 "readonly_mounts": iso.readonly_mounts,
                 "readonly_failures": iso.readonly_failures,
                 "workroot_tmpfs": iso.private_tmp,

@@ -3,7 +3,8 @@
 `isolation_report()` does not trust the setup code's intentions: it runs a probe
 through the pool and reports what the probe observed (network interfaces it can see,
 whether / is writable, whether it has a PID namespace of its own, its uid, whether it
-may make a unix socket, the rlimits in force). `toolenv doctor` prints it.
+may make a unix socket, whether it can list the datasets shipped with this package, the
+rlimits in force). `toolenv doctor` prints it.
 """
 
 from __future__ import annotations
@@ -39,12 +40,24 @@ try:  # a host daemon's socket file outside /run is reachable by path unless thi
     out["unix_sockets"] = "open"
 except PermissionError:
     out["unix_sockets"] = "socketpair-only"
+try:  # `DATA`: the bundled datasets' folder (see `_probe`); an empty one is the sandbox's cover
+    out["datasets"] = "visible" if os.listdir(DATA) else "hidden"
+except OSError:
+    out["datasets"] = "hidden"
 out["limits"] = {}
 for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
     soft = resource.getrlimit(getattr(resource, name))[0]
     out["limits"][name] = None if soft == resource.RLIM_INFINITY else soft
 print(json.dumps(out))
 """
+
+
+def _probe() -> str:
+    """`_PROBE`, given the path of the bundled datasets as this process resolves it (the
+    fork servers import the same package: see `sandbox._Server`)."""
+    from toolenv_code._confine import data_dir  # here: `_linux` loads libc, which other platforms lack
+
+    return f"DATA = {data_dir()!r}\n{_PROBE}"
 
 
 class IsolationReport(BaseModel):
@@ -70,6 +83,11 @@ class IsolationReport(BaseModel):
         "connected pairs stay), so it cannot connect to a host daemon's socket file; `open`: it can, "
         "to any socket file it can see that its uid may write."
     )
+    datasets: Literal["hidden", "visible"] = Field(
+        description="`hidden`: the code cannot list the datasets shipped with toolenv_code (HumanEval, MBPP, "
+        "with their reference solutions); `visible`: it can, and so could pass any of their tasks by running "
+        "the reference solution (no mount namespace to hide them in)."
+    )
     rlimits: list[str] = Field(description="Resource limits in force (names of `resource.RLIMIT_*`).")
     limits: dict[str, int | None] = Field(description="The rlimit values seen by the probe (soft limits).")
     fork_servers: int = Field(description="Warm fork servers in the pool.")
@@ -78,7 +96,7 @@ class IsolationReport(BaseModel):
         """One line for `toolenv doctor`."""
         return (
             f"network={self.network} filesystem={self.filesystem} processes={self.processes} "
-            f"user={self.user} unix_sockets={self.unix_sockets} "
+            f"user={self.user} unix_sockets={self.unix_sockets} datasets={self.datasets} "
             f"rlimits={','.join(r.removeprefix('RLIMIT_') for r in self.rlimits)}"
         )
 
@@ -90,7 +108,7 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
         RuntimeError: the probe itself failed (the message carries its stderr).
     """
     pool = pool or get_pool()
-    result = pool.run(_PROBE)
+    result = pool.run(_probe())
     if not result.ok:
         raise RuntimeError(f"isolation probe failed: {result.error or result.stderr.strip()[-500:]}")
     seen = json.loads(result.stdout)
@@ -111,6 +129,7 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
         processes="pid-namespace" if seen["pid_ns"] else "process-group",
         user=user,
         unix_sockets=seen["unix_sockets"],
+        datasets=seen["datasets"],
         rlimits=[k for k, v in limits.items() if v is not None],
         limits=limits,
         fork_servers=pool.size,
