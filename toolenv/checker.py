@@ -7,6 +7,7 @@ functions, each raising `CheckFailed` with a precise message.
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -243,6 +244,103 @@ def check_chat_template(env: ToolEnv, tokenizer: Any) -> str:
     return f"{env.parser.name!r} reads the calls the chat template writes"
 
 
+class _NoSample(Exception):
+    """A schema the sample arguments cannot be built for."""
+
+
+def _sample_number(schema: dict[str, Any], integer: bool) -> float:
+    """A number within the schema's bounds: 0 or 1 if allowed, else near a bound."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+
+    def fits(v: float) -> bool:
+        return (
+            (lo is None or v >= lo)
+            and (hi is None or v <= hi)
+            and (xlo is None or v > xlo)
+            and (xhi is None or v < xhi)
+        )
+
+    bounds = [b for b in (lo, hi, xlo, xhi) if isinstance(b, int | float)]
+    candidates: list[float] = [0, 1, *bounds, *(b + 1 for b in bounds), *(b - 1 for b in bounds)]
+    if len(bounds) >= 2:
+        candidates.append((min(bounds) + max(bounds)) / 2)
+    for c in candidates:
+        v = math.ceil(c) if integer else c
+        if fits(v):
+            return v
+    raise _NoSample(f"no number fits {json.dumps(schema)[:80]}")
+
+
+def _sample_value(schema: Any) -> Any:
+    """The plainest value a (flattened) JSON schema admits: its default, const, first enum value
+    or example, else a value of its type meeting its bounds (a non-empty string: an empty one is
+    what a tool most often refuses before doing anything)."""
+    if not isinstance(schema, dict):
+        raise _NoSample("a schema that is no object")
+    for key in ("default", "const"):
+        if key in schema:
+            return schema[key]
+    for key in ("enum", "examples"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema[key][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "string":
+        return "x" * max(int(schema.get("minLength", 1)), 1)
+    if kind in ("integer", "number"):
+        return _sample_number(schema, kind == "integer")
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    if kind == "array":
+        return [_sample_value(schema.get("items", {})) for _ in range(int(schema.get("minItems", 0)))]
+    if kind == "object" or "properties" in schema:
+        return _sample_object(schema)
+    raise _NoSample(f"no value for {json.dumps(schema)[:80]}")
+
+
+def _sample_object(schema: dict[str, Any]) -> dict[str, Any]:
+    """The object's required properties, each with its sample value (the rest take their defaults)."""
+    props = schema.get("properties", {})
+    return {name: _sample_value(props.get(name, {})) for name in schema.get("required", [])}
+
+
+#: The error results the caller makes for a tool's own bug (a `run` that returns a str, or is
+#: no `async def`, a ToolResult of the wrong types), as opposed to an error the tool reports.
+_TOOL_BUG = re.compile(r"Tool '[^\n]*' (?:is broken: |returned .*\(a bug in the tool\)\.$)", re.S)
+
+
+def check_tool_runs(env: ToolEnv, tool: Tool) -> str:
+    """One call of the tool, as the model would write it with the plainest arguments its schema
+    takes, gives no result that is the tool's own bug: a tool that returns a str fails every
+    call, which the other checks (that never call it with valid arguments) did not notice. An
+    error result is an observation (a backend down, a refusal) and passes, noted. A tool whose
+    schema admits any argument is not called, as in `check_tool_rejects_bad_arguments`."""
+    if _takes_any_argument(tool):
+        return "not tried: the schema admits any argument (additionalProperties: true)"
+    try:
+        args = _sample_object(tool.flat_schema()["function"]["parameters"])
+    except (_NoSample, TypeError, ValueError) as exc:
+        return f"not tried: no sample arguments from its schema ({exc})"
+    text = env.parser.format_call(tool.name, args)
+    if text is None:
+        return f"not tried: the {env.parser.name!r} parser cannot write this call"
+    env.reset(seed=0)
+    info = env.step(text)[4]
+    said = json.dumps(args)
+    results = [r for r in info["tool_results"] if r.name == tool.name]
+    if not results:
+        return f"not tried: the parser did not read the call it wrote ({text[:60]!r})"
+    for r in results:
+        if r.is_error and _TOOL_BUG.match(r.text):
+            raise CheckFailed(f"tool {tool.name!r} has a bug: called with {said}, it gave: {r.text}")
+    errors = [r.text.split("\n", 1)[0][:120] for r in results if r.is_error]
+    return f"called with {said}: an error result: {errors[0]}" if errors else ""
+
+
 ENV_CHECKS: list[Callable[[ToolEnv], None]] = [
     check_reset_gives_prompt,
     check_gymnasium,
@@ -291,4 +389,5 @@ def _check_env(env: ToolEnv, tokenizer: Any) -> list[CheckResult]:
         results.append(_run("chat_template", lambda: check_chat_template(env, tokenizer)))
     for t in env.tools:
         results += [CheckResult(f"{r.name}[{t.name}]", r.ok, r.message) for r in _check_tool(t)]
+        results.append(_run(f"tool_runs[{t.name}]", lambda t=t: check_tool_runs(env, t)))  # type: ignore[misc]
     return results

@@ -25,6 +25,7 @@ __all__ = [
     "PluginError",
     "entries",
     "find",
+    "import_reference",
     "load",
     "load_tool",
     "plugin_rewards",
@@ -123,6 +124,24 @@ def load_tool(name: str, **kwargs: Any) -> Any:
     return tool
 
 
+def import_reference(ref: str, what: str) -> Any:
+    """The object a `"module:Name"` reference names (`Name` may be dotted: `"pkg.mod:Cls.attr"`),
+    its module imported now: how a command line, a config or a dataset row names a tool or a
+    reward defined outside toolenv. `what` names the kind in the error.
+
+    Raises:
+        ValueError: the module or the name cannot be imported.
+    """
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: no module name (":Name")
+        raise ValueError(f"cannot import {what} {ref!r}: {exc}") from None
+    return obj
+
+
 def resolve_tool(ref: Any, **kwargs: Any) -> Any:
     """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin
     name (what a command line, a YAML config or a dataset row can hold). `kwargs` go to the class
@@ -140,13 +159,7 @@ def resolve_tool(ref: Any, **kwargs: Any) -> Any:
         raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
     if ":" not in ref:
         return load_tool(ref, **kwargs)
-    module_name, _, attr = ref.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import tool {ref!r}: {exc}") from None
+    obj = import_reference(ref, "tool")
     if isinstance(obj, Tool) and kwargs:
         got = ", ".join(sorted(kwargs))
         raise ValueError(f"tool {ref!r} is a tool instance: it takes no arguments (got {got})")

@@ -12,9 +12,12 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolenv import _aio
+
+if TYPE_CHECKING:
+    from toolenv.trajectory import Trajectory
 
 HELP = "Run an agent on an env concurrently; write trajectories (JSONL), a summary table and summary.json."
 
@@ -215,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         agent_kwargs["model"] = args.model
     if args.base_url is not None:
         agent_kwargs["base_url"] = args.base_url
+    tool_calls = _ToolCallTally()
     try:
         result = _aio.run(
             _cancel_on_signal(
@@ -237,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
                     images=args.images,
                     episode_timeout=args.episode_timeout,
                     keep_trajectories=False,  # memory flat however long the run; the file has them all
+                    on_trajectory=tool_calls.add,
                 )
             )
         )
@@ -253,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
+    if tool_calls.mostly_failed():
+        print(tool_calls.warning(), file=sys.stderr)
     errors = result.summary.episode_errors
     if result.new and result.new_errors == result.new:  # a server down, a wrong --base-url: not data but a failed run
         print(
@@ -267,6 +274,45 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+class _ToolCallTally:
+    """This run's tool calls (its new episodes', not those a resume skipped), the failed ones,
+    and the first failure's error: a backend down for a whole run (a retriever answering
+    HTTP 500) fails every call while the episodes go on, and the run looks successful."""
+
+    #: Fewer calls than this are too few for a share to mean much: one bad argument of two
+    #: calls is half of them. All of them failing still warns.
+    FEW = 4
+
+    def __init__(self) -> None:
+        self.calls = self.failed = 0
+        self.example: str | None = None
+
+    def add(self, traj: Trajectory) -> None:
+        """Count one finished episode's calls (the runner's `on_trajectory`)."""
+        for turn in traj.turns:
+            for call in turn.calls:
+                self.calls += 1
+                if call.error is not None:
+                    self.failed += 1
+                    if self.example is None:
+                        self.example = " ".join(call.error.split())
+
+    def mostly_failed(self) -> bool:
+        """Whether to warn: every call failed, or at least half of `FEW` or more. A dead backend
+        fails all; one of two backends down, or a flaky one, half or more; a model's own bad
+        calls rarely come near half once it is past its first few."""
+        if not self.failed:
+            return False
+        return self.failed == self.calls or (self.calls >= self.FEW and 2 * self.failed >= self.calls)
+
+    def warning(self) -> str:
+        """The one stderr line: the share, and the first error as an example."""
+        return (
+            f"toolenv rollout: {self.failed} of {self.calls} tool calls in this run failed "
+            f"(the episodes went on: see tool_error_rate), e.g.: {self.example}"
+        )
 
 
 def _complete_lines(path: Path) -> int:

@@ -263,15 +263,48 @@ def _plugin_factory(name: str) -> Callable[..., Reward] | None:
     return None
 
 
-def _by_name(name: str, /, **settings: Any) -> Reward:
-    """The reward registered as `name`, made with `settings` (a config's keyword arguments).
+def _referenced_factory(ref: str) -> Callable[..., Reward]:
+    """What a `"module:Name"` reference names, as a factory: a Reward class or a function
+    (what `register_reward` takes), or a Reward instance (made into a factory of no settings).
+    It is imported now, so a reward of the user's own reaches a config, the CLI or verl's
+    env_kwargs (plain strings) in a process that never registered it.
 
     Raises:
-        ValueError: an unknown name, or settings the factory does not take.
+        ValueError: it cannot be imported, or it is neither a Reward nor callable.
     """
-    factory = _FACTORIES.get(name) or _plugin_factory(name)  # apart from the call: its own KeyError is its own
+    from toolenv.registry import import_reference  # the resolver `tools=` references use
+
+    obj = import_reference(ref, "reward")
+    if isinstance(obj, Reward):
+        return lambda: obj
+    if not callable(obj):
+        raise ValueError(
+            f"reward reference {ref!r} is {type(obj).__name__}, "
+            "not a Reward, a Reward class or a function returning one"
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+#: How a reward of the user's own becomes reachable by name (the end of the "unknown reward" error).
+_REACH_YOUR_OWN = (
+    "a reward of your own: name it 'module:Name' (its Reward class, instance or factory, imported then), "
+    "or call register_reward in a package with a toolenv.envs or toolenv.tools entry point"
+)
+
+
+def _by_name(name: str, /, **settings: Any) -> Reward:
+    """The reward registered as `name` (or a `"module:Name"` reference), made with `settings`
+    (a config's keyword arguments).
+
+    Raises:
+        ValueError: an unknown name, a reference that names no reward, or settings the factory
+            does not take.
+    """
+    referenced = ":" in name and name not in _FACTORIES  # a registered name wins, even with a colon
+    # apart from the call: its own KeyError is its own
+    factory = _referenced_factory(name) if referenced else _FACTORIES.get(name) or _plugin_factory(name)
     if factory is None:
-        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}")
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}; {_REACH_YOUR_OWN}")
     if settings:
         try:
             signature = inspect.signature(factory)
@@ -286,7 +319,10 @@ def _by_name(name: str, /, **settings: Any) -> Reward:
                     f"reward {name!r} takes no setting(s) {sorted(set(settings) - set(takes))}; "
                     f"its settings: {', '.join(takes) or 'none'}"
                 ) from None
-    return factory(**settings)
+    reward = factory(**settings)
+    if referenced and not isinstance(reward, Reward):  # a reference may name any callable (a Tool class)
+        raise ValueError(f"reward reference {name!r} built {type(reward).__name__}, not a toolenv.Reward")
+    return reward
 
 
 _KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
