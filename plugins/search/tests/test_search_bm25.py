@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from toolenv_search.backend import Passage, SearchBackend, SearchError
+from toolenv_search.backend import Passage, SearchBackend
 from toolenv_search.bm25 import BM25Backend
 from toolenv_search.cachedir import default_cache_dir
 from toolenv_search.corpus import bundled_corpus_path, load_corpus
@@ -108,14 +108,13 @@ def test_cache_dir_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert default_cache_dir() == tmp_path / "xdg" / "toolenv"
 
 
-async def test_bad_corpus_is_a_search_error(tmp_path: Path) -> None:
+def test_bad_corpus_is_refused_when_the_backend_is_built(tmp_path: Path) -> None:
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "1", "title": "ok", "text": "fine"}\n{not json\n', encoding="utf-8")
-    with pytest.raises(SearchError, match=r"bad.jsonl:2"):
-        await BM25Backend(corpus, cache_dir=tmp_path / "cache").search(["ok"], 1)
-    missing = BM25Backend(tmp_path / "missing.jsonl", cache_dir=tmp_path / "cache")
-    with pytest.raises(SearchError, match="unavailable"):
-        await missing.search(["ok"], 1)
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        BM25Backend(corpus, cache_dir=tmp_path / "cache")
+    with pytest.raises(FileNotFoundError, match="corpus not found"):
+        BM25Backend(tmp_path / "missing.jsonl", cache_dir=tmp_path / "cache")
 
 
 def test_unknown_stemmer_language_is_refused(tmp_path: Path) -> None:

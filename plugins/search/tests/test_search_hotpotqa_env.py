@@ -49,21 +49,21 @@ def test_questions_are_prepared_as_search_r1_prepares_them() -> None:
     no NQ prompt was the text a Search-R1 checkpoint was trained and evaluated on."""
     tasks = {t.id: t for t in hotpotqa_tasks()}
     no_mark = tasks["5ac4db1d554299076e296e1a"]  # "who is a British physicist ... adviser" (no "?")
-    assert no_mark.question.endswith(
+    assert no_mark.prompt.endswith(
         "Question: who is a British physicist  and also a  British government's chief scientific adviser?\n"
     )
     padded = tasks["5a881d2355429938390d3eeb"]  # " If You Ever Get Lonely was covered by ...?" (leading space)
     assert "Question: If You Ever Get Lonely was covered by what Lyric Street Records-affiliated band?\n" in (
-        padded.question
+        padded.prompt
     )
     trailing = tasks["5ac532335542994611c8b41c"]  # "...community? " (trailing space)
-    assert trailing.question.endswith("1917 Progressive Era community?\n")
+    assert trailing.prompt.endswith("1917 Progressive Era community?\n")
     assert trailing.context["question"].endswith("1917 Progressive Era community? ")  # the dataset's, as it is
     moon = nq_open_tasks()[0]
-    assert moon.question.endswith("Question: when was the last time anyone was on the moon?\n")
-    assert moon.question == SEARCH_R1_PROMPT.format(question="when was the last time anyone was on the moon?")
+    assert moon.prompt.endswith("Question: when was the last time anyone was on the moon?\n")
+    assert moon.prompt == SEARCH_R1_PROMPT.format(question="when was the last time anyone was on the moon?")
     hermes = make_hotpotqa_env(parser="hermes", tasks=None)
-    assert all(t.question.endswith("?\n") for t in hermes.tasks)
+    assert all(t.prompt.endswith("?\n") for t in hermes.tasks)
 
 
 def test_oracle_scores_one_on_every_task() -> None:

@@ -344,7 +344,7 @@ def test_nq_open_questions_are_answered_through_a_wikipedia_retriever(tmp_path: 
     moon = tasks[0]
     assert moon.id == "nq-open-dev-0000" and moon.answers == ["14 December 1972 UTC", "December 1972"]
     assert moon.context["question"] == "when was the last time anyone was on the moon"
-    assert "<search> query </search>" in moon.question and moon.question.endswith(moon.context["question"] + "?\n")
+    assert "<search> query </search>" in moon.prompt and moon.prompt.endswith(moon.context["question"] + "?\n")
     corpus = tmp_path / "wiki.jsonl"
     apollo = "Apollo 17 was the last mission in which humans walked on the Moon, in December 1972."
     passages = {

@@ -28,7 +28,7 @@ import numpy as np
 
 from toolenv_search.backend import Passage, SearchError
 from toolenv_search.cachedir import default_cache_dir
-from toolenv_search.corpus import bundled_corpus_path, file_digest, load_corpus
+from toolenv_search.corpus import bundled_corpus_path, check_corpus, file_digest, load_corpus
 
 __all__ = ["BM25Backend", "BM25Index", "default_cache_dir"]
 
@@ -195,6 +195,30 @@ def _save(retriever: Any, target: Path, settings: str) -> None:
         pass  # a read-only cache only costs a rebuild next time
 
 
+# The corpora read through without a fault, by path, with the size and mtime they had then: a
+# rollout builds one backend per env, and the corpus is read once, not once per env.
+_CHECKED: dict[str, tuple[int, int]] = {}
+
+
+def _check_once(corpus: Path) -> None:
+    """Read `corpus` through (`check_corpus`) unless this version of it was read already.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        ValueError: it is a directory, or a line of it is not a passage (the message names the line).
+        OSError: it cannot be read.
+    """
+    try:
+        st = corpus.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"corpus not found: {corpus}") from None
+    version = (st.st_size, st.st_mtime_ns)
+    if _CHECKED.get(str(corpus)) == version:
+        return
+    check_corpus(corpus)
+    _CHECKED[str(corpus)] = version
+
+
 _INDEXES: dict[tuple[Any, ...], BM25Index] = {}
 _LOCKS: dict[tuple[Any, ...], threading.Lock] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -203,12 +227,22 @@ _REGISTRY_LOCK = threading.Lock()
 class BM25Backend:
     """BM25 over a JSONL corpus (default: the bundled HotpotQA paragraphs).
 
+    The index is loaded (or built) on the first search; a corpus of your own is read through
+    when the backend is built (once per process and version of the file), so that one it could
+    not load fails here, naming the file and line, rather than every search.
+
     Args:
         corpus: path of a JSONL corpus (`id`, `title`, `text` per line).
         cache_dir: where built indexes are kept (default `default_cache_dir()`).
         stemmer: a Snowball language such as `"english"` (needs PyStemmer), or None.
         k1: BM25 term-frequency saturation.
         b: BM25 length normalisation.
+
+    Raises:
+        FileNotFoundError: the corpus does not exist.
+        ValueError: the corpus is a directory or malformed (the message names the line), or the
+            stemmer is unknown or needs PyStemmer.
+        OSError: the corpus cannot be read.
     """
 
     name = "bm25"
@@ -228,6 +262,9 @@ class BM25Backend:
         self.k1 = k1
         self.b = b
         self._index: BM25Index | None = None
+        _stemmer(stemmer)  # an unknown language, or no PyStemmer, fails here rather than at every search
+        if corpus is not None:  # the bundled corpus is the package's own, checked by its tests: not read here
+            _check_once(self.corpus)
 
     def _key(self) -> tuple[Any, ...]:
         st = self.corpus.stat()

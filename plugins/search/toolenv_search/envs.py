@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from toolenv import ActionParser, Task, ToolEnv, WeightedSum, get_reward, load_tasks
+from toolenv import ActionParser, Message, Task, ToolEnv, WeightedSum, get_reward, load_tasks
 from toolenv.parsers import TagParser
 from toolenv.result_cache import shared_cache
 from toolenv.rewards.penalties import InvalidCallPenalty, ToolCallPenalty
@@ -61,6 +61,11 @@ ANSWER_TOOL_REWRITES = dict.fromkeys(
 )
 
 
+#: The prompts this module has put tasks' questions in (`_SearchEnv` knows its tasks' prompts by
+#: them): its own two, and any other a caller gave `hotpotqa_tasks(prompt=...)` in this process.
+_PROMPTS: dict[str, None] = dict.fromkeys((SEARCH_R1_PROMPT, TOOL_CALL_PROMPT))
+
+
 def _gold_titles(row: Mapping[str, Any]) -> list[str]:
     titles: list[str] = []
     for fact in row.get("supporting_facts", []):
@@ -71,6 +76,9 @@ def _gold_titles(row: Mapping[str, Any]) -> list[str]:
 
 def hotpotqa_tasks(path: str | Path | None = None, *, prompt: str = SEARCH_R1_PROMPT) -> list[Task]:
     """The HotpotQA questions as Tasks; gold titles, doc ids and supporting facts go in `context`.
+
+    `question` is the dataset's question (what a judge or a reward reads); `prompt` is the text
+    the model reads: the question in `prompt` (by default Search-R1's instructions).
 
     The bundled file is read once per prompt (every env a rollout worker makes shares its
     Tasks, as the SQL envs do); a file of your own is read on every call.
@@ -116,6 +124,7 @@ def _in_prompt(prompt: str, question: str) -> str:
 
 
 def _read_tasks(src: Path, prompt: str) -> list[Task]:
+    _PROMPTS[prompt] = None
     tasks = []
     with src.open(encoding="utf-8") as fh:
         for line in fh:
@@ -125,7 +134,8 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
             tasks.append(
                 Task(
                     id=str(row["id"]),
-                    question=_in_prompt(prompt, row["question"]),
+                    question=row["question"],
+                    prompt=_in_prompt(prompt, row["question"]),
                     answer=list(row["answers"]),
                     context={
                         "question": row["question"],
@@ -140,14 +150,30 @@ def _read_tasks(src: Path, prompt: str) -> list[Task]:
 
 
 def _prepared(task: Task, prompt: str) -> Task:
-    """A task of the user's own in the env's prompt, as the bundled ones are: the question in
-    `prompt` (which says how to search and answer), the question itself in `context["question"]`.
-    A task that has its question there already (`hotpotqa_tasks()`, `nq_open_tasks()`), or a
-    whole `prompt` of its own, is kept as it is."""
+    """A task of the user's own in the env's prompt, as the bundled ones are: its `prompt` the
+    question in `prompt` (which says how to search and answer), its question kept, and copied to
+    `context["question"]`. A task prepared already (`hotpotqa_tasks()`, `nq_open_tasks()`, or one
+    saved when the prompt was put in `question`), or with a whole `prompt` of its own, is kept."""
     if task.prompt is not None or "question" in task.context:
         return task
-    question = _in_prompt(prompt, task.question)
-    return task.model_copy(update={"question": question, "context": {**task.context, "question": task.question}})
+    prepared = _in_prompt(prompt, task.question)
+    return task.model_copy(update={"prompt": prepared, "context": {**task.context, "question": task.question}})
+
+
+class _SearchEnv(ToolEnv):
+    """The HotpotQA env: a `ToolEnv` that renders a task's Search-R1 `prompt` where its question goes.
+
+    The tasks keep the question itself in `question` (for judges and rewards) and the question in
+    the instructions in `prompt` (which TRL's rows read). A core `prompt` replaces the template;
+    here it takes the question's place in it, so the model reads what it read when the prompt was
+    the question: with `parser="hermes"`, the tool instructions, then this prompt.
+    """
+
+    def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
+        """The first observation of `task`; a prompt this module made goes where the template puts the question."""
+        if task.prompt is not None and any(task.prompt == _in_prompt(p, task.question) for p in list(_PROMPTS)):
+            task = task.model_copy(update={"question": task.prompt, "prompt": None})
+        return super().render_prompt(task)
 
 
 class _Same:
@@ -214,7 +240,7 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     overrides.setdefault("prompt_template", "{question}" if tags else "{instructions}\n\n{question}")
     overrides.setdefault("max_turns", 5)
     overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
-    return ToolEnv(tools=[tool], tasks=tasks, parser=parser, reward=WeightedSum(parts), **overrides)
+    return _SearchEnv(tools=[tool], tasks=tasks, parser=parser, reward=WeightedSum(parts), **overrides)
 
 
 def gold_query(task: Task) -> str:
