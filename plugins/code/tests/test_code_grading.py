@@ -158,7 +158,7 @@ async def test_a_sandbox_failure_is_an_error_not_a_score_of_zero(monkeypatch: py
     pool = SandboxPool(size=1)
     try:
 
-        def dies(self: _Server, obj: dict[str, object]) -> dict[str, object]:
+        def dies(self: _Server, obj: dict[str, object], call: object = None) -> dict[str, object]:
             self.proc.kill()
             self.proc.wait()
             raise ProtocolError("peer closed the pipe")

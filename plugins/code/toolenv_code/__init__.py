@@ -17,12 +17,14 @@ _EXPORTS: dict[str, str] = {
     "SandboxPool": "toolenv_code.sandbox",
     "TestsPassed": "toolenv_code.reward",
     "arun_code": "toolenv_code.sandbox",
+    "extract_code": "toolenv_code.grading",
     "get_pool": "toolenv_code.sandbox",
     "isolation_report": "toolenv_code.isolation",
     "make_humaneval_env": "toolenv_code.envs",
     "make_mbpp_env": "toolenv_code.envs",
     "run_code": "toolenv_code.sandbox",
     "run_tests": "toolenv_code.grading",
+    "solution_source": "toolenv_code.grading",
 }
 
 __all__ = [
@@ -33,17 +35,19 @@ __all__ = [
     "SandboxPool",
     "TestsPassed",
     "arun_code",
+    "extract_code",
     "get_pool",
     "isolation_report",
     "make_humaneval_env",
     "make_mbpp_env",
     "run_code",
     "run_tests",
+    "solution_source",
 ]
 
 if TYPE_CHECKING:
     from toolenv_code.envs import make_humaneval_env, make_mbpp_env
-    from toolenv_code.grading import run_tests
+    from toolenv_code.grading import extract_code, run_tests, solution_source
     from toolenv_code.isolation import IsolationReport, isolation_report
     from toolenv_code.reward import TestsPassed
     from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, arun_code, get_pool, run_code

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from toolenv import Task, ToolEnv
-from toolenv_code import reward as _reward  # noqa: F401 - registers "tests_passed"
+from toolenv.types import load_tasks
 from toolenv_code.datasets import ANSWER_TOOL_REWRITES, humaneval_tasks, mbpp_tasks
+from toolenv_code.reward import time_limits  # (importing it registers "tests_passed")
 from toolenv_code.sandbox import SandboxLimits
 from toolenv_code.tool import PythonTool
 
@@ -17,14 +18,17 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     """A code env over `default_tasks`.
 
     Overrides: `tasks`, `limit` (first N tasks), `stateful` (variables persist within
-    an episode), `sandbox` (`SandboxLimits`), `tools` (`[]`: none), and any `ToolEnv` argument
-    (`max_turns`, `parser`, `reward`, ...). The default parser reads ```python blocks;
-    pass `parser="hermes"` to call the `python` tool with JSON tool calls instead.
+    an episode), `sandbox` (`SandboxLimits`), `tools` (`[]`: none), `test_timeout` and
+    `total_timeout` (the grading's time limits, in seconds: set in every task's context over the
+    task's own), and any `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...). The default
+    parser reads ```python blocks; pass `parser="hermes"` to call the `python` tool with JSON
+    tool calls instead.
     """
     tasks = overrides.pop("tasks", default_tasks)
     limit = overrides.pop("limit", None)
     if limit is not None:
         tasks = list(tasks)[: int(limit)]
+    tasks = _with_time_limits(tasks, overrides.pop("test_timeout", None), overrides.pop("total_timeout", None))
     stateful = bool(overrides.pop("stateful", False))
     sandbox = overrides.pop("sandbox", None)
     if isinstance(sandbox, dict):
@@ -37,6 +41,19 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     overrides.setdefault("max_turns", 4)
     overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return ToolEnv(tools=tools, tasks=tasks, parser=parser, **overrides)
+
+
+def _with_time_limits(tasks: Any, test_timeout: Any, total_timeout: Any) -> Any:
+    """`tasks` (any form `ToolEnv` takes) with the grading's time limits that are given set in
+    their context (copies: the datasets' tasks are shared).
+
+    Raises:
+        ValueError: a limit is not a number of seconds above 0.
+    """
+    limits = time_limits(test_timeout, total_timeout)
+    if not limits:
+        return tasks
+    return [task.model_copy(update={"context": {**task.context, **limits}}) for task in load_tasks(tasks)]
 
 
 def make_humaneval_env(**overrides: Any) -> ToolEnv:

@@ -39,7 +39,8 @@ inputs) do run there; a probe's own arguments are visible to the solution, as it
 
 In the solution's process, all tests run in one process (one fork, not one per test), each
 under its own `SIGALRM` budget (a test's probes share it), so a test that hangs costs only
-itself. The solution's own prints go to /dev/null; results come back on a duplicate of stdout
+itself (with `stop_on_timeout`, for all-or-nothing scoring, the tests after one whose timeout
+fails it are not run). The solution's own prints go to /dev/null; results come back on a duplicate of stdout
 as lines tagged with a random nonce, so a solution cannot pass by printing or exiting early
 (unreported tests fail). The tests' comparisons there run on plain data (an object whose
 `__eq__` returns True equals nothing), the tests see pristine builtins and the prompt's own
@@ -70,7 +71,7 @@ from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_poo
 
 __all__ = ["TestReport", "TestSpec", "arun_tests", "extract_code", "run_tests", "solution_source"]
 
-#: Upper bound on one grading run, however many tests time out.
+#: Upper bound on one grading run, however many tests time out (`TestSpec.total_timeout`'s default).
 MAX_TOTAL_SECONDS = 60.0
 
 #: Only what finds fenced code: blocks, lists (fences inside list items) and fences.
@@ -157,6 +158,7 @@ def _send(*fields):
 
 
 def _run(kind, index, src, limit, namespace):
+    # Returns whether the snippet ran out of time.
     _arm(limit)
     try:
         exec(compile(src, "<" + kind + ">", "exec"), namespace)
@@ -166,6 +168,7 @@ def _run(kind, index, src, limit, namespace):
     finally:
         _setitimer(_ITIMER_REAL, 0)
     _send(kind, index, ok is True, "" if ok is True else _describe(msg))
+    return ok is not True and type(msg) is _TestTimeout
 
 """
 
@@ -385,7 +388,9 @@ def _probe(index, context, probes, limit, namespace, calls=None):
     # own code), widened while its value is not plain data, and reported as data. The test's
     # expected side is not in this process. A loop's calls (`calls`: the site, the arguments
     # as the recording run reported them) are made the same way, each reported as probe `c`.
+    # Returns whether the test ran out of time.
     reports = []
+    timed_out = False
     todo = [(k, None, None) for k in range(len(probes))] if calls is None else calls
     _arm(limit)
     try:
@@ -409,28 +414,35 @@ def _probe(index, context, probes, limit, namespace, calls=None):
             except BaseException as exc:
                 reports.append((c, at[0], False, _describe(exc)))
     except BaseException as exc:  # the context failed, or the test's time ran out
+        timed_out = type(exc) is _TestTimeout
         msg = _describe(exc)
         reports.extend((c, 0, False, msg) for c in range(len(reports), len(todo)))
     finally:
         _setitimer(_ITIMER_REAL, 0)
     for c, level, ok, text in reports:
         _send("probe", index, c, level, ok is True, text)
+    return timed_out
 
 
-def _main(solution, setup, prefix, items, limit):
+def _main(solution, setup, prefix, items, limit, stop):
+    # stop: the tests that running out of time fails whatever else happens; after one of them
+    # times out, the rest are not run (all-or-nothing grading: they cannot change the score).
     _run("solution", -1, solution, limit, _G)
     _run("setup", -1, setup, limit, _G)
     namespace = _test_namespace(prefix)
     for index, whole, context, probes in items:
         if probes is None:
-            _run("test", index, whole, limit, namespace)
+            timed_out = _run("test", index, whole, limit, namespace)
         elif context is None:  # a loop: the calls its recording made
-            _probe(index, "", probes, limit, namespace, _CALLS[index])
+            timed_out = _probe(index, "", probes, limit, namespace, _CALLS[index])
         else:
-            _probe(index, context, probes, limit, namespace)
+            timed_out = _probe(index, context, probes, limit, namespace)
+        if timed_out is True and index in stop:
+            _send("stopped", index, False, "")
+            break
 
 
-_main(_P["solution"], _P["setup"], _P["prefix"], _P["items"], _P["limit"])
+_main(_P["solution"], _P["setup"], _P["prefix"], _P["items"], _P["limit"], frozenset(_P["stop"]))
 """
 
 #: The runs that never hold the solution start with the prompt and the setup's trusted part.
@@ -608,6 +620,14 @@ class TestSpec(BaseModel):
         default="", description="Code run before the solution (HumanEval's prompt: imports, helpers, signature)."
     )
     test_timeout: float = Field(default=5.0, gt=0, description="Wall-clock seconds allowed per test.")
+    total_timeout: float = Field(
+        default=MAX_TOTAL_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="Wall-clock seconds one sandboxed run of the grading may take however many tests time out "
+        "(raised to 2 × test_timeout when lower; 2 s more to start and report); the tests not reached by then "
+        "fail.",
+    )
     entry_points: list[str] = Field(
         default_factory=list,
         description="The solution's names under test: the tests see the solution's although they shadow a "
@@ -727,8 +747,11 @@ def _future_imports(code: str) -> tuple[str, str]:
 def solution_source(answer: str, prefix: str = "") -> str:
     """Join `prefix` and the answer's code: a whole program after the prefix, or a completion of it.
 
-    A completion (HumanEval style: the body of the prompt's last function) has its first line's
-    indentation back if it lost it: the answer parsers strip the text around an answer.
+    This is the program the grader runs as the solution; a check of your own (a `ToolVerified`
+    reward) runs it too: `solution_source(episode.answer, context["solution_prefix"])`, then the
+    task context's `setup` and each of its `tests`. The code is `extract_code(answer)` (fences
+    removed). A completion (HumanEval style: the body of the prompt's last function) has its first
+    line's indentation back if it lost it: the answer parsers strip the text around an answer.
     """
     code = extract_code(answer).replace("\r\n", "\n")
     if not prefix:
@@ -747,7 +770,7 @@ def solution_source(answer: str, prefix: str = "") -> str:
 
 def _limits(spec: TestSpec, tests: int | None = None, output: int = 1 << 20) -> SandboxLimits:
     count = len(spec.tests) if tests is None else tests
-    total = min(spec.test_timeout * (count + 2), max(MAX_TOTAL_SECONDS, 2 * spec.test_timeout)) + 2.0
+    total = min(spec.test_timeout * (count + 2), max(spec.total_timeout, 2 * spec.test_timeout)) + 2.0
     return SandboxLimits(timeout=total, cpu_seconds=int(total) + 1, max_output_bytes=output)
 
 
@@ -863,6 +886,15 @@ class _Results:
                 self.probes[(index, k)] = (level, ok, msg)
 
 
+def _timeout_fails(split: SplitTest | ReplayTest | None) -> bool:
+    """Whether a test that runs out of time in the solution's process fails whatever else happens:
+    a whole test does; a split test does when its last probe (failed with every probe from the
+    one running out of time on) is one whose error fails it. Loops are not counted."""
+    if split is None:
+        return True
+    return isinstance(split, SplitTest) and bool(split.probes) and split.probes[-1].unconditional
+
+
 def _checked(result: ExecResult) -> ExecResult:
     if result.error:  # the sandbox failed, not the solution: no report rather than a false zero
         raise RuntimeError(f"the sandbox failed: {result.error}")
@@ -911,9 +943,11 @@ class _Grading:
     """One grading: the loops' recording (when there are loops), the solution's run (whole tests,
     probes and the loops' calls), then the trusted run."""
 
-    def __init__(self, answer: str, spec: TestSpec) -> None:
+    def __init__(self, answer: str, spec: TestSpec, stop_on_timeout: bool = False) -> None:
         self.spec = spec
         self.answer = answer
+        self.stop_on_timeout = stop_on_timeout
+        self.stopped: int | None = None  # the test that timed out, when grading stopped there
         self.entry_points = _entry_points(tuple(spec.entry_points), spec.solution_prefix)
         n = len(spec.tests)
         self.splits: list[SplitTest | ReplayTest | None]
@@ -974,7 +1008,10 @@ class _Grading:
         """The solution's run: the answer, the setup, whole tests, probes and the loops' calls."""
         items: list[tuple[int, str, str | None, list[Any] | None]] = []
         calls: list[str] = []
+        stop: list[int] = []
         for i, (test, split) in enumerate(zip(self.spec.tests, self.splits, strict=True)):
+            if self.stop_on_timeout and _timeout_fails(split):
+                stop.append(i)
             if split is None:
                 items.append((i, _plain_test(test), "", None))
             elif isinstance(split, ReplayTest):
@@ -991,6 +1028,7 @@ class _Grading:
             "items": items,
             "limit": self.spec.test_timeout,
             "value_limit": VALUE_LIMIT,
+            "stop": stop,
         }
         return _launcher("candidate", params, _values_source("_CALLS", calls) if calls else "")
 
@@ -1008,6 +1046,12 @@ class _Grading:
                 self.passed[index], self.messages[index] = ok, msg
             elif kind in ("solution", "setup") and not ok and not self.solution_error:
                 self.solution_error = msg  # the first: a setup that fails for want of the solution's names follows
+            elif kind == "stopped" and self.stop_on_timeout and self.stopped is None and 0 <= index < len(self.passed):
+                self.stopped = index
+        if self.stopped is not None:  # the tests after it were not run: they fail, saying why
+            skipped = f"not run: test {self.stopped} timed out (all-or-nothing grading stops there)"
+            for i in range(self.stopped + 1, len(self.passed)):
+                self.passed[i], self.messages[i] = False, skipped
         values: list[str] = []
         errors: dict[tuple[int, int], str] = {}
         levels_at: dict[tuple[int, int], int] = {}
@@ -1015,6 +1059,8 @@ class _Grading:
         replays: list[tuple[int, str, list[tuple[str, ...]], str]] = []
         recorded: list[str] = []
         for i, split in enumerate(self.splits):
+            if self.stopped is not None and i > self.stopped:
+                continue
             if isinstance(split, ReplayTest):
                 for c, k in enumerate(self.calls[i][1]):
                     level, ok, text = probes.get((i, c), (-1, False, "not run"))
@@ -1095,14 +1141,20 @@ class _Grading:
         )
 
 
-async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
+async def arun_tests(
+    answer: str, spec: TestSpec, pool: SandboxPool | None = None, *, stop_on_timeout: bool = False
+) -> TestReport:
     """Grade `answer` (code, or text with a fenced code block) against `spec` in the sandbox.
+
+    `stop_on_timeout`: stop at the first test that runs out of its `test_timeout` (when that
+    fails it for sure); the tests after it are not run and fail, saying so. For all-or-nothing
+    scoring, where they cannot change the score: a looping answer costs one test's time.
 
     Raises:
         RuntimeError: the sandbox itself failed (its pool is closed, its server died twice).
     """
     pool = pool or get_pool()
-    grading = _Grading(answer, spec)
+    grading = _Grading(answer, spec, stop_on_timeout)
     if grading.record is not None:
         grading.after_record(await pool.arun(grading.record, grading.record_limits))
     second = grading.after_first(await pool.arun(grading.first, grading.first_limits))
@@ -1111,10 +1163,12 @@ async def arun_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = Non
     return grading.report()
 
 
-def run_tests(answer: str, spec: TestSpec, pool: SandboxPool | None = None) -> TestReport:
+def run_tests(
+    answer: str, spec: TestSpec, pool: SandboxPool | None = None, *, stop_on_timeout: bool = False
+) -> TestReport:
     """`arun_tests`, blocking."""
     pool = pool or get_pool()
-    grading = _Grading(answer, spec)
+    grading = _Grading(answer, spec, stop_on_timeout)
     if grading.record is not None:
         grading.after_record(pool.run(grading.record, grading.record_limits))
     second = grading.after_first(pool.run(grading.first, grading.first_limits))
