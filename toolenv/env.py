@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from toolenv import _aio
+from toolenv._text import encodable_parse, fix_text, unencodable_parse
 from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller, end_detached
 from toolenv.episode import Episode, Turn, new_episode_id
@@ -124,7 +125,9 @@ class ToolEnv(gym.Env[str, str]):
             `deepseek_v31`, `gemma4`, `kimi_k2`, `muse_glimmer`; `toolenv list` shows them all).
         reward: a reward spec (name, Reward, `{name: weight}` or `[(reward, weight)]`).
         max_turns: steps before the episode is truncated.
-        system_prompt: text put before the tool instructions.
+        system_prompt: text put before the tool instructions. `""` leaves out the system message
+            of the chat form, the instructions with it (nothing is prepended to the text form
+            either): for a task prompt or template that says how to call the tools itself.
         prompt_template: `str.format` template with `{instructions}`, `{question}` and task context
             keys; any other field (a JSON example's `{"answer": ...}`) stays as written.
         task_order: `"random"` (seeded by `reset(seed=...)`) or `"sequential"` (a seeded reset
@@ -241,11 +244,17 @@ class ToolEnv(gym.Env[str, str]):
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The first observation of `task` as text and as chat messages (with only the parser's
         answer instructions when the latest reset had `native_tools`)."""
-        system = "\n\n".join(p for p in (self.system_prompt, self._prompt_instructions) if p)
+        # `system_prompt=""`: no system message and no instructions, for a prompt that carries its own
+        # (Search-R1's checkpoints were trained on one user message); None keeps the default.
+        alone = self.system_prompt == ""
+        system = "" if alone else "\n\n".join(p for p in (self.system_prompt, self._prompt_instructions) if p)
+        head = [] if alone else [Message(role="system", content=system)]
         if task.prompt is not None:
-            return task.prompt, [Message(role="system", content=system), Message(role="user", content=task.prompt)]
+            return task.prompt, [*head, Message(role="user", content=task.prompt)]
         fields = {**task.context, "question": task.question}
         text = _render(self.prompt_template, {**fields, "instructions": system})
+        if alone and "instructions" in _roots(self.prompt_template):
+            text = text.lstrip()  # nothing before the prompt: not the blank lines that followed the instructions
         # The chat form: the instructions go in the system message; the user message is the
         # question, or for a template of one's own what it makes of the task (a schema from
         # `context`, a line of its own), which would otherwise reach only text-mode agents.
@@ -255,7 +264,7 @@ class ToolEnv(gym.Env[str, str]):
             user = text
         else:  # without the instructions, and the white space that set them apart
             user = _render(self.prompt_template, {**fields, "instructions": ""}).strip()
-        return text, [Message(role="system", content=system), Message(role="user", content=user)]
+        return text, [*head, Message(role="user", content=user)]
 
     async def arender_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """`render_prompt` as `areset` calls it: override to move heavy rendering (images)
@@ -301,10 +310,18 @@ class ToolEnv(gym.Env[str, str]):
         try:
             if not isinstance(action, str):
                 action = str(action)
+            if not action.isascii():  # lone surrogates (half an emoji) as U+FFFD: no tool or agent can encode them
+                action = fix_text(action)
             if parsed is None:
                 parsed = self.parser.parse(action)
-            elif not all(c.id and type(c.arguments) is dict for c in parsed.tool_calls):
-                parsed = _completed_calls(parsed)
+                # Clean text parses to clean strings, but for an escape a parser decodes (JSON's "\ud83d").
+                if "\\" in action and unencodable_parse(parsed):
+                    parsed = encodable_parse(parsed)
+            else:
+                if not all(c.id and type(c.arguments) is dict for c in parsed.tool_calls):
+                    parsed = _completed_calls(parsed)
+                if unencodable_parse(parsed):  # the caller's own, or its JSON arguments decoded above
+                    parsed = encodable_parse(parsed)
             if parsed.tool_calls:
                 results, records = await self.caller.invoke_for(
                     parsed.tool_calls, ep.task, ep.episode_id, len(ep.turns), ep.state

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from toolenv._outputs import in_system_folder, open_output
+from toolenv._text import fix_text
 from toolenv.image_store import IMAGES_DIR, ImageStore
-from toolenv.trajectory import Trajectory, TurnRecord, fix_text
+from toolenv.trajectory import Trajectory, TurnRecord
 from toolenv.types import Message, ToolResult, reply_messages
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from toolenv._text import fix_text
 from toolenv.image_store import IMAGE_STORE, IMAGES_DIR, ImageStore
 from toolenv.types import Message, ParsedAction, Task, ToolResult
 
@@ -155,17 +156,6 @@ class Trajectory(_Model):
         if problems:
             raise ValueError(f"cannot write {'; '.join(problems)}")
         return line
-
-
-def fix_text(text: str) -> str:
-    """`text` with each lone surrogate replaced by U+FFFD (a pair kept as two halves is joined)."""
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
 
 
 def plain_value(value: Any) -> Any:

@@ -19,6 +19,10 @@ server's reasoning parser) is kept in the action's `metadata["reasoning"]` and s
 assistant message under the name the server gave it (vLLM reads `reasoning`, SGLang
 `reasoning_content`; a server that gave both gets both).
 
+A reply's lone UTF-16 surrogates (half an emoji a server cut, `"\\ud83d"` in its JSON) become
+U+FFFD as the reply is read, in its text, reasoning and call arguments: the history goes back to
+the server as UTF-8, which cannot hold them.
+
 One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
 episode of a rollout. 408s, 409s, 429s, 5xx, timeouts, dropped connections and malformed
 JSON are retried with exponential backoff (honouring `Retry-After`); other 4xx and redirects
@@ -44,6 +48,7 @@ from typing import Any, Literal
 
 import httpx
 
+from toolenv._text import fix_text
 from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
@@ -394,7 +399,7 @@ class OpenAIAgent(Agent):
             body["return_token_ids"] = True
         data, attempts = await self._post("/completions", body)
         choice = data["choices"][0]
-        text = _with_stop(str(choice.get("text") or ""), choice, env_info.parser, self._stops(env_info))
+        text = _with_stop(fix_text(str(choice.get("text") or "")), choice, env_info.parser, self._stops(env_info))
         self._prompt += text
         lp = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
         return self._action(text, data, choice, attempts, lp)
@@ -408,7 +413,7 @@ class OpenAIAgent(Agent):
         body = self._body(env_info, messages=self._transcript, **self._gen_options(env_info))
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = choice["message"]
+        msg = _encodable(choice["message"])
         text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser, self._stops(env_info))
         reasoning = _reasoning(msg)
         self._transcript.append({"role": "assistant", "content": text, **reasoning})
@@ -422,7 +427,7 @@ class OpenAIAgent(Agent):
             body["stop"] = list(self.stop)
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = choice["message"]
+        msg = _encodable(choice["message"])
         content = str(msg.get("content") or "")
         calls = _distinct_ids([_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])])
         text = render_tool_calls(content, calls, env_info.parser) if calls else content
@@ -656,9 +661,23 @@ def _decode_call(raw: Any, index: int) -> dict[str, Any]:
         args = {}
     elif isinstance(args, str):
         with contextlib.suppress(json.JSONDecodeError):  # left as a string: the env's parser reports it
-            args = json.loads(args) if args.strip() else {}
+            args = _encodable(json.loads(args)) if args.strip() else {}  # `"\\ud83d"` decodes to half an emoji
     call_id = raw.get("id") if isinstance(raw, dict) else None
     return {"name": str(fn.get("name", "")), "arguments": args, "id": call_id or f"call_{index}"}
+
+
+def _encodable(value: Any) -> Any:
+    """`value` (decoded JSON) with each string, keys included, `fix_text`-ed: a reply's lone UTF-16
+    surrogates (half an emoji a server cut, sent as `"\\ud83d"`) as U+FFFD, as trajectory files
+    write them. Read so, the reply can go back to the server in the history (httpx sends UTF-8,
+    which cannot hold them), and the env records the same text this agent keeps."""
+    if isinstance(value, str):
+        return fix_text(value)
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def _fresh_id(base: str, used: set[str]) -> str:

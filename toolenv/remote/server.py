@@ -54,6 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from toolenv._text import fix_text
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
 from toolenv.parsers.base import ActionParser
@@ -91,7 +92,6 @@ from toolenv.remote.wire import (
     feature_set,
     schemas,
 )
-from toolenv.trajectory import fix_text
 
 __all__ = [
     "DEFAULT_CLOSE_TIMEOUT",

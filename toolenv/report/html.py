@@ -26,11 +26,12 @@ from typing import Any
 from pydantic_core import PydanticSerializationError
 
 from toolenv._outputs import in_system_folder, open_output
+from toolenv._text import fix_text
 from toolenv.image_store import IMAGE_STORE
 from toolenv.report.console import summary_rows
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.report.svg import bar_chart, histogram
-from toolenv.trajectory import Trajectory, dump_json, fix_text, iter_trajectory_file
+from toolenv.trajectory import Trajectory, dump_json, iter_trajectory_file
 
 __all__ = ["build_report", "iter_run", "load_run", "render_report"]
 
