@@ -244,6 +244,8 @@ def check_chat_template(env: ToolEnv, tokenizer: Any) -> str:
     return f"{env.parser.name!r} reads the calls the chat template writes"
 
 
+# The sample arguments below are written here: hypothesis-jsonschema draws values from a JSON
+# schema, but it is a test-time dependency, and a check needs only the plainest valid value.
 class _NoSample(Exception):
     """A schema the sample arguments cannot be built for."""
 

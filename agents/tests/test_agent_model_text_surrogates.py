@@ -4,13 +4,13 @@ the next turn, which httpx sends as UTF-8 and could not encode ("surrogates not 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _strict_openai import StrictServer, strict_server
 from pydantic import BaseModel
 
 import toolenv
@@ -32,49 +32,12 @@ class Echo(toolenv.Tool):
         return toolenv.ToolResult(text=f"heard {args.q}")
 
 
-class Server:
-    """An OpenAI-compatible server on 127.0.0.1 answering from a script, one reply a request; the
-    JSON is ASCII-escaped, so a lone surrogate travels as `\\udcff`, as servers send it."""
-
-    def __init__(self, script: list[dict[str, Any]]) -> None:
-        self.script = script
-        self.requests: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                outer.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                reply = outer.script.pop(0) if outer.script else {"error": "script empty"}
-                payload = json.dumps(reply).encode()
-                self.send_response(200 if "choices" in reply else 500)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def serve() -> Iterator[Any]:
-    servers: list[Server] = []
-
-    def start(script: list[dict[str, Any]]) -> Server:
-        servers.append(Server(script))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
+def serve() -> Iterator[Callable[[list[dict[str, Any]]], StrictServer]]:
+    """Scripted OpenAI-compatible servers on 127.0.0.1 (`_strict_openai`), shut down after the test;
+    their JSON is ASCII-escaped, so a lone surrogate travels as `\\udcff`, as servers send it."""
+    with contextlib.ExitStack() as stack:
+        yield lambda script: stack.enter_context(strict_server(script))
 
 
 def make_env() -> toolenv.ToolEnv:
@@ -95,7 +58,7 @@ async def test_chat_text_mode_sends_its_history_with_u_fffd(serve: Any) -> None:
     assert traj.error is None and traj.reward == 1.0
     assert traj.turns[0].action == "I \ufffd ask " + CALL.replace(LONE, "\ufffd")
     assert traj.turns[0].results[0].text == "heard x\ufffd"
-    sent = server.requests[1]["messages"]
+    sent = server.accepted[1]["messages"]
     assert [m["role"] for m in sent][-2:] == ["assistant", "user"] and sent[-2]["content"] == traj.turns[0].action
 
 
@@ -105,7 +68,7 @@ async def test_completions_mode_sends_its_prompt_with_u_fffd(serve: Any) -> None
     res = await arollout(make_env, OpenAIAgent(model="m", base_url=server.url, api="completions", backoff=0.01), n=1)
     traj = res.trajectories[0]
     assert traj.error is None and traj.reward == 1.0
-    assert "I \ufffd ask " + CALL.replace(LONE, "\ufffd") in server.requests[1]["prompt"]
+    assert "I \ufffd ask " + CALL.replace(LONE, "\ufffd") in server.accepted[1]["prompt"]
 
 
 async def test_native_mode_sends_content_reasoning_and_calls_back_with_u_fffd(serve: Any) -> None:
@@ -119,7 +82,7 @@ async def test_native_mode_sends_content_reasoning_and_calls_back_with_u_fffd(se
     assert traj.error is None and traj.reward == 1.0
     assert traj.turns[0].results[0].text == "heard x\ufffd"
     assert traj.turns[0].agent_metadata["reasoning"] == "think \ufffd"
-    assistant = next(m for m in server.requests[1]["messages"] if m["role"] == "assistant")
+    assistant = next(m for m in server.accepted[1]["messages"] if m["role"] == "assistant")
     assert assistant["content"] == "Let me \ufffd" and assistant["reasoning_content"] == "think \ufffd"
     assert assistant["tool_calls"][0]["id"] == "srv_1"
     assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"q": "x\ufffd"}
