@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import httpx
 
-from toolenv._text import fix_text
+from toolenv._text import encodable_value, fix_text
 from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
@@ -413,7 +413,7 @@ class OpenAIAgent(Agent):
         body = self._body(env_info, messages=self._transcript, **self._gen_options(env_info))
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = _encodable(choice["message"])
+        msg = encodable_value(choice["message"])
         text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser, self._stops(env_info))
         reasoning = _reasoning(msg)
         self._transcript.append({"role": "assistant", "content": text, **reasoning})
@@ -427,7 +427,7 @@ class OpenAIAgent(Agent):
             body["stop"] = list(self.stop)
         data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
-        msg = _encodable(choice["message"])
+        msg = encodable_value(choice["message"])
         content = str(msg.get("content") or "")
         calls = _distinct_ids([_decode_call(c, i) for i, c in enumerate(msg.get("tool_calls") or [])])
         text = render_tool_calls(content, calls, env_info.parser) if calls else content
@@ -661,23 +661,9 @@ def _decode_call(raw: Any, index: int) -> dict[str, Any]:
         args = {}
     elif isinstance(args, str):
         with contextlib.suppress(json.JSONDecodeError):  # left as a string: the env's parser reports it
-            args = _encodable(json.loads(args)) if args.strip() else {}  # `"\\ud83d"` decodes to half an emoji
+            args = encodable_value(json.loads(args)) if args.strip() else {}  # `"\\ud83d"` decodes to half an emoji
     call_id = raw.get("id") if isinstance(raw, dict) else None
     return {"name": str(fn.get("name", "")), "arguments": args, "id": call_id or f"call_{index}"}
-
-
-def _encodable(value: Any) -> Any:
-    """`value` (decoded JSON) with each string, keys included, `fix_text`-ed: a reply's lone UTF-16
-    surrogates (half an emoji a server cut, sent as `"\\ud83d"`) as U+FFFD, as trajectory files
-    write them. Read so, the reply can go back to the server in the history (httpx sends UTF-8,
-    which cannot hold them), and the env records the same text this agent keeps."""
-    if isinstance(value, str):
-        return fix_text(value)
-    if isinstance(value, dict):
-        return {_encodable(k): _encodable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_encodable(v) for v in value]
-    return value
 
 
 def _fresh_id(base: str, used: set[str]) -> str:
