@@ -15,8 +15,8 @@ from toolenv_sql import DATA_DIR, SQLTool
 SPIDER_DB = DATA_DIR / "spider_dev_sample/database"
 SINGER = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
 
-#: Rows without end: SQLite streams them (the tool shows the first and stops counting past
-#: `max_count`); DuckDB materialises a recursive CTE first, and times out.
+#: Rows without end: both engines stream them, so the tool shows the first and stops counting
+#: past `max_count` (DuckDB makes them one recursion step at a time: slower, under its timeout).
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
 HOSTILE = [
     "INSERT INTO singer (Singer_ID, Name) VALUES (99, 'x')",
@@ -254,7 +254,6 @@ async def test_duckdb_hostile_sql_never_changes_a_byte(duck_db: Path, monkeypatc
     tool = SQLTool(root=duck_db.parent, query_timeout=0.5)
     hostile = [
         *(h.replace("singer", "items") for h in HOSTILE),
-        ENDLESS,
         "COPY items TO 'out.csv'",
         "SELECT * FROM read_csv('/etc/passwd')",
         "INSTALL httpfs",
@@ -263,6 +262,8 @@ async def test_duckdb_hostile_sql_never_changes_a_byte(duck_db: Path, monkeypatc
     for sql in hostile:
         res = await call(tool, {"query": sql}, {"db_path": duck_db.name})
         assert res.is_error, sql
+    endless = await call(SQLTool(root=duck_db.parent, query_timeout=60), {"query": ENDLESS}, {"db_path": duck_db.name})
+    assert endless.text.endswith("(more than 100000 rows; showing the first 50. Add LIMIT or WHERE to see others.)")
     assert _digest(duck_db.parent) == before
 
 
