@@ -182,6 +182,7 @@ class ToolEnv(gym.Env[str, str]):
         self.action_space = UnicodeText()
         self._instructions = self.parser.instructions(self.tools)
         self._prompt_instructions = self._instructions  # what the latest reset asked for (`native_tools`)
+        self._native_tools = False
         self._next_index = 0
         self._episode: Episode | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -241,6 +242,12 @@ class ToolEnv(gym.Env[str, str]):
             return self.tasks[0]
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
 
+    @property
+    def native_tools(self) -> bool:
+        """Whether the latest reset had `native_tools`: the agent shows the model the tools itself,
+        so a prompt of an env's own should not teach a call format too (`render_prompt` reads it)."""
+        return self._native_tools
+
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The first observation of `task` as text and as chat messages (with only the parser's
         answer instructions when the latest reset had `native_tools`)."""
@@ -288,7 +295,7 @@ class ToolEnv(gym.Env[str, str]):
         self._episode, self._closed = None, False  # a reset failing below leaves no released episode to step
         self.caller.hold()  # after a close: its tools are this env's again (another holder's close leaves them open)
         task = self._pick_task(options or {})
-        native = bool((options or {}).get("native_tools"))
+        native = self._native_tools = bool((options or {}).get("native_tools"))
         self._prompt_instructions = self.parser.answer_instructions() if native else self._instructions
         obs, messages = await self.arender_prompt(task)
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))

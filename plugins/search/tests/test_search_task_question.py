@@ -68,13 +68,15 @@ def test_a_users_task_keeps_its_question() -> None:
 )
 def test_the_model_reads_the_same_text_byte_for_byte(parser: str, native: bool, prompt: str) -> None:
     """Whichever prompt the tasks were made with, in either parser's env (a task made for one
-    and run in the other keeps its own prompt, as before)."""
+    and run in the other keeps its own prompt, as before), but Search-R1's under `native_tools`,
+    which reads as the tool-calling one (no `<search>` tags beside the API's tools)."""
     tasks = [*hotpotqa_tasks(prompt=prompt)[:20], *nq_open_tasks(prompt=prompt)[:20]]
     env = make_hotpotqa_env(parser=parser, tasks=tasks)
+    read = TOOL_CALL_PROMPT if native and prompt == SEARCH_R1_PROMPT else prompt
     for task in env.tasks:
         obs, info = env.reset(options={"task_id": task.id, "native_tools": native})
         system = env.parser.answer_instructions() if native else env.parser.instructions(env.tools)
-        text, user = _expected(parser, prompt, task.context["question"], system)
+        text, user = _expected(parser, read, task.context["question"], system)
         assert obs == text
         assert [(m.role, m.content) for m in info["messages"]] == [("system", system), ("user", user)]
     env.close()

@@ -166,13 +166,19 @@ class _SearchEnv(ToolEnv):
     The tasks keep the question itself in `question` (for judges and rewards) and the question in
     the instructions in `prompt` (which TRL's rows read). A core `prompt` replaces the template;
     here it takes the question's place in it, so the model reads what it read when the prompt was
-    the question: with `parser="hermes"`, the tool instructions, then this prompt.
+    the question: with `parser="hermes"`, the tool instructions, then this prompt. After a reset
+    with `native_tools` (the agent gives the model the search tool itself), Search-R1's prompt
+    becomes `TOOL_CALL_PROMPT`, which does not teach `<search>` tags.
     """
 
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The first observation of `task`; a prompt this module made goes where the template puts the question."""
         if task.prompt is not None and any(task.prompt == _in_prompt(p, task.question) for p in list(_PROMPTS)):
-            task = task.model_copy(update={"question": task.prompt, "prompt": None})
+            prompt = task.prompt
+            if self.native_tools and prompt == _in_prompt(SEARCH_R1_PROMPT, task.question):
+                # The agent gives the model the search tool natively: `<search>` tags would teach a second call format.
+                prompt = _in_prompt(TOOL_CALL_PROMPT, task.question)
+            task = task.model_copy(update={"question": prompt, "prompt": None})
         return super().render_prompt(task)
 
 
