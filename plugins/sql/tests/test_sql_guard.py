@@ -168,9 +168,8 @@ def test_syntax_errors_name_the_problem_in_plain_words(sql: str, message: str) -
 @pytest.mark.parametrize(
     "sql",
     [
-        "SELECT name FROM pragma_table_info('singer')",
-        "SELECT count(*) FROM singer, PRAGMA_INDEX_LIST('singer') AS p",
-        "SELECT (SELECT count(*) FROM pragma_table_xinfo('singer')) AS n",
+        "SELECT (SELECT count(*) FROM pragma_compile_options()) AS n",
+        "SELECT count(*) FROM singer, PRAGMA_FUNCTION_LIST() AS p",
         # Without parentheses SQLite still calls the function; it used to pass the guard and get
         # the authorizer's bare "not authorized".
         "SELECT * FROM pragma_database_list",

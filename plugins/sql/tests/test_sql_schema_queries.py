@@ -1,4 +1,4 @@
-"""SHOW / DESCRIBE: still refused (only parsed read queries reach the engine), but the message
+"""SHOW / DESCRIBE / SQLite's schema PRAGMAs: still refused (only parsed read queries reach the engine), but the message
 says how to read the schema on that engine, with a query that runs there.
 
 Models trained on MySQL write `SHOW TABLES` and `DESCRIBE t`; "Only read queries are allowed
@@ -32,6 +32,11 @@ SCHEMA_QUERIES = [
     ("postgres", "SHOW TABLES"),
     ("duckdb", "SHOW TABLES"),
     ("duckdb", "DESCRIBE singer"),
+    ("sqlite", "PRAGMA table_info(singer)"),
+    ("sqlite", "PRAGMA main.table_xinfo('singer')"),
+    ("sqlite", "pragma table_list"),
+    ("sqlite", "PRAGMA index_list(singer);"),
+    ("sqlite", "PRAGMA foreign_key_list = singer_in_concert"),
 ]
 
 
@@ -98,8 +103,29 @@ def test_a_mysql_model_in_spider_is_told_how_to_list_the_tables() -> None:
 
 
 @pytest.mark.parametrize(
-    ("dialect", "sql"), [("mysql", "EXPLAIN SELECT 1"), ("sqlite", "PRAGMA table_info(singer)"), ("mysql", "SET x = 1")]
+    ("dialect", "sql"), [("mysql", "EXPLAIN SELECT 1"), ("sqlite", "PRAGMA journal_mode = WAL"), ("mysql", "SET x = 1")]
 )
 def test_other_statements_keep_the_read_only_refusal(dialect: str, sql: str) -> None:
     with pytest.raises(SQLError, match="Only read queries are allowed"):
         prepare(sql, dialect=dialect, engine="sqlite")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT name FROM pragma_table_info('singer')",
+        "SELECT count(*) FROM singer, PRAGMA_INDEX_LIST('singer') AS p",
+        "SELECT * FROM pragma_table_list",
+    ],
+)
+async def test_schema_pragma_functions_get_the_schema_query(sql: str) -> None:
+    refused = await call(SQLTool(), sql, {"db_path": SINGER})
+    assert refused.is_error and "is not supported here" in refused.text and "PRAGMA functions" not in refused.text
+    listed = await call(SQLTool(), _hint(refused.text), {"db_path": SINGER})
+    assert not listed.is_error and "singer" in {row[0] for row in listed.metadata["rows"]}
+
+
+@pytest.mark.parametrize("sql", ["PRAGMA journal_mode = WAL", "PRAGMA writable_schema = 1", "PRAGMA user_version"])
+def test_other_pragmas_are_still_refused_as_writes(sql: str) -> None:
+    with pytest.raises(SQLError, match=r"Only read queries are allowed .*; this is PRAGMA\. The database is read-only"):
+        prepare(sql, dialect=None, engine="sqlite")

@@ -96,12 +96,33 @@ _SCHEMA_QUERIES = {
 }
 
 
-def _schema_statement(tree: exp.Expr) -> str | None:
-    """The keyword (SHOW, DESCRIBE) when `tree` asks for the schema that way, as MySQL and DuckDB do; else None.
+#: SQLite's PRAGMAs that only read the schema: a model exploring the database writes them, and
+#: is answered with the query that reads the schema (not told that it tried to write).
+_SCHEMA_PRAGMAS = frozenset(
+    ("table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list")
+)
 
-    They are reads, but no query sqlglot can check and transpile (SQLite has neither), so they
-    are refused with what to run instead rather than as writes.
+
+def _pragma_name(tree: exp.Pragma) -> str:
+    """The PRAGMA's name, lower case: `table_info` of `PRAGMA main.table_info(t)` (sqlglot reads
+    the call as `table_info = t`)."""
+    node = tree.this
+    if isinstance(node, exp.EQ):
+        node = node.this
+    if isinstance(node, exp.Dot):
+        node = node.expression
+    return str(node.name if isinstance(node, exp.Expr) else node).lower()
+
+
+def _schema_statement(tree: exp.Expr) -> str | None:
+    """The keyword (SHOW, DESCRIBE, a schema PRAGMA) when `tree` asks for the schema that way, as
+    MySQL, DuckDB and SQLite do; else None.
+
+    They are reads, but no query sqlglot can check and transpile (SQLite has neither SHOW nor
+    DESCRIBE), so they are refused with what to run instead rather than as writes.
     """
+    if isinstance(tree, exp.Pragma) and _pragma_name(tree) in _SCHEMA_PRAGMAS:
+        return f"PRAGMA {_pragma_name(tree)}"
     if isinstance(tree, exp.Show):
         return "SHOW"
     if isinstance(tree, exp.Describe) and isinstance(tree.this, exp.Table):  # not EXPLAIN <query>
@@ -119,7 +140,9 @@ def _refuse_schema_statement(keyword: str, engine: str | None) -> None:
     )
 
 
-def _refuse_pragma(fname: str) -> None:
+def _refuse_pragma(fname: str, engine: str | None) -> None:
+    if fname.removeprefix("pragma_") in _SCHEMA_PRAGMAS:
+        _refuse_schema_statement(f"{fname}()", engine)
     raise SQLError(
         f"PRAGMA functions are not allowed: {fname}() is refused like a PRAGMA statement. "
         "Query the tables themselves (the schema is in sqlite_master)."
@@ -171,7 +194,7 @@ def _parse_read_query(sql: str, dialect: str, engine: str | None = None) -> tupl
         if isinstance(node, exp.Table) and node.name.lower().startswith("pragma_"):
             # SQLite reads `FROM pragma_x` (no parentheses) as the table-valued function; the
             # authorizer would refuse it with a bare "not authorized".
-            _refuse_pragma(node.name.lower())
+            _refuse_pragma(node.name.lower(), engine)
         if isinstance(node, tuple(cls for cls, _ in _WRITES)):
             raise SQLError(f"{_ALLOWED}; the query contains {_kind(node)}. The database is read-only.")
         if isinstance(node, exp.Func):
@@ -179,7 +202,7 @@ def _parse_read_query(sql: str, dialect: str, engine: str | None = None) -> tupl
             if fname in DENIED_FUNCTIONS:
                 raise SQLError(f"The function {fname}() is not allowed: queries may only read this database.")
             if fname.startswith("pragma_"):
-                _refuse_pragma(fname)
+                _refuse_pragma(fname, engine)
     # Everything up to the last real token: trailing semicolons, whitespace and comments go.
     last = max((t.end for t in tokens if t.token_type.name != "SEMICOLON"), default=len(sql) - 1)
     return tree, sql[: last + 1].strip()
