@@ -140,6 +140,10 @@ class ToolEnv(gym.Env[str, str]):
             the tools from its chat template and gives the answer by calling a tool, named where the
             wording says `{answer_tool}`. TRL's rows use them (`toolenv.integrations.trl`): TRL does
             not show the env the model's last message, so an answer written as text is lost there.
+        no_call_is_answer: a turn with neither a tool call, an answer nor a parse error is the
+            final answer, its whole text (ReTool, ToRL and other math recipes with a code tool:
+            the model answers by not calling it, e.g. with `\\boxed{}`, which the `math` reward
+            reads). False: such a turn gets the "no tool call" observation and the episode goes on.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
@@ -159,6 +163,7 @@ class ToolEnv(gym.Env[str, str]):
         render_mode: str | None = None,
         tool_limits: Mapping[str, Mapping[str, Any]] | None = None,
         answer_tool_rewrites: Mapping[str, str] | None = None,
+        no_call_is_answer: bool = False,
     ) -> None:
         max_turns = _turns(max_turns)
         if task_order not in ("random", "sequential"):
@@ -178,6 +183,7 @@ class ToolEnv(gym.Env[str, str]):
         self.task_order = task_order
         self.render_mode = render_mode
         self.answer_tool_rewrites: dict[str, str] = dict(answer_tool_rewrites or {})
+        self.no_call_is_answer = bool(no_call_is_answer)
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
         self._instructions = self.parser.instructions(self.tools)
@@ -340,6 +346,8 @@ class ToolEnv(gym.Env[str, str]):
                 if len(parsed.errors) > MAX_PARSE_ERRORS:
                     errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
                 results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
+            if not results and parsed.answer is None and self.no_call_is_answer and action.strip():
+                parsed = parsed.model_copy(update={"answer": action.strip(), "text": ""})
             turn = Turn(action, parsed, results, records)
             ep.turns.append(turn)
             if parsed.answer is not None:
