@@ -143,6 +143,7 @@ class Tool:
     The docstring is the description the model sees unless `description` is set.
     `cache` (a `ResultCache`, off by default) answers repeated calls without running them;
     set it as a class attribute to share it between every instance of the class.
+    `timeout_hint` is what the model is told to do when a call times out (see below).
     """
 
     name: ClassVar[str] = ""
@@ -150,6 +151,11 @@ class Tool:
     Args: ClassVar[type[BaseModel]]
     limits: ToolLimits = ToolLimits()
     cache: ResultCache | None = None
+    #: The advice after "Tool 'x' timed out after N s." in the model's error observation. The
+    #: default fits work that grows with the request (code, SQL); a tool that waits on a remote
+    #: service sets its own (the request was not too big, the service did not answer), as a
+    #: class attribute or on an instance (a `@tool` function's too). Kept to one line.
+    timeout_hint: str = "Try a simpler or smaller request."
 
     def __init__(
         self, *, limits: ToolLimits | None = None, cache: ResultCache | None = None, **limit_overrides: Any

@@ -761,10 +761,19 @@ def _failure(tool: Tool, exc: BaseException) -> ToolResult:
         return _cancelled(tool)
     if isinstance(exc, _DeadlineExpired):
         after = f" after {tool.limits.timeout:g} s"
-        return _Failure.error(f"Tool '{tool.name}' timed out{after}. Try a simpler or smaller request.", retryable=True)
+        return _Failure.error(f"Tool '{tool.name}' timed out{after}. {_timeout_hint(tool)}", retryable=True)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # the tool's own timeout fired
-        return _Failure.error(f"Tool '{tool.name}' timed out. Try a simpler or smaller request.", retryable=True)
+        return _Failure.error(f"Tool '{tool.name}' timed out. {_timeout_hint(tool)}", retryable=True)
     return _Failure.error(f"Tool '{tool.name}' failed: {_describe(exc)}")
+
+
+def _timeout_hint(tool: Tool) -> str:
+    """The tool's `timeout_hint` on one line (the record keeps an error's first line), or the
+    default when it is not a non-empty string: a failure's message must not fail itself."""
+    hint: object = None
+    with contextlib.suppress(Exception):  # a broken property: the default
+        hint = tool.timeout_hint
+    return " ".join(hint.split()) if isinstance(hint, str) and hint.strip() else Tool.timeout_hint
 
 
 def _checked(tool: Tool, result: Any) -> ToolResult:

@@ -61,6 +61,9 @@ class MCPTool(Tool):
     calling episode's own connection, held until `release(ctx)` at the episode's end.
     """
 
+    #: A timeout is the server not answering, not the request being too big.
+    timeout_hint = "The MCP server did not answer in time: try the call again, or go on without it."
+
     def __init__(
         self,
         server: MCPServer,

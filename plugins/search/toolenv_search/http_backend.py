@@ -4,8 +4,9 @@ One client (one connection pool) is kept per event loop and client settings and
 shared by every `HTTPBackend` in that loop, so a vector env of 1,024 envs opens
 one pool, not 1,024. Connect errors, dropped connections, timeouts, 5xx, 408
 and 429 answers are retried with exponential backoff; what still fails becomes a
-`SearchError` worded for the model. With `batch_wait > 0`, concurrent searches of
-all backends with the same settings in a loop go out together in one request.
+`SearchError` worded for the model, saying how many times the server was tried.
+With `batch_wait > 0`, concurrent searches of all backends with the same settings
+in a loop go out together in one request.
 """
 
 from __future__ import annotations
@@ -111,22 +112,25 @@ class HTTPBackend:
             shared.users += 1
         return shared.client
 
-    async def _post_once(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Any:
+    async def _post_once(self, client: httpx.AsyncClient, body: dict[str, Any], attempt: int = 1) -> Any:
+        """One POST, the `attempt`-th: a transient failure names how many were made (a retryable
+        error is raised only by the last attempt), so a flaky server reads apart from a dead one."""
+        where = self.url if attempt <= 1 else f"{self.url} (tried {attempt} times)"
         try:
             resp = await client.post(self.url, json=body)
         except httpx.TimeoutException:
             raise SearchError(
-                f"the retrieval server at {self.url} did not answer within {self.timeout:g} s", retryable=True
+                f"the retrieval server at {where} did not answer within {self.timeout:g} s", retryable=True
             ) from None
         except httpx.TransportError as exc:  # connect errors, dropped connections, protocol errors
             raise SearchError(
-                f"could not reach the retrieval server at {self.url} ({type(exc).__name__}: {exc})", retryable=True
+                f"could not reach the retrieval server at {where} ({type(exc).__name__}: {exc})", retryable=True
             ) from None
         except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode: not a transport error
             raise SearchError(f"the retrieval server sent a response that could not be decoded ({exc})") from None
         if resp.status_code >= 500 or resp.status_code in _TRANSIENT_4XX:
             raise SearchError(
-                f"the retrieval server at {self.url} answered HTTP {resp.status_code}{_reason(resp)}", retryable=True
+                f"the retrieval server at {where} answered HTTP {resp.status_code}{_reason(resp)}", retryable=True
             )
         if resp.status_code >= 400:
             raise SearchError(f"the retrieval server refused the request: HTTP {resp.status_code} {resp.text[:200]}")
@@ -168,7 +172,7 @@ class HTTPBackend:
         attempt = 0
         while True:
             try:
-                payload = await self._post_once(client, body)
+                payload = await self._post_once(client, body, attempt + 1)
                 break
             except SearchError as exc:
                 if not exc.retryable or attempt >= self.retries:

@@ -22,6 +22,12 @@ _LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]\s*")
 # Format-neutral: the call's syntax was fine (only its query was blank), and the env's
 # action format (tags, JSON tool calls, ...) is not the tool's to know.
 _EMPTY_QUERY = 'The search query is empty. Put what to look for in the query, e.g. "capital of France".'
+# Backends that wait on a service over the network: a timeout there is the service not answering, and
+# the caller's default advice ("Try a simpler or smaller request.") would send the model after its query.
+_REMOTE_BACKENDS = frozenset({"http", "duckduckgo"})
+_REMOTE_TIMEOUT_HINT = (
+    "The search service did not answer: try the search again, or answer from what you have found so far."
+)
 
 
 def _one_line(text: str) -> str:
@@ -84,6 +90,8 @@ class SearchTool(Tool):
         )
         self.topk = topk
         self.max_query_chars = max_query_chars
+        if self.backend.name in _REMOTE_BACKENDS and type(self).timeout_hint is Tool.timeout_hint:
+            self.timeout_hint = _REMOTE_TIMEOUT_HINT  # a subclass's own hint is left as it is
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         query = " ".join(str(args.query).split())
