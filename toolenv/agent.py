@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolenv.types import Message, Task
+from toolenv.types import Message, ParsedAction, Task
 
 if TYPE_CHECKING:
     from toolenv.parsers.base import ActionParser
@@ -35,7 +35,7 @@ class AgentError(Exception):
 
 
 class AgentAction(BaseModel):
-    """One action: the text the env parses, plus what the generator knows about it."""
+    """One action: the text the env parses (or records, with `parsed`), plus what the generator knows about it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +50,12 @@ class AgentAction(BaseModel):
     prompt_tokens: int | None = Field(default=None, description="Prompt length in tokens, when known.")
     completion_tokens: int | None = Field(default=None, description="Generated tokens, when known.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free data (finish reason, raw tool calls).")
+    parsed: ParsedAction | None = Field(
+        default=None,
+        description="The turn already parsed, e.g. from the API's native tool calls: the env runs it as given "
+        "instead of parsing `text` (which stays the turn's recorded text), so a call the parser's format cannot "
+        "write still reaches the tool.",
+    )
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,10 @@ async def run_episode(
             break
         t1 = time.perf_counter()
         try:
-            obs, reward, term, trunc, info = await _within(deadline, env.astep(action.text))
+            # A pre-parsed turn (native tool calls) runs as given; only then is `parsed` passed, so
+            # an env whose `astep` predates it still steps text.
+            stepped = env.astep(action.text) if action.parsed is None else env.astep(action.text, parsed=action.parsed)
+            obs, reward, term, trunc, info = await _within(deadline, stepped)
         except _EpisodeTimeout:
             traj.error = _timed_out(timeout, f"env step {turn}")
             break

@@ -53,11 +53,11 @@ from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
-from toolenv.types import Message, Task
+from toolenv.types import Message, ParsedAction, Task, new_call, new_parsed
 from toolenv_agents._seeds import episode_seed
 from toolenv_agents._stops import chat_stops
 
-__all__ = ["OpenAIAgent", "render_tool_calls"]
+__all__ = ["OpenAIAgent", "native_turn", "render_tool_calls"]
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 #: Client errors worth another attempt, as OpenAI's client retries them: request timeout (a
@@ -86,6 +86,50 @@ def render_tool_calls(content: str, calls: list[dict[str, Any]], parser: ActionP
             raise ValueError(f"tool call {name!r} has arguments that JSON cannot hold")
         parts.append(text)
     return "\n".join(parts)
+
+
+def native_turn(content: str, calls: list[dict[str, Any]], parser: ActionParser) -> ParsedAction:
+    """The turn the env runs for a reply with native tool calls (`{"id", "name", "arguments"}`,
+    arguments decoded, ids distinct): what `parser` finds in the content (a call written there,
+    the answer, the text, errors), then the server's calls as they are.
+
+    The calls go to the env as calls rather than as their rendering, which the env's parser may
+    not read back (a codeblock or tags format cannot write every call): the model then hears the
+    tool's own error for a bad call. Arguments that hold no JSON object become an error naming
+    them, as a parser reports them (a recorded call's arguments are an object).
+    """
+    found = parser.parse(content) if content.strip() else new_parsed([], None, "", [])
+    server, errors = [], list(found.errors)
+    for index, call in enumerate(calls, 1):
+        args = _arguments_object(call["arguments"])
+        if isinstance(args, dict):
+            server.append(new_call(call["name"], args, call["id"]))
+        else:
+            errors.append(f"Tool call {index} ({_clip(call['name'])}): {args}. Send the arguments as a JSON object.")
+    used = {c.id for c in server}  # a call written in the content gives way: the server's ids go back to it
+    written = [c.model_copy(update={"id": _fresh_id(c.id, used)}) if c.id in used else c for c in found.tool_calls]
+    return new_parsed([*written, *server], found.answer, found.text, errors)
+
+
+def _arguments_object(arguments: Any) -> dict[str, Any] | str:
+    """A native call's arguments as the object they hold, else what is wrong with them. A string
+    is text the server's JSON did not decode to an object: not JSON, or JSON encoded twice (some
+    models do so; the Hermes parser reads it too)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = encodable_value(json.loads(arguments))
+        except (ValueError, RecursionError):  # ValueError: also ints past Python's 4300-digit limit
+            return f"its arguments are not valid JSON (got: {_clip(arguments)})"
+    if isinstance(arguments, dict):
+        return arguments
+    kinds = {type(None): "null", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    shown = _clip(json.dumps(arguments, ensure_ascii=False))
+    return f"its arguments are {kinds.get(type(arguments), 'an array')}, not a JSON object (got: {shown})"
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """`text` cut to `limit` characters, marked: a long reply's arguments would flood the observation."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _wants_completion_tokens(resp: httpx.Response, body: dict[str, Any]) -> bool:
@@ -439,6 +483,8 @@ class OpenAIAgent(Agent):
             self._reasonings[text] = reasoning
         action = self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
         action.metadata["native_tool_calls"] = len(calls)
+        if calls and env_info.parser is not None:
+            action.parsed = native_turn(content, calls, env_info.parser)
         return action
 
     def _native_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
