@@ -198,7 +198,9 @@ def test_export_example() -> None:
     assert out.returncode == 0, out.stderr
     assert "episodes: [('product', False), ('sum', True)]" in out.stdout
     assert "kept 1 of 2: task sum" in out.stdout
-    assert "tool: '42'" in out.stdout and "assistant: 'The answer is <answer>42</answer>'" in out.stdout
+    # The agent wrote its call as text: the reply is the observation it read, as a user message.
+    assert "user: '<tool_response>\\n42\\n</tool_response>'" in out.stdout
+    assert "assistant: 'The answer is <answer>42</answer>'" in out.stdout
 
 
 def test_cache_example() -> None:

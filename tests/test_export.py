@@ -48,11 +48,13 @@ def _trajectory(run_dir: Path, task_id: str) -> Trajectory:
 
 def test_messages_follow_the_episode(run_dir: Path) -> None:
     msgs = chat_messages(_trajectory(run_dir, "right"))
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert msgs[2]["content"].startswith('<tool_call>{"name": "add"')  # the action as written
     assert "not valid JSON" in msgs[3]["content"]  # a parse error answers no call: said as the user
     assert msgs[4] == {"role": "assistant", "content": CALL}
-    assert msgs[5] == {"role": "tool", "content": "5", "name": "add", "tool_call_id": "call_0"}
+    # A call written as text is answered by the observation a text-mode model read, not by a
+    # `tool` message answering a call no assistant message declares
+    assert msgs[5] == {"role": "user", "content": "<tool_response>\n5\n</tool_response>"}
     assert msgs[6] == {"role": "assistant", "content": "It is <answer>5</answer>"}  # no reply after the last turn
 
 
@@ -260,7 +262,7 @@ def test_a_turns_images_and_its_unanswered_results_share_one_user_message(tmp_pa
         lambda: toolenv.ToolEnv(tools=[snap], tasks=TASKS[:1], max_turns=4), Snapper(), out=tmp_path / "run"
     )
     (t,) = res.trajectories
-    msgs = chat_messages(t)
+    msgs = chat_messages(t, calls="structured")  # text mode answers with the observation (test_export_text_mode)
     assert [m["role"] for m in msgs] == [
         "system",
         "user",
@@ -276,9 +278,10 @@ def test_a_turns_images_and_its_unanswered_results_share_one_user_message(tmp_pa
     assert [p["type"] for p in msgs[4]["content"]] == ["image_url"]
     assert [p["type"] for p in msgs[7]["content"]] == ["image_url", "text"]
     assert "not valid JSON" in msgs[7]["content"][1]["text"]
-    assert export_chat(res.trajectories, tmp_path / "sft.jsonl") == 1
+    assert export_chat(res.trajectories, tmp_path / "sft.jsonl", calls="structured") == 1
     (line,) = [json.loads(x) for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    assert [len(m["content"]) for m in line["messages"][3:8]] == [1, 1, 1, 1, 2]
+    # tool, user (image), assistant (calls only: no text part), tool, user (image, error text)
+    assert [len(m["content"]) for m in line["messages"][3:8]] == [1, 1, 0, 1, 2]
     assert line["messages"][7]["content"][0] == {"type": "image"} and len(line["images"]) == 2
     assert line["images"][0] == line["images"][1]  # the same picture: one file, named twice
 

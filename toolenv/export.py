@@ -5,13 +5,23 @@ oracle), keep the episodes that succeeded, and fine-tune on them before RL. This
 trajectories into the OpenAI chat layout (`{"messages": [...], "tools": [...]}` per line), the
 conversational form that TRL's `SFTTrainer` and LLaMA-Factory's OpenAI-style datasets read.
 
-Each turn becomes an assistant message, then the env's answer: a `tool` message per result
-that answers a call (with its call id) and one user message for what answers none (parse
-errors, "no tool call"), the layout verl's agent loop and the OpenAI agent use.
+Each turn becomes an assistant message, then the env's answer as the model read it. A turn
+written as text (`calls="text"`, an agent in text mode: the `openai` agent's
+`tool_calling="text"` or completions API, a Search-R1 trainer, an oracle or a replay) is
+answered by one user message holding the turn's `observation` exactly as the env returned it
+(Search-R1's `<information>...</information>`, Hermes's `<tool_response>` blocks): what a
+text-mode model reads, and no `tool` message that no assistant `tool_calls` declares, which
+is malformed OpenAI chat. A turn of an agent that sends the env's messages instead (the
+`openai` agent's native tool calling; the `transformers` agent, whose chat template renders
+them), and every turn with `calls="structured"`, whose assistant message declares its calls,
+is answered as those messages are: a `tool` message per result that answers a call (with its
+call id) and one user message for what answers none (parse errors, "no tool call"), the layout
+verl's agent loop and the OpenAI agent's native mode use.
 
 Images never go into a tool message: the OpenAI chat format allows only text there, and
 TRL's `prepare_multimodal_messages` neither counts nor fills an image placeholder in one. A
-turn's result images go into one user message after its tool messages instead. In the file,
+turn's result images go into one user message after its tool messages instead (with the
+observation, in text mode). In the file,
 a trajectory with images takes the layout of TRL's vision-language SFT: every content a list
 of parts, a `{"type": "image"}` placeholder where each image stands, and an `images` column
 naming the image files (in `images/` beside the file) in order of appearance. A trajectory
@@ -51,9 +61,10 @@ __all__ = [
 
 #: `text`: the assistant's content is the action exactly as the model wrote it (train the
 #: same model family on its own format); calls the model gave as the API's `tool_calls` (native
-#: tool calling) stay `tool_calls`, as it wrote them. `structured`: calls go into `tool_calls` and
-#: the content keeps the rest, so the target model's chat template writes the calls in its own
-#: format (train one family on another's rollouts).
+#: tool calling) stay `tool_calls`, as it wrote them; the env's reply to a turn written as text is
+#: its observation, as a text-mode model read it. `structured`: calls go into `tool_calls`, answered
+#: by `tool` messages, and the content keeps the rest, so the target model's chat template writes the
+#: calls in its own format (train one family on another's rollouts).
 CallStyle = Literal["text", "structured"]
 #: How a structured call's arguments are written. `json`: a JSON string (non-ASCII text as
 #: written, not escaped), as the OpenAI spec has it (and as a `datasets` Arrow column holds any
@@ -68,6 +79,26 @@ def _native(turn: TurnRecord) -> bool:
     format, not text the model wrote."""
     count = turn.agent_metadata.get("native_tool_calls")
     return isinstance(count, int) and count > 0
+
+
+#: Agents (their trajectory label) that gave the model the env's messages through a chat template
+#: before agents said so in `agent_metadata["replies"]`: trajectories recorded then read as before.
+_MESSAGE_AGENTS = frozenset({"transformers"})
+
+
+def _reads_observation(trajectory: Trajectory, turn: TurnRecord, calls: CallStyle) -> bool:
+    """Whether the turn's reply is its observation as one user message (`calls="text"`, an agent in
+    text mode) rather than the env's messages. An agent that sends the env's messages says so:
+    `agent_metadata["replies"] == "messages"` (the `transformers` agent), or `native_tool_calls`
+    recorded, 0 too (the `openai` agent's native mode sends the env's messages even after a turn
+    without native calls: a parse error as a user message of the error alone)."""
+    meta = turn.agent_metadata
+    return (
+        calls == "text"
+        and "native_tool_calls" not in meta
+        and meta.get("replies") != "messages"
+        and trajectory.agent not in _MESSAGE_AGENTS
+    )
 
 
 def trains_on(turn: TurnRecord) -> bool:
@@ -130,6 +161,13 @@ def _reply(results: list[ToolResult]) -> list[Message]:
     return [*tools, Message(role="user", images=moved)]
 
 
+def _observation(turn: TurnRecord) -> Message:
+    """The turn's observation as the user message a text-mode model read: the text exactly as the
+    env returned it, with the turn's result images in the order `_reply` gives them (as the
+    `openai` agent's text mode sends them)."""
+    return Message(role="user", content=turn.observation, images=[im for m in _reply(turn.results) for im in m.images])
+
+
 def _episode(
     trajectory: Trajectory, calls: CallStyle, arguments: ArgumentStyle, weights: bool
 ) -> list[Message | dict[str, Any]]:
@@ -137,7 +175,11 @@ def _episode(
     out: list[Message | dict[str, Any]] = list(trajectory.prompt_messages)
     for i, turn in enumerate(trajectory.turns):
         out.append(_assistant(turn, calls, arguments, weights))
-        if i < len(trajectory.turns) - 1:
+        if i == len(trajectory.turns) - 1:
+            break
+        if _reads_observation(trajectory, turn, calls):
+            out.append(_observation(turn))
+        else:
             out.extend(_reply(turn.results))
     return out
 
@@ -147,9 +189,12 @@ def chat_messages(
 ) -> list[dict[str, Any]]:
     """The episode as OpenAI chat messages: the prompt, then each turn and the env's reply.
 
-    The reply to the last turn is left out: the model never saw it, so it is nothing to learn from.
-    Images are `image_url` parts (data URLs) of user messages; a result's images follow its tool
-    message in a user message, since OpenAI's tool messages hold text only. A turn's thinking
+    The reply is what the model read (module docstring): with `calls="text"` a turn of a text-mode
+    agent gets its observation as one user message; native tool calls and `calls="structured"`
+    get `tool` messages answering the calls by id. The reply to the last turn is left out: the
+    model never saw it, so it is nothing to learn from. Images are `image_url` parts (data URLs) of
+    user messages; a result's images follow its tool message in a user message (or go with the
+    observation), since OpenAI's tool messages hold text only. A turn's thinking
     (`agent_metadata["reasoning"]`) is its message's `reasoning_content`. `weights` puts
     OpenAI's fine-tuning `"weight"` on each assistant message: 0 where `trains_on` says no, else 1.
     """
@@ -286,7 +331,7 @@ def export_chat(
     Args:
         success_only: keep episodes that succeeded (reward at the run's success threshold, no error).
         min_reward: keep episodes whose reward is at least this.
-        calls: how assistant tool calls are written (`CallStyle`).
+        calls: how assistant tool calls, and the env's replies to them, are written (`CallStyle`).
         arguments: how structured calls' arguments are written (`ArgumentStyle`).
         tools: OpenAI function schemas to put on every line as `"tools"` (the env's `tool_schemas()`).
         weights: put OpenAI's fine-tuning `"weight"` on every assistant message, 0 on a turn the

@@ -371,5 +371,7 @@ class TransformersAgent(Agent):
             prompt_token_ids=prompt if self.record_prompt_ids else None,
             prompt_tokens=len(prompt),
             completion_tokens=len(ids),
-            metadata={"finish_reason": "length" if cut else "stop"},
+            # `replies`: the model reads the env's messages through the chat template (tool messages),
+            # not the observation text; `toolenv export` answers the turn the same way.
+            metadata={"finish_reason": "length" if cut else "stop", "replies": "messages"},
         )
