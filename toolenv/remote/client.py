@@ -40,6 +40,7 @@ from toolenv.remote.wire import (
     FEATURES,
     FEATURES_HEADER,
     IDEMPOTENCY_KEY,
+    PARSED,
     PROTOCOL_VERSION,
     REPLAY,
     EnvMetadata,
@@ -275,6 +276,7 @@ class RemoteToolEnv(ToolEnv):
         self._timeout = httpx.Timeout(timeout, connect=_connect_limit(timeout))
         self._transport = transport
         self._fingerprint: str | None = None  # the server's env, as it said at construction
+        self._takes_parsed = False  # the server runs a step's `parsed` (feature PARSED)
         self._lease = self._new_lease()
         # One keep-alive client per event loop: an httpx client (its connections) belongs to one loop.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
@@ -389,17 +391,19 @@ class RemoteToolEnv(ToolEnv):
     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one model turn on the server; `info` holds what a local env's does.
 
-        The turn travels as text: with `parsed`, `action` must be that turn written out
-        (`toolenv.env.written_turn`), and the server parses it back.
+        With `parsed` (native tool calls), a server of this version runs it as given, `action`
+        as its text, as a local env does; an older server gets the text alone and parses it, so
+        `action` should then be the turn written out (`toolenv.env.written_turn`).
         """
         ep = self._episode_to_step()
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
         if not isinstance(action, str):
             action = str(action)
-        request = StepRequest(action=action)
+        sent = parsed if self._takes_parsed else None
+        request = StepRequest(action=action, parsed=sent)
         if self._replays:  # which turn of which episode: sent again, it is answered, not run again
-            request = StepRequest(action=action, episode_id=ep.episode_id, turn=len(ep.turns) + 1)
+            request = StepRequest(action=action, episode_id=ep.episode_id, turn=len(ep.turns) + 1, parsed=sent)
         self._begin_step()  # two at once would name one turn: the second would get the first's answer
         try:
             reply = await self._call(
@@ -613,7 +617,9 @@ class RemoteToolEnv(ToolEnv):
         resp = await self._get_raw("/metadata", what)
         self._check_protocol(resp)
         meta = self._parse(resp, EnvMetadata, what)
-        replays = REPLAY in feature_set(resp.headers.get(FEATURES_HEADER))
+        features = feature_set(resp.headers.get(FEATURES_HEADER))
+        replays = REPLAY in features
+        self._takes_parsed = PARSED in features
         self._fingerprint = resp.headers.get(ENV_HEADER)  # absent from a server before it: no check
         if self._transport is None:
             return meta, None, replays

@@ -300,7 +300,8 @@ def create_app(
                 raise _Failure(409, "this episode has ended; call reset() to start another")
             call = ("step", ep.episode_id, len(ep.turns) + 1)
             try:
-                obs, reward, terminated, truncated, info = await session.run(env.astep(req.action))
+                stepped = env.astep(req.action) if req.parsed is None else env.astep(req.action, parsed=req.parsed)
+                obs, reward, terminated, truncated, info = await session.run(stepped)
             except UnknownSessionError:  # the session ended while the call ran: a 404 that says why
                 raise
             except Exception as exc:

@@ -32,6 +32,7 @@ __all__ = [
     "FEATURES",
     "FEATURES_HEADER",
     "IDEMPOTENCY_KEY",
+    "PARSED",
     "PROMPT",
     "PROTOCOL_VERSION",
     "REPLAY",
@@ -70,8 +71,11 @@ REPLAY = "replay"
 #: Feature: `EnvMetadata` carries the env's `system_prompt` and `answer_tool_rewrites`. The server
 #: sends them only to a client whose requests list it: an older client refuses fields it does not know.
 PROMPT = "prompt"
+#: Feature: a step may carry the turn already parsed (`StepRequest.parsed`: native tool calls),
+#: run as given. A client sends it only to a server that lists it: an older one refuses the field.
+PARSED = "parsed"
 #: What this version does, as a server and as a client (the value of `FEATURES_HEADER`).
-FEATURES = (REPLAY, PROMPT)
+FEATURES = (REPLAY, PROMPT, PARSED)
 #: The header naming the env a server serves, as a fingerprint of its metadata and tasks: on every
 #: answer of the server; on a client's requests, the env it was built for. A server refuses (409,
 #: error type `ENV_CHANGED`) a request built for another env: it restarted with other tools, parser,
@@ -185,6 +189,11 @@ class StepRequest(_Wire):
     )
     turn: int | None = Field(
         default=None, ge=1, description="Which turn this step is: 1 for the first, as `info.turn` of its answer."
+    )
+    parsed: ParsedAction | None = Field(
+        default=None,
+        description="The turn already parsed (native tool calls), run as given with `action` as its text; "
+        "only to a server listing the `parsed` feature.",
     )
 
     @model_validator(mode="after")
