@@ -35,7 +35,7 @@ WORKSPACE = [
 ]
 # The same distributions with the extras the test suite exercises (verl, DuckDB, ddgs, ...).
 TEST_WORKSPACE = [
-    ".[dev,verl,serve,trl,skyrl]",
+    ".[dev,verl,serve,trl,skyrl,math]",
     "plugins/search[web,stem]",
     "plugins/sql[duckdb]",
     "plugins/code",
@@ -48,7 +48,7 @@ TEST_WORKSPACE = [
 # suite once more on the oldest supported Python, whose code paths differ: asyncio there has
 # no `timeout` nor `Task.uncancel`). Tests that need those extras skip with their reason.
 CORE_TEST_WORKSPACE = [
-    ".[dev,serve]",
+    ".[dev,serve,math]",
     "plugins/search[web,stem]",
     "plugins/sql[duckdb]",
     "plugins/code",

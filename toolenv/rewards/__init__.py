@@ -21,6 +21,7 @@ from toolenv.rewards.judge import (
     parse_judgement,
 )
 from toolenv.rewards.match import ExactMatch, TokenF1, exact_match, normalize_answer, token_f1
+from toolenv.rewards.math_answer import MathVerify
 from toolenv.rewards.penalties import (
     ActionPenalties,
     AnswerAvoidancePenalty,
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidCallPenalty",
     "JudgeError",
     "LLMJudge",
+    "MathVerify",
     "Reward",
     "RewardSpec",
     "TokenF1",
