@@ -107,6 +107,13 @@ def _validation_problems(exc: ValidationError) -> str:
     return "; ".join(said) or str(exc)
 
 
+def clip_line(text: str) -> str:
+    """`text` on one line (white space runs made one space), clipped to `MAX_ERROR_CHARS`: an
+    error may quote a server's response body, a page of JSON."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
 def error_line(exc: BaseException) -> str:
     """An exception as one readable line that keeps its cause.
 
@@ -123,8 +130,7 @@ def error_line(exc: BaseException) -> str:
             text = f"{exc.title}: {problems}"
         elif quoted and quoted in text:
             text = text.replace(quoted, problems)
-    text = _with_env_id_hint(" ".join(text.split())) or type(exc).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+    return clip_line(_with_env_id_hint(" ".join(text.split())) or type(exc).__name__)
 
 
 #: Gymnasium's message for an env id it does not know, with its guess of a similar name if any.

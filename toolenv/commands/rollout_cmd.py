@@ -325,13 +325,12 @@ def _complete_lines(path: Path) -> int:
 def _first_error(path: Path) -> str | None:
     """The `error` of the first trajectory in the file that has one (read line by line), as one
     line of at most `MAX_ERROR_CHARS`: an error may quote a server's response body, a page of JSON."""
-    from toolenv.cli import MAX_ERROR_CHARS
+    from toolenv.cli import clip_line
 
     with path.open(encoding="utf-8") as fh:
         for line in fh:
             with contextlib.suppress(ValueError):  # a partial last line
                 data = json.loads(line)
                 if isinstance(data, dict) and data.get("error") is not None:
-                    text = " ".join(str(data["error"]).split())
-                    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+                    return clip_line(str(data["error"]))
     return None
