@@ -179,3 +179,23 @@ def test_hotpotqa_http_search_gets_the_query_with_u_fffd(retriever: Retriever) -
     assert retriever.queries == ["\ufffd\ufffd caf\u00e9 Jaclyn Stapp"]
     assert not info["tool_results"][0].is_error and "Married in 2004." in obs
     env.close()
+
+
+async def test_a_remote_env_records_the_turn_as_a_local_one_does() -> None:
+    """The remote client's own record of a turn holds U+FFFD too, as the server's env and a local
+    env do: a reward or report reading the client's episode meets no lone surrogate."""
+    pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+    pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
+    from _remote import make_env, serving
+
+    from toolenv.remote import RemoteToolEnv
+
+    with serving(make_env) as u:
+        env = RemoteToolEnv(u)
+        try:
+            await env.areset(options={"task_id": "t1"})
+            _, _, term, _, info = await env.astep(f"I am sure {HALF_EMOJI} <answer>5</answer>")
+            assert term and info["action"].text == "I am sure \ufffd"
+            assert env.episode is not None and env.episode.turns[-1].action == "I am sure \ufffd <answer>5</answer>"
+        finally:
+            await env.aclose()

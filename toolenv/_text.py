@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolenv.parsers.base import ActionParser
     from toolenv.types import ParsedAction
 
-__all__ = ["encodable_parse", "encodable_value", "fix_text", "unencodable", "unencodable_parse"]
+__all__ = ["clean_parse", "encodable_parse", "encodable_value", "fix_text", "unencodable", "unencodable_parse"]
 
 
 def fix_text(text: str) -> str:
@@ -81,3 +82,14 @@ def encodable_parse(parsed: ParsedAction) -> ParsedAction:
             "errors": [fix_text(e) for e in parsed.errors],
         }
     )
+
+
+def clean_parse(parser: ActionParser, action: str) -> tuple[str, ParsedAction]:
+    """`action` without lone surrogates, and what `parser` reads in it, every string encodable
+    (a JSON escape a parser decodes, `"\\ud83d"`, makes one even in clean text)."""
+    if not action.isascii():
+        action = fix_text(action)
+    parsed = parser.parse(action)
+    if "\\" in action and unencodable_parse(parsed):
+        parsed = encodable_parse(parsed)
+    return action, parsed

@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium.utils import seeding
 
 from toolenv import _aio
-from toolenv._text import encodable_parse, fix_text, unencodable_parse
+from toolenv._text import clean_parse, encodable_parse, fix_text, unencodable_parse
 from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller, end_detached
 from toolenv.episode import Episode, Turn, new_episode_id
@@ -323,14 +323,11 @@ class ToolEnv(gym.Env[str, str]):
         try:
             if not isinstance(action, str):
                 action = str(action)
-            if not action.isascii():  # lone surrogates (half an emoji) as U+FFFD: no tool or agent can encode them
-                action = fix_text(action)
-            if parsed is None:
-                parsed = self.parser.parse(action)
-                # Clean text parses to clean strings, but for an escape a parser decodes (JSON's "\ud83d").
-                if "\\" in action and unencodable_parse(parsed):
-                    parsed = encodable_parse(parsed)
+            if parsed is None:  # lone surrogates (half an emoji) as U+FFFD: no tool or agent can encode them
+                action, parsed = clean_parse(self.parser, action)
             else:
+                if not action.isascii():
+                    action = fix_text(action)
                 if not all(c.id and type(c.arguments) is dict for c in parsed.tool_calls):
                     parsed = _completed_calls(parsed)
                 if unencodable_parse(parsed):  # the caller's own, or its JSON arguments decoded above

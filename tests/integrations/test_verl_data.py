@@ -329,3 +329,12 @@ def test_cli_rows_for_verls_tool_agent_leave_the_tools_to_the_template(tmp_path,
     assert proc.returncode == 0, proc.stderr
     system = pq.read_table(out).to_pylist()[0]["prompt"][0]["content"]
     assert ('"name": "calculator"' in system) is listed and "<answer>...</answer>" in system
+
+
+def test_compute_score_reads_a_lone_surrogate_as_a_step_does():
+    """A response holding half an emoji (or its JSON escape) is scored on the text a step would
+    record, U+FFFD in its place, and its answer matches the same as the env's own."""
+    tasks = [{"id": "e", "question": "Which emoji?", "answer": "\ufffd"}]
+    row = build_rows("toolenv/ToolEnv-v0", env_kwargs={"tools": [CALC], "tasks": tasks})[0]
+    extra, gt = row["extra_info"], row["reward_model"]["ground_truth"]
+    assert compute_score("toolenv/ToolEnv-v0", "<answer>\ud83d</answer>", gt, extra)["score"] == 1.0

@@ -30,6 +30,7 @@ from typing import Any, SupportsFloat, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from toolenv._text import fix_text
 from toolenv._tls import tls_context
 from toolenv.env import ToolEnv, _in_flight
 from toolenv.episode import Episode, Turn
@@ -400,6 +401,7 @@ class RemoteToolEnv(ToolEnv):
             raise RemoteEnvError(self._lost)
         if not isinstance(action, str):
             action = str(action)
+        action = fix_text(action)  # as a local env records it (the wire would send U+FFFD anyway)
         sent = parsed if self._takes_parsed else None
         request = StepRequest(action=action, parsed=sent)
         if self._replays:  # which turn of which episode: sent again, it is answered, not run again

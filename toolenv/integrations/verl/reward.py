@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolenv import _aio
+from toolenv._text import clean_parse
 from toolenv.episode import Turn
 from toolenv.integrations.verl.envs import env_spec_from_row, plain, shared_pool, task_from_row
 
@@ -52,7 +53,7 @@ async def acompute_score(
         episode = env.episode
         assert episode is not None  # areset just made it
         rf = env.reward_fn
-        parsed = env.parser.parse(solution_str)
+        solution_str, parsed = clean_parse(env.parser, solution_str)  # as a step reads it: no lone surrogates
         turn = Turn(solution_str, parsed)  # the calls' results are in the text, not re-run
         episode.turns.append(turn)
         episode.answer = parsed.answer
