@@ -199,3 +199,30 @@ async def test_a_remote_env_records_the_turn_as_a_local_one_does() -> None:
             assert env.episode is not None and env.episode.turns[-1].action == "I am sure \ufffd <answer>5</answer>"
         finally:
             await env.aclose()
+
+
+class Undecodable(toolenv.Tool):
+    """Output bytes that are not UTF-8, decoded as a subprocess reader may (`surrogateescape`)."""
+
+    name = "bytes"
+
+    class Args(BaseModel):
+        fail: bool = False
+
+    async def run(self, args: Args, ctx: toolenv.ToolContext) -> toolenv.ToolResult:  # type: ignore[override]
+        text = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+        if args.fail:
+            raise RuntimeError(text)
+        return toolenv.ToolResult(text=text)
+
+
+@pytest.mark.parametrize(("fail", "seen"), [(False, "caf\ufffd \ufffd"), (True, "RuntimeError: caf\ufffd \ufffd")])
+def test_tool_output_utf_8_cannot_hold_reaches_the_model_as_u_fffd(fail: bool, seen: str) -> None:
+    env = ToolEnv(tools=[Undecodable()], tasks=[{"id": "t", "question": "q", "answer": "a"}])
+    env.reset(seed=0)
+    call = json.dumps({"name": "bytes", "arguments": {"fail": fail}})
+    obs, _, _, _, info = env.step(f"<tool_call>{call}</tool_call>")
+    assert seen in obs and seen in info["tool_results"][0].text
+    assert all(not m.content or seen in m.content for m in info["messages"][1:])
+    obs.encode("utf-8")  # what an agent sends on, and a trajectory file holds
+    env.close()

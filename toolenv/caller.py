@@ -27,6 +27,7 @@ from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, ValidationE
 from pydantic.fields import FieldInfo
 
 from toolenv import _aio
+from toolenv._text import fix_text
 from toolenv._tool import Tool, ToolContext, ToolLimits
 from toolenv.breaker import CircuitBreaker, breaker_for
 from toolenv.deadlines import Deadline
@@ -934,6 +935,8 @@ class ToolCaller:
         call: ToolCall, tool: Tool | None, result: ToolResult, attempts: int, start: float, cached: bool = False
     ) -> tuple[ToolResult, ToolCallRecord]:
         text, cut = truncate_middle(result.text, (tool.limits if tool else _NO_TOOL_LIMITS).max_output_chars)
+        if not text.isascii():  # output decoded with surrogateescape (bytes not UTF-8): U+FFFD, as model text
+            text = fix_text(text)
         result = result.addressed(call.name, call.id, text)
         error = text.split("\n", 1)[0][:200] if result.is_error else None
         record = ToolCallRecord(call.name, call.id, attempts, error, cut, time.perf_counter() - start, cached)
