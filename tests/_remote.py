@@ -211,6 +211,38 @@ def serving(
         yield url
 
 
+def older_server(app: Any, *, features: bytes | None, bodies: list[bytes] | None = None, deaf: bool = False) -> Any:
+    """`app` (an ASGI app) as a server of an older toolenv: its `Toolenv-Features` answer header
+    is `features` (None: no header at all); with `deaf`, it never hears the client's own header;
+    each request body is kept in `bodies`."""
+    from toolenv.remote.wire import FEATURES_HEADER
+
+    name = FEATURES_HEADER.lower().encode()
+
+    def without(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        return [h for h in headers if h[0].lower() != name]
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+
+        async def hear() -> Any:
+            message = await receive()
+            if bodies is not None and message["type"] == "http.request" and message.get("body"):
+                bodies.append(message["body"])
+            return message
+
+        async def say(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = without(message["headers"]) + ([] if features is None else [(name, features)])
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app({**scope, "headers": without(scope["headers"])} if deaf else scope, hear, say)
+
+    return asgi
+
+
 @contextlib.contextmanager
 def asgi_server(app: Any, *, graceful_timeout: float | None = None, port: int = 0) -> Iterator[str]:
     """Any ASGI app served by uvicorn on 127.0.0.1 (on `port`, 0: any free one) in a thread; yields its URL."""

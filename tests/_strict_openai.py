@@ -105,3 +105,19 @@ def strict_server(script: list[dict[str, Any]]) -> Iterator[StrictServer]:
         yield server
     finally:
         server.close()
+
+
+async def native_rollout(script: list[dict[str, Any]], make_env: Any, **rollout: Any) -> tuple[StrictServer, Any]:
+    """One episode of the `openai` agent (native tool calling) against a `StrictServer` with
+    `script`: the server (its requests) and the trajectory, after checking no request was refused."""
+    from toolenv.runner import arollout
+    from toolenv_agents.openai_compat import OpenAIAgent
+
+    with strict_server(script) as server:
+        agent = OpenAIAgent(model="m", base_url=server.url, backoff=0.01)
+        try:
+            result = await arollout(make_env, agent, n=1, **rollout)
+        finally:
+            await agent.aclose()
+    assert server.refused == [], server.refused[0][1]
+    return server, result.trajectories[0]

@@ -35,6 +35,7 @@ from _remote import (
     asgi_server,
     hang,
     make_env,
+    older_server,
     serving,
 )
 
@@ -1031,36 +1032,11 @@ def test_step_identity_over_raw_http(url: str) -> None:
 async def test_against_a_server_that_does_not_replay_nothing_is_sent_twice() -> None:
     """A server before step identity (no `Toolenv-Features: replay`, unknown fields refused): the
     client sends bare steps and truncates, and a step whose answer was lost loses the episode."""
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
     from toolenv.remote.server import create_app
-    from toolenv.remote.wire import FEATURES_HEADER
 
     tool, runs = _counted()
     bodies: list[bytes] = []
-
-    def old_server(app: ASGIApp) -> ASGIApp:
-        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
-                return await app(scope, receive, send)
-
-            async def hear() -> Message:
-                message = await receive()
-                if message["type"] == "http.request" and message.get("body"):
-                    bodies.append(message["body"])
-                return message
-
-            async def say(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    drop = FEATURES_HEADER.lower().encode()
-                    message = {**message, "headers": [h for h in message["headers"] if h[0].lower() != drop]}
-                await send(message)
-
-            await app(scope, hear, say)
-
-        return asgi
-
-    with asgi_server(old_server(create_app(lambda: make_env(tools=[tool])))) as u:
+    with asgi_server(older_server(create_app(lambda: make_env(tools=[tool])), features=None, bodies=bodies)) as u:
         env = RemoteToolEnv(u, transport=LosesAnswers("POST", "/step"))
         await env.areset(options={"task_id": "t1"})
         with pytest.raises(RemoteEnvError, match="step: cannot reach"):
@@ -1484,38 +1460,15 @@ def test_a_client_that_does_not_list_the_prompt_feature_gets_the_metadata_it_kno
 def test_against_a_server_before_the_prompt_feature_the_client_works_as_before() -> None:
     """A server that does not know the `prompt` feature ignores the client's header and sends no
     such fields: the client has no system prompt and no rewrites, as before, and steps as usual."""
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
     from toolenv.remote.server import create_app
-    from toolenv.remote.wire import FEATURES_HEADER
 
-    drop = FEATURES_HEADER.lower().encode()
-
-    def old_server(app: ASGIApp) -> ASGIApp:
-        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
-                return await app(scope, receive, send)
-
-            async def say(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*_without(message["headers"], drop), (drop, b"replay")]}
-                await send(message)
-
-            await app({**scope, "headers": _without(scope["headers"], drop)}, receive, say)
-
-        return asgi
-
-    with asgi_server(old_server(create_app(_prompted))) as u:
+    with asgi_server(older_server(create_app(_prompted), features=b"replay", deaf=True)) as u:
         env = RemoteToolEnv(u)
         assert env.system_prompt is None and env.answer_tool_rewrites == {}
         assert env.remote.system_prompt is None
         env.reset(options={"task_id": "q"})
         assert env.step("<answer>5</answer>")[1] == 1.0
         env.close()
-
-
-def _without(headers: list[tuple[bytes, bytes]], name: bytes) -> list[tuple[bytes, bytes]]:
-    return [h for h in headers if h[0].lower() != name]
 
 
 def test_a_remote_env_built_in_a_forked_child_builds_no_tls_context(url: str) -> None:

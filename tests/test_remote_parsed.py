@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("starlette", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 pytest.importorskip("uvicorn", reason="the env server needs the serve extra: pip install 'toolenv[serve]'")
 
-from _remote import asgi_server, make_env, serving
+from _remote import asgi_server, make_env, older_server, serving
 
 from toolenv.remote import RemoteToolEnv
 from toolenv.types import ParsedAction, ToolCall
@@ -43,36 +43,10 @@ async def test_a_parsed_turn_runs_on_the_server_as_given() -> None:
 async def test_a_server_without_the_feature_gets_the_text_alone() -> None:
     """An older server (no `parsed` in its features, unknown fields refused) is sent the text, which
     it parses: the step still runs, as it did before the feature."""
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
     from toolenv.remote.server import create_app
-    from toolenv.remote.wire import FEATURES_HEADER
 
     bodies: list[bytes] = []
-
-    def old_server(app: ASGIApp) -> ASGIApp:
-        async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
-                return await app(scope, receive, send)
-
-            async def hear() -> Message:
-                message = await receive()
-                if message["type"] == "http.request" and message.get("body"):
-                    bodies.append(message["body"])
-                return message
-
-            async def say(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    name = FEATURES_HEADER.lower().encode()
-                    headers = [(k, b"replay, prompt" if k.lower() == name else v) for k, v in message["headers"]]
-                    message = {**message, "headers": headers}
-                await send(message)
-
-            await app(scope, hear, say)
-
-        return asgi
-
-    with asgi_server(old_server(create_app(make_env))) as u:
+    with asgi_server(older_server(create_app(make_env), features=b"replay, prompt", bodies=bodies)) as u:
         env: Any = RemoteToolEnv(u)
         try:
             await env.areset(options={"task_id": "t1"})

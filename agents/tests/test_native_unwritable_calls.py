@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _strict_openai import native_call, reply, strict_server
+from _strict_openai import native_call, native_rollout, reply
 from _tools import Add
 from pydantic import BaseModel
 
@@ -23,9 +23,8 @@ import toolenv
 from toolenv.env import NO_ACTION
 from toolenv.export import chat_messages
 from toolenv.parsers import get_parser
-from toolenv.runner import arollout
 from toolenv.trajectory import Trajectory
-from toolenv_agents.openai_compat import OpenAIAgent, native_turn
+from toolenv_agents.openai_compat import native_turn
 
 #: The tags parser warns that the prompt cannot offer `add`; in native mode the API's `tools` does.
 pytestmark = pytest.mark.filterwarnings("ignore:the tags parser has no tag for tool")
@@ -64,12 +63,7 @@ async def test_humaneval_native_call_with_bad_arguments_gets_the_tools_error(tmp
         reply("<answer>\ndef f():\n    return 1\n</answer>"),
     ]
     out = tmp_path / "run"
-    with strict_server(script) as server:
-        agent = OpenAIAgent(model="m", base_url=server.url, backoff=0.01)
-        res = await arollout("toolenv/HumanEval-v0", agent, n=1, env_kwargs={"max_turns": 6}, out=out)
-        await agent.aclose()
-    assert server.refused == [], server.refused[0][1]
-    traj = res.trajectories[0]
+    server, traj = await native_rollout(script, "toolenv/HumanEval-v0", env_kwargs={"max_turns": 6}, out=out)
     assert traj.error is None and len(traj.turns) == 4 and traj.terminated
     misspelt, not_json, good = traj.turns[:3]
     # The misspelt argument: the call is recorded and the tool's validation names the argument.
@@ -126,12 +120,7 @@ async def test_tags_env_runs_a_native_call_to_a_tool_it_has_no_tag_for() -> None
         reply(None, [native_call("search", {"query": "five"}, "srv_3")]),
         reply("<answer>5</answer>"),
     ]
-    with strict_server(script) as server:
-        agent = OpenAIAgent(model="m", base_url=server.url, backoff=0.01)
-        res = await arollout(tags_env, agent, n=1)
-        await agent.aclose()
-    assert server.refused == [], server.refused[0][1]
-    traj = res.trajectories[0]
+    server, traj = await native_rollout(script, tags_env)
     assert traj.error is None and traj.reward == 1.0
     add, calc, search = traj.turns[:3]
     assert [(c.name, c.id) for c in add.parsed.tool_calls] == [("add", "srv_1")]
@@ -154,12 +143,7 @@ async def test_native_calls_beside_a_call_and_an_answer_in_the_content() -> None
         ),
         reply("<answer>5</answer>", [native_call("add", {"a": 1, "b": 1}, "srv_9")]),
     ]
-    with strict_server(script) as server:
-        agent = OpenAIAgent(model="m", base_url=server.url, backoff=0.01)
-        res = await arollout(tags_env, agent, n=1)
-        await agent.aclose()
-    assert server.refused == [], server.refused[0][1]
-    traj = res.trajectories[0]
+    server, traj = await native_rollout(script, tags_env)
     first, last = traj.turns
     assert [(c.name, c.arguments) for c in first.parsed.tool_calls] == [
         ("search", {"query": "two"}),

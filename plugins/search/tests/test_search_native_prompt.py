@@ -5,11 +5,9 @@ at once). A text-mode agent still reads Search-R1's prompt, word for word."""
 from __future__ import annotations
 
 import gymnasium as gym
-from _strict_openai import native_call, reply, strict_server
+from _strict_openai import native_call, native_rollout, reply
 
 import toolenv
-from toolenv.runner import arollout
-from toolenv_agents.openai_compat import OpenAIAgent
 from toolenv_search.envs import SEARCH_R1_PROMPT, TOOL_CALL_PROMPT
 
 QUESTION_AT = SEARCH_R1_PROMPT.index("{question}")
@@ -40,14 +38,11 @@ async def test_the_openai_agent_in_native_mode_sends_one_call_format() -> None:
         reply(None, [native_call("search", {"query": "Bath Maine"}, "call_1")]),
         reply("<answer> Bath </answer>"),
     ]
-    with strict_server(script) as server:
-        agent = OpenAIAgent(model="m", base_url=server.url, max_retries=0)
-        result = await arollout(make, agent, n=1)
-        await agent.aclose()
-    assert not server.refused and len(server.accepted) == 2
+    server, traj = await native_rollout(script, make)
+    assert len(server.accepted) == 2
     first = server.accepted[0]
     assert [t["function"]["name"] for t in first["tools"]] == ["search"]
     assert not any("<search>" in str(m.get("content")) for m in first["messages"]), first["messages"]
     assert any("call the search tool" in str(m.get("content")) for m in first["messages"])
-    turn = result.trajectories[0].turns[0]
+    turn = traj.turns[0]
     assert [c.name for c in turn.parsed.tool_calls] == ["search"] and not turn.results[0].is_error
