@@ -103,6 +103,15 @@ async def test_humaneval_native_call_with_bad_arguments_gets_the_tools_error(tmp
         and msgs[at + 1]["tool_call_id"] == "srv_1"
         and "'cod'" in msgs[at + 1]["content"]
     )
+    # Replayed (`--agent replay`), the native turns run as the calls the env ran, not their text.
+    from toolenv.runner import arollout
+    from toolenv_agents.replay import ReplayAgent
+
+    replay = ReplayAgent(out / "trajectories.jsonl")
+    (again,) = (await arollout("toolenv/HumanEval-v0", replay, n=1, env_kwargs={"max_turns": 6})).trajectories
+    assert again.error is None and [t.observation for t in again.turns] == [t.observation for t in recorded.turns]
+    assert [t.parsed for t in again.turns] == [t.parsed for t in recorded.turns]
+    assert [t.agent_metadata.get("native_tool_calls") for t in again.turns] == [1, 1, 1, None]
 
 
 def tags_env() -> toolenv.ToolEnv:

@@ -5,7 +5,10 @@ Two line shapes are accepted:
   with an optional `"sample": k` (0 when absent);
 - a trajectory line written by `toolenv rollout` (its `task.id`, `sample` and turn actions),
   so a recorded run can be replayed against a changed env or reward, a killed run's too
-  (its partial last line is left out with a warning).
+  (its partial last line is left out with a warning). A turn whose calls the model gave as the
+  API's tool calls (`agent_metadata["native_tool_calls"]`) is replayed as those calls
+  (`AgentAction.parsed`), as the env ran them: its text is a rendering the env's format may not
+  read back (a `codeblock` or `tags` env).
 When a (task id, sample) appears on several lines, the first line is used.
 """
 
@@ -15,13 +18,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
-from toolenv.types import Message, Task
+from toolenv.types import Message, ParsedAction, Task
 
 __all__ = ["ReplayAgent", "load_replay", "load_replay_samples"]
 
 #: Task id -> sample -> actions.
 Recorded = dict[str, dict[int, list[str]]]
+#: Task id -> sample -> each turn's native calls as the env ran them, and how many the model made
+#: (None: a turn written as text).
+_Native = dict[str, dict[int, list[tuple[ParsedAction, int] | None]]]
 
 
 def load_replay_samples(path: str | Path) -> Recorded:
@@ -34,10 +42,16 @@ def load_replay_samples(path: str | Path) -> Recorded:
     Raises:
         ValueError: any other line is not JSON or has neither shape (the message names the line).
     """
+    return _load(path)[0]
+
+
+def _load(path: str | Path) -> tuple[Recorded, _Native]:
+    """`load_replay_samples`, and the native turns of the trajectory lines among them."""
     from toolenv.report.html import partial_line_warning
 
     file = Path(path)
     table: Recorded = {}
+    natives: _Native = {}
     # surrogateescape: bytes a kill cut inside a character make their line invalid, not the file
     with file.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -58,8 +72,32 @@ def load_replay_samples(path: str | Path) -> Recorded:
                     f'{path}:{lineno}: expected {{"task_id": ..., "actions": [...]}} or a trajectory, '
                     "with any sample a non-negative int"
                 )
-            table.setdefault(key, {}).setdefault(sample, actions)
-    return table
+            if sample not in table.setdefault(key, {}):
+                table[key][sample] = actions
+                native = _native_turns(row)
+                if native is not None:
+                    natives.setdefault(key, {})[sample] = native
+    return table, natives
+
+
+def _native_turns(row: dict[str, Any]) -> list[tuple[ParsedAction, int] | None] | None:
+    """Each turn's calls as the env ran them, for a trajectory line with a native turn; else None."""
+    turns = row.get("turns")
+    if not isinstance(turns, list):
+        return None
+    out: list[tuple[ParsedAction, int] | None] = []
+    for turn in turns:
+        meta = turn.get("agent_metadata") if isinstance(turn, dict) else None
+        count = meta.get("native_tool_calls") if isinstance(meta, dict) else None
+        parsed = turn.get("parsed") if isinstance(count, int) and count > 0 else None
+        if not isinstance(count, int) or not isinstance(parsed, dict):
+            out.append(None)
+            continue
+        try:
+            out.append((ParsedAction.model_validate(parsed), count))
+        except ValidationError:  # not as toolenv writes it: the turn's text is replayed instead
+            out.append(None)
+    return out if any(p is not None for p in out) else None
 
 
 def load_replay(path: str | Path) -> dict[str, list[str]]:
@@ -103,7 +141,7 @@ class ReplayAgent(Agent):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._table = load_replay_samples(self.path)
+        self._table, self._natives = _load(self.path)
         self._task_id = ""
 
     def reset(self, task: Task) -> None:
@@ -125,4 +163,9 @@ class ReplayAgent(Agent):
                 f"{self.path.name} has {len(actions)} action(s) for sample {sample} of task {self._task_id!r}; "
                 f"none for turn {env_info.turn}"
             )
-        return AgentAction(text=actions[env_info.turn], metadata={"replayed_sample": sample})
+        native = self._natives.get(self._task_id, {}).get(sample)
+        turn = native[env_info.turn] if native is not None else None
+        if turn is None:
+            return AgentAction(text=actions[env_info.turn], metadata={"replayed_sample": sample})
+        meta = {"replayed_sample": sample, "native_tool_calls": turn[1]}
+        return AgentAction(text=actions[env_info.turn], parsed=turn[0], metadata=meta)
