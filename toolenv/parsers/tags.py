@@ -82,7 +82,8 @@ class TagParser(ActionParser):
         if missing:
             warnings.warn(
                 f"the tags parser has no tag for tool(s) {', '.join(map(repr, missing))}, so the "
-                f"prompt does not offer them and the model cannot call them (its tags: "
+                f"prompt does not offer them and a model writing tags cannot call them, only one given "
+                f"the tools natively (its tags: "
                 f"{', '.join(f'<{tag}> -> {tool}' for tag, (tool, _) in self.tags.items())}). A tag "
                 "carries one string argument: map one with parser_kwargs={'tags': {TAG: (TOOL, ARGUMENT)}}, "
                 "or use a format with JSON arguments such as parser='hermes'",
