@@ -124,28 +124,65 @@ def test_scoring_from_many_threads_and_the_loop_at_once() -> None:
     assert threading.current_thread() is threading.main_thread()  # and the main thread's loop too, above
 
 
-def test_a_check_past_its_timeout_scores_zero_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolenv.rewards import math_answer
+def test_an_answer_past_its_timeout_scores_zero_and_the_process_goes_on() -> None:
+    """A power tower keeps sympy in one C call holding the GIL for minutes: on a thread of this
+    process nothing else would run (signals neither). The child checking it is killed at the
+    timeout; the loop kept running meanwhile, and the next answer gets a new child."""
 
-    def stuck(*args: object, **kwargs: object) -> tuple[float, dict[str, object]]:
-        time.sleep(10)  # a sympy simplification that will not end soon
-        return 1.0, {}
+    async def run() -> tuple[float, dict[str, object], int, float]:
+        env = toolenv.ToolEnv(tools=[Add()], tasks=[{"question": "?", "answer": "2"}], reward={"math": {"timeout": 1}})
+        await env.areset(seed=0)
+        await env.astep(r"<answer>\boxed{2}</answer>")  # a child is up: its start is not the tower's time
+        await env.areset(seed=0)
+        ticks = 0
 
-    monkeypatch.setattr(math_answer, "score", stuck)
-    start = time.monotonic()
-    value, info = score(r"\boxed{2}", "2", timeout=0.2)
-    assert time.monotonic() - start < 8  # the episode did not wait for the stuck check
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        start = time.monotonic()
+        _, value, _, _, info = await env.astep(r"<answer>\boxed{9^{9^{9^{9}}}}</answer>")
+        took = time.monotonic() - start
+        ticker.cancel()
+        await env.aclose()
+        return float(value), info, ticks, took
+
+    value, info, ticks, took = asyncio.run(run())
     assert value == 0.0
-    assert "took over 0.2 s" in info["reward_info"]["math"]["error"]
+    assert info["reward_info"]["math"]["error"] == "math-verify took over 1 s; scored 0"
+    assert took < 30 and ticks >= 5  # bounded, and the loop ran while the child worked
+    assert score(r"\boxed{2}", "2")[0] == 1.0  # a new child took the killed one's place
+
+
+def test_a_child_killed_while_idle_is_replaced() -> None:
+    from toolenv.rewards._math_pool import shared_pool
+
+    assert score(r"\boxed{2}", "2")[0] == 1.0
+    pool = shared_pool()
+    for child in list(pool._all):
+        child.proc.kill()  # an OOM killer's doing, between two answers
+    assert score(r"\boxed{\frac{1}{2}}", "0.5")[0] == 1.0
 
 
 def test_an_error_in_the_check_scores_zero_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolenv.rewards import math_answer
+    """The child answers an error math-verify raised as such; the reward scores it 0 and says why."""
+    from toolenv.rewards import _math_child, _math_pool, math_answer
 
     def broken(*args: object, **kwargs: object) -> tuple[float, dict[str, object]]:
         raise RecursionError("maximum recursion depth exceeded")  # what sympy raises on a deep expression
 
     monkeypatch.setattr(math_answer, "score", broken)
+    answered = _math_child._answer({"answer": r"\boxed{2}", "golds": ["2"], "require_box": False})
+    assert answered == {"error": "RecursionError: maximum recursion depth exceeded"}
+
+    class Pool:
+        def score(self, *args: object) -> dict[str, object]:
+            return answered
+
+    monkeypatch.setattr(_math_pool, "shared_pool", lambda: Pool())
     value, info = score(r"\boxed{2}", "2")
     assert value == 0.0
     assert info["reward_info"]["math"]["error"] == (

@@ -3,13 +3,14 @@
 What ReTool, ToRL, SimpleTIR and most math RL recipes with a code tool score: the last
 `\\boxed{...}` of the final reply, equal to the gold answer as mathematics (`\\frac{1}{2}` is
 `0.5`, `2.0` is `2`, `x+1` is `1+x`), not as text. math-verify (`pip install 'toolenv[math]'`)
-and the sympy it brings are imported when the reward is built, never by `import toolenv`.
+and the sympy it brings run in child processes (`_math_pool`), which a timeout kills: this
+process never imports them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
+import importlib.util
 import logging
 from typing import Any
 
@@ -111,10 +112,10 @@ class MathVerify(Reward):
 
     Args:
         require_box: an answer without `\\boxed{}` scores 0.
-        timeout: seconds one answer may take (sympy can take long on a pathological
-            expression); past it the answer scores 0 and `reward_info` says so. The check runs
-            on a daemon worker thread, off the event loop, which a timeout leaves to finish. An
-            answer math-verify fails on (an error sympy raises) scores 0 the same way.
+        timeout: seconds one answer may take (sympy can take minutes on a power tower);
+            past it the answer scores 0, `reward_info` says so, and the child process checking
+            it is killed (a thread could not be stopped: sympy holds the GIL there). An answer
+            math-verify fails on (an error sympy raises) scores 0 the same way.
 
     Raises:
         ImportError: math-verify is not installed (`pip install 'toolenv[math]'`).
@@ -127,24 +128,37 @@ class MathVerify(Reward):
             raise ValueError(f"the `math` reward's timeout must be a positive number of seconds, got {timeout!r}")
         self.require_box = bool(require_box)
         self.timeout = float(timeout)
-        _math_verify()  # a missing extra is said when the env is built, not at the first episode's end
+        if not _installed():  # said when the env is built, not at the first episode's end
+            raise ImportError(_MISSING)
 
     async def final(self, episode: Episode) -> float:
+        from toolenv.rewards._math_pool import MathTimeout, shared_pool
+
         if episode.answer is None:
             return 0.0
-        # A sync tool's path: a daemon thread in a copy of the context, which a timeout abandons.
-        call = _in_thread(score, [episode.answer, list(episode.task.answers)], {"require_box": self.require_box})
+        request = [episode.answer, list(episode.task.answers), self.require_box, self.timeout]
+        # The pool blocks on a child's pipe: on a daemon thread, off the loop.
         try:
-            result: tuple[float, dict[str, Any]] = await asyncio.wait_for(call, self.timeout)
-        except asyncio.TimeoutError:  # not `TimeoutError`: they differ before Python 3.11
+            result: dict[str, Any] = await _in_thread(shared_pool().score, request, {})
+        except MathTimeout:
             record_reward_info(episode, self.name, error=f"math-verify took over {self.timeout:g} s; scored 0")
             return 0.0
-        except Exception as exc:  # noqa: BLE001 - sympy's errors are many: one odd answer scores 0, the run goes on
-            record_reward_info(episode, self.name, error=f"math-verify failed: {type(exc).__name__}: {exc}; scored 0")
+        except (BrokenPipeError, OSError) as exc:
+            record_reward_info(episode, self.name, error=f"math-verify failed: {exc}; scored 0")
             return 0.0
-        value, info = result
-        record_reward_info(episode, self.name, **info)
-        return value
+        if "error" in result:  # math-verify raised (sympy's errors are many): one odd answer scores 0
+            record_reward_info(episode, self.name, error=f"math-verify failed: {result['error']}; scored 0")
+            return 0.0
+        record_reward_info(episode, self.name, **result["info"])
+        return float(result["value"])
+
+
+def _installed() -> bool:
+    """Whether math-verify can be imported, without importing it (and sympy) here."""
+    try:
+        return importlib.util.find_spec("math_verify") is not None
+    except ValueError:  # `sys.modules["math_verify"] = None`: blocked, as without the extra
+        return False
 
 
 register_reward("math", MathVerify)
