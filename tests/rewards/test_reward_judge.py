@@ -381,7 +381,7 @@ async def test_many_judges_share_one_client_per_loop(server: FakeServer) -> None
     from toolenv.rewards import judge as judge_module
 
     server.script = [Reply(body=completion("yes"))]
-    judges = [judge(server) for _ in range(20)]
+    judges = [judge(server, share_cache=False) for _ in range(20)]  # each asks: 20 requests on one client
     scores = await asyncio.gather(*(j.final(make_episode("Paris")) for j in judges))
     assert scores == [1.0] * 20 and len(server.requests) == 20
     loop = asyncio.get_running_loop()

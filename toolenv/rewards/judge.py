@@ -367,6 +367,37 @@ class _Flight:
     done: concurrent.futures.Future[tuple[str, int]] = field(default_factory=concurrent.futures.Future)
 
 
+@dataclass(eq=False)
+class _Shared:
+    """The reply cache and the requests in flight of the judges of one setting: each env
+    (each rollout worker, each `gym.make`) builds a judge of its own, and a GRPO group's
+    identical answers must still make one request and get one verdict."""
+
+    replies: cachetools.LRUCache[str, str] | None
+    pending: dict[str, _Flight] = field(default_factory=dict)
+    # Every thread's loop takes it (held for dict operations only, never across an await).
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# The shared caches by judge class and settings, found while any judge holds one. The last few
+# settings judges were made with are kept too, for an env made per episode (its judge goes
+# with it). Memory stays bounded: `cache_size` replies per setting alive or recent.
+_SHARED: weakref.WeakValueDictionary[tuple[type[LLMJudge], str], _Shared] = weakref.WeakValueDictionary()
+_RECENT: cachetools.LRUCache[tuple[type[LLMJudge], str], _Shared] = cachetools.LRUCache(4)
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_for(cls: type[LLMJudge], settings: str, cache_size: int) -> _Shared:
+    """The cache of the judges of class `cls` built with `settings`, made by the first of them."""
+    key = (cls, settings)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is None:
+            shared = _SHARED[key] = _Shared(cachetools.LRUCache(cache_size))
+        _RECENT[key] = shared
+        return shared
+
+
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark a future's outcome seen: one nobody awaits any more logs no 'never retrieved'."""
     if not future.cancelled():
@@ -399,6 +430,9 @@ class LLMJudge(Reward):
             score, not a sampled judge's noise. Failed calls and replies without a verdict are
             not kept. 0: every episode asks. The cache is shared by threads (each with its own
             event loop): one answer asked from two threads at once is one request.
+        share_cache: share the cache, and the requests in flight, with every other judge of
+            this process of the same class and arguments (all but `name`): each env builds its
+            own judge, and a group's samples run in many envs. False: this judge's own cache.
     """
 
     def __init__(
@@ -417,6 +451,7 @@ class LLMJudge(Reward):
         extra_body: Mapping[str, Any] | None = None,
         name: str = "judge",
         cache_size: int = 4096,
+        share_cache: bool = True,
     ) -> None:
         _check_settings(timeout=timeout, retries=retries, backoff=backoff, max_backoff=max_backoff)
         if cache_size < 0:
@@ -436,29 +471,52 @@ class LLMJudge(Reward):
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
         self.name = name
-        self._replies: cachetools.LRUCache[str, str] | None = cachetools.LRUCache(cache_size) if cache_size else None
-        self._pending: dict[str, _Flight] = {}
-        # The cache, the requests in flight and the failure count are shared by every thread
-        # that scores with this judge: a lock of its own (held for dict operations only).
-        self._lock = threading.Lock()
+        self.cache_size = cache_size
+        self.share_cache = share_cache
+        self._attach()
         #: Judgements that scored 0 for a failure (HTTP, an unreadable reply, no verdict).
         self.failures = 0
         self._next_warning = 1
+
+    def _settings(self) -> str:
+        """What makes two judges' replies (and the way they ask) interchangeable: every
+        argument but `name`, which only labels reward info."""
+        numbers = [float(self.timeout), int(self.retries), float(self.backoff), float(self.max_backoff)]
+        fields = [self.url, self.model, self.api_key_env, self.prompt, self.system, *numbers]
+        # repr: an extra_body value JSON cannot hold fails each request, not the judge's making
+        return json.dumps([*fields, self.max_tokens, self.extra_body, self.cache_size], sort_keys=True, default=repr)
+
+    def _attach(self) -> None:
+        """Join the cache of this judge's settings (see `share_cache`), or make one of its own.
+
+        The cache, the requests in flight and the failure count are shared by every thread that
+        scores with this judge, under the cache's lock (held for dict operations only)."""
+        if not self.cache_size:
+            shared = _Shared(None)
+        elif self.share_cache:
+            shared = _shared_for(type(self), self._settings(), self.cache_size)
+        else:
+            shared = _Shared(cachetools.LRUCache(self.cache_size))
+        self._shared = shared  # holds the shared cache in `_SHARED` while this judge lives
+        self._replies, self._pending, self._lock = shared.replies, shared.pending, shared.lock
 
     def __repr__(self) -> str:
         return f"<LLMJudge {self.name!r} model={self.model!r} url={self.url!r}>"
 
     def __getstate__(self) -> dict[str, Any]:
-        """Everything but the requests in flight (pickle, `copy.deepcopy`): they are tasks of
-        this process's event loops, which a copy cannot share (nor pickle)."""
+        """The settings, not the cache (pickle, `copy.deepcopy`): the requests in flight are
+        tasks of this process's event loops, and a lock neither pickles nor may be copied. A
+        copy joins the cache of its settings where it is loaded (see `share_cache`)."""
         state = self.__dict__.copy()
-        state["_pending"] = {}
-        del state["_lock"]  # a lock neither pickles nor may be shared by a copy
+        for private in ("_shared", "_replies", "_pending", "_lock"):
+            state.pop(private, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        old = state.get("_replies")  # pickled by an older toolenv, which kept its cache, not its size
+        self.__dict__.update({"cache_size": int(old.maxsize) if old is not None else 0, "share_cache": True})
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._attach()
 
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
         """The chat messages sent for `episode`."""
