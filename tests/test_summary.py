@@ -221,3 +221,14 @@ def test_the_printed_table_shows_names_with_brackets_as_written() -> None:
     print_summary(s, title="[bold]run", stream=out)
     text = out.getvalue()
     assert "[/x] 1" in text and "[red]sql 1" in text and "[bold]run" in text
+
+
+def test_episodes_with_a_reward_error_are_shown_when_there_are_any() -> None:
+    from toolenv.report.console import summary_rows
+
+    failed = Trajectory(
+        env_id="e", agent="a", task=Task(id="1", question="q"), reward_info={"judge": {"error": "HTTP 500"}}
+    )
+    s = summarize([failed, *_trajectories()])
+    assert s.reward_errors == 1 and dict(summary_rows(s))["episodes with a reward error"] == "1"
+    assert "episodes with a reward error" not in dict(summary_rows(summarize(_trajectories())))

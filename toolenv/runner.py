@@ -40,7 +40,7 @@ from toolenv.registry import resolved_tools
 from toolenv.report.console import Progress
 from toolenv.report.summary import Summary, SummaryBuilder
 from toolenv.run_output import RunOutput, reaches
-from toolenv.trajectory import CallStats, Trajectory, TurnRecord, dump_json
+from toolenv.trajectory import CallStats, Trajectory, TurnRecord, dump_json, plain_value
 from toolenv.types import Task, load_tasks
 
 __all__ = ["RolloutResult", "arollout", "rollout", "run_episode"]
@@ -301,6 +301,9 @@ async def run_episode(
         messages.extend(info.get("messages", []))
         done = done or bool(term or trunc)
     traj.answer, traj.terminated, traj.truncated = ep.answer, ep.terminated, ep.truncated
+    # What the env reports as `info["reward_info"]` at the end: without it a judge that is down
+    # (every part scoring 0, the error recorded) looks like a model that scores 0.
+    traj.reward_info = {str(k): _info_value(v) for k, v in ep.reward_info.items()}
     traj.reward = sum(t.reward for t in traj.turns)
     comps: dict[str, float] = {}
     for t in traj.turns:
@@ -310,6 +313,22 @@ async def run_episode(
     traj.success = traj.error is None and reaches(traj.reward, success_threshold)
     traj.duration_s = time.perf_counter() - start
     return traj
+
+
+def _info_value(value: Any) -> Any:
+    """A reward info value as JSON can hold it: numpy-like values as plain numbers and lists,
+    bytes as text, anything else as its `str()`. Reward info is a diagnosis, so a value JSON
+    cannot hold is kept readable rather than made an error of the episode (`RunOutput.write`)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _info_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_info_value(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    plain = plain_value(value)
+    return str(value) if plain is value else _info_value(plain)
 
 
 def _who(agent: str, model: str | None) -> str:

@@ -3,7 +3,8 @@
 A trajectory holds everything a report or a training pipeline needs: the task,
 the prompt messages, and per turn the action, the parsed tool calls, the tool
 results (images kept as base64 PNG/JPEG), the observation, the reward and its
-components, timings and token counts when the agent knows them.
+components (and what the reward parts recorded: a judge's reply or error), timings and
+token counts when the agent knows them.
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ class Trajectory(_Model):
     answer: str | None = None
     reward: float = Field(default=0.0, description="Sum of the turn rewards.")
     reward_components: dict[str, float] = Field(default_factory=dict, description="Per component, summed over turns.")
+    reward_info: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the reward parts recorded about the episode, by component (`info['reward_info']` "
+        "at its end): a judge's reply, or the `error` that made a part score 0 (a judge that is down).",
+    )
     success: bool = False
     terminated: bool = False
     truncated: bool = False
@@ -115,6 +121,16 @@ class Trajectory(_Model):
     def key(self) -> tuple[str, int]:
         """What a resumed run uses to skip finished work: (task id, sample)."""
         return self.task.id, self.sample
+
+    @property
+    def reward_error(self) -> str | None:
+        """`PART: error` of the first reward part that reported an error in `reward_info` (an
+        LLM judge after its retries, math-verify timing out): that part scored 0 for it."""
+        for part, info in self.reward_info.items():
+            error = info.get("error") if isinstance(info, dict) else None
+            if error:
+                return f"{part}: {error}"
+        return None
 
     @property
     def tool_calls(self) -> int:

@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         agent_kwargs["model"] = args.model
     if args.base_url is not None:
         agent_kwargs["base_url"] = args.base_url
-    tool_calls = _ToolCallTally()
+    tally = _RunTally()
     try:
         result = _aio.run(
             _cancel_on_signal(
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                     images=args.images,
                     episode_timeout=args.episode_timeout,
                     keep_trajectories=False,  # memory flat however long the run; the file has them all
-                    on_trajectory=tool_calls.add,
+                    on_trajectory=tally.add,
                 )
             )
         )
@@ -258,8 +258,8 @@ def run(args: argparse.Namespace) -> int:
         return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
-    if tool_calls.mostly_failed():
-        print(tool_calls.warning(), file=sys.stderr)
+    for line in tally.warnings():
+        print(line, file=sys.stderr)
     errors = result.summary.episode_errors
     if result.new and result.new_errors == result.new:  # a server down, a wrong --base-url: not data but a failed run
         print(
@@ -276,43 +276,69 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _ToolCallTally:
-    """This run's tool calls (its new episodes', not those a resume skipped), the failed ones,
-    and the first failure's error: a backend down for a whole run (a retriever answering
-    HTTP 500) fails every call while the episodes go on, and the run looks successful."""
+class _Share:
+    """How many of this run's calls or episodes there were, how many failed, and the first
+    failure's error (one line): what a warning about a backend down for the whole run says."""
 
-    #: Fewer calls than this are too few for a share to mean much: one bad argument of two
-    #: calls is half of them. All of them failing still warns.
+    #: Fewer than this are too few for a share to mean much: one bad argument of two calls is
+    #: half of them. All of them failing still warns.
     FEW = 4
 
     def __init__(self) -> None:
-        self.calls = self.failed = 0
+        self.total = self.failed = 0
         self.example: str | None = None
 
-    def add(self, traj: Trajectory) -> None:
-        """Count one finished episode's calls (the runner's `on_trajectory`)."""
-        for turn in traj.turns:
-            for call in turn.calls:
-                self.calls += 1
-                if call.error is not None:
-                    self.failed += 1
-                    if self.example is None:
-                        self.example = " ".join(call.error.split())
+    def add(self, error: str | None) -> None:
+        """Count one call or episode, failed when `error` is not None."""
+        self.total += 1
+        if error is not None:
+            self.failed += 1
+            if self.example is None:
+                from toolenv.cli import clip_line  # an error may quote a page of a server's reply
+
+                self.example = clip_line(error)
 
     def mostly_failed(self) -> bool:
-        """Whether to warn: every call failed, or at least half of `FEW` or more. A dead backend
+        """Whether to warn: every one failed, or at least half of `FEW` or more. A dead backend
         fails all; one of two backends down, or a flaky one, half or more; a model's own bad
-        calls rarely come near half once it is past its first few."""
+        calls (or an answer a judge cannot read) rarely come near half once past the first few."""
         if not self.failed:
             return False
-        return self.failed == self.calls or (self.calls >= self.FEW and 2 * self.failed >= self.calls)
+        return self.failed == self.total or (self.total >= self.FEW and 2 * self.failed >= self.total)
 
-    def warning(self) -> str:
-        """The one stderr line: the share, and the first error as an example."""
-        return (
-            f"toolenv rollout: {self.failed} of {self.calls} tool calls in this run failed "
-            f"(the episodes went on: see tool_error_rate), e.g.: {self.example}"
-        )
+
+class _RunTally:
+    """This run's tool calls and episode rewards (its new episodes', not those a resume skipped)
+    that failed. A backend down for a whole run fails every one while the episodes go on, and
+    the run looks successful: a retriever answering HTTP 500 fails each call (the model sees
+    the error), a judge at a wrong URL scores each episode 0 (its error in `reward_info`)."""
+
+    def __init__(self) -> None:
+        self.tool_calls = _Share()
+        self.rewards = _Share()
+
+    def add(self, traj: Trajectory) -> None:
+        """Count one finished episode's calls and reward (the runner's `on_trajectory`)."""
+        for turn in traj.turns:
+            for call in turn.calls:
+                self.tool_calls.add(call.error)
+        self.rewards.add(traj.reward_error)
+
+    def warnings(self) -> list[str]:
+        """The stderr lines to print: one per kind of failure that most of the run had."""
+        lines = []
+        calls, rewards = self.tool_calls, self.rewards
+        if calls.mostly_failed():
+            lines.append(
+                f"toolenv rollout: {calls.failed} of {calls.total} tool calls in this run failed "
+                f"(the episodes went on: see tool_error_rate), e.g.: {calls.example}"
+            )
+        if rewards.mostly_failed():
+            lines.append(
+                f"toolenv rollout: in {rewards.failed} of {rewards.total} episodes of this run a reward "
+                f"reported an error (it scored 0: see reward_info in the trajectories), e.g.: {rewards.example}"
+            )
+        return lines
 
 
 def _complete_lines(path: Path) -> int:

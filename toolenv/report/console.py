@@ -133,6 +133,7 @@ def summary_rows(s: Summary) -> list[tuple[str, str]]:
         ("tool calls / episode", f"{s.tool_calls_per_episode:.2f}"),
         ("tool error rate", f"{s.tool_error_rate:.1%}"),
         ("failed episodes", str(s.episode_errors)),
+        *([("episodes with a reward error", str(s.reward_errors))] if s.reward_errors else []),
         ("truncated", f"{s.truncated_rate:.1%}"),
         ("episode latency", _lat(s.episode_latency_s)),
         ("agent latency / action", _lat(s.agent_latency_s)),

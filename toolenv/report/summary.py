@@ -56,6 +56,11 @@ class Summary(BaseModel):
     tool_calls_per_episode: float = 0.0
     tool_error_rate: float = Field(default=0.0, description="Error results (failed calls, parse errors) / all results.")
     episode_errors: int = Field(default=0, description="Episodes stopped by an agent or env failure.")
+    reward_errors: int = Field(
+        default=0,
+        description="Episodes in which a reward part reported an error (a judge that is down) and scored 0: "
+        "see each trajectory's reward_info.",
+    )
     truncated_rate: float = 0.0
     tool_mix: dict[str, int] = Field(default_factory=dict, description="Calls per tool name.")
     cached_calls: int = Field(default=0, description="Calls a tool's ResultCache answered without running it.")
@@ -92,6 +97,7 @@ class SummaryBuilder:
         self._results = 0
         self._result_errors = 0
         self._episode_errors = 0
+        self._reward_errors = 0
         self._truncated = 0
         self._mix: dict[str, int] = {}
         self._cached = 0
@@ -115,6 +121,7 @@ class SummaryBuilder:
         counts[0] += 1
         counts[1] += traj.success
         self._episode_errors += traj.error is not None
+        self._reward_errors += traj.reward_error is not None
         self._truncated += traj.truncated
         self._durations.append(traj.duration_s)
         comps = self._components
@@ -161,6 +168,7 @@ class SummaryBuilder:
             tool_calls_per_episode=self._calls / n,
             tool_error_rate=self._result_errors / self._results if self._results else 0.0,
             episode_errors=self._episode_errors,
+            reward_errors=self._reward_errors,
             truncated_rate=self._truncated / n,
             tool_mix=dict(Counter(self._mix).most_common()),
             cached_calls=self._cached,
