@@ -25,7 +25,7 @@ from toolenv.caller import ToolCaller, end_detached
 from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers._scan import positional_id
 from toolenv.parsers.base import ActionParser, get_parser
-from toolenv.registry import resolve_tool
+from toolenv.registry import resolve_tools
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolResult, load_tasks, new_message, reply_messages
@@ -172,7 +172,9 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         if isinstance(tools, str):  # iterated, it would name a tool per letter
             raise TypeError(f"tools must be a list of tools, got the string {tools!r}: write [{tools!r}]")
-        self.tools: list[Tool] = with_limits([resolve_tool(t) if isinstance(t, str) else t for t in tools], tool_limits)
+        # A reference may name a factory of several tools (`mcp_tools`): each goes in its place
+        built = [t for ref in tools for t in (resolve_tools(ref) if isinstance(ref, str) else [ref])]
+        self.tools: list[Tool] = with_limits(built, tool_limits)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]
         self.parser = get_parser(parser, **dict(parser_kwargs or {})).bind(self.tools)

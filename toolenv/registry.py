@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +30,7 @@ __all__ = [
     "load_tool",
     "plugin_rewards",
     "resolve_tool",
+    "resolve_tools",
     "resolved_tools",
 ]
 
@@ -104,12 +105,8 @@ def load(kind: Kind, name: str) -> Any:
     return find(kind, name).load()
 
 
-def load_tool(name: str, **kwargs: Any) -> Any:
-    """Instantiate the tool plugin `name` with `kwargs`.
-
-    Raises:
-        PluginError: unknown, duplicated or broken plugin, or the object does not build a Tool.
-    """
+def _plugin_built(name: str, kwargs: Mapping[str, Any]) -> Any:
+    """What the tool plugin `name` is, or builds with `kwargs` (its class or factory called)."""
     from toolenv._tool import Tool
 
     obj = load("tools", name)
@@ -118,7 +115,18 @@ def load_tool(name: str, **kwargs: Any) -> Any:
             f"tool plugin {name!r} is a ready-made tool instance: it takes no arguments "
             f"(got {', '.join(sorted(kwargs))})"
         )
-    tool = obj if isinstance(obj, Tool) else obj(**kwargs)
+    return obj if isinstance(obj, Tool) else obj(**kwargs)
+
+
+def load_tool(name: str, **kwargs: Any) -> Any:
+    """Instantiate the tool plugin `name` with `kwargs`.
+
+    Raises:
+        PluginError: unknown, duplicated or broken plugin, or the object does not build a Tool.
+    """
+    from toolenv._tool import Tool
+
+    tool = _plugin_built(name, kwargs)
     if not isinstance(tool, Tool):
         raise PluginError(f"tool plugin {name!r} built {type(tool).__name__}, not a toolenv.Tool")
     return tool
@@ -142,15 +150,9 @@ def import_reference(ref: str, what: str) -> Any:
     return obj
 
 
-def resolve_tool(ref: Any, **kwargs: Any) -> Any:
-    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin
-    name (what a command line, a YAML config or a dataset row can hold). `kwargs` go to the class
-    or factory; a ready-made instance takes none.
-
-    Raises:
-        ValueError: not a reference, or it cannot be imported or builds no Tool.
-        PluginError: an unknown or broken tool plugin.
-    """
+def _reference_built(ref: Any, kwargs: Mapping[str, Any]) -> Any:
+    """What a tool reference names, built: a Tool as it is, a plugin's or a `"module:Name"`
+    class or factory called with `kwargs` (a ready-made instance takes none). Not yet checked."""
     from toolenv._tool import Tool
 
     if isinstance(ref, Tool):
@@ -158,24 +160,83 @@ def resolve_tool(ref: Any, **kwargs: Any) -> Any:
     if not isinstance(ref, str) or not ref:
         raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
     if ":" not in ref:
-        return load_tool(ref, **kwargs)
+        return _plugin_built(ref, kwargs)
     obj = import_reference(ref, "tool")
     if isinstance(obj, Tool) and kwargs:
         got = ", ".join(sorted(kwargs))
         raise ValueError(f"tool {ref!r} is a tool instance: it takes no arguments (got {got})")
-    built = obj if isinstance(obj, Tool) else obj(**kwargs)
+    return obj if isinstance(obj, Tool) else obj(**kwargs)
+
+
+def _not_a_tool(ref: Any, built: str, hint: str = "") -> Exception:
+    """The error of a reference that built something else than tools (a PluginError for a plugin)."""
+    what = "tool plugin" if isinstance(ref, str) and ":" not in ref else "tool reference"
+    message = f"{what} {ref!r} built {built}, not a toolenv.Tool{hint}"
+    return PluginError(message) if what == "tool plugin" else ValueError(message)
+
+
+def resolve_tool(ref: Any, **kwargs: Any) -> Any:
+    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin
+    name (what a command line, a YAML config or a dataset row can hold). `kwargs` go to the class
+    or factory; a ready-made instance takes none. A factory that builds several tools is for
+    `resolve_tools`.
+
+    Raises:
+        ValueError: not a reference, or it cannot be imported or builds no Tool.
+        PluginError: an unknown or broken tool plugin.
+    """
+    from toolenv._tool import Tool
+
+    built = _reference_built(ref, kwargs)
     if not isinstance(built, Tool):
-        raise ValueError(f"tool reference {ref!r} built {type(built).__name__}, not a toolenv.Tool")
+        several = _tool_list(built) is not None
+        hint = ": a factory of several tools goes in a `tools` list (or through resolve_tools)" if several else ""
+        raise _not_a_tool(ref, type(built).__name__, hint)
     return built
 
 
+def _tool_list(built: Any) -> list[Any] | None:
+    """`built` as a list when it is a sequence (list, tuple...) whose items are all Tools, else None."""
+    from toolenv._tool import Tool
+
+    if isinstance(built, Sequence) and not isinstance(built, str | bytes):
+        items = list(built)
+        return items if all(isinstance(t, Tool) for t in items) else None
+    return None
+
+
+def resolve_tools(ref: Any, **kwargs: Any) -> list[Any]:
+    """The Tools a reference gives, as `resolve_tool` reads it: one Tool, or each tool of a
+    list (or other sequence) its factory builds, in order (`mcp_tools(...)` returns such a list):
+    how a `tools` list of references takes a factory of several tools.
+
+    Raises:
+        ValueError: not a reference, it cannot be imported, or it builds anything but Tools
+            (the error names the first item that is not one).
+        PluginError: an unknown or broken tool plugin.
+    """
+    from toolenv._tool import Tool
+
+    built = _reference_built(ref, kwargs)
+    if isinstance(built, Tool):
+        return [built]
+    items = _tool_list(built)
+    if items is not None:
+        return items
+    if isinstance(built, Sequence) and not isinstance(built, str | bytes):
+        index, item = next((i, t) for i, t in enumerate(built) if not isinstance(t, Tool))
+        raise _not_a_tool(ref, f"a {type(built).__name__} whose item {index} is {type(item).__name__}")
+    raise _not_a_tool(ref, type(built).__name__)
+
+
 def resolved_tools(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """`env_kwargs` with the references in `tools` made into tools (`resolve_tool`): each call
-    builds its own, so every env made with the result has tools of its own, but for a
-    reference to a Tool instance, which is that same object every time."""
+    """`env_kwargs` with the references in `tools` made into tools (`resolve_tools`: a factory of
+    several tools gives each, in its place): each call builds its own, so every env made with the
+    result has tools of its own, but for a reference to a Tool instance, which is that same
+    object every time."""
     kwargs = dict(env_kwargs)
     if isinstance(kwargs.get("tools"), list | tuple):
-        kwargs["tools"] = [resolve_tool(t) for t in kwargs["tools"]]
+        kwargs["tools"] = [tool for ref in kwargs["tools"] for tool in resolve_tools(ref)]
     return kwargs
 
 

@@ -558,8 +558,8 @@ class LLMJudge(Reward):
         return score
 
     def _fail(self, episode: Episode, error: str, reply: str | None, attempts: int) -> float:
-        """Score 0, keep why in reward info, and log it at the 1st, 10th, 100th ... failure: the
-        trajectories do not keep reward info, and a judge that is down zeroes every reward."""
+        """Score 0, keep why in reward info, and log it at the 1st, 10th, 100th ... failure: a
+        judge that is down zeroes every reward, and a trainer (verl, TRL) shows no reward info."""
         record_reward_info(episode, self.name, score=0.0, error=error, reply=reply, attempts=attempts)
         with self._lock:
             self.failures += 1
