@@ -18,6 +18,15 @@ def test_good_env_passes_every_check() -> None:
     assert {"gymnasium", "error_paths", "determinism", "async_twins", "tool_schema[add]"} <= names
 
 
+def test_an_env_whose_reply_without_a_call_is_the_answer_passes() -> None:
+    """With `no_call_is_answer` (ReTool), junk text is the final answer by design: not a missing
+    error observation. Unknown tools and bad arguments must still be errors."""
+    for parser in ("hermes", "codeblock"):
+        env = ToolEnv(tools=[Add()], tasks=TASKS, parser=parser, no_call_is_answer=True)
+        results = check_env(env)
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
 class Nondeterministic(toolenv.Tool):
     """Returns a different value each call."""
 

@@ -70,3 +70,24 @@ def test_gym_make_takes_it() -> None:
         assert term and reward == 1.0
     finally:
         env.close()
+
+
+def test_the_answer_is_the_reply_after_the_thinking() -> None:
+    """A reasoning model's hedges inside `<think>` are not its answer: a box there must not score."""
+    env = make(no_call_is_answer=True)
+    env.reset(seed=0)
+    _, reward, term, _, info = env.step("<think>maybe 6, or \\boxed{5}</think>\nIt is 4.")
+    assert term and reward == 0.0
+    assert info["action"].answer == "It is 4." and info["action"].text == "<think>maybe 6, or \\boxed{5}</think>"
+
+
+@pytest.mark.parametrize("action", ["", "<think>I wonder.</think>\n"])
+def test_a_turn_of_nothing_or_only_thinking_says_to_call_or_answer(action: str) -> None:
+    from toolenv.env import NO_ACTION_NO_CALL
+
+    env = make(no_call_is_answer=True)
+    env.reset(seed=0)
+    obs, _, term, _, info = env.step(action)
+    assert not term and info["action"].answer is None
+    assert [r.text for r in info["tool_results"]] == [NO_ACTION_NO_CALL] and "<answer>" not in NO_ACTION_NO_CALL
+    assert NO_ACTION_NO_CALL in obs

@@ -41,6 +41,12 @@ NO_ACTION = (
     "No tool call and no final answer found in your reply. Call a tool in the format described above, "
     "or give the final answer as <answer>...</answer>."
 )
+#: The same, for an env whose reply without a call is the answer (`no_call_is_answer`): the turn
+#: held nothing, or only thinking.
+NO_ACTION_NO_CALL = (
+    "No tool call and no final answer found in your reply. Call a tool in the format described above, "
+    "or write your final answer."
+)
 
 
 def _field_root(name: str) -> str:
@@ -141,9 +147,10 @@ class ToolEnv(gym.Env[str, str]):
             wording says `{answer_tool}`. TRL's rows use them (`toolenv.integrations.trl`): TRL does
             not show the env the model's last message, so an answer written as text is lost there.
         no_call_is_answer: a turn with neither a tool call, an answer nor a parse error is the
-            final answer, its whole text (ReTool, ToRL and other math recipes with a code tool:
-            the model answers by not calling it, e.g. with `\\boxed{}`, which the `math` reward
-            reads). False: such a turn gets the "no tool call" observation and the episode goes on.
+            final answer, its text after any `</think>` (ReTool, ToRL and other math recipes with a
+            code tool: the model answers by not calling it, e.g. with `\\boxed{}`, which the `math`
+            reward reads). False: such a turn gets the "no tool call" observation and the episode
+            goes on.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
@@ -345,8 +352,10 @@ class ToolEnv(gym.Env[str, str]):
                 if len(parsed.errors) > MAX_PARSE_ERRORS:
                     errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
                 results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
-            if not results and parsed.answer is None and self.no_call_is_answer and action.strip():
-                parsed = parsed.model_copy(update={"answer": action.strip(), "text": ""})
+            if not results and parsed.answer is None and self.no_call_is_answer:
+                thinking, _, reply = action.rpartition("</think>")  # a reasoning model's hedges are no answer
+                if reply.strip():
+                    parsed = parsed.model_copy(update={"answer": reply.strip(), "text": (thinking + _).strip()})
             turn = Turn(action, parsed, results, records)
             ep.turns.append(turn)
             if parsed.answer is not None:
@@ -355,7 +364,8 @@ class ToolEnv(gym.Env[str, str]):
                 obs = self.parser.format_results(results) if results else ""
             else:
                 if not results:
-                    results = turn.results = [ToolResult(text=NO_ACTION, is_error=True, name="parser")]
+                    text = NO_ACTION_NO_CALL if self.no_call_is_answer else NO_ACTION
+                    results = turn.results = [ToolResult(text=text, is_error=True, name="parser")]
                 obs = self.parser.format_results(results)
                 ep.truncated = len(ep.turns) >= self.max_turns
             turn.observation = obs
