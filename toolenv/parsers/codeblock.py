@@ -28,6 +28,10 @@ class CodeBlockParser(ActionParser):
     """Each ```` ```python ```` block calls `tool` with argument `arg`; output returns in ```` ```output ````."""
 
     name = "codeblock"
+    #: The model writing an ```` ```output ```` block itself is inventing its code's result
+    #: (and, after it, an answer built on it): generation stops there, as ToRL's does, and the
+    #: env's real output follows.
+    stop = ("```output",)
 
     def __init__(
         self, tool: str = "python", arg: str = "code", languages: Sequence[str] = ("python", "py", "python3", "py3")
