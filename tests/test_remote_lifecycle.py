@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -62,15 +63,34 @@ def test_a_dropped_env_frees_its_session_and_says_it_was_not_closed() -> None:
 
 
 async def test_an_env_dropped_inside_an_event_loop_frees_its_session_without_blocking_it() -> None:
-    with serving(make_env, max_sessions=1) as u:
+    """The server holds the session's DELETE until the drop has returned: a drop that waited for
+    its answer (blocking the loop it happened in) would return only after the hold."""
+    from toolenv.remote.server import create_app
+
+    arrived, held, answered = threading.Event(), threading.Event(), threading.Event()
+
+    def holding(app: Any) -> Any:
+        async def asgi(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and scope["method"] == "DELETE":
+                arrived.set()
+                await asyncio.to_thread(held.wait, 30)
+                await app(scope, receive, send)
+                answered.set()
+                return
+            await app(scope, receive, send)
+
+        return asgi
+
+    with asgi_server(holding(create_app(make_env, max_sessions=1))) as u:
         env = RemoteToolEnv(u)
         await env.areset(options={"task_id": "t1"})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
-            started = time.monotonic()
             del env
             gc.collect()
-            assert time.monotonic() - started < 1.0  # the release is sent from a thread of its own
+        assert not answered.is_set()  # the drop returned with its release still unanswered
+        assert arrived.wait(30)  # the release was sent, from a thread of its own
+        held.set()
         _wait_for_sessions(u, 0)
 
 
