@@ -428,7 +428,7 @@ def test_a_failing_env_is_a_500_without_traceback(caplog: pytest.LogCaptureFixtu
 # ---------------------------------------------------------------------- limits and failures
 def test_session_limit_is_a_clear_429() -> None:
     with serving(make_env, max_sessions=2) as u:
-        envs = [RemoteToolEnv(u) for _ in range(3)]
+        envs = [RemoteToolEnv(u, session_wait=0) for _ in range(3)]  # fail at once rather than wait for a slot
         envs[0].reset()
         envs[1].reset()
         with pytest.raises(RemoteEnvError, match="limit of 2 sessions") as exc:

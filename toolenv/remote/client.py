@@ -18,6 +18,7 @@ import html
 import json
 import logging
 import os
+import random
 import re
 import secrets
 import threading
@@ -25,6 +26,8 @@ import time
 import warnings
 import weakref
 from collections.abc import Coroutine, Mapping
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, SupportsFloat, TypeVar
 
 import httpx
@@ -61,7 +64,14 @@ from toolenv.remote.wire import (
 from toolenv.rewards.base import Reward, WeightedSum
 from toolenv.types import ParsedAction, Task, load_tasks
 
-__all__ = ["DEFAULT_RETRIES", "DEFAULT_TIMEOUT", "RemoteEnvError", "RemoteToolEnv", "SessionGoneError"]
+__all__ = [
+    "DEFAULT_RETRIES",
+    "DEFAULT_SESSION_WAIT",
+    "DEFAULT_TIMEOUT",
+    "RemoteEnvError",
+    "RemoteToolEnv",
+    "SessionGoneError",
+]
 
 log = logging.getLogger("toolenv.remote")
 
@@ -71,6 +81,15 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_RETRIES = 2
 #: Seconds before the first of those retries; doubled for each next one.
 RETRY_BACKOFF = 0.2
+#: Seconds opening a session keeps trying while the server is at its session limit (429). A client
+#: killed outright (OOM, a lost node) holds its slots until the server's `--session-ttl` (600 s) runs
+#: out, then up to ~90 s more to be reaped and closed; a run started again must outwait that.
+DEFAULT_SESSION_WAIT = 900.0
+#: Seconds before the first new try of a create refused as busy; doubled for each next one, up to the cap.
+BUSY_BACKOFF = 0.5
+BUSY_BACKOFF_CAP = 15.0
+#: Seconds between the log lines of a client waiting for a slot.
+BUSY_NOTE_EVERY = 60.0
 #: Seconds a connection to the server may take to be made (or `timeout`, if shorter): a host that is
 #: down is said soon, not after the request timeout, which tools that run long make long.
 CONNECT_TIMEOUT = 30.0
@@ -99,6 +118,29 @@ class RemoteEnvError(RuntimeError):
 class SessionGoneError(RemoteEnvError):
     """404: the server no longer has the session (deleted, idle too long, restarted); the
     episode cannot go on, and the next `reset` opens a new session by itself."""
+
+
+class _BusyError(RemoteEnvError):
+    """429: the server (or a proxy in front) is busy; `detail` is what it said, `retry_after` the
+    seconds its `Retry-After` header asks to wait (None without one)."""
+
+    def __init__(self, message: str, *, detail: str, retry_after: float | None) -> None:
+        super().__init__(message, status=429)
+        self.detail, self.retry_after = detail, retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """The seconds a `Retry-After` header asks to wait (delta-seconds or an HTTP date); None if unreadable."""
+    text = (value or "").strip()
+    if text.isascii() and text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 class _ServerReward(Reward):
@@ -244,10 +286,15 @@ class RemoteToolEnv(ToolEnv):
             with the answer of the run it repeats rather than running the tools again; a reset is
             sent again only when it names its task or seeds the env. A server too old to replay
             answers gets no retries. A cancelled call is never sent again.
+        session_wait: seconds opening a session (the first `reset`, or one after the session was
+            lost) keeps trying while the server is at its `--max-sessions` limit (a 429), with
+            backoff, as long as a `Retry-After` header asks if it sends one; then `RemoteEnvError`
+            (429) says what to do. The default outwaits the slots a killed client holds until
+            the server's default `--session-ttl`; 0 fails at once, None waits without end.
         render_mode: None or `"ansi"` (the mirrored episode's messages).
 
     Raises:
-        ValueError: `url` is not a URL, or `timeout` or `retries` is out of range.
+        ValueError: `url` is not a URL, or `timeout`, `retries` or `session_wait` is out of range.
         RemoteEnvError: the server cannot be reached or is not a compatible toolenv server.
     """
 
@@ -259,10 +306,15 @@ class RemoteToolEnv(ToolEnv):
         timeout: float | None = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
         retries: int = DEFAULT_RETRIES,
+        session_wait: float | None = DEFAULT_SESSION_WAIT,
         render_mode: str | None = None,
     ) -> None:
         if retries < 0:
             raise ValueError(f"retries must be 0 or more, got {retries}")
+        if session_wait is not None and not (
+            isinstance(session_wait, int | float) and not isinstance(session_wait, bool) and session_wait >= 0
+        ):
+            raise ValueError(f"session_wait must be 0 or more seconds, or None (no limit), got {session_wait!r}")
         if timeout is not None and not (
             isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
         ):
@@ -273,6 +325,7 @@ class RemoteToolEnv(ToolEnv):
             raise ValueError(f"url {url!r} is not a valid URL: {exc}") from None
         self.url = url.rstrip("/")
         self._retries = retries
+        self._session_wait = session_wait
         self._headers = dict(headers or {})
         self._timeout = httpx.Timeout(timeout, connect=_connect_limit(timeout))
         self._transport = transport
@@ -493,7 +546,8 @@ class RemoteToolEnv(ToolEnv):
         try:
             if self._session is None and self._create_key is not None:
                 # A create whose answer was lost may have made a session: get it by its key, to delete it.
-                await self._open_session()
+                # Not waiting for a slot: a 429 says it made none, and a close must not wait for one.
+                await self._open_session(wait=False)
         except RemoteEnvError as exc:
             log.warning("could not delete the session of a create whose answer was lost: %s", exc)
         self._create_key = None
@@ -561,19 +615,75 @@ class RemoteToolEnv(ToolEnv):
             client = self._clients[loop] = self._new_client()
         return client
 
-    async def _open_session(self) -> None:
+    async def _open_session(self, *, wait: bool = True) -> None:
+        """Open the session the next calls go to; with `wait`, wait for a slot while the server is full."""
         if self._create_key is None:
             self._create_key = secrets.token_urlsafe(16)
         headers = {IDEMPOTENCY_KEY: self._create_key}
         try:
-            created = await self._call(
-                "POST", "/sessions", None, SessionCreated, "open a session", headers=headers, retry=True
-            )
+            created = await (self._create_when_free(headers) if wait else self._create(headers))
         except RemoteEnvError as exc:
             if exc.status is not None:  # the server answered: it made no session with this key
                 self._create_key = None
             raise
         self._session, self._create_key = created.session_id, None
+
+    async def _create(self, headers: Mapping[str, str]) -> SessionCreated:
+        """One `POST /sessions` (sent again when its answer was lost: the key makes that safe)."""
+        return await self._call(
+            "POST", "/sessions", None, SessionCreated, "open a session", headers=headers, retry=True
+        )
+
+    async def _create_when_free(self, headers: Mapping[str, str]) -> SessionCreated:
+        """Create a session, trying again while the server answers 429 (at its session limit), for
+        `session_wait` seconds at most: a busy server's slots free as its other clients close or
+        are reaped (a killed client's at the server's session TTL), so the run goes on then rather
+        than fail every episode now. A 429 made no session, so trying again with the key is safe."""
+        started = time.monotonic()
+        deadline = None if self._session_wait is None else started + self._session_wait
+        note, attempt = started, 0
+        while True:
+            try:
+                return await self._create(headers)
+            except _BusyError as exc:
+                busy = exc
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise self._still_busy(busy, now - started)
+            if now >= note:
+                log.warning(
+                    "open a session: the toolenv server at %s is at its session limit (429: %s); %s",
+                    self.url,
+                    busy.detail,
+                    "waiting for a slot"
+                    if deadline is None
+                    else f"waiting up to {deadline - now:.0f} s more for a slot",
+                )
+                note = now + BUSY_NOTE_EVERY
+            await asyncio.sleep(self._busy_delay(busy, attempt, None if deadline is None else deadline - now))
+            attempt += 1
+
+    @staticmethod
+    def _busy_delay(busy: _BusyError, attempt: int, left: float | None) -> float:
+        """Seconds before trying again: the server's `Retry-After` if it sent one (not under
+        `RETRY_BACKOFF`: a "0" must not make a tight loop), else a jittered exponential backoff
+        (clients turned away at once do not all come back at once); never past `left`."""
+        if busy.retry_after is not None:
+            delay = max(busy.retry_after, RETRY_BACKOFF)
+        else:
+            delay = min(BUSY_BACKOFF * 2**attempt, BUSY_BACKOFF_CAP) * random.uniform(0.5, 1.0)
+        return delay if left is None else min(delay, left)
+
+    def _still_busy(self, busy: _BusyError, waited: float) -> RemoteEnvError:
+        """The 429 that outlasted `session_wait`, in one line that says what to do."""
+        waiting = f" after waiting {waited:.1f} s for a slot" if self._session_wait else ""
+        return RemoteEnvError(
+            f"open a session: the toolenv server at {self.url} is at its session limit{waiting} "
+            f"(429: {busy.detail}); sessions of a client that died hold their slots until the server's "
+            "--session-ttl: wait and run again, start the server with a larger --max-sessions or a shorter "
+            "--session-ttl, or let the client wait longer (session_wait, --env-arg session_wait=SECONDS)",
+            status=429,
+        )
 
     def _failed(self, exc: BaseException, call: str | None = None) -> None:
         """What a call into the session that did not succeed leaves behind (the one rule for it).
@@ -782,4 +892,10 @@ class RemoteToolEnv(ToolEnv):
             return _REBUILT[kind](message)
         if status == 404 and "/sessions/" in resp.request.url.path:
             return SessionGoneError(f"{what}: {message}", status=status)
+        if status == 429:  # the session limit on a create; from something in front on any request
+            return _BusyError(
+                f"{what}: the toolenv server at {self.url} answered 429: {message}",
+                detail=message,
+                retry_after=_retry_after(resp.headers.get("retry-after")),
+            )
         return RemoteEnvError(f"{what}: the toolenv server at {self.url} answered {status}: {message}", status=status)
