@@ -120,6 +120,9 @@ def demo(args: argparse.Namespace) -> int:
             "16",
             "--out",
             out,
+            # Fresh runs every time: a resumed run refuses tasks changed since it ran (runs of an
+            # older toolenv), and a demo shows this version's results.
+            "--overwrite",
             *(args.rollout_args or []),
         )
     report = runs / "report.html"
