@@ -175,7 +175,7 @@ async def test_closing_an_env_cancelled_while_waiting_does_not_wait() -> None:
     with serving(make_env, max_sessions=1) as u:
         await asyncio.to_thread(_take_slot, u)
         env = RemoteToolEnv(u, session_wait=600)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(env.areset(options={"task_id": "t1"}), 1.0)
         started = time.monotonic()
         await asyncio.wait_for(env.aclose(), 60)  # a failure guard only

@@ -237,7 +237,7 @@ def test_a_judge_whose_loop_stopped_does_not_hold_up_another_judge() -> None:
         stalled, other = make_judge(slow), make_judge(slow)
 
         async def give_up() -> None:
-            with pytest.raises(TimeoutError):
+            with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(stalled.final(episode("Paris")), 0.6)
 
         import httpx  # noqa: F401 - imported here, not in the timed call below
