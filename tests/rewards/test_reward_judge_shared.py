@@ -12,10 +12,10 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from _judge_server import FakeServer, Reply
 
 import toolenv
 from toolenv.caller import ToolCaller
@@ -30,46 +30,37 @@ class CountingJudgeServer:
     score one answer two ways), after `delay` seconds, and counts the requests it got."""
 
     def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
-        self.bodies: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        owner = self
+        self._answered = 0
+        self._reply = Reply(delay=delay, reply_to=self._verdict)
+        self._server = FakeServer()
+        self._server.script = [self._reply]  # one entry: every request gets it
+        self._server.__enter__()
+        self.url = self._server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
-                with owner._lock:
-                    owner.bodies.append(body)
-                    verdict = "yes" if len(owner.bodies) % 2 else "no"
-                time.sleep(owner.delay)
-                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}}]}
-                data = json.dumps(reply).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+    def _verdict(self, prompt: str) -> str:
+        with self._lock:
+            self._answered += 1
+            return "yes" if self._answered % 2 else "no"
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
+    @property
+    def delay(self) -> float:
+        return self._reply.delay
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        self._reply.delay = seconds
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self._server.requests]
 
     @property
     def requests(self) -> int:
-        with self._lock:
-            return len(self.bodies)
+        return len(self._server.requests)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.__exit__()
 
 
 @pytest.fixture
