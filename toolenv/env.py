@@ -353,9 +353,9 @@ class ToolEnv(gym.Env[str, str]):
                     errors.append(f"... and {len(parsed.errors) - MAX_PARSE_ERRORS} more problems of the same kinds.")
                 results = [*results, *(ToolResult(text=e, is_error=True, name="parser") for e in errors)]
             if not results and parsed.answer is None and self.no_call_is_answer:
-                thinking, _, reply = action.rpartition("</think>")  # a reasoning model's hedges are no answer
+                thinking, end, reply = action.rpartition("</think>")  # a reasoning model's hedges are no answer
                 if reply.strip():
-                    parsed = parsed.model_copy(update={"answer": reply.strip(), "text": (thinking + _).strip()})
+                    parsed = parsed.model_copy(update={"answer": reply.strip(), "text": (thinking + end).strip()})
             turn = Turn(action, parsed, results, records)
             ep.turns.append(turn)
             if parsed.answer is not None:
