@@ -9,13 +9,16 @@ venv holds editable installs whose finders add ~10 ms to every interpreter start
 Each side's answer to each snippet is checked before it is timed. A second table times the
 hidden-test grader on reference solutions, split (the default: the solution's
 process never holds the expected values) against every test run in the solution's
-process (`split_tests=False`), the two taking turns.
+process (`split_tests=False`), the two taking turns. A third times `preload` (sympy, numpy:
+whichever are installed): a call that imports the module, and `print(1)`, on a plain pool and
+on one whose servers pre-import it, in turns.
 
 Usage: python bench/bench_code.py [--quick]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import subprocess
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from _common import bare_python, parse_args, table, write
 
-from toolenv_code import get_pool, isolation_report
+from toolenv_code import SandboxPool, get_pool, isolation_report
 from toolenv_code.datasets import humaneval_tasks, mbpp_tasks
 from toolenv_code.grading import TestSpec, run_tests
 
@@ -114,6 +117,48 @@ def grading_rows(rounds: int) -> list[dict[str, float | str]]:
     return rows
 
 
+#: Per preloadable module: a call that imports and uses it, and what it must print.
+PRELOADED = {
+    "sympy": ("import sympy\nprint(sympy.factorint(360))", "{2: 3, 3: 2, 5: 1}\n"),
+    "numpy": ("import numpy\nprint(int(numpy.arange(10).sum()))", "45\n"),
+}
+
+
+def preload_rows(rounds: int) -> list[dict[str, float | str]]:
+    """Median ms of each module's call and of `print(1)`, plain pool against preloaded, in turns.
+
+    Calls are 10 ms apart (as an agent's model generates between them), and `print(1)` also back
+    to back: a preloaded server's next spare, a clone of a larger process, takes longer to make.
+    """
+    rows: list[dict[str, float | str]] = []
+    for module, (code, printed) in PRELOADED.items():
+        if importlib.util.find_spec(module) is None:
+            print(f"preload: {module} is not installed here; its row is left out")
+            continue
+        pools = {"plain": SandboxPool(size=1), "preloaded": SandboxPool(size=1, preload=[module])}
+        try:
+            for snippet, expected, pause in ((code, printed, 0.01), ("print(1)", "1\n", 0.01), ("print(1)", "1\n", 0)):
+                times: dict[str, list[float]] = {"plain": [], "preloaded": []}
+                for pool in pools.values():
+                    result = pool.run(snippet)  # the answer checked, and the warm-up
+                    assert result.ok and result.stdout == expected, (module, result)
+                for _ in range(rounds):
+                    for label, pool in pools.items():
+                        start = time.perf_counter()
+                        pool.run(snippet)
+                        times[label].append((time.perf_counter() - start) * 1000)
+                        time.sleep(pause)
+                plain, pre = statistics.median(times["plain"]), statistics.median(times["preloaded"])
+                spacing = " (10 ms apart)" if pause else " (back to back)"
+                name = (f"import {module}" if snippet == code else snippet) + spacing
+                rows.append({"module": module, "snippet": name, "plain_ms": plain, "preloaded_ms": pre,
+                             "ratio": plain / pre})  # fmt: skip
+        finally:
+            for pool in pools.values():
+                pool.close()
+    return rows
+
+
 def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     n_lat, n_tp = (10, 10) if args.quick else (200, 200)
@@ -147,11 +192,14 @@ def main() -> int:
         [[g["task"], g["tests"], g["split_tests"], g["split_ms"], g["in_process_ms"], g["ratio"]] for g in grading],
         ["task", "tests", "split", "split ms", "in-process ms", "× in-process"],
     )
-    write(
-        "code",
-        {"quick": args.quick, "workers": workers, "isolation": report.model_dump(), "rows": rows, "grading": grading},
-        args.out,
+    preloads = preload_rows(3 if args.quick else 20)
+    print("\npreload: a pool whose servers import the module once, against a plain pool (in turns)")
+    table(
+        [[p["module"], p["snippet"], p["plain_ms"], p["preloaded_ms"], p["ratio"]] for p in preloads],
+        ["preload", "snippet", "plain ms", "preloaded ms", "plain / preloaded"],
     )
+    results = {"quick": args.quick, "workers": workers, "isolation": report.model_dump(), "rows": rows}
+    write("code", {**results, "grading": grading, "preload": preloads}, args.out)
     return 0
 
 

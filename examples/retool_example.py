@@ -23,9 +23,9 @@ TASKS = [
 ]
 
 CODE = """```python
-from fractions import Fraction
+import sympy
 even = sum((a + b) % 2 == 0 for a in range(1, 7) for b in range(1, 7))
-print(Fraction(even, 36))
+print(sympy.Rational(even, 36))
 ```"""
 
 
@@ -42,7 +42,9 @@ def policy(observation: str, turn: int) -> str:
 
 def main() -> None:
     env = toolenv.ToolEnv(
-        tools=[PythonTool()],
+        # ToRL-style code imports sympy in nearly every block: the sandbox imports it once, ahead
+        # of every call (0.3-0.45 s a call otherwise).
+        tools=[PythonTool(preload="sympy")],
         tasks=TASKS,
         parser="codeblock",
         no_call_is_answer=True,  # a reply with no ```python block is the final answer

@@ -250,11 +250,11 @@ def test_a_ctrl_c_while_closing_kills_the_servers_left(monkeypatch: pytest.Monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(type(pool._servers[0]), "close", interrupted)
-    monkeypatch.setattr(sandbox, "_POOL", pool)
+    monkeypatch.setattr(sandbox, "_POOLS", {(): pool})
     sandbox._shutdown_at_exit()  # what atexit runs: the second Ctrl-C is not raised from it
     for proc in procs:
         assert proc.wait(timeout=10) is not None  # killed, not left running
-    assert sandbox._POOL is None
+    assert sandbox._POOLS == {}
 
 
 def test_a_server_that_dies_at_start_is_a_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -225,8 +225,11 @@ class Child:
 class Server:
     """Serves frames: `run`, `session_run`, `session_close`, `stats`."""
 
-    def __init__(self, iso: Isolation, uid_base: int, max_sessions: int, session_idle: float) -> None:
+    def __init__(
+        self, iso: Isolation, uid_base: int, max_sessions: int, session_idle: float, preload: tuple[str, ...] = ()
+    ) -> None:
         self.iso = iso
+        self.preload = preload  # imported by `main` before this server was made (see `preload_modules`)
         self.uid_base = uid_base if iso.uid_drop else 0
         self.max_sessions = max_sessions
         self.session_idle = session_idle
@@ -714,6 +717,7 @@ class Server:
             "sessions": sorted(self.sessions),
             "spare_pid": self.spare.pid if self.spare and self.spare.pid > 0 else None,
             "zygote_pid": self.zygote_pid if self.zygote else None,
+            "preload": list(self.preload),
             "isolation": {
                 "mount_ns": iso.mount_ns,
                 "net_ns": iso.net_ns,
@@ -889,10 +893,35 @@ def _zygote_loop(sock: socket.socket, user_ns_fd: int | None) -> None:
         sock.send(pid.to_bytes(4, "little", signed=True))
 
 
+def preload_modules(names: list[str]) -> str | None:
+    """Import the pool's `preload` modules here, once, for every child: None, or why it failed.
+
+    A module that starts a thread at import is refused: a fork copies only the forking thread,
+    so each child would hold the module's state without the thread that serves it (and any
+    lock that thread held, for ever).
+    """
+    for name in names:
+        try:
+            __import__(name)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: the client must hear why
+            return f"could not pre-import {name!r}: {type(exc).__name__}: {exc}"
+    try:
+        threads = len(os.listdir("/proc/self/task")) - 1
+    except OSError:  # no /proc to ask: trust the modules
+        threads = 0
+    if threads > 0:
+        return (
+            f"pre-importing {', '.join(names)} started {threads} thread(s) in the fork server, which must stay "
+            "single-threaded to fork: pre-import only modules that start no thread at import"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `main([uid_base, tmpfs_mb, max_sessions, session_idle_seconds])`."""
+    """Entry point: `main([uid_base, tmpfs_mb, max_sessions, session_idle_seconds, preload_json])`."""
     args = sys.argv[1:] if argv is None else argv
     uid_base, tmpfs_mb, max_sessions, session_idle = int(args[0]), int(args[1]), int(args[2]), float(args[3])
+    preload = [str(name) for name in json.loads(args[4])] if len(args) > 4 else []
     req_fd, resp_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -901,11 +930,15 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(CHILD_ENV)
     for name in PRELOAD:
         __import__(name)
+    failed = preload_modules(preload)
+    if failed is not None:
+        write_frame(resp_fd, {"ready": False, "error": failed})
+        sys.exit(1)
     warm_interpreter()
     premake_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes us, not Ctrl-C
     iso = setup_isolation(tmpfs_mb, uid_base)
-    server = Server(iso, uid_base, max_sessions, session_idle)
+    server = Server(iso, uid_base, max_sessions, session_idle, tuple(preload))
     # Objects alive now are never collected: a GC pass in a child would otherwise write to
     # (and so copy) every page of the heap shared with the server.
     gc.collect()

@@ -18,7 +18,8 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     """A code env over `default_tasks`.
 
     Overrides: `tasks`, `limit` (first N tasks), `stateful` (variables persist within
-    an episode), `sandbox` (`SandboxLimits`), `tools` (`[]`: none), `test_timeout` and
+    an episode), `sandbox` (`SandboxLimits`), `preload` (modules the sandbox imports once
+    ahead of every call, e.g. `"numpy"`), `tools` (`[]`: none), `test_timeout` and
     `total_timeout` (the grading's time limits, in seconds: set in every task's context over the
     task's own), and any `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...). The default
     parser reads ```python blocks; pass `parser="hermes"` to call the `python` tool with JSON
@@ -33,9 +34,12 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     sandbox = overrides.pop("sandbox", None)
     if isinstance(sandbox, dict):
         sandbox = SandboxLimits.model_validate(sandbox)
+    preload = overrides.pop("preload", ())
     tools = overrides.pop("tools", None)
+    if tools is not None and preload:
+        raise ValueError("preload= applies to the env's own python tool; with tools=, give it to your PythonTool")
     if tools is None:  # (an empty list is no tools: a baseline that answers without running code)
-        tools = [PythonTool(stateful=stateful, sandbox=sandbox)]
+        tools = [PythonTool(stateful=stateful, sandbox=sandbox, preload=preload)]
     parser = overrides.pop("parser", "codeblock")
     overrides.setdefault("reward", "tests_passed")
     overrides.setdefault("max_turns", 4)

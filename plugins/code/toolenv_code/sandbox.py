@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolenv_code._protocol import CANCEL_OP, ProtocolError, read_frame, write_frame
 
-__all__ = ["ExecResult", "SandboxLimits", "SandboxPool", "arun_code", "get_pool", "run_code", "shutdown_pool"]
+__all__ = [
+    "ExecResult",
+    "SandboxLimits",
+    "SandboxPool",
+    "arun_code",
+    "get_pool",
+    "preload_names",
+    "run_code",
+    "shutdown_pool",
+]
 
 
 class SandboxLimits(BaseModel):
@@ -88,11 +101,13 @@ def _uid_base(slot: int) -> int:
 class _Server:
     """The client end of one fork server process."""
 
-    def __init__(self, slot: int, tmpfs_mb: int, max_sessions: int, session_idle: float) -> None:
+    def __init__(
+        self, slot: int, tmpfs_mb: int, max_sessions: int, session_idle: float, preload: tuple[str, ...]
+    ) -> None:
         self.slot = slot
         root = str(Path(__file__).resolve().parent.parent)
         boot = f"import sys; sys.path.insert(0, {root!r}); from toolenv_code._server import main; main()"
-        args = [str(_uid_base(slot)), str(tmpfs_mb), str(max_sessions), str(session_idle)]
+        args = [str(_uid_base(slot)), str(tmpfs_mb), str(max_sessions), str(session_idle), json.dumps(preload)]
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", boot, *args],
             stdin=subprocess.PIPE,
@@ -111,6 +126,9 @@ class _Server:
                 f"the sandbox server did not start (exit status {self.proc.returncode}; "
                 "its own error, if any, is on this process's stderr)"
             ) from exc
+        if self.hello.get("ready") is False:  # it said why (a `preload` module failed to import)
+            self.close()
+            raise RuntimeError(f"the sandbox server did not start: {self.hello.get('error')}")
         self.busy = False
         self.sessions: set[str] = set()
         # Held to write a frame: a cancel (from the caller's thread) must not land inside a
@@ -172,10 +190,22 @@ class SandboxPool:
         tmpfs_mb: size of each server's private /tmp.
         max_sessions: live stateful sessions per server; the least recently used is evicted.
         session_idle: seconds after which an idle session is dropped.
+        preload: modules every server imports once at start, so that a run's `import` of them
+            costs nothing (`("sympy", "numpy")` for math code; a comma-separated string works
+            too). They must be importable by this Python and start no thread at import.
+
+    Raises:
+        ValueError: a bad `size` or `max_sessions`, or a `preload` name that is not a module here.
     """
 
     def __init__(
-        self, size: int | None = None, *, tmpfs_mb: int = 256, max_sessions: int = 16, session_idle: float = 900.0
+        self,
+        size: int | None = None,
+        *,
+        tmpfs_mb: int = 256,
+        max_sessions: int = 16,
+        session_idle: float = 900.0,
+        preload: Sequence[str] | str = (),
     ) -> None:
         if not sys.platform.startswith("linux"):
             raise RuntimeError(
@@ -187,7 +217,8 @@ class SandboxPool:
         if not 1 <= max_sessions <= _UIDS_PER_SERVER - 2:
             raise ValueError(f"max_sessions must be between 1 and {_UIDS_PER_SERVER - 2}, got {max_sessions}")
         self.size = size or max(2, os.cpu_count() or 2)
-        self._opts = (tmpfs_mb, max_sessions, session_idle)
+        self.preload = preload_names(preload)
+        self._opts = (tmpfs_mb, max_sessions, session_idle, self.preload)
         self._servers: list[_Server | None] = [None] * self.size
         self._busy = [False] * self.size
         self._next = 0
@@ -202,10 +233,9 @@ class SandboxPool:
         """A copy (pickle, `copy.deepcopy`) is the process-wide pool of the process it lands in
         when this is that pool, else a new pool with the same settings whose servers start on
         first use: pipes and threads cannot be copied, and a copy shares no server or session."""
-        if self is _POOL:
-            return (get_pool, ())
-        tmpfs_mb, max_sessions, session_idle = self._opts
-        return (_new_pool, (self.size, tmpfs_mb, max_sessions, session_idle))
+        if _POOLS.get(self.preload) is self:
+            return (get_pool, (self.preload,))
+        return (_new_pool, (self.size, *self._opts))
 
     # -- slots
     def _acquire(self, slot: int | None, call: _Call | None = None, session: str | None = None) -> int:
@@ -457,37 +487,75 @@ def _result(resp: dict[str, Any]) -> ExecResult:
     )
 
 
-_POOL: SandboxPool | None = None
+#: The process-wide pools, one per `preload` (most processes have only the plain one, `()`).
+_POOLS: dict[tuple[str, ...], SandboxPool] = {}
 _POOL_LOCK = threading.Lock()
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def get_pool() -> SandboxPool:
-    """The process-wide pool, created on first use and closed at interpreter exit."""
-    global _POOL
+def preload_names(preload: Sequence[str] | str) -> tuple[str, ...]:
+    """`preload` as module names, each once, in order (`"sympy, numpy"` too).
+
+    Raises:
+        ValueError: a name that is not a module name, or whose top-level package this Python
+            cannot find (the servers run this Python, so they could not import it either).
+    """
+    items = preload.split(",") if isinstance(preload, str) else list(preload)
+    names: list[str] = []
+    for item in items:
+        name = str(item).strip()
+        if not name or name in names:
+            continue
+        if not _MODULE_NAME.fullmatch(name):
+            raise ValueError(f"preload: {name!r} is not a module name")
+        top = name.partition(".")[0]  # (a submodule is only found by importing its package here)
+        if importlib.util.find_spec(top) is None:
+            raise ValueError(
+                f"preload: no module named {top!r} in this Python ({sys.executable}); install it where the sandbox runs"
+            )
+        names.append(name)
+    return tuple(names)
+
+
+def get_pool(preload: Sequence[str] | str = ()) -> SandboxPool:
+    """The process-wide pool (one per `preload`), created on first use and closed at interpreter exit."""
+    found = _POOLS.get(preload) if isinstance(preload, tuple) else None
+    if found is not None:  # (a tool's every call asks: its names were checked when the pool was made)
+        return found
+    key = preload_names(preload)
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = SandboxPool()
-        return _POOL
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = SandboxPool(preload=key)
+        return pool
 
 
-def _new_pool(size: int, tmpfs_mb: int, max_sessions: int, session_idle: float) -> SandboxPool:
+def _new_pool(
+    size: int, tmpfs_mb: int, max_sessions: int, session_idle: float, preload: tuple[str, ...] = ()
+) -> SandboxPool:
     """A copied private pool (`SandboxPool.__reduce__`)."""
-    return SandboxPool(size, tmpfs_mb=tmpfs_mb, max_sessions=max_sessions, session_idle=session_idle)
+    return SandboxPool(size, tmpfs_mb=tmpfs_mb, max_sessions=max_sessions, session_idle=session_idle, preload=preload)
 
 
 def shutdown_pool() -> None:
-    """Close the process-wide pool (a later `get_pool` starts a new one)."""
-    global _POOL
+    """Close the process-wide pools (a later `get_pool` starts a new one)."""
     with _POOL_LOCK:
-        pool, _POOL = _POOL, None
-    if pool is not None:
-        pool.close()
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    interrupted: BaseException | None = None
+    for pool in pools:  # every pool, even after a Ctrl-C while one closes (it kills its servers left)
+        try:
+            pool.close()
+        except BaseException as exc:  # noqa: BLE001 - raised once the other pools are closed
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def _forget_after_fork() -> None:
-    # A forked host process must not share the parent's server pipes: it starts its own pool.
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    # A forked host process must not share the parent's server pipes: it starts its own pools.
+    global _POOLS, _POOL_LOCK
+    _POOLS, _POOL_LOCK = {}, threading.Lock()
 
 
 def _shutdown_at_exit() -> None:

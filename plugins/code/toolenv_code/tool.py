@@ -5,12 +5,13 @@ from __future__ import annotations
 import signal
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from toolenv import Tool, ToolContext, ToolLimits, ToolResult
-from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool
+from toolenv_code.sandbox import ExecResult, SandboxLimits, SandboxPool, get_pool, preload_names
 
 __all__ = ["PythonTool", "format_result"]
 
@@ -85,7 +86,12 @@ class PythonTool(Tool):
 
     Each call starts from a clean interpreter unless the tool is stateful, in which
     case variables persist across the calls of one episode. The model is told which
-    of the two this tool is.
+    of the two this tool is. `preload` names modules the sandbox imports once, ahead of
+    every call (`("sympy", "numpy")`: their `import` then costs nothing); without a `pool`
+    the tool runs on the process-wide pool for that `preload`.
+
+    Raises:
+        ValueError: a `preload` module this Python cannot find, or one the given `pool` lacks.
     """
 
     name = "python"
@@ -100,10 +106,18 @@ class PythonTool(Tool):
         stateful: bool = False,
         sandbox: SandboxLimits | None = None,
         pool: SandboxPool | None = None,
+        preload: Sequence[str] | str = (),
         limits: ToolLimits | None = None,
         **limit_overrides: Any,
     ) -> None:
         self.sandbox = sandbox or SandboxLimits()
+        self.preload = preload_names(preload)
+        missing = [name for name in self.preload if pool is not None and name not in pool.preload]
+        if missing:
+            raise ValueError(
+                f"PythonTool: the pool given does not pre-import {', '.join(missing)}; "
+                "pass preload= to that SandboxPool instead"
+            )
         if limits is None and "timeout" not in limit_overrides:
             # The sandbox enforces its own timeout; the caller's must not cut it short.
             limit_overrides["timeout"] = max(type(self).limits.timeout or 0.0, self.sandbox.timeout + 30.0)
@@ -136,8 +150,8 @@ class PythonTool(Tool):
 
     @property
     def pool(self) -> SandboxPool:
-        """The pool this tool runs in (the process-wide one unless given)."""
-        return self._pool or get_pool()
+        """The pool this tool runs in (the process-wide one for its `preload` unless given)."""
+        return self._pool or get_pool(self.preload)
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         handle: _SessionHandle | None = None
