@@ -854,3 +854,25 @@ def test_settings_that_would_fail_every_call_are_refused_when_built(settings: di
         LLMJudge(**settings)
     with pytest.raises(ValueError, match=message):
         get_reward({"judge": settings})
+
+
+async def test_the_failure_log_counts_every_env_s_judge_of_one_setting(
+    server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each env builds a judge of its own: the log's count is the run's (the judges of one
+    setting), not one env's, which said "1 failure so far" once per env."""
+    caplog.set_level(logging.WARNING, logger="toolenv.rewards.judge")
+    server.script = [Reply(status=401, body='{"error": "bad key"}')]
+    for cache_size in (0, 64):
+        caplog.clear()
+        judges = [judge(server, retries=0, cache_size=cache_size) for _ in range(5)]  # five envs
+        for j in judges:
+            for prediction in ("Paris", "Lyon"):
+                assert await j.final(make_episode(prediction)) == 0.0
+        warnings = [r.getMessage() for r in caplog.records if r.name == "toolenv.rewards.judge"]
+        assert len(warnings) == 2, warnings
+        assert "(1 failure so far;" in warnings[0] and "(10 failures so far;" in warnings[1]
+        assert [j.failures for j in judges] == [10] * 5  # the count they share
+    alone = judge(server, retries=0, cache_size=0, share_cache=False)
+    assert await alone.final(make_episode("Paris")) == 0.0
+    assert alone.failures == 1  # a judge of its own counts its own

@@ -369,12 +369,15 @@ class _Flight:
 
 @dataclass(eq=False)
 class _Shared:
-    """The reply cache and the requests in flight of the judges of one setting: each env
-    (each rollout worker, each `gym.make`) builds a judge of its own, and a GRPO group's
-    identical answers must still make one request and get one verdict."""
+    """The reply cache, the requests in flight and the failure count of the judges of one
+    setting: each env (each rollout worker, each `gym.make`) builds a judge of its own, and a
+    GRPO group's identical answers must still make one request and get one verdict, and the
+    failure log must count the run's failures, not one env's."""
 
     replies: cachetools.LRUCache[str, str] | None
     pending: dict[str, _Flight] = field(default_factory=dict)
+    failures: int = 0
+    next_warning: int = 1  # the failure count at which the next warning is logged
     # Every thread's loop takes it (held for dict operations only, never across an await).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -393,7 +396,7 @@ def _shared_for(cls: type[LLMJudge], settings: str, cache_size: int) -> _Shared:
     with _SHARED_LOCK:
         shared = _SHARED.get(key)
         if shared is None:
-            shared = _SHARED[key] = _Shared(cachetools.LRUCache(cache_size))
+            shared = _SHARED[key] = _Shared(cachetools.LRUCache(cache_size) if cache_size else None)
         _RECENT[key] = shared
         return shared
 
@@ -430,7 +433,7 @@ class LLMJudge(Reward):
             score, not a sampled judge's noise. Failed calls and replies without a verdict are
             not kept. 0: every episode asks. The cache is shared by threads (each with its own
             event loop): one answer asked from two threads at once is one request.
-        share_cache: share the cache, and the requests in flight, with every other judge of
+        share_cache: share the cache, the requests in flight and the failure count with every judge of
             this process of the same class and arguments (all but `name`): each env builds its
             own judge, and a group's samples run in many envs. False: this judge's own cache.
     """
@@ -474,9 +477,12 @@ class LLMJudge(Reward):
         self.cache_size = cache_size
         self.share_cache = share_cache
         self._attach()
-        #: Judgements that scored 0 for a failure (HTTP, an unreadable reply, no verdict).
-        self.failures = 0
-        self._next_warning = 1
+
+    @property
+    def failures(self) -> int:
+        """Judgements that scored 0 for a failure (HTTP, an unreadable reply, no verdict), by
+        every judge sharing this one's cache (`share_cache`), as the failure log counts them."""
+        return self._shared.failures
 
     def _settings(self) -> str:
         """What makes two judges' replies (and the way they ask) interchangeable: every
@@ -491,12 +497,10 @@ class LLMJudge(Reward):
 
         The cache, the requests in flight and the failure count are shared by every thread that
         scores with this judge, under the cache's lock (held for dict operations only)."""
-        if not self.cache_size:
-            shared = _Shared(None)
-        elif self.share_cache:
+        if self.share_cache:
             shared = _shared_for(type(self), self._settings(), self.cache_size)
         else:
-            shared = _Shared(cachetools.LRUCache(self.cache_size))
+            shared = _Shared(cachetools.LRUCache(self.cache_size) if self.cache_size else None)
         self._shared = shared  # holds the shared cache in `_SHARED` while this judge lives
         self._replies, self._pending, self._lock = shared.replies, shared.pending, shared.lock
 
@@ -515,7 +519,7 @@ class LLMJudge(Reward):
     def __setstate__(self, state: dict[str, Any]) -> None:
         old = state.get("_replies")  # pickled by an older toolenv, which kept its cache, not its size
         self.__dict__.update({"cache_size": int(old.maxsize) if old is not None else 0, "share_cache": True})
-        self.__dict__.update(state)
+        self.__dict__.update({k: v for k, v in state.items() if k not in ("failures", "_next_warning")})  # (older)
         self._attach()
 
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
@@ -561,11 +565,12 @@ class LLMJudge(Reward):
         """Score 0, keep why in reward info, and log it at the 1st, 10th, 100th ... failure: a
         judge that is down zeroes every reward, and a trainer (verl, TRL) shows no reward info."""
         record_reward_info(episode, self.name, score=0.0, error=error, reply=reply, attempts=attempts)
+        shared = self._shared
         with self._lock:
-            self.failures += 1
-            failures, warn = self.failures, self.failures >= self._next_warning
+            shared.failures += 1
+            failures, warn = shared.failures, shared.failures >= shared.next_warning
             if warn:
-                self._next_warning *= 10
+                shared.next_warning *= 10
         if warn:
             plural = "" if failures == 1 else "s"
             _log.warning("judge %r failed (%d failure%s so far; each scores 0): %s", self.name, failures, plural, error)
