@@ -519,7 +519,8 @@ class LLMJudge(Reward):
     def __setstate__(self, state: dict[str, Any]) -> None:
         old = state.get("_replies")  # pickled by an older toolenv, which kept its cache, not its size
         self.__dict__.update({"cache_size": int(old.maxsize) if old is not None else 0, "share_cache": True})
-        self.__dict__.update({k: v for k, v in state.items() if k not in ("failures", "_next_warning")})  # (older)
+        # An older toolenv pickled its own failure count; the count is now the shared cache's.
+        self.__dict__.update({k: v for k, v in state.items() if k not in ("failures", "_next_warning")})
         self._attach()
 
     def build_messages(self, episode: Episode) -> list[dict[str, str]]:
