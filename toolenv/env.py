@@ -124,7 +124,8 @@ class ToolEnv(gym.Env[str, str]):
 
     Args:
         tools: the tools the model may call: Tools, or references a config or command line
-            can hold (`"module:Name"`, a tool plugin's name), each built for this env.
+            can hold (`"module:Name"`, a tool plugin's name, or `{"tool": reference,
+            "tool_kwargs": {...}}` to pass its arguments), each built for this env.
         tasks: Tasks, dicts, or a JSONL path.
         parser: an `ActionParser` or its name (`hermes`, `tags`, `codeblock`, `harmony`,
             `qwen3_xml`, `llama3_json`, `pythonic`, `mistral`, `glm45`, `deepseek_v3`,
@@ -157,7 +158,7 @@ class ToolEnv(gym.Env[str, str]):
 
     def __init__(
         self,
-        tools: Iterable[Tool | str] = (),
+        tools: Iterable[Tool | str | Mapping[str, Any]] = (),
         tasks: str | Path | Iterable[Task | Mapping[str, Any]] = (),
         *,
         parser: str | ActionParser = "hermes",
@@ -180,7 +181,7 @@ class ToolEnv(gym.Env[str, str]):
         if isinstance(tools, str):  # iterated, it would name a tool per letter
             raise TypeError(f"tools must be a list of tools, got the string {tools!r}: write [{tools!r}]")
         # A reference may name a factory of several tools (`mcp_tools`): each goes in its place
-        built = [t for ref in tools for t in (resolve_tools(ref) if isinstance(ref, str) else [ref])]
+        built = [t for ref in tools for t in (resolve_tools(ref) if isinstance(ref, str | Mapping) else [ref])]
         self.tools: list[Tool] = with_limits(built, tool_limits)
         self.caller = ToolCaller(self.tools)
         self.tasks: list[Task] = load_tasks(tasks)  # type: ignore[arg-type]

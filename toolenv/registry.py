@@ -150,13 +150,39 @@ def import_reference(ref: str, what: str) -> Any:
     return obj
 
 
+#: The keys of a tool entry that gives its reference with arguments, as a verl tool config does.
+_ENTRY_KEYS = ("tool", "tool_kwargs")
+
+
+def _entry(ref: Mapping[str, Any], kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`{"tool": ref, "tool_kwargs": {...}}` as its reference and arguments (`kwargs` over its own):
+    how text (a command line, YAML, JSON) gives a tool its constructor's arguments."""
+    unknown = sorted(str(k) for k in ref if k not in _ENTRY_KEYS)
+    if "tool" not in ref or unknown:
+        wrong = f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else "no 'tool' key"
+        raise ValueError(
+            f"a tool entry {dict(ref)!r} has {wrong}: write {{'tool': 'module:Name' or a plugin name, "
+            "'tool_kwargs': {...its arguments}}"
+        )
+    own = ref.get("tool_kwargs") or {}
+    if not isinstance(own, Mapping):
+        raise ValueError(f"a tool entry's 'tool_kwargs' must be a mapping of arguments, got {own!r}")
+    return ref["tool"], {**own, **kwargs}
+
+
 def _reference_built(ref: Any, kwargs: Mapping[str, Any]) -> Any:
     """What a tool reference names, built: a Tool as it is, a plugin's or a `"module:Name"`
-    class or factory called with `kwargs` (a ready-made instance takes none). Not yet checked."""
+    class or factory called with `kwargs` (a ready-made instance takes none), or an entry
+    `{"tool": reference, "tool_kwargs": {...}}` that gives the arguments itself. Not yet checked."""
     from toolenv._tool import Tool
 
     if isinstance(ref, Tool):
         return ref
+    if isinstance(ref, Mapping):
+        ref, kwargs = _entry(ref, kwargs)
+        if isinstance(ref, Mapping):
+            raise ValueError(f"a tool entry's 'tool' must be a reference, not another entry: {ref!r}")
+        return _reference_built(ref, kwargs)
     if not isinstance(ref, str) or not ref:
         raise ValueError(f"a tool reference must be 'module:Name' or a plugin name, got {ref!r}")
     if ":" not in ref:
@@ -176,9 +202,10 @@ def _not_a_tool(ref: Any, built: str, hint: str = "") -> Exception:
 
 
 def resolve_tool(ref: Any, **kwargs: Any) -> Any:
-    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), or a plugin
-    name (what a command line, a YAML config or a dataset row can hold). `kwargs` go to the class
-    or factory; a ready-made instance takes none. A factory that builds several tools is for
+    """A Tool from a reference: a Tool, `"module:Name"` (class, factory or instance), a plugin
+    name (what a command line, a YAML config or a dataset row can hold), or an entry
+    `{"tool": reference, "tool_kwargs": {...}}`. `kwargs` go to the class or factory (over an
+    entry's own); a ready-made instance takes none. A factory that builds several tools is for
     `resolve_tools`.
 
     Raises:

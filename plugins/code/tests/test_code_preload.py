@@ -14,6 +14,7 @@ import gymnasium as gym
 import pytest
 
 import toolenv
+from toolenv.registry import resolved_tools
 from toolenv_code import sandbox
 from toolenv_code.sandbox import SandboxPool, get_pool, preload_names
 from toolenv_code.tool import PythonTool
@@ -169,5 +170,18 @@ def test_sympy_preloaded_for_math_code(shared_pools: None) -> None:
         code = "import sys\nprint('sympy' in sys.modules)\nimport sympy\nprint(sympy.factorint(360))"
         obs = env.step(f"```python\n{code}\n```")[0]
         assert "True\n{2: 3, 3: 2, 5: 1}" in obs, obs
+    finally:
+        env.close()
+
+
+def test_a_tools_entry_gives_the_python_tool_its_preload(shared_pools: None) -> None:
+    """What `--env-arg 'tools=[{"tool": "python", "tool_kwargs": {"preload": "sympy"}}]'` builds."""
+    entry = {"tool": "python", "tool_kwargs": {"preload": "csv", "stateful": True}}
+    (tool,) = resolved_tools({"tools": [entry]})["tools"]
+    assert isinstance(tool, PythonTool) and tool.preload == ("csv",) and tool.stateful
+    env = toolenv.ToolEnv(tools=[entry], tasks=[{"question": "q"}], parser="codeblock")
+    try:
+        env.reset(seed=0)
+        assert "True False" in env.step(f"```python\n{LOADED}\n```")[0]
     finally:
         env.close()
