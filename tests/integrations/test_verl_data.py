@@ -167,6 +167,33 @@ def test_split_is_deterministic_and_disjoint():
         split_tasks(tasks, "dev")
 
 
+def test_tasks_of_one_split_group_stay_in_one_split():
+    """Spider asks most questions twice (paraphrases, one gold query): split by task id, 69 of 80
+    held-out Spider tasks had their twin in training. Tasks with `metadata["split_group"]` are
+    split by it."""
+    from toolenv.integrations.verl.data import split_tasks
+    from toolenv.types import load_tasks
+
+    tasks = load_tasks(
+        [{"id": f"t{i}-{k}", "question": "q", "metadata": {"split_group": f"g{i}"}} for i in range(300) for k in (0, 1)]
+    )
+    test = {t.id for t in split_tasks(tasks, "test")}
+    assert 10 <= len(test) / 2 <= 60 and all(f"t{i}-0" in test for i in range(300) if f"t{i}-1" in test)
+    assert {t.id for t in split_tasks(tasks, "train")} == {t.id for t in tasks} - test
+
+
+def test_spider_held_out_tasks_share_no_gold_query_with_training():
+    pytest.importorskip("toolenv_sql", reason="Spider-v0 comes from toolenv-sql")
+    rows = {s: build_rows("toolenv/Spider-v0", split=s) for s in ("train", "test")}
+
+    def pairs(split: str) -> set[tuple[str, str]]:
+        tasks = [json.loads(r["extra_info"]["task"]) for r in rows[split]]
+        return {(t["context"]["db_id"], " ".join(t["context"]["gold_sql"].lower().split())) for t in tasks}
+
+    assert 40 <= len(rows["test"]) <= 110 and len(rows["train"]) + len(rows["test"]) == 697
+    assert not pairs("train") & pairs("test")
+
+
 def test_a_dataset_with_splits_of_its_own_keeps_them():
     """MBPP's tasks carry MBPP's split: `--split test` is MBPP's test split (500 tasks), not a
     tenth of all 974 by hash, which put MBPP test tasks into the training file."""

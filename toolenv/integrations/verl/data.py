@@ -75,7 +75,9 @@ def split_tasks(tasks: list[Task], split: str | None, test_fraction: float = 0.1
     """A deterministic train/test split by a hash of the task id (`all` or None keeps every task).
 
     The same id always lands in the same split, whatever the task order or the other tasks,
-    so training and validation files made separately never overlap. Tasks of a dataset with
+    so training and validation files made separately never overlap. Tasks that say what must
+    stay together (`metadata["split_group"]`: Spider's paraphrases of one gold query) are split
+    by that instead, so no held-out task has its twin in training. Tasks of a dataset with
     splits of its own (every task's `metadata["split"]` set, e.g. MBPP's) keep that split:
     `train` is the dataset's train split and `test` its test split.
     """
@@ -88,7 +90,8 @@ def split_tasks(tasks: list[Task], split: str | None, test_fraction: float = 0.1
         return [t for t, s in zip(tasks, own, strict=True) if s == split]
 
     def is_test(task: Task) -> bool:
-        return int(hashlib.sha256(task.id.encode()).hexdigest()[:8], 16) % 10_000 < test_fraction * 10_000
+        key = str(task.metadata.get("split_group") or task.id)
+        return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 10_000 < test_fraction * 10_000
 
     return [t for t in tasks if is_test(t) == (split == "test")]
 
