@@ -110,7 +110,9 @@ def test_execution_match_scores() -> None:
     env = make_chinook_env()
     # "How many albums are there?" — any query returning 347 matches
     assert _episode_reward(env, "spiderman-train-chinook_1-000", "SELECT COUNT(AlbumId) FROM Album") == 1.0
-    assert _episode_reward(env, "spiderman-train-chinook_1-000", "```sql\nSELECT 347;\n```") == 1.0
+    # the right number typed in reads no table: 0 (`require_table`, on by default)
+    assert _episode_reward(env, "spiderman-train-chinook_1-000", "```sql\nSELECT 347;\n```") == 0.0
+    assert _episode_reward(make_chinook_env(require_table=False), "spiderman-train-chinook_1-000", "SELECT 347") == 1.0
     assert _episode_reward(env, "spiderman-train-chinook_1-000", "SELECT COUNT(*) FROM Artist") == 0.0
     assert _episode_reward(env, "spiderman-train-chinook_1-000", "SELECT nope FROM Album") == 0.0
     assert _episode_reward(env, "spiderman-train-chinook_1-000", "DROP TABLE Album") == 0.0
@@ -227,12 +229,13 @@ def test_cache_option_refuses_unknown_settings() -> None:
 
 def test_tasks_whose_gold_result_is_empty_can_be_left_out_for_training() -> None:
     """Any empty query matches an empty gold result: a reward a policy learns to take.
-    `exclude_empty_gold=True` leaves those tasks out; the default keeps the standard set."""
+    `exclude_empty_gold=True` leaves those tasks out; the default keeps the standard set. (With
+    `require_table` on, as by default, only an empty query that reads a table games them.)"""
     from toolenv_sql.envs import make_chinook_env, make_spider_env
 
     empty = "<answer>SELECT 1 WHERE 1 = 0</answer>"
     for make, total, hackable in ((make_spider_env, 697, 13), (make_chinook_env, 84, 2)):
-        full, kept = make(), make(exclude_empty_gold=True)
+        full, kept = make(require_table=False), make(exclude_empty_gold=True, require_table=False)
         assert len(full.tasks) == total and len(kept.tasks) == total - hackable
         gone = [t for t in full.tasks if t.id not in {k.id for k in kept.tasks}]
         for task in gone:  # what was left out is exactly what the empty query games

@@ -85,8 +85,8 @@ def test_duckdb_decimals_match_the_same_number_as_a_double(tmp_path: Path) -> No
     conn.close()
     task = _task("SELECT sum(price) FROM items", db_path="shop.duckdb")
     assert _play(task, "SELECT sum(CAST(price AS DOUBLE)) FROM items", root=tmp_path)[0] == 1.0
-    assert _play(task, "SELECT 0.3", root=tmp_path)[0] == 1.0
-    assert _play(task, "SELECT 0.31", root=tmp_path)[0] == 0.0
+    assert _play(task, "SELECT 0.3", root=tmp_path, require_table=False)[0] == 1.0  # the literal, as a number
+    assert _play(task, "SELECT 0.31", root=tmp_path, require_table=False)[0] == 0.0
 
 
 def test_the_prompt_names_the_dialect_the_answer_is_read_in() -> None:

@@ -80,10 +80,11 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     tasks = list(tasks if limit is None else itertools.islice(tasks, int(limit)))
     opts.setdefault("tools", [SQLTool(**tool_opts)])
     column_order = bool(opts.pop("column_order", True))
+    require_table = bool(opts.pop("require_table", True))
     # An answer gets at least the time its queries got in the tool: a query the model ran there
     # would otherwise time out when scored, on a database where queries are slow.
     timeout = max(_REWARD_TIMEOUT, float(tool_opts.get("query_timeout", 0.0)))
-    reward_opts = _reward_options(tool_opts, timeout=timeout, column_order=column_order)
+    reward_opts = _reward_options(tool_opts, timeout=timeout, column_order=column_order, require_table=require_table)
     if "reward" in opts:  # a spec naming execution_match scores with the env's options too
         opts["reward"] = _with_reward_options(opts["reward"], reward_opts)
     else:
@@ -97,7 +98,9 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     return ToolEnv(tasks=tasks, **opts)
 
 
-def _reward_options(tool_opts: Mapping[str, Any], *, timeout: float, column_order: bool) -> dict[str, Any]:
+def _reward_options(
+    tool_opts: Mapping[str, Any], *, timeout: float, column_order: bool, require_table: bool
+) -> dict[str, Any]:
     """The `ExecutionMatch` settings the env's options set: those left at the reward's defaults
     are left out, so a spec is built as it would be without the env."""
     given = {
@@ -105,8 +108,9 @@ def _reward_options(tool_opts: Mapping[str, Any], *, timeout: float, column_orde
         "root": tool_opts.get("root"),
         "timeout": timeout,
         "column_order": column_order,
+        "require_table": require_table,
     }
-    defaults = {"dialect": None, "root": None, "timeout": _REWARD_TIMEOUT, "column_order": True}
+    defaults = {"dialect": None, "root": None, "timeout": _REWARD_TIMEOUT, "column_order": True, "require_table": True}
     return {k: v for k, v in given.items() if v != defaults[k]}
 
 
@@ -114,7 +118,7 @@ def _with_reward_options(spec: Any, options: Mapping[str, Any]) -> Any:
     """`spec` (a reward spec, as `toolenv.rewards.get_reward` takes) with `options` as the
     settings of every `execution_match` it names; a setting the spec gives itself wins.
 
-    The env's `dialect`, `root`, `column_order` and answer timeout are the reward's too: a bare
+    The env's `dialect`, `root`, `column_order`, `require_table` and answer timeout are the reward's too: a bare
     `execution_match` would read a MySQL answer the tool ran as SQLite, and score it 0. The
     name becomes a `{"name": ..., **settings}` list item, so the core builds it (and refuses a
     setting it does not take) as for any spec. A `Reward` object is used as given.
@@ -171,11 +175,13 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
     gold query returns no rows: execution match gives any empty query full marks there, a
     reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), `column_order`
     (False: the answer's columns may come in any order, as in Spider's official evaluation),
+    `require_table` (False: an answer that reads no table, such as `SELECT 6` or rows pasted as
+    `VALUES`, is scored by its rows; by default it scores 0 when the gold query reads a table),
     SQL options (`dialect`, `query_timeout`, `max_rows`, `max_count`, `max_chars`, `max_cell_chars`,
     `root`), `cache` (a `ResultCache`, or `True` or its settings for the process's cache of
     this env and options, keyed by task), and any `ToolEnv` keyword (`parser`, `reward`,
     `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name. Every
-    `execution_match` a `reward` spec names gets `dialect`, `column_order`, `root` and the answer's
+    `execution_match` a `reward` spec names gets `dialect`, `column_order`, `require_table`, `root` and the answer's
     timeout, unless the spec sets them itself.
     """
     return _make_env("Spider-v0", spider_tasks(), overrides)

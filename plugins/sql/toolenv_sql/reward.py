@@ -40,6 +40,11 @@ Why these defaults, against the evaluations RL recipes copy:
   NULL = NULL, NaN = NaN, text is case- and space-sensitive. Known limits of the
   rounding: values less than 1e-6 apart may match (6 decimals), and an integer
   of 13+ digits differs from the same value as a float (rounded to 12 digits).
+- An answer must read a table of the database when the gold query does (`require_table`):
+  rows pasted as literals (`VALUES ('Joe Sharp', 52), ...`), a constant count (`SELECT 6`)
+  or `SELECT 1 WHERE 1 = 0` for an empty gold result return the gold rows without querying
+  the data, and a policy that saw them in the SQL tool learns to answer so. Spider, BIRD and
+  SkyRL score such answers 1; `require_table=False` does too.
 """
 
 from __future__ import annotations
@@ -61,8 +66,9 @@ from toolenv_sql.executor import QueryResult, execute
 from toolenv_sql.guard import is_ordered, prepare
 from toolenv_sql.order import OrderKeys, order_keys
 from toolenv_sql.paths import DATA_DIR, resolve_database
+from toolenv_sql.reads import database_tables, tables_read
 
-__all__ = ["ExecutionMatch", "clean_sql", "rows_match"]
+__all__ = ["NO_TABLE_READ", "ExecutionMatch", "clean_sql", "rows_match"]
 
 _FENCE = re.compile(r"^```(.*?)```$", re.DOTALL)
 # A fence's info string ("sql", "sqlite", none): the first word, unless it begins the query itself.
@@ -95,6 +101,12 @@ _GOLD_CACHE_SIZE = 20_000
 _TIED_PAST_LIMIT = 1000
 
 _log = logging.getLogger(__name__)
+
+#: `reward_info` error of an answer that reads no table while the gold query does.
+NO_TABLE_READ = (
+    "the answer reads no table of the database, so it returns the same rows whatever the data holds; "
+    "query the tables (require_table=False allows such answers)"
+)
 
 
 def clean_sql(text: str) -> str:
@@ -271,6 +283,9 @@ class ExecutionMatch(Reward):
         column_order: False lets the answer's columns come in any order, as Spider's official
             evaluation does (`SELECT age, name` for `SELECT name, age`); True (the default)
             wants them in the gold query's order, as BIRD's does.
+        require_table: True (the default) scores 0 an answer that reads no table of the database
+            (literals, `SELECT 6`, `SELECT 1 WHERE 1 = 0`) when the gold query reads one, as it
+            would match without querying the data; False scores it by its rows, as Spider does.
     """
 
     name = "execution_match"
@@ -282,9 +297,11 @@ class ExecutionMatch(Reward):
         root: str | os.PathLike[str] | None = None,
         timeout: float = 10.0,
         column_order: bool = True,
+        require_table: bool = True,
     ) -> None:
         self.dialect = dialect
         self.column_order = column_order
+        self.require_table = require_table
         self.root = Path(root) if root is not None else DATA_DIR
         self.timeout = timeout
         self.task_faults = 0  # episodes scored 0 because of their task (logged at the 1st, 10th, 100th, ...)
@@ -315,6 +332,13 @@ class ExecutionMatch(Reward):
             )
         except SQLError as exc:
             return self._score(episode, 0.0, str(exc))
+        if self.require_table:
+            try:
+                tables = await database_tables(path, engine, timeout=max(self.timeout, 60.0))
+            except SQLError as exc:
+                return self._task_fault(episode, f"the database's tables cannot be listed: {exc}")
+            if _reads_table(gold_sql, engine, tables) and not _reads_table(sql, engine, tables, unknown=True):
+                return self._score(episode, 0.0, NO_TABLE_READ)
         # A truncated result has rows past those kept (past the count, or the bytes kept): more than the gold's.
         matched = not predicted.truncated and rows_match(
             predicted.rows,
@@ -361,6 +385,13 @@ class ExecutionMatch(Reward):
                 _GOLD.clear()
             _GOLD[key] = found
         return found
+
+
+def _reads_table(sql: str, engine: str, tables: frozenset[str], *, unknown: bool = False) -> bool:
+    """Whether `sql` reads one of `tables`; `unknown` when sqlglot cannot parse it (the check is
+    then off for a gold query, and an answer is scored by its rows)."""
+    read = tables_read(sql.strip().rstrip(";"), engine)
+    return unknown if read is None else not read.isdisjoint(tables)
 
 
 async def _with_ties(gold: _Gold, path: Path, engine: str, order: OrderKeys, timeout: float) -> _Gold:

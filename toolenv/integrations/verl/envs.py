@@ -30,7 +30,7 @@ __all__ = ["EnvPool", "env_spec_from_row", "make_env", "plain", "resolve_tool", 
 logger = logging.getLogger(__name__)
 
 #: Factory arguments that select tasks; a row names its task itself, so they are not stored with it.
-TASK_SELECTION_KEYS = frozenset({"tasks", "limit"})
+TASK_SELECTION_KEYS = frozenset({"tasks", "limit", "exclude_empty_gold"})
 
 
 def make_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> ToolEnv:
