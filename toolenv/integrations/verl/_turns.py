@@ -1,27 +1,33 @@
 """Helpers of `ToolEnvAgentLoop`: the server's per-call fields, the token that closes a turn
-cut by a stop string, whether a reply ended itself or was cut, whether the dataset prompt still
-fits the env, and the final reward of an episode the loop cuts short. They import neither verl
-nor torch.
+cut by a stop string, the parser's stop strings a server can match, whether a reply ended itself
+or was cut, whether the dataset prompt still fits the env, the final reward of an episode the
+loop cuts short, and the process's count of episodes whose tool calls failed. They import
+neither verl nor torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from toolenv.env import ToolEnv
 from toolenv.integrations.verl.envs import EnvPool, make_env
-from toolenv.types import Message, Task
+from toolenv.types import Message, Task, ToolResult
 
 __all__ = [
+    "TOOL_FAILURES",
+    "ToolFailures",
     "changes_prompt",
     "ended_itself",
     "merge_server_fields",
+    "note_tool_failures",
     "prompt_key",
     "stopped_on_string",
     "template_turn_end_id",
+    "text_stops",
     "truncate",
 ]
 
@@ -86,10 +92,7 @@ def ended_itself(tokenizer: Any, token_ids: Sequence[int], stops: Iterable[str],
     if not token_ids:
         return False
     last = int(token_ids[-1])
-    if last in {int(t) for t in stop_token_ids} or last in set(getattr(tokenizer, "all_special_ids", []) or []):
-        return True
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    if getattr(added.get(last), "special", False):
+    if last in {int(t) for t in stop_token_ids} or _special(tokenizer, last):
         return True
     return stopped_on_string(tokenizer, token_ids, stops)
 
@@ -114,11 +117,35 @@ def template_turn_end_id(tokenizer: Any) -> int | None:
     if not ids:
         return None
     first = int(ids[0])
+    return first if _special(tokenizer, first) else None
+
+
+def _special(tokenizer: Any, token_id: int) -> bool:
+    """Whether `token_id` is one of the tokenizer's special tokens (its EOS, role or format tokens)."""
+    if token_id in set(getattr(tokenizer, "all_special_ids", []) or []):
+        return True
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = first in set(getattr(tokenizer, "all_special_ids", []) or []) or bool(
-        getattr(added.get(first), "special", False)
-    )
-    return first if special else None
+    return bool(getattr(added.get(token_id), "special", False))
+
+
+#: Whether a stop string is one special token, per (tokenizer id, string): asked for every episode.
+_SPECIAL_STOPS: dict[tuple[int, str], bool] = {}
+
+
+def text_stops(tokenizer: Any, stops: Iterable[str]) -> list[str]:
+    """`stops` less those that are one special token of the tokenizer (GLM's `<|observation|>`,
+    Harmony's `<|call|>`, DeepSeek's `<｜tool▁calls▁end｜>`): servers match stop strings against
+    their text, which skips special tokens, so these never match there, and a reply ending on one
+    is the model's own turn boundary, which verl's token builder closes, not the loop."""
+    kept = []
+    for stop in stops:
+        key = (id(tokenizer), stop)
+        if key not in _SPECIAL_STOPS:
+            ids = tokenizer.encode(stop, add_special_tokens=False)
+            _SPECIAL_STOPS[key] = len(ids) == 1 and _special(tokenizer, int(ids[0]))
+        if not _SPECIAL_STOPS[key]:
+            kept.append(stop)
+    return kept
 
 
 def prompt_key(messages: Iterable[Any]) -> list[tuple[str, str]]:
@@ -206,3 +233,59 @@ async def _row_prompt_differs(env_id: str, row_kwargs: dict[str, Any], task: Tas
     finally:
         await row_env.aclose()
     return prompt_key(info["messages"]) != prompt_key(reset)
+
+
+class ToolFailures:
+    """The process's episodes with tool calls, and those most of whose calls failed.
+
+    A failed call is an error observation the episode goes on from: a retriever down fails every
+    search of every episode, verl trains on them, and only `tool_errors` shows it. So the loop
+    warns, at the 1st, 10th, 100th ... failing episode (as a judge that is down does), while
+    failing episodes are most of them: every one, or half or more once there are `FEW`.
+    """
+
+    #: Fewer episodes than this are too few for a share to mean much; all failing still warns.
+    FEW = 4
+
+    def __init__(self) -> None:
+        self.episodes = self.failing = 0
+        self.next_warning = 1
+        self._lock = threading.Lock()  # verl's worker may run loops on more than one thread
+
+    def add(self, results: Sequence[ToolResult]) -> str | None:
+        """Count one episode's tool results (parse errors are not calls); the warning to log, if any."""
+        calls = [r for r in results if r.name != "parser"]
+        if not calls:
+            return None
+        failed = [r for r in calls if r.is_error]
+        with self._lock:
+            self.episodes += 1
+            if 2 * len(failed) < len(calls):
+                return None
+            self.failing += 1
+            mostly = self.failing == self.episodes or (self.episodes >= self.FEW and 2 * self.failing >= self.episodes)
+            if not mostly or self.failing < self.next_warning:
+                return None
+            while self.next_warning <= self.failing:
+                self.next_warning *= 10
+            failing, episodes = self.failing, self.episodes
+        from toolenv.cli import clip_line  # an error may quote a page of a server's reply
+
+        last = failed[-1]
+        plural = "" if episodes == 1 else "s"
+        return (
+            f"toolenv: most tool calls failed in {failing} of {episodes} episode{plural} with tool calls so far "
+            f"(the episodes go on and are trained on; see tool_errors in reward_extra_info); "
+            f"tool {last.name!r} last failed: {clip_line(last.text)}"
+        )
+
+
+#: The process's count (verl runs one loop per sample; the count spans them all).
+TOOL_FAILURES = ToolFailures()
+
+
+def note_tool_failures(results: Sequence[ToolResult]) -> None:
+    """Count an episode's tool results and log the warning `ToolFailures` calls for."""
+    warning = TOOL_FAILURES.add(results)
+    if warning is not None:
+        logger.warning("%s", warning)

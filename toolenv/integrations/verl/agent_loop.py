@@ -31,13 +31,16 @@ from toolenv.integrations.verl._turns import (
     changes_prompt,
     ended_itself,
     merge_server_fields,
+    note_tool_failures,
     stopped_on_string,
     template_turn_end_id,
+    text_stops,
     truncate,
 )
 from toolenv.integrations.verl.envs import EnvPool, env_spec_from_row, shared_pool, task_from_row
 from toolenv.parsers import ActionParser, detect_parser, template_mismatch
 from toolenv.parsers.decoding import reply_text
+from toolenv.parsers.stops import chat_stops
 from toolenv.types import Message, Task, ToolResult, reply_messages
 
 __all__ = ["OBSERVATION_ROLES", "STOP_REASONS", "ToolEnvAgentLoop", "chat_message"]
@@ -142,9 +145,15 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         reward_keys: reward component names reported for every sample (default: the env's);
             set it when one batch mixes envs with different rewards, since verl needs the same
             `reward_extra_info` keys on every sample.
-        stop: extra stop strings for generation (e.g. `["</search>"]`); a turn that ends on one
-            gets the chat template's turn-end token appended with mask 0 (see `turn_end_token`),
-            except inline, where the observation follows the stop string directly.
+        stop: stop strings for generation, added to any the sampling params hold (e.g.
+            `["</search>"]`); None (default): the row's env's parser's (`parser.stop`, e.g.
+            `</search>` for Search-R1's tags), less, for the `tool` and `user` roles, those that
+            close one of several calls a turn (Hermes' `</tool_call>`: the model's end of turn
+            ends its calls), as the reference agents pick them, and less those that are one
+            special token (the server's text skips them; the model's turn ends there itself);
+            `[]`: none. A turn that ends on one gets the chat template's turn-end token appended
+            with mask 0 (see `turn_end_token`), except inline, where the observation follows
+            the stop string directly.
         use_dataset_prompt: start from the row's `raw_prompt` (default) or re-render the env's prompt.
             When `env_kwargs` changes the env's prompt (another parser, system prompt or
             template), the env's prompt is used anyway: the row's was written for the old env.
@@ -186,7 +195,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         self.env_kwargs: dict[str, Any] = _plain(env_kwargs or {})
         self.observation_role = observation_role
         self.reward_keys: list[str] | None = list(_plain(reward_keys)) if reward_keys is not None else None
-        self.stop: list[str] = list(_plain(stop or []))
+        self.stop: list[str] | None = None if stop is None else list(_plain(stop))
         self.use_dataset_prompt = use_dataset_prompt
         self.tune_gc = bool(tune_gc)
         self.response_length: int = int(self.rollout_config.response_length)
@@ -306,13 +315,14 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         mask: list[int] = []
         logprobs: list[float] = []
         request_id = self._request_id(row)
-        params = dict(sampling_params)
-        if self.stop:
-            params["stop"] = [*(params.get("stop") or []), *self.stop]
-        stops: list[str] = list(params.get("stop") or [])
-        stop_ids: list[int] = [int(t) for t in params.get("stop_token_ids") or []]
         tokenizer: Any = self.tokenizer  # verl annotates it as AutoTokenizer, which has no instance methods
         inline = self._role(env) == "inline"
+        params = dict(sampling_params)
+        extra_stops = self._stops(env, inline)
+        if extra_stops:
+            params["stop"] = [*(params.get("stop") or []), *extra_stops]
+        stops: list[str] = list(params.get("stop") or [])
+        stop_ids: list[int] = [int(t) for t in params.get("stop_token_ids") or []]
 
         reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
         components = dict.fromkeys(reward_keys, 0.0)
@@ -507,6 +517,7 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
             logprobs = [0.0] if params.get("logprobs") else []
 
         self.messages = messages
+        note_tool_failures(results)
         split = len(runtime) - len(mask)
         total = split + min(len(mask), self.response_length)
         score = float(sum(turn_scores))
@@ -566,6 +577,15 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         """Tokens the model can still write after `runtime` within `rollout.max_model_len` (the
         response budget bounds them too; without a `max_model_len`, only it does)."""
         return self.response_length if self.max_model_len is None else self.max_model_len - len(runtime)
+
+    def _stops(self, env: ToolEnv, inline: bool) -> list[str]:
+        """The stop strings the loop adds: `stop`, else the env's parser's (see `stop`). Without
+        one, a tags-format model writes its query, an observation of its own and an answer in one
+        turn: the env scores the answer and the made-up observation is trained on."""
+        if self.stop is not None:
+            return self.stop
+        parser_stops = env.parser.stop if inline else chat_stops(env.parser.stop)
+        return text_stops(self.tokenizer, parser_stops)
 
     def _role(self, env: ToolEnv) -> str:
         """The observation role for `env`: the configured one, else by the parser's format."""
