@@ -49,7 +49,7 @@ def test_oracle_scores_one_on_every_task() -> None:
 
 def test_the_crop_shows_the_drawn_code() -> None:
     env = make_visualsearch_env(num_tasks=12)
-    exact = CropTool()  # pixels of the full task image: crop exactly the code's box
+    exact = CropTool(view_from_task=False)  # pixels of the full task image: crop exactly the code's box
     assert len(env.tasks) == 12  # no tasks would pass the loop below without a check
     for task in env.tasks:
         env.reset(options={"task": task})

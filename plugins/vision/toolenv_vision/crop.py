@@ -3,8 +3,11 @@
 Coordinate conventions (`CropTool(coordinates=...)`; the tool description and schema tell
 the model which one):
 
-* `"pixels"` (default): pixels of the image the model was shown. By default that is the task
-  image itself; with `view_size` (and `view_multiple`, `view_min_pixels`, `view_max_pixels`) it
+* `"pixels"` (default): pixels of the image the model was shown first (the whole picture,
+  never one of the crops it was shown since). By default that is the size the task records in
+  `context["overview"]` (`[width, height]`, as VisualSearch tasks do), else the task image
+  itself, so a tool built with its defaults (verl's `ToolEnvBaseTool` with `tool: crop`) reads
+  boxes where the env's does; with `view_size` (and `view_multiple`, `view_min_pixels`, `view_max_pixels`) it
   is the task image shrunk so its longer side is at most `view_size`, each side rounded to a
   multiple of `view_multiple`, and its pixel count brought within the two bounds, as an env that
   shows a downscaled overview (VisualSearch-v0) and Qwen2.5-VL's processor (`smart_resize`:
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
@@ -50,6 +54,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "DEFAULT_MIN_SHOWN_SIDE",
+    "TASK_VIEW_KEY",
     "Coordinates",
     "CropArgs",
     "CropCall",
@@ -70,6 +75,9 @@ DEFAULT_MIN_SHOWN_SIDE = 32
 """Each side of a returned crop is at least this long: Qwen2.5-VL's processor works in 28 px
 squares and Qwen3-VL's in 32 px ones, and many of them (transformers up to 4.50, its Qwen3-VL
 video processor, GLM-4V, mistral.rs, Ollama) raise on an image with a shorter side."""
+TASK_VIEW_KEY = "overview"
+"""`context["overview"]`: `[width, height]` of the image the task showed the model (VisualSearch's
+downscaled overview); a tool built without a `view_*` argument reads pixel boxes there."""
 
 Coordinates = Literal["pixels", "relative1000", "relative"]
 """How a crop box is read: pixels of the image the model was shown, 0-1000 across its width and
@@ -380,6 +388,11 @@ class _Frame:
     whole_pixels: bool  # the frame is the task image's own pixels
 
 
+_FIRST_IMAGE = (
+    "Boxes always refer to the first image you were shown, the whole picture: never give coordinates of a crop."
+)
+"""After a crop the model has seen several images: boxes are never read in a crop's pixels."""
+
 _DESCRIPTIONS = {
     "relative1000": (
         "Zoom in: crop a region of the image and return it enlarged. bbox is [x1, y1, x2, y2] "
@@ -410,8 +423,13 @@ class CropTool(Tool):
             pixels (a Qwen2.5-VL processor's `min_pixels`; None: not enlarged).
         view_max_pixels: and shrunk to at most this many (the processor's `max_pixels`; None:
             not shrunk): the processor resizes a large photo by pixel count, not by its side.
+        view_from_task: with `"pixels"` and no `view_*` argument, read boxes in pixels of the
+            size the task records in `context["overview"]` when it has one (False: always the
+            task image's own pixels).
         min_pixels: a crop is enlarged to at least this many pixels.
-        max_pixels: and shrunk to at most this many.
+        max_pixels: and shrunk to at most this many (default 1024²; for a task read in its
+            `context["overview"]` frame, no more than a square overview, as the env sets it, so
+            that a crop of the whole picture shows no more than the overview did).
         min_size: each side of a box covers at least this many task-image pixels (or the
             image's shorter side, for an image smaller than that).
         max_aspect_ratio: long side over short side of a box, at most.
@@ -423,8 +441,9 @@ class CropTool(Tool):
     name = "crop"
     description: ClassVar[str] = (
         "Zoom in: crop a region of the task's image and return it enlarged.\n\n"
-        "bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image, or normalized to [0, 1]; "
-        'with units="auto" values all <= 1 are read as normalized. The box must lie inside the image.'
+        "bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image as you were first shown it, "
+        'or normalized to [0, 1]; with units="auto" values all <= 1 are read as normalized. The box must lie inside '
+        "the image. " + _FIRST_IMAGE
     )
     Args: ClassVar[type[BaseModel]] = CropCall
 
@@ -437,14 +456,17 @@ class CropTool(Tool):
         view_multiple: int = 1,
         view_min_pixels: int | None = None,
         view_max_pixels: int | None = None,
+        view_from_task: bool = True,
         min_pixels: int = DEFAULT_MIN_PIXELS,
-        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_pixels: int | None = None,
         min_size: int = DEFAULT_MIN_SIZE,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
         min_shown_side: int = DEFAULT_MIN_SHOWN_SIDE,
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
+        self._max_pixels_given = max_pixels is not None
+        max_pixels = DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
         if coordinates not in COORDINATES:
             raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
         if view_size is not None and view_size < 1:
@@ -467,6 +489,7 @@ class CropTool(Tool):
         self.coordinates: Coordinates = coordinates
         self.view_size, self.view_multiple = view_size, view_multiple
         self.view_min_pixels, self.view_max_pixels = view_min_pixels, view_max_pixels
+        self.view_from_task = view_from_task
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
         self.max_aspect_ratio, self.min_shown_side = max_aspect_ratio, min_shown_side
         self._strict, self.Args = _MODELS[coordinates]  # type: ignore[misc]  # per instance, like FunctionTool
@@ -490,7 +513,14 @@ class CropTool(Tool):
         if self.coordinates in _DESCRIPTIONS:
             return _DESCRIPTIONS[self.coordinates]
         if not self._scaled_view:
-            return type(self).description
+            if self.view_from_task:
+                return type(self).description
+            return (
+                "Zoom in: crop a region of the task's image and return it enlarged.\n\n"
+                "bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the full image at its original size, "
+                'or normalized to [0, 1]; with units="auto" values all <= 1 are read as normalized. The box must lie '
+                "inside the image. " + _FIRST_IMAGE
+            )
         shown = "the image as you were shown it"
         if self.view_size is not None and self.view_min_pixels is None:  # min_pixels may enlarge it past that
             shown += f" (its longer side at most about {self.view_size} px)"
@@ -498,14 +528,46 @@ class CropTool(Tool):
             "Zoom in: crop a region of the image and return it enlarged, at higher resolution than you "
             f"were shown. bbox is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of {shown}, or "
             'normalized to [0, 1]; with units="auto" values all <= 1 are read as normalized. '
-            "The box must lie inside the image."
+            "The box must lie inside the image. " + _FIRST_IMAGE
         )
 
     async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
         # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
         return await asyncio.to_thread(self.crop, args, ctx.task)
 
-    def _frame(self, args: _Ordered, width: int, height: int) -> _Frame:
+    def _shown(self, context: Mapping[str, Any], width: int, height: int) -> tuple[int, int] | None:
+        """The size of the image whose pixels a `"pixels"` box is in, when not the task image's own:
+        this tool's `view_*` arguments, else the task's `context["overview"]` (`view_from_task`).
+
+        Raises:
+            ValueError: `context["overview"]` is not `[width, height]`.
+        """
+        if self.coordinates != "pixels":
+            return None
+        if self._scaled_view:
+            return self._view(width, height)
+        if not self.view_from_task or context.get(TASK_VIEW_KEY) is None:
+            return None
+        shown = context[TASK_VIEW_KEY]
+        if not (
+            isinstance(shown, (list, tuple))
+            and len(shown) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shown)
+        ):
+            raise ValueError(
+                f"the task's context[{TASK_VIEW_KEY!r}] must be [width, height] of the image the model was "
+                f"shown, got {str(shown)[:80]}"
+            )
+        return shown[0], shown[1]
+
+    def _max_pixels(self, shown: tuple[int, int] | None) -> int:
+        """`max_pixels`; for a frame the task recorded and no `max_pixels` given, no more than a
+        square overview of the same longer side (the env's cap: 448² for its 448 px overview)."""
+        if self._max_pixels_given or self._scaled_view or shown is None:
+            return self.max_pixels
+        return min(self.max_pixels, max(max(shown) ** 2, self.min_pixels))
+
+    def _frame(self, args: _Ordered, width: int, height: int, shown: tuple[int, int] | None) -> _Frame:
         if isinstance(args, CropArgs) and args.normalized:
             return _Frame("normalized", (1, 1), (width, height), False)
         if self.coordinates == "relative1000":
@@ -517,18 +579,18 @@ class CropTool(Tool):
             )
         if self.coordinates == "relative":
             return _Frame("relative: 0 to 1 across the width and height", (1, 1), (width, height), False)
-        if not self._scaled_view:
+        if shown is None:
             return _Frame("pixels", (width, height), (1, 1), True)
-        vw, vh = self._view(width, height)
+        vw, vh = shown
         return _Frame(f"pixels of the {vw}x{vh} image", (vw, vh), (width / vw, height / vh), False)
 
-    def _trailer(self, width: int, height: int) -> str:
+    def _trailer(self, width: int, height: int, shown: tuple[int, int] | None) -> str:
         """The last sentence of an error: the image's size in the model's pixels, or the convention."""
         if self.coordinates == "relative1000":
             return "bbox is relative1000: [x1, y1, x2, y2] from 0 to 1000 across the image's width and height."
         if self.coordinates == "relative":
             return "bbox is relative: [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height."
-        vw, vh = self._view(width, height) if self._scaled_view else (width, height)
+        vw, vh = shown or (width, height)
         return f"The image is {vw}x{vh} px."
 
     def _min_size(self, image: Image.Image) -> int:
@@ -542,14 +604,18 @@ class CropTool(Tool):
             image = task_image(task.context, self.image_root)
         except ImageRefError as exc:
             return ToolResult.error(f"Cannot open the task image: {exc}.")
-        trailer = self._trailer(image.width, image.height)
+        try:
+            shown = self._shown(task.context, image.width, image.height)
+        except ValueError as exc:
+            return ToolResult.error(f"Cannot crop this task: {exc}.")
+        trailer = self._trailer(image.width, image.height, shown)
         if not isinstance(args, self._strict):
             try:
                 args = self._strict.model_validate(args.model_dump())
             except ValidationError as exc:
                 return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {trailer}")
         assert isinstance(args, _Ordered)
-        frame = self._frame(args, image.width, image.height)
+        frame = self._frame(args, image.width, image.height, shown)
         ex, ey = frame.extent
         if not frame.whole_pixels and (args.bbox[2] > ex or args.bbox[3] > ey):
             return ToolResult.error(
@@ -563,12 +629,12 @@ class CropTool(Tool):
         except ValidationError as exc:
             return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): {_error_text(exc)}. {trailer}")
         region = image.crop((box.x1, box.y1, box.x2, box.y2))
-        zoomed = zoom_size(region.width, region.height, self.min_pixels, self.max_pixels, self.min_shown_side)
+        zoomed = zoom_size(region.width, region.height, self.min_pixels, self._max_pixels(shown), self.min_shown_side)
         if zoomed != region.size:
             region = region.resize(zoomed, Image.Resampling.LANCZOS)
         zoom = zoomed[0] / (box.x2 - box.x1)
         size = f"{box.x2 - box.x1}x{box.y2 - box.y1} px of the {image.width}x{image.height} image"
-        if frame.whole_pixels or (frame.label == "normalized" and not self._scaled_view):
+        if frame.whole_pixels or (frame.label == "normalized" and shown is None):
             where = f"{box.as_list()} ({size})"
         else:
             where = f"{_fmt(args.bbox)} ({frame.label}; {size})"
@@ -580,6 +646,6 @@ class CropTool(Tool):
             "image_size": [image.width, image.height],
             "coordinates": self.coordinates,
         }
-        if self._scaled_view:
-            meta["view_size"] = list(self._view(image.width, image.height))
+        if shown is not None:
+            meta["view_size"] = list(shown)
         return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)

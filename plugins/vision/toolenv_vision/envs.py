@@ -123,9 +123,12 @@ class VisualSearchEnv(ToolEnv):
     def render_prompt(self, task: Task) -> tuple[str, list[Message]]:
         """The text prompt, and chat messages whose user message holds the overview image."""
         text, messages = super().render_prompt(task)
-        image = overview_image(
-            task.context, self.image_root, self.overview_size, self.overview_multiple, *self.overview_pixels
-        )
+        try:
+            image = overview_image(
+                task.context, self.image_root, self.overview_size, self.overview_multiple, *self.overview_pixels
+            )
+        except ImageRefError as exc:  # one bad task among thousands: say which
+            raise ImageRefError(f"task {task.id!r}: {exc}") from None
         messages[-1] = messages[-1].model_copy(update={"images": [image]})
         return text, messages
 
@@ -148,7 +151,10 @@ def overview_image(
     recipe = context.get("render")
     if isinstance(recipe, CodeOverlay):  # `task_image` takes the model as well as its JSON form
         recipe = recipe.model_dump(mode="json")
-    key = json.dumps({"image": context.get("image"), "render": recipe}, sort_keys=True)
+    # Only the keys the task has: a missing image must stay missing ("this task has no image"),
+    # not come back from the JSON round trip as None ("must be a non-empty relative path").
+    keyed = {"image": context.get("image"), "render": recipe}
+    key = json.dumps({k: v for k, v in keyed.items() if k in context}, sort_keys=True)
     view = (size, multiple, min_pixels, max_pixels)
     return _overview(key, str(root) if root is not None else None, view, mtime_ns)
 
@@ -229,6 +235,13 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     return VisualSearchEnv(tasks=tasks, image_root=image_root, **overrides)
 
 
+_ORACLE_NEEDS = {
+    "box": "[x1, y1, x2, y2] of the answer's region in pixels of the task image",
+    "size": "[width, height] of the task image in pixels",
+}
+"""What the oracle reads from a task's context to send a box in the task's convention."""
+
+
 def visualsearch_oracle(task: Task, turn: int, observation: str) -> str:
     """Scripted policy: crop the known box (hermes format), then answer with the known code.
 
@@ -236,9 +249,18 @@ def visualsearch_oracle(task: Task, turn: int, observation: str) -> str:
     `context["overview"]`), rounded outwards, as a model told that convention would send it.
     There is no OCR here, so the second turn answers from the ground truth; the tests
     check separately that the crop returned by the tool really shows that code.
+
+    Raises:
+        ValueError: on the first turn, a task without `context["box"]` or `context["size"]`.
     """
     if turn == 0:
         context = task.context
+        for key, what in _ORACLE_NEEDS.items():
+            if key not in context:
+                raise ValueError(
+                    f"visualsearch_oracle needs context[{key!r}] ({what}); task {task.id!r} has none: "
+                    "generate_tasks writes it, or add it to your own tasks"
+                )
         box, size, coordinates = context["box"], context["size"], context.get("coordinates", "pixels")
         arguments: dict[str, Any]
         if coordinates != "pixels":

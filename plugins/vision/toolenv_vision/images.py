@@ -244,7 +244,20 @@ def load_image(path: Path) -> Image.Image:
         # mtime and size are part of the key so that a replaced file is decoded afresh.
         return _DECODED.get((str(path), st.st_mtime_ns, st.st_size), lambda: _decode(str(path)))
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageRefError(f"{path.name} is not a readable image ({type(exc).__name__})") from None
+        raise ImageRefError(f"{path.name} is not a readable image ({_reason(exc)})") from None
+
+
+REASON_CHARS = 200
+"""Pillow's reason is kept in the message, cut to this many characters: enough for "image file is
+truncated (43 bytes not processed)" or the decompression-bomb limit, one line in a log."""
+
+
+def _reason(exc: BaseException) -> str:
+    """`Type: message`, on one line and clipped: what Pillow says is wrong with the file."""
+    text = " ".join(str(exc).split())
+    if len(text) > REASON_CHARS:
+        text = text[: REASON_CHARS - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def cache_clear() -> None:
