@@ -83,9 +83,13 @@ def test_message_to_openai_with_tool_calls_and_images() -> None:
     m = Message(role="assistant", content="hi", tool_calls=[ToolCall(name="add", arguments={"a": 1}, id="c0")])
     d = m.to_openai()
     assert d["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
-    t = Message(role="tool", content="res", tool_call_id="c0", images=[img]).to_openai()
-    assert t["content"][0]["type"] == "image_url" and t["content"][1] == {"type": "text", "text": "res"}
-    assert t["tool_call_id"] == "c0"
+    u = Message(role="user", content="res", images=[img]).to_openai()
+    assert u["content"][0]["type"] == "image_url" and u["content"][1] == {"type": "text", "text": "res"}
+    t = Message(role="tool", content="res", tool_call_id="c0").to_openai()
+    assert t == {"role": "tool", "content": "res", "tool_call_id": "c0"}
+    # OpenAI takes text only in a tool message: its images go in a user message after it
+    with pytest.raises(ValueError, match="move_tool_images"):
+        Message(role="tool", content="res", tool_call_id="c0", images=[img]).to_openai()
 
 
 def test_models_forbid_unknown_fields() -> None:

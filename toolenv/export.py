@@ -20,8 +20,11 @@ verl's agent loop and the OpenAI agent's native mode use.
 
 Images never go into a tool message: the OpenAI chat format allows only text there, and
 TRL's `prepare_multimodal_messages` neither counts nor fills an image placeholder in one. A
-turn's result images go into one user message after its tool messages instead (with the
-observation, in text mode). In the file,
+turn of the `openai` agent's native mode is answered as the agent sent it (`move_tool_images`):
+the tool messages' text, then a user message per result with images (its images, then
+`Images from <tool>:`), then the user message of what answers no call. Other turns' result
+images go into one user message after its tool messages (with the observation, in text mode).
+In the file,
 a trajectory with images takes the layout of TRL's vision-language SFT: every content a list
 of parts, a `{"type": "image"}` placeholder where each image stands, and an `images` column
 naming the image files (in `images/` beside the file) in order of appearance. A trajectory
@@ -55,6 +58,7 @@ __all__ = [
     "export_chat",
     "export_tokens",
     "load_chat",
+    "move_tool_images",
     "token_rows",
     "trains_on",
 ]
@@ -148,7 +152,8 @@ def _check(calls: str, arguments: str) -> None:
 def _reply(results: list[ToolResult]) -> list[Message]:
     """The env's reply to a turn (`reply_messages`) with no image in a tool message: the tool
     messages' images go, in order and before its own, into the user message that follows them
-    (one is added when every result answers a call)."""
+    (one is added when every result answers a call). A native turn of the `openai` agent is
+    answered as that agent sent it instead (`move_tool_images`)."""
     out = reply_messages(results)
     moved = [im for m in out if m.role == "tool" for im in m.images]
     if not moved:
@@ -159,6 +164,35 @@ def _reply(results: list[ToolResult]) -> list[Message]:
         return [*tools, Message(role="user", content=last.content, images=[*moved, *last.images])]
     tools.append(Message(role="tool", content=last.content, name=last.name, tool_call_id=last.tool_call_id))
     return [*tools, Message(role="user", images=moved)]
+
+
+def move_tool_images(messages: Iterable[Message]) -> list[Message]:
+    """`messages` with no image in a tool message, as the `openai` agent's native mode sends them:
+    each tool message keeps its text, and its images go, in order, into a user message of their own
+    (`Images from <tool>:` after them) once the run of tool messages it is in ends.
+
+    OpenAI's API refuses image parts in a tool message (`Message.to_openai` does too); the messages
+    returned all convert. The agent and the SFT export both build a reply with this, so the export
+    writes the messages, text parts and order the model read."""
+    out: list[Message] = []
+    moved: list[Message] = []
+    for m in messages:
+        if m.role == "tool" and m.images:
+            out.append(Message(role="tool", content=m.content, name=m.name, tool_call_id=m.tool_call_id))
+            moved.append(Message(role="user", content=f"Images from {m.name or 'the tool'}:", images=list(m.images)))
+            continue
+        if moved and m.role != "tool":
+            out.extend(moved)
+            moved = []
+        out.append(m)
+    out.extend(moved)
+    return out
+
+
+def _sent_natively(turn: TurnRecord) -> bool:
+    """Whether the `openai` agent's native mode ran the turn (it records `native_tool_calls`, 0 too):
+    its reply is then the env's messages as that agent sent them (`move_tool_images`)."""
+    return "native_tool_calls" in turn.agent_metadata
 
 
 def _observation(turn: TurnRecord) -> Message:
@@ -179,6 +213,8 @@ def _episode(
             break
         if _reads_observation(trajectory, turn, calls):
             out.append(_observation(turn))
+        elif _sent_natively(turn):
+            out.extend(move_tool_images(reply_messages(turn.results)))
         else:
             out.extend(_reply(turn.results))
     return out

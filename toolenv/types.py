@@ -240,8 +240,20 @@ class Message(_Data):
     images: list[ToolImage] = field(default_factory=list)
 
     def to_openai(self) -> dict[str, Any]:
-        """The message as an OpenAI chat-completions dict (images as data URLs)."""
+        """The message as an OpenAI chat-completions dict (images as data URLs).
+
+        Raises:
+            ValueError: a tool message with images. OpenAI's tool messages hold text only (the API
+                refuses image parts there) and one dict cannot also hold the user message they
+                would go to: `toolenv.export.move_tool_images` moves them there first, as the
+                `openai` agent sends them.
+        """
         out: dict[str, Any] = {"role": self.role}
+        if self.images and self.role == "tool":
+            raise ValueError(
+                f"a tool message holds text only in OpenAI chat, and this one carries {len(self.images)} image(s): "
+                "move them to a user message after it first (toolenv.export.move_tool_images)"
+            )
         if self.images:
             parts: list[dict[str, Any]] = [
                 {"type": "image_url", "image_url": {"url": im.data_url()}} for im in self.images

@@ -12,7 +12,8 @@ Three ways to talk to the server:
   A format written in special tokens (`parser.special_tokens`: Harmony, Mistral...) is asked
   for with `skip_special_tokens: false` (a vLLM/SGLang field), so its markers reach the env.
 - `api="completions"`: one growing text prompt (the env's prompt, then action + observation);
-  all of the parser's stop strings, and special tokens as in text mode.
+  all of the parser's stop strings, and special tokens as in text mode. A text prompt holds no
+  image: an episode whose messages carry images ends with an `AgentError` (use `api="chat"`).
 
 In both chat modes a reasoning model's thinking (`reasoning` / `reasoning_content`, from a
 server's reasoning parser) is kept in the action's `metadata["reasoning"]` and sent back on its
@@ -51,6 +52,7 @@ import httpx
 from toolenv._text import encodable_value, fix_text
 from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.export import move_tool_images
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, ParsedAction, Task, new_call, new_parsed
@@ -178,7 +180,8 @@ class OpenAIAgent(Agent):
         model: the served model name.
         base_url: the API root, e.g. `http://127.0.0.1:8000/v1` (default: `$OPENAI_BASE_URL`
             or OpenAI's).
-        api: `"chat"` (`/chat/completions`) or `"completions"` (`/completions`).
+        api: `"chat"` (`/chat/completions`) or `"completions"` (`/completions`; text only: an episode
+            with images ends with an `AgentError`).
         tool_calling: `"native"` (send tool schemas, read `tool_calls`) or `"text"`; chat only.
         api_key_env: the environment variable holding the key (no key: no Authorization header).
         temperature: sampling temperature (None: the server's default).
@@ -410,6 +413,7 @@ class OpenAIAgent(Agent):
     # ------------------------------------------------------------------ acting
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         if self.api == "completions":
+            _refuse_images(messages)
             return await self._act_completions(observation, env_info)
         if self.tool_calling == "native":
             return await self._act_native(messages, env_info)
@@ -498,13 +502,11 @@ class OpenAIAgent(Agent):
         open_ids: dict[str, list[str]] = {}  # the env's id of an unanswered call -> the id it went under
         used: set[str] = set()
         pending_user: list[Message] = []
-        for m in messages:
+        # Tool messages carry text only: their images follow as user messages (the SFT export builds
+        # a native turn's reply with the same function, so it writes what the model read)
+        for m in move_tool_images(messages):
             if m.role == "tool" and m.tool_call_id and open_ids.get(m.tool_call_id):
                 out.append({"role": "tool", "tool_call_id": open_ids[m.tool_call_id].pop(0), "content": m.content})
-                if m.images:  # tool messages carry text only; images follow as a user message
-                    pending_user.append(
-                        Message(role="user", content=f"Images from {m.name or 'the tool'}:", images=m.images)
-                    )
                 continue
             if m.role == "tool":  # parser errors and the like: no call to answer
                 pending_user.append(Message(role="user", content=m.content, images=m.images))
@@ -732,6 +734,21 @@ def _distinct_ids(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _strip_calls(content: str) -> str:
     return _TOOL_CALL_BLOCK.sub("", content).strip()
+
+
+def _refuse_images(messages: list[Message]) -> None:
+    """Refuse an episode whose messages carry images in completions mode, whose text prompt has no
+    place for them: sent without them, the model would answer about a picture it never saw.
+
+    Raises:
+        AgentError: a message carries images (the runner ends the episode with it).
+    """
+    for i, m in enumerate(messages):
+        if m.images:
+            raise AgentError(
+                f"message {i} ({m.role}) carries {len(m.images)} image(s), and the openai agent's api=completions "
+                "sends a text prompt only; use api=chat (the default) to send images"
+            )
 
 
 def _since_last_assistant(messages: list[Message]) -> list[Message]:
