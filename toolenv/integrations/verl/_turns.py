@@ -18,11 +18,14 @@ from toolenv.integrations.verl.envs import EnvPool, make_env
 from toolenv.types import Message, Task, ToolResult
 
 __all__ = [
+    "REWARD_KEYS",
     "TOOL_FAILURES",
+    "RewardKeys",
     "ToolFailures",
     "changes_prompt",
     "ended_itself",
     "merge_server_fields",
+    "note_reward_keys",
     "note_tool_failures",
     "prompt_key",
     "stopped_on_string",
@@ -289,3 +292,41 @@ def note_tool_failures(results: Sequence[ToolResult]) -> None:
     warning = TOOL_FAILURES.add(results)
     if warning is not None:
         logger.warning("%s", warning)
+
+
+class RewardKeys:
+    """The sets of reward component names the process's episodes reported, with the first env of
+    each: verl needs the same `reward_extra_info` keys on every sample of a batch, and a batch mixing
+    envs with different rewards otherwise fails in verl's postprocessing with a bare `KeyError`."""
+
+    def __init__(self) -> None:
+        self.by_keys: dict[tuple[str, ...], str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, env_id: str, keys: Sequence[str]) -> str | None:
+        """Note an episode's keys; the error to log when they are a second set (once per set)."""
+        key_set = tuple(sorted(keys))
+        with self._lock:
+            if key_set in self.by_keys:
+                return None
+            self.by_keys[key_set] = env_id
+            if len(self.by_keys) < 2:
+                return None
+            union = sorted({k for ks in self.by_keys for k in ks})
+            seen = "; ".join(f"{e}: {', '.join(ks) or '(none)'}" for ks, e in self.by_keys.items())
+        return (
+            f"toolenv: episodes with different reward components in one run ({seen}); verl needs the "
+            "same reward_extra_info keys on every sample of a batch and fails in its postprocessing with a "
+            f"KeyError otherwise: set reward_keys: [{', '.join(union)}] on the agent loop (agent_loop_config_path)"
+        )
+
+
+#: The process's reward key sets (verl runs one loop per sample; a batch spans them all).
+REWARD_KEYS = RewardKeys()
+
+
+def note_reward_keys(env_id: str, keys: Sequence[str]) -> None:
+    """Note an episode's reward keys (when the loop has no `reward_keys`) and log what `RewardKeys` finds."""
+    error = REWARD_KEYS.add(env_id, keys)
+    if error is not None:
+        logger.error("%s", error)

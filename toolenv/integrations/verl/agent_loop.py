@@ -31,6 +31,7 @@ from toolenv.integrations.verl._turns import (
     changes_prompt,
     ended_itself,
     merge_server_fields,
+    note_reward_keys,
     note_tool_failures,
     stopped_on_string,
     template_turn_end_id,
@@ -325,6 +326,8 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         stop_ids: list[int] = [int(t) for t in params.get("stop_token_ids") or []]
 
         reward_keys = self.reward_keys if self.reward_keys is not None else list(env.reward_fn.weights)
+        if self.reward_keys is None:
+            note_reward_keys(env_id, reward_keys)  # another env's differ: say which reward_keys to set
         components = dict.fromkeys(reward_keys, 0.0)
         turn_scores: list[float] = []
         results: list[ToolResult] = []
