@@ -1,4 +1,4 @@
-"""What the SQL plugin's ORDER BY-ties tests share: the singers table and a one-turn score."""
+"""What the SQL plugin's reward tests share: a one-turn episode's reward, the ties tests' singers table."""
 
 from __future__ import annotations
 
@@ -19,18 +19,23 @@ SINGERS = [
 ]
 
 
-def score(path: Path, gold: str, answer: str, **overrides: Any) -> float:
-    """The reward of a one-turn episode answering `answer` to a task whose gold query is `gold`."""
+def play(task: Task, answer: str, **overrides: Any) -> tuple[float, dict[str, Any]]:
+    """The reward and `reward_info` of a one-turn Spider-env episode answering `answer` to `task`."""
     from toolenv_sql.envs import make_spider_env
 
-    task = Task(id="t", question="q", context={"db_path": path.name, "gold_sql": gold})
-    overrides.setdefault("require_table", False)  # the answers are the expected rows, typed in
-    env = make_spider_env(tasks=[task], root=path.parent, **overrides)
+    env = make_spider_env(tasks=[task], **overrides)
     env.reset(options={"task": task})
-    _, reward, terminated, _, _ = env.step(f"<answer>{answer}</answer>")
+    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
     assert terminated
     env.close()
-    return float(reward)
+    return float(reward), info["reward_info"]
+
+
+def score(path: Path, gold: str, answer: str, **overrides: Any) -> float:
+    """The reward of a one-turn episode answering `answer` to a task whose gold query is `gold`."""
+    task = Task(id="t", question="q", context={"db_path": path.name, "gold_sql": gold})
+    overrides.setdefault("require_table", False)  # the answers are the expected rows, typed in
+    return play(task, answer, root=path.parent, **overrides)[0]
 
 
 def rows(path: Path, sql: str) -> list[tuple[Any, ...]]:

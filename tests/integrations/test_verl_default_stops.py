@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _chat_templates import GLM_TEMPLATE
 
 pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
 pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
@@ -109,17 +110,6 @@ async def test_inline_keeps_every_stop_of_the_parser(tiny_tokenizer, make_loop):
     assert server.calls[0]["sampling_params"]["stop"] == ["</tool_call>"]
     assert server.emitted[0] == tiny_tokenizer.encode(CALL, add_special_tokens=False)
     assert out.extra_fields["reward_extra_info"]["tool_calls"] == 1.0 and out.reward_score == 1.0
-
-
-GLM_TEMPLATE = (
-    "[gMASK]<sop>{%- for m in messages %}"
-    "{%- if m.role == 'system' %}<|system|>\n{{ m.content }}"
-    "{%- elif m.role == 'user' %}<|user|>\n{{ m.content }}"
-    "{%- elif m.role == 'assistant' %}<|assistant|>\n{{ m.content }}"
-    "{%- elif m.role == 'tool' %}{%- if loop.index0 == 0 or messages[loop.index0-1].role != 'tool' %}"
-    "<|observation|>{%- endif %}\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|assistant|>\n{%- endif %}"
-)
 
 
 async def test_stop_strings_that_are_special_tokens_are_left_to_the_model(make_loop):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _chat_templates import GLM_TEMPLATE
 
 pytest.importorskip("verl", reason="verl is not installed (pip install 'toolenv[verl]'); CI installs it")
 pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop needs cachetools/uvicorn/fastapi")
@@ -21,16 +22,6 @@ from toolenv.integrations.verl.demo import DEMO_TASKS
 
 CALC = "toolenv.integrations.verl.demo:Calculator"
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
-
-GLM_TEMPLATE = (
-    "[gMASK]<sop>{%- for m in messages %}"
-    "{%- if m.role == 'system' %}<|system|>\n{{ m.content }}"
-    "{%- elif m.role == 'user' %}<|user|>\n{{ m.content }}"
-    "{%- elif m.role == 'assistant' %}<|assistant|>\n{{ m.content }}"
-    "{%- elif m.role == 'tool' %}{%- if loop.index0 == 0 or messages[loop.index0-1].role != 'tool' %}"
-    "<|observation|>{%- endif %}\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|assistant|>\n{%- endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -8,24 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _sql_ties import play as _play
 
 from toolenv import Task
-from toolenv_sql.envs import make_chinook_env, make_spider_env
+from toolenv_sql.envs import make_chinook_env
 from toolenv_sql.reward import ExecutionMatch, rows_match
 
 SINGERS = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
 # A 9 MB text value (printf also builds it on Python 3.10, which refuses zeroblob).
 BIG = "printf('%.*c', 9000000, 'x')"
-
-
-def _play(task: Task, answer: str, **overrides: Any) -> tuple[float, dict[str, Any]]:
-    """The reward and `reward_info` of a one-turn episode answering `answer`."""
-    env = make_spider_env(tasks=[task], **overrides)
-    env.reset(options={"task": task})
-    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
-    assert terminated
-    env.close()
-    return float(reward), info["reward_info"]
 
 
 def _task(gold: str, db_path: str = SINGERS, **context: Any) -> Task:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _sql_ties import play as _play
 
 from toolenv import Task
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
@@ -23,16 +24,6 @@ from toolenv_sql.tool import SQLTool
 
 SINGERS = "spider_dev_sample/database/concert_singer/concert_singer.sqlite"
 NO_TABLE = "the answer reads no table of the database"
-
-
-def _play(task: Task, answer: str, **overrides: Any) -> tuple[float, dict[str, Any]]:
-    """The reward and `reward_info` of a one-turn episode answering `answer`."""
-    env = make_spider_env(tasks=[task], **overrides)
-    env.reset(options={"task": task})
-    _, reward, terminated, _, info = env.step(f"<answer>{answer}</answer>")
-    assert terminated
-    env.close()
-    return float(reward), info["reward_info"]
 
 
 def _task(gold: str, db_path: str = SINGERS) -> Task:
