@@ -17,7 +17,7 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     n = 20 if args.quick else 300
     tasks = generate_tasks(20, seed=0)
-    tool = CropTool()
+    tool = CropTool(view_from_task=False)  # the tasks' `box` is in the task image's own pixels
     caller = ToolCaller([tool])
 
     async def tool_calls() -> list[float]:
