@@ -107,11 +107,11 @@ def _validation_problems(exc: ValidationError) -> str:
     return "; ".join(said) or str(exc)
 
 
-def clip_line(text: str) -> str:
-    """`text` on one line (white space runs made one space), clipped to `MAX_ERROR_CHARS`: an
+def clip_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`text` on one line (white space runs made one space), clipped to `limit` characters: an
     error may quote a server's response body, a page of JSON."""
     text = " ".join(text.split())
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def error_line(exc: BaseException) -> str:

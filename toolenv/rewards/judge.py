@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import cachetools
 
 from toolenv import _aio
+from toolenv._decades import Decades
 from toolenv._tls import tls_context
 from toolenv.episode import Episode
 from toolenv.parsers.reasoning import split_reasoning
@@ -377,7 +378,7 @@ class _Shared:
     replies: cachetools.LRUCache[str, str] | None
     pending: dict[str, _Flight] = field(default_factory=dict)
     failures: int = 0
-    next_warning: int = 1  # the failure count at which the next warning is logged
+    warnings: Decades = field(default_factory=Decades)  # when the failure count is logged
     # Every thread's loop takes it (held for dict operations only, never across an await).
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -569,9 +570,7 @@ class LLMJudge(Reward):
         shared = self._shared
         with self._lock:
             shared.failures += 1
-            failures, warn = shared.failures, shared.failures >= shared.next_warning
-            if warn:
-                shared.next_warning *= 10
+            failures, warn = shared.failures, shared.warnings.due(shared.failures)
         if warn:
             plural = "" if failures == 1 else "s"
             _log.warning("judge %r failed (%d failure%s so far; each scores 0): %s", self.name, failures, plural, error)

@@ -59,6 +59,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from toolenv._decades import Decades
 from toolenv.episode import Episode
 from toolenv.rewards import Reward, record_reward_info, register_reward
 from toolenv_sql.errors import SQLError
@@ -305,7 +306,7 @@ class ExecutionMatch(Reward):
         self.root = Path(root) if root is not None else DATA_DIR
         self.timeout = timeout
         self.task_faults = 0  # episodes scored 0 because of their task (logged at the 1st, 10th, 100th, ...)
-        self._next_warning = 1
+        self._warnings = Decades()
 
     async def final(self, episode: Episode) -> float:
         if episode.answer is None:
@@ -359,8 +360,7 @@ class ExecutionMatch(Reward):
         """Score 0 for a fault of the task, not the answer, and say so in the log: every answer to
         such a task scores 0, and a training run would otherwise learn from those zeros unawares."""
         self.task_faults += 1
-        if self.task_faults >= self._next_warning:
-            self._next_warning *= 10
+        if self._warnings.due(self.task_faults):
             _log.warning(
                 "execution_match: task %r cannot be scored (%d such episode(s) so far; each scores 0): %s",
                 episode.task.id,

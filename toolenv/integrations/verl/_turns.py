@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from toolenv._decades import Decades
 from toolenv.env import ToolEnv
 from toolenv.integrations.verl.envs import EnvPool, make_env
 from toolenv.types import Message, Task, ToolResult
@@ -131,8 +133,9 @@ def _special(tokenizer: Any, token_id: int) -> bool:
     return bool(getattr(added.get(token_id), "special", False))
 
 
-#: Whether a stop string is one special token, per (tokenizer id, string): asked for every episode.
-_SPECIAL_STOPS: dict[tuple[int, str], bool] = {}
+#: Whether a stop string is one special token, per tokenizer and string: asked for every episode.
+#: Weakly keyed: a tokenizer freed and another made at its address must not reuse its answers.
+_SPECIAL_STOPS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 def text_stops(tokenizer: Any, stops: Iterable[str]) -> list[str]:
@@ -140,13 +143,16 @@ def text_stops(tokenizer: Any, stops: Iterable[str]) -> list[str]:
     Harmony's `<|call|>`, DeepSeek's `<｜tool▁calls▁end｜>`): servers match stop strings against
     their text, which skips special tokens, so these never match there, and a reply ending on one
     is the model's own turn boundary, which verl's token builder closes, not the loop."""
+    try:
+        known = _SPECIAL_STOPS.setdefault(tokenizer, {})
+    except TypeError:  # an object that takes no weak reference: asked each time
+        known = {}
     kept = []
     for stop in stops:
-        key = (id(tokenizer), stop)
-        if key not in _SPECIAL_STOPS:
+        if stop not in known:
             ids = tokenizer.encode(stop, add_special_tokens=False)
-            _SPECIAL_STOPS[key] = len(ids) == 1 and _special(tokenizer, int(ids[0]))
-        if not _SPECIAL_STOPS[key]:
+            known[stop] = len(ids) == 1 and _special(tokenizer, int(ids[0]))
+        if not known[stop]:
             kept.append(stop)
     return kept
 
@@ -252,7 +258,7 @@ class ToolFailures:
 
     def __init__(self) -> None:
         self.episodes = self.failing = 0
-        self.next_warning = 1
+        self.warnings = Decades()
         self._lock = threading.Lock()  # verl's worker may run loops on more than one thread
 
     def add(self, results: Sequence[ToolResult]) -> str | None:
@@ -267,10 +273,8 @@ class ToolFailures:
                 return None
             self.failing += 1
             mostly = self.failing == self.episodes or (self.episodes >= self.FEW and 2 * self.failing >= self.episodes)
-            if not mostly or self.failing < self.next_warning:
+            if not mostly or not self.warnings.due(self.failing):
                 return None
-            while self.next_warning <= self.failing:
-                self.next_warning *= 10
             failing, episodes = self.failing, self.episodes
         from toolenv.cli import clip_line  # an error may quote a page of a server's reply
 
