@@ -390,7 +390,8 @@ def test_malformed_text_is_an_error_observation_and_the_episode_goes_on() -> Non
     assert "no such table: nowhere" in out["observations"][0]["content"]  # SQLite's own message
     out = env.step(f"<answer>{gold(row)}</answer>")
     assert out["done"] is True and out["reward"] == 1.0
-    assert env.get_metrics()["tool_errors"] == 2  # the missing call and the failed query
+    metrics = env.get_metrics()
+    assert metrics["tool_errors"] == 1 and metrics["parse_errors"] == 1  # the failed query; the missing call
     env.close()
 
 

@@ -21,6 +21,7 @@ EXPECTED_KEYS = {
     "truncated",
     "turns",
     "tool_calls",
+    "parse_errors",
     "tool_errors",
     "tool_latency_s",
     "reward/exact_match",

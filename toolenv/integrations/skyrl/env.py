@@ -138,6 +138,21 @@ def close_pooled_envs() -> int:
 
 
 # ---------------------------------------------------------------------- the env
+#: `get_metrics()`'s counts, at 0 after a failed reset: SkyRL averages each key over the samples that have it,
+#: so a key left out would leave the failed samples out of its average.
+_COUNTS = ("return", "turns", "tool_calls", "tool_errors", "parse_errors", "answered", "terminated", "truncated")
+
+
+def _failed_calls(results: Iterable[ToolResult]) -> int:
+    """Error results of tool calls: the parser's own (name `"parser"`) are not calls."""
+    return sum(1 for r in results if r.is_error and r.name != "parser")
+
+
+def _parser_errors(results: Iterable[ToolResult]) -> int:
+    """The parser's error results: calls it could not read, a turn with no call and no answer."""
+    return sum(1 for r in results if r.is_error and r.name == "parser")
+
+
 def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(plain(value), default=str))
 
@@ -398,26 +413,29 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 
     def get_metrics(self) -> dict[str, Any]:
         """The episode's numbers, for SkyRL's env metrics (which its default aggregator averages
-        over a batch): return, turns, tool calls, error results, answered, terminated,
-        truncated, env_error (1 when the env failed and ended the episode; it then ended neither
-        terminated nor truncated), and each reward component's sum as `reward/<name>`. `{}` before `init`; after
-        `close()` still this sample's, though the pooled env may run another one by then; after a
-        failed reset, zeros and env_error 1."""
+        over a batch): return, turns, tool_calls, tool_errors (the calls that failed, so at most
+        tool_calls), parse_errors (the parser's error results: unreadable calls, turns with no
+        action), answered, terminated, truncated, env_error (1 when the env failed and ended the
+        episode; it then ended neither terminated nor truncated), and each reward component's sum
+        as `reward/<name>`. `{}` before `init`; after `close()` still this sample's, though the
+        pooled env may run another one by then; after a failed reset, the same counts at zero and
+        env_error 1."""
         ep = self._episode
         if ep is None:
             if self.error is None:
                 return {}
-            counts = ("return", "turns", "tool_calls", "tool_errors", "answered", "terminated", "truncated")
-            return {**dict.fromkeys(counts, 0.0), "env_error": 1.0}
+            return {**dict.fromkeys(_COUNTS, 0.0), "env_error": 1.0}
         components: dict[str, float] = {}
         for turn in ep.turns:
             for k, v in turn.reward_components.items():
                 components[k] = components.get(k, 0.0) + v
+        results = [r for turn in ep.turns for r in turn.results]
         return {
             "return": float(sum(t.reward for t in ep.turns)),
             "turns": len(ep.turns),
             "tool_calls": ep.tool_calls,
-            "tool_errors": ep.tool_errors,
+            "tool_errors": _failed_calls(results),
+            "parse_errors": _parser_errors(results),
             "answered": float(ep.answer is not None),
             # An episode the env failed in ended neither way: its reward is not the env's.
             "terminated": float(ep.terminated and self.error is None),
@@ -498,7 +516,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
                 {"name": r.name, "call_id": r.call_id, "error": r.error, "attempts": r.attempts}
                 for r in info["tool_calls"]
             ],
-            "tool_errors": sum(1 for r in results if r.is_error),
+            "tool_errors": _failed_calls(results),
             "parse_errors": list(info["action"].errors),
             "reward_components": dict(info["reward_components"]),
         }

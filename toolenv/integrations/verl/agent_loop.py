@@ -524,10 +524,13 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         split = len(runtime) - len(mask)
         total = split + min(len(mask), self.response_length)
         score = float(sum(turn_scores))
-        errors = sum(1 for r in results if r.is_error)
+        # Two faults, counted apart: calls that failed (so tool_errors / tool_calls is a failure
+        # rate, at most 1) and turns the parser could not read (its results: parse errors, no action).
+        calls = [r for r in results if r.name != "parser"]
         tool_metrics = {
-            "tool_calls": float(sum(1 for r in results if r.name != "parser")),
-            "tool_errors": float(errors),
+            "tool_calls": float(len(calls)),
+            "tool_errors": float(sum(1 for r in calls if r.is_error)),
+            "parse_errors": float(sum(1 for r in results if r.name == "parser" and r.is_error)),
             "tool_latency_s": tool_latency,
         }
         reward_extra_info: dict[str, float] = {

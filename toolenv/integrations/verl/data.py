@@ -8,8 +8,19 @@ needs to replay the episode in a Ray worker:
   `native_tools`, so the prompt says only how to answer rather than listing the tools a second time
 - `agent_name`: the agent loop (`toolenv_agent` in examples/verl/toolenv_agent.yaml)
 - `data_source`, `ability`, `reward_model.ground_truth` (a string; JSON list for several answers)
-- `extra_info`: `index`, `split`, `env_id`, `task_id`, `task` (JSON), `env_kwargs` (JSON) and
-  `tools_kwargs` (each tool's `create_kwargs.task`, for verl's `tool_agent` with `ToolEnvBaseTool`)
+- `extra_info`: `index` (the row's position among the rows built), `split`, `env_id`, `task_id`,
+  `task` (JSON), `env_kwargs` (JSON), `tools_kwargs` (each tool's `create_kwargs.task`, for verl's
+  `tool_agent` with `ToolEnvBaseTool`) and, in rows for a loop that gives the model the tools
+  itself (`native_tools`: verl's `tool_agent`), `tool_selection` (the env's tool names)
+
+`tool_selection` is verl's per-row tool filter: its `tool_agent` offers a row only the configured
+tools the row names. Without it, a dataset mixing envs (two files given to verl, or the rows of
+two envs in one file) offered every env's tools on every row, and parquet (and verl's dataset,
+concatenating files) unions `tools_kwargs`' struct fields, so a row held `None` for the other
+env's tools: a call to one failed inside verl (`'NoneType' object has no attribute 'get'`, before
+the tool runs, so no tool can answer it). With it, such a call gets verl's own error observation
+(`Unknown function ...`, naming the row's tools) and the episode goes on. It names the env's
+tools only: a tool of the verl config that no env of the dataset has is not offered on its rows.
 
 pyarrow cannot write an empty struct, so nested values are JSON strings or left out.
 """
@@ -27,6 +38,7 @@ from typing import Any
 
 from toolenv import _aio
 from toolenv._outputs import written_in_place
+from toolenv.env import ToolEnv
 from toolenv.integrations.verl.envs import TASK_SELECTION_KEYS, make_env
 from toolenv.types import Message, Task
 
@@ -106,6 +118,8 @@ async def abuild_rows(
     data_source: str | None = None,
     ability: str = "tool_use",
     native_tools: bool | None = None,
+    skip_failed: bool = False,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """One verl row per task of `gym.make(env_id, **env_kwargs)` in `split` (see `split_tasks`).
 
@@ -114,9 +128,15 @@ async def abuild_rows(
     by default True for verl's `tool_agent` (`TEMPLATE_TOOLS_AGENTS`), False otherwise
     (`ToolEnvAgentLoop` renders the prompt without `tools=`: the env's prompt lists them).
 
+    `skip_failed`: leave out the tasks whose reset raises (an unreadable image among thousands)
+    instead of raising on the first; `skipped`, if given, gets `(task id, one-line error)` of each
+    task left out. `split` and `limit` choose the tasks before any reset, so a skipped task is not
+    replaced, and `index` counts the rows kept (0, 1, 2, ... with no gaps).
+
     Raises:
         ValueError: the env cannot be made, has no tasks, `env_kwargs` is not JSON (tools given as
-            objects, not references), or `limit` or `split` is invalid.
+            objects, not references), `limit` or `split` is invalid, or a task's reset raised
+            (without `skip_failed`; with it, only when every task's did).
     """
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, got {limit}")
@@ -131,45 +151,85 @@ async def abuild_rows(
         ) from None
     if native_tools is None:
         native_tools = agent_name in TEMPLATE_TOOLS_AGENTS
+    failed = skipped if skipped is not None else []
     env = make_env(env_id, kwargs)
     try:
         tasks = split_tasks(env.tasks, split)
         tasks = tasks[:limit] if limit is not None else tasks
         if not tasks:
             raise ValueError(f"env {env_id!r} has no tasks (pass tasks in --env-kwargs?)")
-        rows = []
-        for index, task in enumerate(tasks):
-            _, info = await env.areset(options={"task": task, "native_tools": native_tools})
-            prompt, images = prompt_messages(info["messages"])
-            task_json = task.model_dump_json()
-            extra: dict[str, Any] = {
-                "index": index,
-                "split": split or "all",
-                "env_id": env_id,
-                "task_id": task.id,
-                "task": task_json,
-                "env_kwargs": stored_json,
-            }
-            if env.tools:
-                extra["tools_kwargs"] = {t.name: {"create_kwargs": {"task": task_json}} for t in env.tools}
-            row: dict[str, Any] = {
-                "data_source": data_source or env_id,
-                "agent_name": agent_name,
-                "ability": ability,
-                "prompt": prompt,
-                "reward_model": {"style": "rule", "ground_truth": ground_truth(task)},
-                "extra_info": extra,
-            }
-            if images:
-                row["images"] = images
-            rows.append(row)
+        rows: list[dict[str, Any]] = []
+        first_failure = len(failed)
+        for task in tasks:
+            try:
+                _, info = await env.areset(options={"task": task, "native_tools": native_tools})
+            except Exception as exc:  # said with the task's id, or skipped as asked
+                reason = _one_line(exc)
+                if not skip_failed:
+                    raise ValueError(  # what to do first: the command line clips a long line
+                        f"the reset of task {task.id!r} failed; fix or remove the task, or leave out the tasks "
+                        f"whose reset fails with skip_failed=True (toolenv verl-data --skip-failed): {reason}"
+                    ) from exc
+                failed.append((task.id, reason))
+                continue
+            columns = {"data_source": data_source or env_id, "agent_name": agent_name, "ability": ability}
+            place = {"index": len(rows), "split": split or "all", "env_id": env_id}
+            rows.append(_row(env, task, info["messages"], columns, place, stored_json, native_tools))
+        if not rows:
+            task_id, reason = failed[first_failure]
+            raise ValueError(
+                f"the reset failed for every one of the {len(tasks)} tasks, so there is no row to write; "
+                f"the first, task {task_id!r}: {reason}"
+            )
         return rows
     finally:
         await env.aclose()
 
 
+#: Characters of a skipped task's error kept (a reset's error may quote a page).
+MAX_REASON_CHARS = 300
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, clipped to `MAX_REASON_CHARS`."""
+    from toolenv.cli import clip_line
+
+    return clip_line(f"{type(exc).__name__}: {exc}", MAX_REASON_CHARS)
+
+
+def _row(
+    env: ToolEnv,
+    task: Task,
+    messages: list[Message],
+    columns: dict[str, str],
+    place: dict[str, Any],
+    env_kwargs_json: str,
+    native_tools: bool,
+) -> dict[str, Any]:
+    """The verl row of `task`, whose reset gave `messages`: `columns` are its `data_source`,
+    `agent_name` and `ability`; `place` its `index`, `split` and `env_id` (first in `extra_info`);
+    `native_tools`: for a loop that gives the model the tools itself, which `tool_selection` names."""
+    prompt, images = prompt_messages(messages)
+    task_json = task.model_dump_json()
+    extra: dict[str, Any] = {**place, "task_id": task.id, "task": task_json, "env_kwargs": env_kwargs_json}
+    if env.tools:
+        extra["tools_kwargs"] = {t.name: {"create_kwargs": {"task": task_json}} for t in env.tools}
+    if env.tools and native_tools:  # verl's tool_agent offers the row only these (see the module docstring)
+        extra["tool_selection"] = [t.name for t in env.tools]
+    row: dict[str, Any] = {
+        **columns,
+        "prompt": prompt,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth(task)},
+        "extra_info": extra,
+    }
+    if images:
+        row["images"] = images
+    return row
+
+
 def build_rows(env_id: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """Sync twin of `abuild_rows` (same keyword arguments); not for use inside an event loop."""
+    """Sync twin of `abuild_rows` (same keyword arguments, `skip_failed` and `skipped` included);
+    not for use inside an event loop."""
     return _aio.run(abuild_rows(env_id, **kwargs))
 
 

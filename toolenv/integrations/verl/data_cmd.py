@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the agent loop gives the model the tools through the chat template, so the prompt only says how to "
         "answer (default: on for --agent-name tool_agent, verl's own tool loop; off otherwise)",
     )
+    parser.add_argument(
+        "--skip-failed",
+        action="store_true",
+        help="leave out the tasks whose reset fails (an unreadable image, say) instead of stopping at the first; "
+        "how many and the first reasons go to stderr, and the command still fails when every task does",
+    )
 
 
 def _env_kwargs(text: str) -> dict[str, Any]:
@@ -51,7 +57,23 @@ def _env_kwargs(text: str) -> dict[str, Any]:
     return value
 
 
+#: Reasons shown of the tasks `--skip-failed` left out (each is one line; the rest are counted).
+SHOWN_REASONS = 5
+
+
+def _report_skipped(skipped: list[tuple[str, str]], total: int) -> None:
+    """Say on stderr how many tasks were left out, and why for the first few."""
+    if not skipped:
+        return
+    print(f"skipped {len(skipped)} of {total} tasks whose reset failed:", file=sys.stderr)
+    for task_id, reason in skipped[:SHOWN_REASONS]:
+        print(f"  task {task_id!r}: {reason}", file=sys.stderr)
+    if len(skipped) > SHOWN_REASONS:
+        print(f"  ... and {len(skipped) - SHOWN_REASONS} more", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
+    skipped: list[tuple[str, str]] = []
     rows = build_rows(
         args.env_id,
         env_kwargs=_env_kwargs(args.env_kwargs),
@@ -60,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         agent_name=args.agent_name,
         data_source=args.data_source,
         native_tools=args.native_tools,
+        skip_failed=args.skip_failed,
+        skipped=skipped,
     )
+    _report_skipped(skipped, len(rows) + len(skipped))
     path = write_parquet(rows, args.out)
     # Not into the data when the data goes to stdout (`--out /dev/stdout | ...`)
     print(
