@@ -18,7 +18,7 @@ from toolenv_vision import CropTool, images, task_image
 from toolenv_vision.envs import overview_image
 
 
-def crop(root: Path, name: str, bbox: list[float], **options: int) -> ToolResult:
+def crop(root: Path, name: str, bbox: list[float], **options: int | str) -> ToolResult:
     caller = ToolCaller([CropTool(root, **options)])
     call = ToolCall(name="crop", arguments={"bbox": bbox, "units": "pixels"}, id="c")
     results, _ = asyncio.run(caller.invoke([call], ToolContext(task=Task(context={"image": name}))))
@@ -216,9 +216,10 @@ def test_a_crop_is_its_pixels_alone_whatever_the_source_profile(name: str) -> No
     """Photos with a colour profile are converted to sRGB, and the converted image carried the new
     sRGB profile, which lcms stamps with the time it was made: every crop PNG embedded it, so the
     same crop had other bytes in another process or after the decode cache dropped the photo (its
-    hash, hence image-store files and caches, differed). The bytes are now the pixels' alone."""
+    hash, hence image-store files and caches, differed). The bytes are now the pixels' alone.
+    (PNG here; a JPEG photo's crops are JPEG by default: test_vision_crop_format checks those.)"""
     images.cache_clear()
-    r = crop(images.DATA_DIR, name, [0, 0, 64, 64], min_pixels=64 * 64)
+    r = crop(images.DATA_DIR, name, [0, 0, 64, 64], min_pixels=64 * 64, crop_format="png")
     assert not r.is_error, r.text
     shown = r.images[0].to_pil()
     assert "icc_profile" not in shown.info  # sRGB pixels, untagged: what every processor assumes

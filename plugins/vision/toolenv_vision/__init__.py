@@ -1,4 +1,5 @@
-"""toolenv-vision: a `crop` (zoom-in) tool and the `toolenv/VisualSearch-v0` environment.
+"""toolenv-vision: a `crop` (zoom-in) tool, the same as DeepEyes' `image_zoom_in_tool`, and the
+`toolenv/VisualSearch-v0` environment.
 
 Needs Pillow. Images are named by tasks as paths relative to an image root (the
 bundled scikit-image photos by default) and decoded once per process.
@@ -11,7 +12,9 @@ from toolenv_vision.crop import (
     Coordinates,
     CropArgs,
     CropCall,
+    CropFormat,
     CropTool,
+    ImageZoomInTool,
     PixelBox,
     Relative1000Args,
     RelativeArgs,
@@ -20,7 +23,7 @@ from toolenv_vision.crop import (
     zoom_size,
 )
 from toolenv_vision.envs import CodeMatch, VisualSearchEnv, make_visualsearch_env, overview_image, visualsearch_oracle
-from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image
+from toolenv_vision.images import DATA_DIR, PHOTOS, ImageRefError, resolve_image, set_decode_cache
 from toolenv_vision.render import CodeOverlay, code_patch, task_image
 from toolenv_vision.tasks import ALPHABET, generate_tasks, photos_in
 
@@ -34,8 +37,10 @@ __all__ = [
     "Coordinates",
     "CropArgs",
     "CropCall",
+    "CropFormat",
     "CropTool",
     "ImageRefError",
+    "ImageZoomInTool",
     "PixelBox",
     "Relative1000Args",
     "RelativeArgs",
@@ -47,6 +52,7 @@ __all__ = [
     "overview_image",
     "photos_in",
     "resolve_image",
+    "set_decode_cache",
     "task_image",
     "view_dims",
     "visualsearch_oracle",

@@ -31,6 +31,14 @@ The crop is resized, aspect ratio kept, so that its pixel count lies within
 [`min_pixels`, `max_pixels`]: a small region is enlarged (the zoom), a huge one shrunk; and
 each side is at least `min_shown_side` (32) pixels, even past `max_pixels`: Qwen-VL processors
 cut images into 28 px (Qwen2.5-VL) or 32 px (Qwen3-VL) squares and many raise on a shorter side.
+
+Crops are encoded as `crop_format` says: with `"auto"` (default) a JPEG photo gives JPEG crops
+(quality `CROP_JPEG_QUALITY`, about 8x smaller than PNG, and every later request of an episode
+resends every image) and anything else (PNG charts and screenshots, VisualSearch's rendered
+images, whose drawn code must stay sharp) lossless PNG.
+
+`ImageZoomInTool` is the same tool under DeepEyes' (and verl's example's) name and arguments:
+`image_zoom_in_tool` with `bbox_2d` and an optional `label`.
 """
 
 from __future__ import annotations
@@ -46,11 +54,13 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, model_validator
 
 from toolenv import Task, Tool, ToolContext, ToolImage, ToolResult
-from toolenv_vision.images import ImageRefError
+from toolenv_vision.images import ImageRefError, resolve_image, source_format
 from toolenv_vision.render import task_image
 
 __all__ = [
     "COORDINATES",
+    "CROP_FORMATS",
+    "CROP_JPEG_QUALITY",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MIN_PIXELS",
     "DEFAULT_MIN_SHOWN_SIDE",
@@ -58,7 +68,9 @@ __all__ = [
     "Coordinates",
     "CropArgs",
     "CropCall",
+    "CropFormat",
     "CropTool",
+    "ImageZoomInTool",
     "PixelBox",
     "Relative1000Args",
     "RelativeArgs",
@@ -83,6 +95,14 @@ Coordinates = Literal["pixels", "relative1000", "relative"]
 """How a crop box is read: pixels of the image the model was shown, 0-1000 across its width and
 height (Qwen3-VL), or fractions 0-1."""
 COORDINATES: tuple[str, ...] = get_args(Coordinates)
+
+CropFormat = Literal["auto", "png", "jpeg"]
+"""How a crop is encoded: `"auto"` keeps the kind of the task's image file (JPEG photos give JPEG
+crops; everything else, and rendered task images, PNG), or always PNG, or always JPEG."""
+CROP_FORMATS: tuple[str, ...] = get_args(CropFormat)
+CROP_JPEG_QUALITY = 90
+"""JPEG quality of a crop: a 12 MP photo's crop shown at 517x387 is 38 KB, against 310 KB as PNG."""
+_JPEG_SOURCES = frozenset({"JPEG", "MPO"})  # MPO: a camera's multi-picture JPEG
 
 Coordinate = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
 _SNAP = 1e-6
@@ -388,6 +408,7 @@ class _Frame:
     whole_pixels: bool  # the frame is the task image's own pixels
 
 
+_WH = "width and height"
 _FIRST_IMAGE = (
     "Boxes always refer to the first image you were shown, the whole picture: never give coordinates of a crop."
 )
@@ -435,6 +456,8 @@ class CropTool(Tool):
         max_aspect_ratio: long side over short side of a box, at most.
         min_shown_side: each side of the returned image is at least this long, even past
             `max_pixels` (32: Qwen-VL processors raise on a side under their 28 or 32 px grid).
+        crop_format: `"auto"` (a JPEG task image gives JPEG crops, anything else PNG), `"png"`
+            or `"jpeg"` (quality `CROP_JPEG_QUALITY`): the bytes every later request resends.
         **limits: `ToolLimits` overrides.
     """
 
@@ -446,6 +469,7 @@ class CropTool(Tool):
         "the image. " + _FIRST_IMAGE
     )
     Args: ClassVar[type[BaseModel]] = CropCall
+    _bbox_name: ClassVar[str] = "bbox"  # the box argument's name, in messages
 
     def __init__(
         self,
@@ -462,6 +486,7 @@ class CropTool(Tool):
         min_size: int = DEFAULT_MIN_SIZE,
         max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
         min_shown_side: int = DEFAULT_MIN_SHOWN_SIDE,
+        crop_format: CropFormat = "auto",
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
@@ -485,6 +510,8 @@ class CropTool(Tool):
             raise ValueError(f"max_aspect_ratio must be at least 1, got {max_aspect_ratio}")
         if min_shown_side < 1:
             raise ValueError(f"min_shown_side must be at least 1, got {min_shown_side}")
+        if crop_format not in CROP_FORMATS:
+            raise ValueError(f"crop_format must be one of {', '.join(CROP_FORMATS)}, got {crop_format!r}")
         self.image_root = Path(image_root) if image_root is not None else None
         self.coordinates: Coordinates = coordinates
         self.view_size, self.view_multiple = view_size, view_multiple
@@ -492,6 +519,7 @@ class CropTool(Tool):
         self.view_from_task = view_from_task
         self.min_pixels, self.max_pixels, self.min_size = min_pixels, max_pixels, min_size
         self.max_aspect_ratio, self.min_shown_side = max_aspect_ratio, min_shown_side
+        self.crop_format: CropFormat = crop_format
         self._strict, self.Args = _MODELS[coordinates]  # type: ignore[misc]  # per instance, like FunctionTool
         self.description = self._describe()  # type: ignore[misc]
 
@@ -532,7 +560,7 @@ class CropTool(Tool):
         )
 
     async def run(self, args: BaseModel, ctx: ToolContext) -> ToolResult:
-        # Decoding, resizing and PNG encoding are CPU work: keep them off the event loop.
+        # Decoding, resizing and encoding are CPU work: keep them off the event loop.
         return await asyncio.to_thread(self.crop, args, ctx.task)
 
     def _shown(self, context: Mapping[str, Any], width: int, height: int) -> tuple[int, int] | None:
@@ -587,9 +615,9 @@ class CropTool(Tool):
     def _trailer(self, width: int, height: int, shown: tuple[int, int] | None) -> str:
         """The last sentence of an error: the image's size in the model's pixels, or the convention."""
         if self.coordinates == "relative1000":
-            return "bbox is relative1000: [x1, y1, x2, y2] from 0 to 1000 across the image's width and height."
+            return f"{self._bbox_name} is relative1000: [x1, y1, x2, y2] from 0 to 1000 across the image's {_WH}."
         if self.coordinates == "relative":
-            return "bbox is relative: [x1, y1, x2, y2] as fractions from 0 to 1 of the image's width and height."
+            return f"{self._bbox_name} is relative: [x1, y1, x2, y2] as fractions from 0 to 1 of the image's {_WH}."
         vw, vh = shown or (width, height)
         return f"The image is {vw}x{vh} px."
 
@@ -611,23 +639,21 @@ class CropTool(Tool):
         trailer = self._trailer(image.width, image.height, shown)
         if not isinstance(args, self._strict):
             try:
-                args = self._strict.model_validate(args.model_dump())
+                args = self._validated(args)
             except ValidationError as exc:
-                return ToolResult.error(f"Invalid arguments for tool 'crop': {_argument_errors(exc)}. {trailer}")
+                return ToolResult.error(f"Invalid arguments for tool {self.name!r}: {self._arg_errors(exc)}. {trailer}")
         assert isinstance(args, _Ordered)
         frame = self._frame(args, image.width, image.height, shown)
         ex, ey = frame.extent
+        invalid = f"Invalid {self._bbox_name} {_fmt(args.bbox)} ({frame.label})"
         if not frame.whole_pixels and (args.bbox[2] > ex or args.bbox[3] > ey):
-            return ToolResult.error(
-                f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): it reaches outside the "
-                f"{_num(ex)}x{_num(ey)} image. {trailer}"
-            )
+            return ToolResult.error(f"{invalid}: it reaches outside the {_num(ex)}x{_num(ey)} image. {trailer}")
         try:
             box = PixelBox.scaled(
                 args.bbox, *frame.scale, image.width, image.height, self._min_size(image), self.max_aspect_ratio
             )
         except ValidationError as exc:
-            return ToolResult.error(f"Invalid bbox {_fmt(args.bbox)} ({frame.label}): {_error_text(exc)}. {trailer}")
+            return ToolResult.error(f"{invalid}: {_error_text(exc)}. {trailer}")
         region = image.crop((box.x1, box.y1, box.x2, box.y2))
         zoomed = zoom_size(region.width, region.height, self.min_pixels, self._max_pixels(shown), self.min_shown_side)
         if zoomed != region.size:
@@ -648,4 +674,162 @@ class CropTool(Tool):
         }
         if shown is not None:
             meta["view_size"] = list(shown)
-        return ToolResult(text=text, images=[ToolImage.from_pil(region)], metadata=meta)
+        return ToolResult(text=text, images=[self._encode(region, task.context)], metadata=meta)
+
+    def _validated(self, args: BaseModel) -> _Ordered:
+        """The call's arguments checked against the strict model of this tool's convention.
+
+        Raises:
+            ValidationError: a value is wrong (its `loc` names the argument as the model wrote it).
+        """
+        return self._strict.model_validate(args.model_dump())
+
+    def _arg_errors(self, exc: ValidationError) -> str:
+        """The argument problems of `exc`, one `loc: message` each."""
+        return _argument_errors(exc)
+
+    def _format(self, context: Mapping[str, Any]) -> str:
+        """`"png"` or `"jpeg"`: `crop_format`, or with `"auto"` the task image file's kind. A
+        rendered image (`context["render"]`: VisualSearch's drawn code) stays PNG, sharp."""
+        if self.crop_format != "auto":
+            return self.crop_format
+        if context.get("render") is not None:
+            return "png"
+        try:
+            kind = source_format(resolve_image(context.get("image"), self.image_root))
+        except (ImageRefError, OSError):  # the image was just read: this is a race with its removal
+            return "png"
+        return "jpeg" if kind in _JPEG_SOURCES else "png"
+
+    def _encode(self, region: Image.Image, context: Mapping[str, Any]) -> ToolImage:
+        """`region` as the tool returns it: JPEG for a photo (`_format`), else lossless PNG."""
+        if self._format(context) == "jpeg":
+            return ToolImage.from_pil(region, "JPEG", quality=CROP_JPEG_QUALITY)
+        return ToolImage.from_pil(region)
+
+
+_ZOOM_BBOX = (
+    "The bounding box of the region to zoom in, as [x1, y1, x2, y2], where (x1, y1) is the top-left corner "
+    "and (x2, y2) is the bottom-right corner"
+)
+_ZOOM_SCALES = {
+    "pixels": ", in pixels of the image (right/bottom exclusive).",
+    "relative1000": ", from 0 to 1000 across the image's width and height: [0, 0, 1000, 1000] is the whole image.",
+    "relative": ", as fractions from 0 to 1 of the image's width and height: [0, 0, 1, 1] is the whole image.",
+}
+_ZOOM_HEAD = (
+    "Zoom in on a specific region of an image by cropping it based on a bounding box (bbox_2d) and an "
+    "optional object label; the region comes back enlarged."
+)
+_LABEL_SCHEMA = {
+    "type": "string",
+    "description": "The name or label of the object in the specified bounding box (optional).",
+}
+
+
+def _zoom_box(coordinates: str) -> dict[str, Any]:
+    """The JSON schema of `bbox_2d` in a convention: the strict model's value rules, DeepEyes' wording."""
+    schema = dict(_MODELS[coordinates][0].model_json_schema()["properties"]["bbox"])
+    return {**schema, "description": _ZOOM_BBOX + _ZOOM_SCALES[coordinates]}
+
+
+def _no_label_default(schema: dict[str, Any]) -> None:
+    """DeepEyes' schema: `label` is an optional string, with no `"default": null` beside `"type": "string"`."""
+    schema["properties"]["label"].pop("default", None)
+
+
+class _ZoomCall(BaseModel):
+    """Arguments of the image_zoom_in_tool tool."""
+
+    # Names only, as `CropCall`; `run` checks the values with the strict model of the convention.
+    model_config = ConfigDict(extra="forbid", title="ImageZoomInArgs", json_schema_extra=_no_label_default)
+
+    bbox_2d: Annotated[Any, WithJsonSchema(_zoom_box("pixels"))]
+    label: Annotated[Any, WithJsonSchema(_LABEL_SCHEMA)] = None
+
+
+class _ZoomRelative1000Call(BaseModel):
+    """Arguments of the image_zoom_in_tool tool."""
+
+    model_config = ConfigDict(extra="forbid", title="ImageZoomInArgs", json_schema_extra=_no_label_default)
+
+    bbox_2d: Annotated[Any, WithJsonSchema(_zoom_box("relative1000"))]
+    label: Annotated[Any, WithJsonSchema(_LABEL_SCHEMA)] = None
+
+
+class _ZoomRelativeCall(BaseModel):
+    """Arguments of the image_zoom_in_tool tool."""
+
+    model_config = ConfigDict(extra="forbid", title="ImageZoomInArgs", json_schema_extra=_no_label_default)
+
+    bbox_2d: Annotated[Any, WithJsonSchema(_zoom_box("relative"))]
+    label: Annotated[Any, WithJsonSchema(_LABEL_SCHEMA)] = None
+
+
+_ZOOM_CALLS: dict[str, type[BaseModel]] = {
+    "pixels": _ZoomCall,
+    "relative1000": _ZoomRelative1000Call,
+    "relative": _ZoomRelativeCall,
+}
+
+
+class _Label(BaseModel):
+    """`label`: a string when given (what DeepEyes' schema says)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    label: str | None = None
+
+
+class ImageZoomInTool(CropTool):
+    """The crop tool under DeepEyes' name and arguments: `image_zoom_in_tool(bbox_2d, label)`.
+
+    DeepEyes (and verl's `image_zoom_in_tool` example) train Qwen2.5-VL to call
+    `{"bbox_2d": [x1, y1, x2, y2], "label": "..."}`; with `crop`'s `bbox` such a checkpoint
+    makes only invalid calls. Same arguments and behaviour as `CropTool`, except that `bbox_2d`
+    is always read in the `coordinates` convention (no `units`: with `"pixels"`, values <= 1
+    are pixels too) and `label` is kept in the result's metadata.
+    """
+
+    name = "image_zoom_in_tool"
+    description: ClassVar[str] = (
+        f"{_ZOOM_HEAD} bbox_2d is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of the image as you were "
+        f"first shown it. {_FIRST_IMAGE}"
+    )
+    Args: ClassVar[type[BaseModel]] = _ZoomCall
+    _bbox_name: ClassVar[str] = "bbox_2d"
+
+    def __init__(self, image_root: str | Path | None = None, **options: Any) -> None:
+        super().__init__(image_root, **options)
+        self.Args = _ZOOM_CALLS[self.coordinates]  # type: ignore[misc]  # per instance, as CropTool
+
+    def _describe(self) -> str:
+        if self.coordinates != "pixels":
+            return f"{_ZOOM_HEAD} {_ZOOM_BBOX}{_ZOOM_SCALES[self.coordinates]} {_FIRST_IMAGE}"
+        shown = "the image as you were first shown it"
+        if not self._scaled_view and not self.view_from_task:
+            shown = "the full image at its original size"
+        if self.view_size is not None and self.view_min_pixels is None:  # min_pixels may enlarge it past that
+            shown += f" (its longer side at most about {self.view_size} px)"
+        return f"{_ZOOM_HEAD} bbox_2d is [x1, y1, x2, y2] (right/bottom exclusive) in pixels of {shown}. {_FIRST_IMAGE}"
+
+    def _validated(self, args: BaseModel) -> _Ordered:
+        given = args.model_dump()
+        _Label.model_validate(given)
+        bbox: dict[str, Any] = {"bbox": given.get("bbox_2d")}
+        if self.coordinates == "pixels":
+            bbox["units"] = "pixels"  # the schema says pixels: [0, 0, 1, 1] is not the whole image
+        return self._strict.model_validate(bbox)
+
+    def _arg_errors(self, exc: ValidationError) -> str:
+        text = _argument_errors(exc)
+        # The strict model names the box `bbox`: say `bbox_2d`, as the model wrote it.
+        return text.replace("bbox.", "bbox_2d.").replace("bbox:", "bbox_2d:").replace("bbox [", "bbox_2d [")
+
+    def crop(self, args: BaseModel, task: Task) -> ToolResult:
+        """As `CropTool.crop`; the call's `label`, if any, is in the result's metadata."""
+        result = super().crop(args, task)
+        label = getattr(args, "label", None)
+        if not result.is_error and isinstance(label, str) and label:
+            result.metadata["label"] = label
+        return result

@@ -47,7 +47,8 @@ __all__ = [
 
 OVERVIEW_JPEG_QUALITY = 90
 """The overview is a downscaled photo, so JPEG: about 7x smaller than PNG (it rides in every
-episode's trajectory) and 19x faster to encode. Crops, which must stay legible, remain PNG."""
+episode's trajectory) and 19x faster to encode. Crops of the rendered tasks, whose drawn code must
+stay sharp, remain PNG (the crop tool's `crop_format="auto"`)."""
 
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -182,7 +183,9 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     `coordinates` (`"pixels"` of the overview, `"relative1000"` for Qwen3-VL, `"relative"`: the
     crop tool's convention, which the generated questions state), `min_pixels` (224²)/`max_pixels`
     (`overview_size`², so that cropping the whole picture shows no more than the overview)/
-    `min_size`/`max_aspect_ratio`/`min_shown_side` (crop tool), and any `ToolEnv` argument (`max_turns`,
+    `min_size`/`max_aspect_ratio`/`min_shown_side`/`crop_format` (`"auto"`: JPEG crops for tasks whose
+    image is a JPEG photo shown as it is, PNG for rendered tasks; `"png"`, `"jpeg"`) (crop tool), and
+    any `ToolEnv` argument (`tools`, e.g. `[ImageZoomInTool(...)]` for DeepEyes' names, `max_turns`,
     `parser`, `reward` (`CodeMatch`: exact match of the code, case and punctuation ignored), ...).
     """
     num_tasks = overrides.pop("num_tasks", 200)
@@ -192,7 +195,7 @@ def make_visualsearch_env(**overrides: Any) -> VisualSearchEnv:
     limit = overrides.pop("limit", None)
     image_root = overrides.pop("image_root", None)
     coordinates = overrides.pop("coordinates", "pixels")
-    crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio", "min_shown_side")
+    crop_keys = ("min_pixels", "max_pixels", "min_size", "max_aspect_ratio", "min_shown_side", "crop_format")
     crop_options = {k: overrides.pop(k) for k in crop_keys if k in overrides}
     overview_size = overrides.get("overview_size", DEFAULT_OVERVIEW_SIZE)
     overview_multiple = overrides.get("overview_multiple", DEFAULT_OVERVIEW_MULTIPLE)

@@ -5,14 +5,16 @@ bundled photos by default). The path may not leave the root: absolute paths, `..
 parts and symlinks that resolve outside are refused with `ImageRefError`. A file is
 decoded as a viewer shows it: EXIF orientation applied, transparent pixels on white,
 16-bit greyscale scaled to 8 bits, an embedded colour profile converted to sRGB, then
-RGB. Decoded images live in a process-wide LRU cache bounded by count and by bytes, so
-a vector env of many envs decodes each file once; cached images are shared and must be
-treated as read-only.
+RGB. Decoded images live in a process-wide LRU cache bounded by count and by bytes
+(`TOOLENV_VISION_DECODE_CACHE_MB`, `set_decode_cache`), so a vector env of many envs decodes
+each file once; cached images are shared and must be treated as read-only.
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -35,6 +37,8 @@ __all__ = [
     "cache_clear",
     "load_image",
     "resolve_image",
+    "set_decode_cache",
+    "source_format",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -43,10 +47,31 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 PHOTOS: tuple[str, ...] = tuple(sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".png", ".jpg")))
 """File names of the bundled photos, sorted."""
 
+DECODE_CACHE_ENV = "TOOLENV_VISION_DECODE_CACHE_MB"
+"""Environment variable: the decoded-image cache's budget in MB, read when this module is imported
+(a rollout worker's environment); `set_decode_cache` changes it afterwards."""
+
+
+def _env_mb(name: str, default: int) -> int:
+    """`name` from the environment as a whole number of MB, in bytes; `default` bytes when unset.
+
+    Raises:
+        ValueError: the variable is set to something other than a whole number >= 1.
+    """
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name} must be a whole number of MB (at least 1), got {value!r}")
+    return int(value) * 2**20
+
+
 DECODE_CACHE_SIZE = 64
-DECODE_CACHE_BYTES = 512 * 1024 * 1024
-"""At most this many bytes of decoded images are cached (an 8K photo is 130 MB decoded); the
-newest is kept whatever its size."""
+DECODE_CACHE_BYTES = _env_mb(DECODE_CACHE_ENV, 512 * 1024 * 1024)
+"""At most this many bytes of decoded images are cached (default 512 MB, `DECODE_CACHE_ENV` or
+`set_decode_cache` to change it): a 12 MP photo is 48 MB decoded, an 8K one 130 MB, so more
+than ten 12 MP photos in flight re-decode their photo on every crop. The newest is kept
+whatever its size."""
 
 
 class ImageRefError(ValueError):
@@ -138,6 +163,27 @@ class ImageCache:
 
 
 _DECODED = ImageCache(DECODE_CACHE_SIZE, lambda: DECODE_CACHE_BYTES)
+
+
+def set_decode_cache(max_bytes: int | None = None, *, max_items: int | None = None) -> None:
+    """Bound the process-wide decoded-image cache by `max_bytes` and/or `max_items` (None: as it is).
+
+    The cache holds every decoded photo that crops and overviews need; size it for the photos
+    in flight at once (concurrent episodes times distinct images, about 4 bytes a pixel).
+    A smaller budget takes effect at the next insertion.
+
+    Raises:
+        ValueError: a bound under 1.
+    """
+    global DECODE_CACHE_BYTES
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+    if max_items is not None and max_items < 1:
+        raise ValueError(f"max_items must be at least 1, got {max_items}")
+    if max_bytes is not None:
+        DECODE_CACHE_BYTES = max_bytes
+    if max_items is not None:
+        _DECODED.max_items = max_items
 
 
 def as_shown(image: Image.Image) -> Image.Image:
@@ -247,6 +293,23 @@ def load_image(path: Path) -> Image.Image:
         raise ImageRefError(f"{path.name} is not a readable image ({_reason(exc)})") from None
 
 
+@functools.lru_cache(maxsize=4096)
+def _format_of(path: str, mtime_ns: int, size: int) -> str | None:
+    try:
+        with Image.open(path) as im:  # reads the header only
+            kind: str | None = im.format
+            return kind
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None  # decoding says what is wrong
+
+
+def source_format(path: Path) -> str | None:
+    """Pillow's name for the file's format (`"JPEG"`, `"PNG"`, ...), None if it is not an image;
+    read from the header once per file version."""
+    st = path.stat()
+    return _format_of(str(path), st.st_mtime_ns, st.st_size)
+
+
 REASON_CHARS = 200
 """Pillow's reason is kept in the message, cut to this many characters: enough for "image file is
 truncated (43 bytes not processed)" or the decompression-bomb limit, one line in a log."""
@@ -254,12 +317,13 @@ truncated (43 bytes not processed)" or the decompression-bomb limit, one line in
 
 def _reason(exc: BaseException) -> str:
     """`Type: message`, on one line and clipped: what Pillow says is wrong with the file."""
-    text = " ".join(str(exc).split())
-    if len(text) > REASON_CHARS:
-        text = text[: REASON_CHARS - 1] + "…"
+    from toolenv.cli import clip_line  # the CLI's error-line helper; imported when an image fails
+
+    text = clip_line(str(exc), REASON_CHARS)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def cache_clear() -> None:
     """Drop every cached decoded image (tests and benchmarks use this)."""
     _DECODED.clear()
+    _format_of.cache_clear()
