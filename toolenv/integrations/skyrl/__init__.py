@@ -6,7 +6,8 @@
     rows = dataset_rows("toolenv/Spider-v0")  # write to parquet for data.train_data
 
 - `ToolEnvTextEnv`: a skyrl-gym `BaseTextEnv` that runs one toolenv episode per SkyRL sample.
-- `register`: adds toolenv env ids (and the generic `"toolenv"` id) to skyrl-gym's registry.
+- `register`: adds toolenv env ids (and the generic `"toolenv"` id) to skyrl-gym's registry; a
+  custom env by its factory with `entry_point=`.
 - `dataset_rows` / `adataset_rows`: SkyRL-train's dataset rows (`prompt`, `env_class`,
   `reward_spec`, `extra_info`, `data_source`).
 - `task_options`: the `reset` options for the task a row names; `close_pooled_envs`: close the idle pooled envs.

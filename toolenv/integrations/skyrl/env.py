@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -168,6 +168,52 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+#: Where a turn limit comes from, in order of precedence (`_turn_limit`), and how to use the row's instead.
+_LIMIT_SOURCES = (
+    ("environment.skyrl_gym.<env_class>.max_turns={}", "drop max_turns from that config"),
+    ("register(max_turns={})", "drop register's max_turns"),
+    ("SkyRL's generator.max_turns={}", "set generator.max_turns={}"),
+)
+
+#: The (env id, stored limit, limit used) pairs already warned of in this process.
+_warned_limits: set[tuple[str, int, int]] = set()
+_warned_lock = threading.Lock()
+
+
+def _turn_limit(*values: Any) -> tuple[Any, int]:
+    """The first limit set (the config's, the registration's, SkyRL's `extras["max_turns"]`) and
+    its index in `_LIMIT_SOURCES`; `(None, -1)` when none is set."""
+    for i, value in enumerate(values):
+        if value is not None:
+            return value, i
+    return None, -1
+
+
+def _warn_overridden_limit(env_id: str, stored: Any, limit: int, stored_in: str, source: int) -> None:
+    """Warn, once per process and pair of values, that the turn limit used is not the `max_turns`
+    the env kwargs store: SkyRL always passes its `generator.max_turns` (default 1), which wins
+    over a row's, and its default cannot be told from a setting, so the override stays but is said."""
+    if not isinstance(stored, int) or stored == limit:
+        return
+    with _warned_lock:
+        if (env_id, stored, limit) in _warned_limits:
+            return
+        _warned_limits.add((env_id, stored, limit))
+    what, fix = _LIMIT_SOURCES[source]
+    _log.warning(
+        "toolenv: %s overrides max_turns=%s in %s for %s, so episodes are cut at %s turn(s); to use %s, %s "
+        "(the first set wins: environment.skyrl_gym.<env_class>.max_turns, register(max_turns=...), "
+        "generator.max_turns)",
+        what.format(limit),
+        stored,
+        stored_in,
+        env_id,
+        limit,
+        stored,
+        fix.format(stored),
+    )
+
+
 def _default_role(env: ToolEnv) -> str:
     """`"tool"` for parsers whose chat templates have tool messages that render on their own, else `"user"`."""
     parser = env.parser
@@ -193,7 +239,10 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             row's `extra_info.env_id`, else the config's.
         env_kwargs: `gym.make` keyword arguments; the config's and then the row's are merged over them.
         max_turns: model turns before the episode is cut (done, truncated). The config's wins,
-            then this, then SkyRL's `extras["max_turns"]`; with none, the env's own `max_turns`.
+            then this, then SkyRL's `extras["max_turns"]` (always set: `generator.max_turns`,
+            default 1); with none, the env's own `max_turns`. One that differs from a `max_turns`
+            in the env kwargs (the row's `extra_info.env_kwargs`) still wins, with a warning once
+            per process and pair of values.
         observation_role: `"tool"` (a tool message per result; the chat template wraps it, e.g.
             Qwen's `<tool_response>`), `"user"` (one user message with the env's formatted
             observation, e.g. `<information>...</information>`), or None: `"tool"` for parsers
@@ -258,9 +307,12 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             raise ValueError(f"observation_role must be 'tool', 'user' or None, got {role!r}")
         self.use_env_prompt = bool(_first(config.get("use_env_prompt"), use_env_prompt))
         self.reward_at_end = bool(_first(config.get("reward_at_end"), reward_at_end))
-        limit = _first(config.get("max_turns"), max_turns, self.extras.get("max_turns"))
+        limit, source = _turn_limit(config.get("max_turns"), max_turns, self.extras.get("max_turns"))
         if limit is not None and int(limit) < 1:
             raise ValueError(f"max_turns must be at least 1, got {limit}")
+        if limit is not None:
+            stored_in = "the row's extra_info.env_kwargs" if "max_turns" in row_kwargs else "env_kwargs"
+            _warn_overridden_limit(self.env_id, kwargs.get("max_turns"), int(limit), stored_in, source)
         self._lease = _POOL.acquire(self.env_id, kwargs)
         self.env: ToolEnv = self._lease.env
         # SkyRL calls close() only after a finished episode: if the generator raises between two
@@ -531,6 +583,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
 def register(
     env_ids: str | Iterable[str] | None = None,
     *,
+    entry_point: str | Callable[..., ToolEnv] | None = None,
     generic: bool = True,
     env_kwargs: Mapping[str, Any] | None = None,
     max_turns: int | None = None,
@@ -550,11 +603,17 @@ def register(
 
     Args:
         env_ids: toolenv env ids; default every installed one.
+        entry_point: a custom env's factory (`gym.make`'s: keyword arguments in, a `ToolEnv` out,
+            as TRL's `environment_factory` makes one), or its `"module:name"`, for one env id that
+            Gymnasium does not have yet: registered with Gymnasium under that id first, as
+            `gymnasium.register(env_id, entry_point=...)` would. The factory is called once per
+            pooled env with the env kwargs, not once per sample.
 
     Raises:
-        ValueError: an id is not a registered Gymnasium env, a setting is invalid (`env_kwargs`
-            not JSON, `max_turns` below 1), or skyrl-gym has one of the ids for another entry
-            point (then nothing is registered).
+        ValueError: an id is not a registered Gymnasium env (the message says how to register a
+            custom one), `entry_point` is given for other than one id or Gymnasium has the id for
+            another entry point, a setting is invalid (`env_kwargs` not JSON, `max_turns` below 1),
+            or skyrl-gym has one of the ids for another entry point (then nothing is registered).
     """
     import gymnasium as gym
     from skyrl_gym.envs.registration import deregister, registry
@@ -562,14 +621,7 @@ def register(
 
     import toolenv._gym
 
-    known = toolenv._gym.register_envs()
-    if env_ids is None:
-        ids = known
-    else:
-        ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
-        unknown = [i for i in ids if i not in gym.registry]
-        if unknown:
-            raise ValueError(f"not registered with Gymnasium: {unknown} (is the plugin installed?)")
+    ids = _env_ids(env_ids, entry_point, toolenv._gym.register_envs())
     if observation_role not in _OBSERVATION_ROLES:
         raise ValueError(f"observation_role must be 'tool', 'user' or None, got {observation_role!r}")
     if max_turns is not None and max_turns < 1:
@@ -589,8 +641,57 @@ def register(
     taken = {s: registry[s].entry_point for s, _ in specs if s in registry and registry[s].entry_point != ENTRY_POINT}
     if taken:
         raise ValueError(f"skyrl-gym already has these ids for other envs: {taken}")
+    if entry_point is not None and ids[0] not in gym.registry:  # checked by `_env_ids`: now nothing can fail
+        gym.register(ids[0], entry_point=entry_point)
     for skyrl_id, kwargs in specs:
         if skyrl_id in registry:
             deregister(skyrl_id)  # ours: replaced, so new defaults take effect
         skyrl_register(id=skyrl_id, entry_point=ENTRY_POINT, kwargs=kwargs)
     return [s for s, _ in specs]
+
+
+def _unknown_ids_message(unknown: list[str]) -> str:
+    """One line naming the ways a custom env gets an id `register` can take."""
+    first = unknown[0]
+    return (
+        f"not registered with Gymnasium: {unknown}; for your own env pass its factory, "
+        f"register({first!r}, entry_point=make_env) (keyword arguments in, a toolenv.ToolEnv out), "
+        f"or call gymnasium.register({first!r}, entry_point='your_module:make_env') first, or install "
+        "a package with a 'toolenv.envs' entry point (its id is toolenv/<name>), or use 'toolenv/ToolEnv-v0' "
+        "with env_kwargs of JSON references (tools as 'module:Name' or plugin names); see docs/skyrl.md"
+    )
+
+
+def _env_ids(
+    env_ids: str | Iterable[str] | None, entry_point: str | Callable[..., ToolEnv] | None, known: list[str]
+) -> list[str]:
+    """The Gymnasium ids `register` is asked for (`known`, the installed ones, for None), checked;
+    with `entry_point`, the one id it will register with Gymnasium (`make_env` makes envs there).
+
+    Raises:
+        ValueError: an id is not registered (and has no entry point), or `entry_point` comes with
+            other than one id, a malformed id or one Gymnasium has for another entry point.
+    """
+    import gymnasium as gym
+
+    if entry_point is not None:
+        if not isinstance(env_ids, str):
+            raise ValueError(f"entry_point= registers one env id (a string), got {env_ids!r}")
+        try:
+            gym.envs.registration.parse_env_id(env_ids)
+        except gym.error.Error as exc:
+            raise ValueError(f"cannot register {env_ids!r} with Gymnasium: {exc}") from None
+        spec = gym.registry.get(env_ids)
+        if spec is not None and spec.entry_point != entry_point:
+            raise ValueError(
+                f"Gymnasium already has {env_ids!r} for {spec.entry_point!r}; "
+                "give your env another id, or register(env_id) without entry_point to use that one"
+            )
+        return [env_ids]
+    if env_ids is None:
+        return known
+    ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+    unknown = [i for i in ids if i not in gym.registry]
+    if unknown:
+        raise ValueError(_unknown_ids_message(unknown))
+    return ids
