@@ -24,7 +24,7 @@ from toolenv._tool import Tool, with_limits
 from toolenv.caller import ToolCaller, end_detached
 from toolenv.episode import Episode, Turn, new_episode_id
 from toolenv.parsers._scan import positional_id
-from toolenv.parsers.base import ActionParser, get_parser
+from toolenv.parsers.base import ANSWER_INSTRUCTION, ActionParser, get_parser
 from toolenv.registry import resolve_tools
 from toolenv.rewards.base import RewardSpec, WeightedSum, get_reward
 from toolenv.spaces import UnicodeText
@@ -37,16 +37,28 @@ DEFAULT_TEMPLATE = "{instructions}\n\nQuestion: {question}\n"
 #: Parse errors reported per step; more are summarised so a pathological reply cannot flood the context.
 MAX_PARSE_ERRORS = 5
 
-NO_ACTION = (
-    "No tool call and no final answer found in your reply. Call a tool in the format described above, "
-    "or give the final answer as <answer>...</answer>."
-)
+_NOTHING_FOUND = "No tool call and no final answer found in your reply. Call a tool in the format described above"
+#: The reply to a turn with neither a call nor an answer, for a parser whose answer is
+#: `<answer>...</answer>`; `no_action_text` words it for the env's parser.
+NO_ACTION = f"{_NOTHING_FOUND}, or give the final answer as <answer>...</answer>."
 #: The same, for an env whose reply without a call is the answer (`no_call_is_answer`): the turn
 #: held nothing, or only thinking.
 NO_ACTION_NO_CALL = (
     "No tool call and no final answer found in your reply. Call a tool in the format described above, "
     "or write your final answer."
 )
+
+
+def no_action_text(parser: ActionParser) -> str:
+    """The reply to a turn with neither a call nor an answer, naming `parser`'s own answer form
+    (its `answer_instructions`): told `<answer>` by an env whose parser reads `<final>`, a model
+    would obey and get the same reply again until `max_turns`. A format that reads no answer
+    is told only to call a tool."""
+    how = parser.answer_instructions()
+    markup = parser.answer_markup()
+    if markup is not None and how == ANSWER_INSTRUCTION.replace("<answer>...</answer>", markup):
+        return f"{_NOTHING_FOUND}, or give the final answer as {markup}."  # NO_ACTION, with the parser's tags
+    return f"{_NOTHING_FOUND}. {how}".rstrip()
 
 
 def _field_root(name: str) -> str:
@@ -365,7 +377,7 @@ class ToolEnv(gym.Env[str, str]):
                 obs = self.parser.format_results(results) if results else ""
             else:
                 if not results:
-                    text = NO_ACTION_NO_CALL if self.no_call_is_answer else NO_ACTION
+                    text = NO_ACTION_NO_CALL if self.no_call_is_answer else no_action_text(self.parser)
                     results = turn.results = [ToolResult(text=text, is_error=True, name="parser")]
                 obs = self.parser.format_results(results)
                 ep.truncated = len(ep.turns) >= self.max_turns

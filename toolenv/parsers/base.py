@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ __all__ = ["ANSWER_INSTRUCTION", "ActionParser", "get_parser", "parser_names"]
 _OPEN, _CLOSE = "<answer>", "</answer>"
 #: The sentence of the formats' instructions that says how to give the final answer.
 ANSWER_INSTRUCTION = "When you know the final answer, write it as <answer>...</answer>."
+#: `<tag>...</tag>` in an answer instruction: the markup it tells the model to write.
+_MARKUP = re.compile(r"<([A-Za-z_][\w-]*)>\.\.\.</\1>")
 
 
 class ActionParser(abc.ABC):
@@ -63,6 +66,14 @@ class ActionParser(abc.ABC):
         the chat template or the API lists the tools itself (native tool calling): the tools
         described twice, the second time in another wording, only lengthen the prompt."""
         return ANSWER_INSTRUCTION if getattr(self, "answer_tag", False) is True else ""
+
+    def answer_markup(self) -> str | None:
+        """The tags a final answer is written in, as `answer_instructions` names them
+        (`<answer>...</answer>`, a tag parser's `<final>...</final>`), for a prompt or a message
+        that names them; None when it names none (the format reads no answer, or takes a
+        channel's plain text, as `HarmonyParser(answer_tag=False)` does)."""
+        found = _MARKUP.search(self.answer_instructions())
+        return found.group(0) if found else None
 
     @abc.abstractmethod
     def format_results(self, results: Sequence[ToolResult]) -> str:

@@ -136,8 +136,8 @@ class HermesParser(ActionParser):
             f"<tools>\n{tools_json(tools)}\n</tools>\n\n"
             "For each function call, return a json object with function name and arguments within "
             "<tool_call></tool_call> XML tags:\n"
-            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
-            "When you know the final answer, write it as <answer>...</answer>."
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+            + (f"\n{how}" if (how := self.answer_instructions()) else "")  # none with answer_tag=False
         )
 
     def format_results(self, results: Sequence[ToolResult]) -> str:

@@ -123,6 +123,9 @@ class ReasoningParser(ActionParser):
     def answer_instructions(self) -> str:
         return self.inner.answer_instructions()
 
+    def answer_markup(self) -> str | None:
+        return self.inner.answer_markup()
+
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return self.inner.format_results(results)
 

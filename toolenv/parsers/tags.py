@@ -105,6 +105,9 @@ class TagParser(ActionParser):
     def answer_instructions(self) -> str:
         return f"When you know the final answer, write it as <{self.answer_tag}>...</{self.answer_tag}>."
 
+    def answer_markup(self) -> str:
+        return f"<{self.answer_tag}>...</{self.answer_tag}>"
+
     def format_results(self, results: Sequence[ToolResult]) -> str:
         return "\n".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
 

@@ -31,6 +31,7 @@ from toolenv.rewards.penalties import (
     TurnReward,
     count_invalid,
     count_tool_successes,
+    is_infra_error,
 )
 from toolenv.rewards.verify import ToolVerified
 
@@ -57,6 +58,7 @@ __all__ = [
     "exact_match",
     "get_reward",
     "has_block",
+    "is_infra_error",
     "normalize_answer",
     "parse_judgement",
     "record_reward_info",

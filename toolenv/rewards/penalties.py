@@ -4,6 +4,13 @@ Each rule returns a signed amount (penalties default to negative values), so
 `info["reward_components"]` shows the penalty as it was applied; a `{name: weight}`
 spec then scales it. Per-call and per-invalid amounts land on the turn where the
 action happened; answer avoidance lands on the step that ends the episode.
+
+An invalid action is the model's own fault: a parse error, an unknown tool, arguments that
+fail validation, an error the tool puts on the input (a SQL error in the model's query), a
+turn without any action. A well-formed call that failed because of the infrastructure (a
+result the tool marked `retryable`: a 5xx, a dropped connection; the caller's timeout; a
+call refused by an open circuit) is not: charging it would skew the advantages of every
+episode that ran during an outage and teach the policy to stop calling tools.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Awaitable, Callable
 
 from toolenv.episode import Episode, Turn
 from toolenv.rewards.base import Reward, as_reward, register_reward
+from toolenv.types import ToolResult
 
 __all__ = [
     "ActionPenalties",
@@ -24,6 +32,7 @@ __all__ = [
     "TurnReward",
     "count_invalid",
     "count_tool_successes",
+    "is_infra_error",
 ]
 
 
@@ -64,14 +73,47 @@ def _tool_results(turn: Turn) -> list[bool]:
     return [r.is_error for r in turn.results[: len(turn.parsed.tool_calls)]]
 
 
-def count_invalid(turn: Turn, *, parse_errors: bool = True, tool_errors: bool = True, no_action: bool = True) -> int:
-    """Invalid actions in one turn: parse errors, failed tool calls, and a turn that did nothing."""
+def is_infra_error(result: ToolResult) -> bool:
+    """Whether `result` failed for the infrastructure rather than for the call the model wrote:
+    marked `retryable` (a 5xx, a dropped connection, the caller's timeout, cancelled work) or
+    refused by an open circuit breaker (`metadata["circuit_open"]`).
+
+    A timeout counts as infrastructure: the caller's timeout cannot tell a slow backend from a
+    runaway request, and it marks the result retryable, as it does a 503. A tool that can tell
+    reports the input's fault as its own non-retryable error, which is charged (the SQL tool's
+    `query_timeout`, a sandbox's time limit on the model's code). A tool that raised is charged
+    too: the caller's result for a crash carries no mark once it reaches the turn.
+    """
+    return result.is_error and (result.retryable or result.metadata.get("circuit_open") is True)
+
+
+def _tool_faults(turn: Turn, infra_errors: bool) -> int:
+    """Failed tool calls of the turn, those that failed for the infrastructure only if `infra_errors`."""
+    results = turn.results[: len(turn.parsed.tool_calls)]
+    if infra_errors:
+        return sum(r.is_error for r in results)
+    return sum(r.is_error and not is_infra_error(r) for r in results)
+
+
+def count_invalid(
+    turn: Turn,
+    *,
+    parse_errors: bool = True,
+    tool_errors: bool = True,
+    no_action: bool = True,
+    infra_errors: bool = False,
+) -> int:
+    """Invalid actions in one turn: parse errors, failed tool calls, and a turn that did nothing.
+
+    A call that failed for the infrastructure (`is_infra_error`: retryable, timed out, circuit
+    open) is the backend's fault, not the model's, and is not counted unless `infra_errors`.
+    """
     n = 0
     parsed = turn.parsed
     if parse_errors:
         n += len(parsed.errors)
     if tool_errors:
-        n += sum(_tool_results(turn))
+        n += _tool_faults(turn, infra_errors)
     if no_action and not parsed.errors and not parsed.tool_calls and parsed.answer is None:
         n += 1
     return n
@@ -98,7 +140,11 @@ class ToolCallPenalty(Reward):
 
 
 class InvalidCallPenalty(Reward):
-    """`per_invalid` for each parse error, failed tool call and (optionally) turn without any action."""
+    """`per_invalid` for each parse error, failed tool call and (optionally) turn without any action.
+
+    A call that failed for the infrastructure (a 5xx, a timeout, an open circuit) is not charged
+    unless `infra_errors=True` (see `count_invalid`).
+    """
 
     def __init__(
         self,
@@ -107,16 +153,24 @@ class InvalidCallPenalty(Reward):
         parse_errors: bool = True,
         tool_errors: bool = True,
         no_action: bool = True,
+        infra_errors: bool = False,
         name: str = "invalid_call_penalty",
     ) -> None:
         self.per_invalid = _amount(name, "per_invalid", per_invalid)
         self.parse_errors = parse_errors
         self.tool_errors = tool_errors
         self.no_action = no_action
+        self.infra_errors = infra_errors
         self.name = name
 
     async def turn(self, episode: Episode, turn: Turn) -> float:
-        n = count_invalid(turn, parse_errors=self.parse_errors, tool_errors=self.tool_errors, no_action=self.no_action)
+        n = count_invalid(
+            turn,
+            parse_errors=self.parse_errors,
+            tool_errors=self.tool_errors,
+            no_action=self.no_action,
+            infra_errors=self.infra_errors,
+        )
         return self.per_invalid * n if n else 0.0
 
 

@@ -214,9 +214,9 @@ def make_hotpotqa_env(**overrides: Any) -> ToolEnv:
     every task unless the settings say otherwise), `limit` (first N tasks),
     `tasks` (your own are put in the env's prompt as the bundled ones are, unless they have
     a `prompt` of their own or are already prepared), `reward` (`"exact_match"`, `"f1"`, or
-    any spec), `invalid_action_penalty` (charged per parse error, failed call or empty turn) and `search_penalty` (per
-    search call), both sizes of the core's per-turn penalties, default 0. The rest
-    (`parser`, `max_turns`, `prompt_template`, ...) go to `ToolEnv`.
+    any spec), `invalid_action_penalty` (charged per parse error, call failed for its input
+    (not for an outage) or empty turn) and `search_penalty` (per search call), both sizes of
+    the core's per-turn penalties, default 0. The rest (`parser`, `max_turns`, `prompt_template`, ...) go to `ToolEnv`.
     """
     parser: str | ActionParser = overrides.pop("parser", "tags")
     tags = _is_tags(parser)

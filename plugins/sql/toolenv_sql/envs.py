@@ -16,6 +16,7 @@ from typing import Any
 from sqlglot.dialects.dialect import Dialect
 
 from toolenv import Task, ToolEnv, load_tasks
+from toolenv.parsers import get_parser
 from toolenv.result_cache import shared_cache
 from toolenv.rewards import Reward
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
@@ -39,23 +40,35 @@ SYSTEM_PROMPT = (
     "the data first. Give your final answer as one SQL query in the database's dialect inside "
     "<answer>...</answer>; it is scored by whether it returns the same rows as the reference query."
 )
+_ANSWER_MARKUP = "<answer>...</answer>"
+_ANSWER_PHRASE = f" inside {_ANSWER_MARKUP}"
 #: `SYSTEM_PROMPT`'s answer format for a model that answers through a tool (TRL's rows).
-ANSWER_TOOL_REWRITES = {" inside <answer>...</answer>": " by calling the `{answer_tool}` tool"}
+ANSWER_TOOL_REWRITES = {_ANSWER_PHRASE: " by calling the `{answer_tool}` tool"}
 
 
-def system_prompt(dialect: str | None = None) -> str:
-    """`SYSTEM_PROMPT`, naming `dialect` when the model writes one other than the database's.
+def system_prompt(dialect: str | None = None, answer_markup: str | None = _ANSWER_MARKUP) -> str:
+    """`SYSTEM_PROMPT`, naming `dialect` when the model writes one other than the database's,
+    and asking for the answer inside `answer_markup`, the parser's (`ActionParser.answer_markup()`).
 
     The queries and the answer are then read in that dialect (SQLite's `a || b` is MySQL's
     `a OR b`), so a prompt asking for the database's own dialect would have a right answer
-    written as told scored 0.
+    written as told scored 0. Likewise an answer written in tags the parser does not read is
+    no answer; with `answer_markup=None` (a format that reads none, or a channel's plain text)
+    the prompt names no tags and the parser's instructions say how to answer.
     """
+    text = SYSTEM_PROMPT.replace(_ANSWER_PHRASE, f" inside {answer_markup}" if answer_markup else "")
     if dialect is None:
-        return SYSTEM_PROMPT
+        return text
     name = type(Dialect.get_or_raise(dialect)).__name__  # "MySQL", "Postgres", ...; an unknown name: ValueError
-    return SYSTEM_PROMPT.replace("in the database's dialect", f"in {name}") + (
+    return text.replace("in the database's dialect", f"in {name}") + (
         f" Write every query in {name}: it is translated to the database's own dialect."
     )
+
+
+def _answer_markup(opts: Mapping[str, Any]) -> str | None:
+    """The answer tags of the parser the env will build from `opts` (its `parser` and
+    `parser_kwargs`), which the prompt must name rather than the default `<answer>`."""
+    return get_parser(opts["parser"], **dict(opts.get("parser_kwargs") or {})).answer_markup()
 
 
 # Options consumed here (the rest go to ToolEnv).
@@ -92,7 +105,10 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
     if "system_prompt" not in opts:
-        opts["system_prompt"] = system_prompt(tool_opts.get("dialect"))
+        markup = _answer_markup(opts)
+        opts["system_prompt"] = system_prompt(tool_opts.get("dialect"), markup)
+        if "answer_tool_rewrites" not in opts:  # the phrase the prompt now has
+            opts["answer_tool_rewrites"] = {f" inside {markup}": ANSWER_TOOL_REWRITES[_ANSWER_PHRASE]} if markup else {}
     opts.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     opts.setdefault("prompt_template", "{instructions}\n\n{question}\n")
     return ToolEnv(tasks=tasks, **opts)
