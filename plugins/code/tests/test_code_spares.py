@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from _procs import alive as _alive
+from _procs import gone as _gone
+from _procs import parent as _parent
 
 from toolenv_code.sandbox import SandboxLimits, SandboxPool
 
@@ -22,26 +24,6 @@ _PROBE = (
     "  'nproc': resource.getrlimit(resource.RLIMIT_NPROC)[0],\n"
     "  'fds': sorted(int(f) for f in os.listdir('/proc/self/fd'))}))\n"
 )
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _gone(pids: list[int], within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not any(_alive(p) for p in pids)
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ __all__ = [
     "CODE_KILLED",
     "CPU_EXIT",
     "SPARE_DONE",
+    "SPARE_WAITING",
     "confine_children",
     "enter_child",
     "exec_user",
@@ -58,6 +59,8 @@ SPARE_GO_FD = 3
 CPU_EXIT = 128 + signal.SIGXCPU
 #: First byte of a spare's shared status page once its code has finished (the second is the status).
 SPARE_DONE = 1
+#: Third byte of a spare's status page once it is prepared and waits for its code (`Child.waiting`).
+SPARE_WAITING = 1
 #: First byte of a child's status page once its code was killed by a signal (the second is the signal):
 #: as a session's init saw it (`_fork_init`), or as a one-shot run's stand-in handler reports it (`_die_of`).
 CODE_KILLED = 2
@@ -622,6 +625,7 @@ def spare_main(
         # Take the page faults of a first exec and of decoding a request before the request.
         exec_user("pass", namespace)
         decode_go(_WARM_GO)
+        status[2] = SPARE_WAITING  # (the page's first write: its fault is taken here, not after the code)
         message = _read_to_eof(SPARE_GO_FD)
         os.close(SPARE_GO_FD)
         if not message:  # the server closed us unused
