@@ -24,8 +24,10 @@ MBPP_INSTRUCTIONS = (
     "You may run code to test your ideas. When you are done, give the complete solution code as your final "
     "answer inside <answer>...</answer>; a ```python block inside the answer is fine."
 )
+#: How the instructions ask for the answer (the code envs name another parser's tags instead).
+ANSWER_PHRASE = " inside <answer>...</answer>"
 #: The instructions' answer format for a model that answers through a tool (TRL's rows).
-ANSWER_TOOL_REWRITES = {" inside <answer>...</answer>": " by calling the `{answer_tool}` tool"}
+ANSWER_TOOL_REWRITES = {ANSWER_PHRASE: " by calling the `{answer_tool}` tool"}
 
 
 #: MBPP tasks whose reference solution needs far more than the default per-test time

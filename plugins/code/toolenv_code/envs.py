@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from toolenv import Task, ToolEnv
+from toolenv.parsers import get_parser
 from toolenv.types import load_tasks
-from toolenv_code.datasets import ANSWER_TOOL_REWRITES, humaneval_tasks, mbpp_tasks
+from toolenv_code.datasets import ANSWER_PHRASE, ANSWER_TOOL_REWRITES, humaneval_tasks, mbpp_tasks
 from toolenv_code.reward import time_limits  # (importing it registers "tests_passed")
 from toolenv_code.sandbox import SandboxLimits
 from toolenv_code.tool import PythonTool
@@ -23,9 +24,18 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     `total_timeout` (the grading's time limits, in seconds: set in every task's context over the
     task's own), and any `ToolEnv` argument (`max_turns`, `parser`, `reward`, ...). The default
     parser reads ```python blocks; pass `parser="hermes"` to call the `python` tool with JSON
-    tool calls instead.
+    tool calls instead. The bundled tasks' instructions name the parser's own answer tags
+    (`ActionParser.answer_markup()`): an answer in tags the parser does not read is no answer.
     """
-    tasks = overrides.pop("tasks", default_tasks)
+    tasks = overrides.pop("tasks", None)
+    parser = overrides.pop("parser", "codeblock")
+    if tasks is None:
+        tasks = default_tasks
+        markup = get_parser(parser, **dict(overrides.get("parser_kwargs") or {})).answer_markup()
+        if markup != ANSWER_PHRASE.removeprefix(" inside "):
+            tasks = _answer_in(tasks, markup)
+            said = f" inside {markup}" if markup else ""
+            overrides.setdefault("answer_tool_rewrites", {said: ANSWER_TOOL_REWRITES[ANSWER_PHRASE]} if said else {})
     limit = overrides.pop("limit", None)
     if limit is not None:
         tasks = list(tasks)[: int(limit)]
@@ -40,11 +50,17 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
         raise ValueError("preload= applies to the env's own python tool; with tools=, give it to your PythonTool")
     if tools is None:  # (an empty list is no tools: a baseline that answers without running code)
         tools = [PythonTool(stateful=stateful, sandbox=sandbox, preload=preload)]
-    parser = overrides.pop("parser", "codeblock")
     overrides.setdefault("reward", "tests_passed")
     overrides.setdefault("max_turns", 4)
     overrides.setdefault("answer_tool_rewrites", ANSWER_TOOL_REWRITES)
     return ToolEnv(tools=tools, tasks=tasks, parser=parser, **overrides)
+
+
+def _answer_in(tasks: list[Task], markup: str | None) -> list[Task]:
+    """Copies of the bundled `tasks` whose instructions ask for the answer inside `markup` (or,
+    None, in no tags: the parser's own instructions then say how to answer)."""
+    said = f" inside {markup}" if markup else ""
+    return [task.model_copy(update={"question": task.question.replace(ANSWER_PHRASE, said)}) for task in tasks]
 
 
 def _with_time_limits(tasks: Any, test_timeout: Any, total_timeout: Any) -> Any:
