@@ -22,6 +22,7 @@ from toolenv.integrations.trl.environment import (
     TRLEnvironment,
     dataset_rows,
     environment_factory,
+    episode_metrics,
 )
 from toolenv.integrations.trl.schema import tool_signature
 
@@ -32,5 +33,6 @@ __all__ = [
     "ToolCallError",
     "dataset_rows",
     "environment_factory",
+    "episode_metrics",
     "tool_signature",
 ]

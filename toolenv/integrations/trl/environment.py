@@ -30,19 +30,23 @@ each such object holds a `ToolEnv` episode:
   return of the turns before it.
 
 The factory (`EnvironmentFactory`) pickles, for TRL's async trainer, and names each env's
-class, which TRL logs the env's reward under, uniquely.
+class, which TRL logs the env's reward under: the same name for the same settings, another for
+other settings. TRL never gives the env the model's text, so the factory warns of reward parts
+that read it (`format`, a `TurnReward`, the parse-error part of `invalid_call_penalty`);
+`episode_metrics` gives a TRL reward function the episodes' reward components to log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import pickle
+import re
 import threading
 import warnings
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolenv._aio import BackgroundLoop
@@ -50,6 +54,7 @@ from toolenv._schema import flatten_schema
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
 from toolenv.integrations.trl.schema import schema_signature
+from toolenv.rewards import ActionPenalties, FormatReward, InvalidCallPenalty, TurnReward, WeightedSum
 from toolenv.runner import EnvSpec, _make_env
 from toolenv.types import Message, ParsedAction, Task, ToolCall, ToolImage, ToolResult, new_message
 
@@ -60,6 +65,7 @@ __all__ = [
     "ToolCallError",
     "dataset_rows",
     "environment_factory",
+    "episode_metrics",
 ]
 
 _log = logging.getLogger(__name__)
@@ -133,6 +139,7 @@ class TRLEnvironment:
         self._broken = False
         self._return = 0.0
         self._calls = 0
+        self._reset_failed = False  # this row's episode never started: `env.episode` is an older one, if any
 
     # TRL calls `reset(**row)` with every column of the dataset row, `prompt` included.
     def reset(self, **row: Any) -> str | list[dict[str, Any]] | None:
@@ -156,12 +163,14 @@ class TRLEnvironment:
         self._return = 0.0
         self._calls = 0
         self.error = None
+        self._reset_failed = False
         try:
             _, info = _LOOP.run(self.env.areset(options=options))
         except Exception as exc:
             if not row.get("prompt"):  # nothing TRL could show the model
                 raise
             self._fail(task.id if task is not None else str(row["task_id"]), exc)
+            self._reset_failed = True
             self._retire()
             return None
         rendered = [im for m in info["messages"] for im in m.images]
@@ -267,6 +276,90 @@ class TRLEnvironment:
     def _answer(self, answer: str) -> str:
         obs, info = self._step(ParsedAction(answer=str(answer)))
         return self._failed(obs) if info is None else "Your answer is recorded; the episode is over."
+
+
+#: The counts `episode_metrics` reports for every episode (as SkyRL's `get_metrics`), before the components.
+_COUNTS = ("return", "turns", "tool_calls", "tool_errors", "parse_errors", "answered", "terminated", "truncated")
+
+
+def episode_metrics(environments: Sequence[Any]) -> list[dict[str, float]]:
+    """Each environment's episode in numbers, for a TRL reward function to log (`log_metric`).
+
+    The keys are those of SkyRL's env metrics: `return`, `turns`, `tool_calls`, `tool_errors` (calls
+    that failed), `parse_errors`, `answered`, `terminated`, `truncated`, `env_error` (1 when the env
+    failed and ended the episode) and each reward component's sum as `reward/<name>`; `{}` for an
+    object that is no toolenv environment (or was never reset).
+
+    TRL runs the env's `get_reward` after the user's reward functions, so an episode the model left
+    unanswered is still open when they read it: this calls `get_reward()` first, which ends and scores
+    it (once: TRL's later call gives the same return). A module-level function, not a method: TRL
+    offers every public method of an environment to the model as a tool."""
+    return [_metrics(e) if isinstance(e, TRLEnvironment) else {} for e in environments]
+
+
+def _metrics(environment: TRLEnvironment) -> dict[str, float]:
+    if environment._reset_failed:  # this row's episode never started
+        return {**dict.fromkeys(_COUNTS, 0.0), "env_error": 1.0}
+    ep = environment.env.episode
+    if ep is None:
+        return {}
+    returned = environment.get_reward()
+    # An episode with no turn (the model called nothing) keeps its final score in `final_components` alone.
+    components: dict[str, float] = {} if ep.turns else dict(ep.final_components or {})
+    for turn in ep.turns:
+        for k, v in turn.reward_components.items():
+            components[k] = components.get(k, 0.0) + v
+    results = [r for turn in ep.turns for r in turn.results]
+    failed = environment.error is not None
+    return {
+        "return": float(returned),
+        "turns": float(len(ep.turns)),
+        "tool_calls": float(ep.tool_calls),
+        "tool_errors": float(sum(1 for r in results if r.is_error and r.name != "parser")),
+        "parse_errors": float(sum(1 for r in results if r.is_error and r.name == "parser")),
+        "answered": float(ep.answer is not None),
+        # An episode the env failed in ended neither way: its reward is not the env's.
+        "terminated": float(ep.terminated and not failed),
+        "truncated": float(ep.truncated and not failed),
+        "env_error": float(failed),
+        **{f"reward/{k}": v for k, v in components.items()},
+    }
+
+
+def _text_readers(reward: Any, key: str = "") -> list[str]:
+    """What each part of `reward` that reads the model's text sees under TRL, as `'name' (what)`.
+
+    TRL gives the env the parsed tool calls, never the model's text, so each turn's text is the
+    env's own rewrite of the call (`written_turn`): always well formed, with no reasoning, and a
+    malformed call or a reply with no call never becomes a turn at all."""
+    name = key or str(getattr(reward, "name", "")) or type(reward).__name__
+    if isinstance(reward, WeightedSum):
+        return [said for k, (part, _) in reward.parts.items() for said in _text_readers(part, k)]
+    if isinstance(reward, ActionPenalties):
+        return _text_readers(reward.invalid, name)
+    if isinstance(reward, FormatReward):
+        if reward._think is not None:
+            return [f"{name!r} (always 0.0: no turn the env writes has a <{reward._think}> block)"]
+        ended = "answered episode" if reward.require_answer else "episode with a call"
+        return [f"{name!r} (1.0 for every {ended}: every turn the env writes is well formed)"]
+    if isinstance(reward, TurnReward):
+        return [f"{name!r} (its turn.action is the env's rewrite of the call, not what the model wrote)"]
+    if isinstance(reward, InvalidCallPenalty) and reward.per_invalid and (reward.parse_errors or reward.no_action):
+        return [f"{name!r} (counts failed tool calls only: a malformed call or a reply with no call is no turn)"]
+    return []
+
+
+def _warn_text_readers(env: ToolEnv, label: str) -> None:
+    """Log one warning naming the parts of `env`'s reward that read the model's text, if any."""
+    said = _text_readers(getattr(env, "reward_fn", None))
+    if said:
+        _log.warning(
+            "toolenv: under TRL the env of %s never sees the model's text, only its parsed tool calls, so these "
+            "reward parts score the env's own rewrite of each call: %s. Score the text with a TRL reward function "
+            "(it gets the completions) instead; see 'What the env sees under TRL' in docs/trl.md",
+            label,
+            "; ".join(said),
+        )
 
 
 def _prompt_texts(env: ToolEnv, task: Task, answer_tool: str | None) -> tuple[str, str]:
@@ -426,10 +519,12 @@ class EnvironmentFactory:
         self._cls: type[TRLEnvironment] | None = None
         self._spare: list[ToolEnv] = []
         self._build()  # a bad tool name or env is reported here, not at TRL's first rollout
+        _warn_text_readers(self._spare[0], repr(self.name))  # once, here: not again in a process a copy is sent to
 
     @property
     def environment_class(self) -> type[TRLEnvironment]:
-        """The class of the environments made (one per factory; TRL names the reward column after it)."""
+        """The class of the environments made (shared by factories of the same settings; TRL names the
+        reward column after it)."""
         return self._build()
 
     @property
@@ -456,7 +551,12 @@ class EnvironmentFactory:
                 try:
                     name, unique = (self._name, False) if self._name else (_default_name(self.env, env_id), True)
                     self._cls = _environment_class(
-                        probe, self.answer_tool, name, unique=unique, raise_tool_errors=self.raise_tool_errors
+                        probe,
+                        self.answer_tool,
+                        name,
+                        unique=unique,
+                        raise_tool_errors=self.raise_tool_errors,
+                        settings=_settings_key(self.env, self.env_kwargs),
                     )
                 except BaseException:
                     probe.close()
@@ -501,9 +601,13 @@ class EnvironmentFactory:
         return self
 
 
-# Live environment classes by name: a default name is made unique, since TRL logs each env's reward by it.
-_CLASSES: weakref.WeakValueDictionary[str, type[TRLEnvironment]] = weakref.WeakValueDictionary()
+# Every environment class made in this process, by name and settings, and the settings each default
+# name has had, in the order they came. Held for the process's life (a class is a few methods): a
+# name must not depend on whether the garbage collector has freed an earlier factory's class.
+_CLASSES: dict[tuple[str, str], type[TRLEnvironment]] = {}
+_SETTINGS: dict[str, list[str]] = {}
 _CLASSES_LOCK = threading.Lock()
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
 
 
 def _default_name(env: EnvSpec, env_id: str) -> str:
@@ -514,11 +618,40 @@ def _default_name(env: EnvSpec, env_id: str) -> str:
     return "TRL" + "".join(w[:1].upper() + w[1:] for w in words) + "Environment"
 
 
+def _stable_repr(value: Any) -> str:
+    """`repr(value)` without memory addresses, which differ from one run (or notebook cell) to the next."""
+    if isinstance(value, functools.partial):
+        return f"partial({_stable_repr(value.func)}, {_stable_repr(value.args)}, {_stable_repr(value.keywords)})"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return _ADDRESS.sub("", repr(value))
+
+
+def _settings_key(*settings: Any) -> str:
+    """One text for `settings` (JSON where it can be, else stable reprs): equal settings, equal text."""
+    try:
+        return json.dumps(settings, sort_keys=True, default=_stable_repr)
+    except (TypeError, ValueError):  # keys JSON cannot sort or hold
+        return _stable_repr(settings)
+
+
 def _environment_class(
-    probe: ToolEnv, answer_tool: str | None, name: str, *, unique: bool, raise_tool_errors: bool = True
+    probe: ToolEnv,
+    answer_tool: str | None,
+    name: str,
+    *,
+    unique: bool,
+    raise_tool_errors: bool = True,
+    settings: str = "",
 ) -> type[TRLEnvironment]:
-    """A `TRLEnvironment` subclass named `name` (with a `_2`, `_3`... suffix when `unique` and another
-    live class has it), with a method per tool of `probe` and the answer method.
+    """A `TRLEnvironment` subclass named `name`, with a method per tool of `probe` and the answer method.
+
+    TRL logs an env's reward under its class's name (`rewards/<name>/mean`), so the name must be
+    the same each time the same env is set up (a notebook cell run again, a resumed run, a sweep):
+    the same `settings` (the factory's env and `env_kwargs`), tools, answer tool and error mode get
+    the same class back. With `unique` (a default name), other settings of the same name get a
+    `_2`, `_3`... suffix in the order they first came in this process, so two envs of one run never
+    share a column; the suffix never depends on which earlier classes are still alive.
 
     The methods come from `probe.tool_schemas()`, not `probe.tools`: a remote env's tools run on its
     server, so it has no local tools, only their schemas (for a local env the two say the same)."""
@@ -526,7 +659,8 @@ def _environment_class(
     # method of that name, and TRL would collect None as the tool.
     reserved = {n for n in dir(TRLEnvironment) if not n.startswith("_")} | {"env", "last_info", "error"}
     methods: dict[str, Any] = {}
-    for schema in map(flatten_schema, probe.tool_schemas()):
+    schemas = [flatten_schema(s) for s in probe.tool_schemas()]
+    for schema in schemas:
         tool_name = str(schema.get("function", schema).get("name", ""))
         if not tool_name.isidentifier() or tool_name.startswith("_") or tool_name in reserved | {answer_tool}:
             raise ValueError(
@@ -538,14 +672,19 @@ def _environment_class(
         if not answer_tool.isidentifier() or answer_tool.startswith("_") or answer_tool in reserved:
             raise ValueError(f"answer_tool {answer_tool!r} must be a public Python name other than {sorted(reserved)}")
         methods[answer_tool] = _answer_method(answer_tool)
+    key = _settings_key(settings, answer_tool, raise_tool_errors, schemas)
     with _CLASSES_LOCK:
-        chosen, n = name, 1
-        while unique and chosen in _CLASSES:
-            n += 1
-            chosen = f"{name}_{n}"
-        attrs = {"_answer_tool": answer_tool, "_raise_tool_errors": raise_tool_errors, **methods}
-        cls = type(chosen, (TRLEnvironment,), attrs)
-        _CLASSES.setdefault(chosen, cls)
+        chosen = name
+        if unique:
+            seen = _SETTINGS.setdefault(name, [])
+            if key not in seen:
+                seen.append(key)
+            n = seen.index(key) + 1
+            chosen = name if n == 1 else f"{name}_{n}"
+        cls = _CLASSES.get((chosen, key))
+        if cls is None:
+            attrs = {"_answer_tool": answer_tool, "_raise_tool_errors": raise_tool_errors, **methods}
+            cls = _CLASSES[chosen, key] = type(chosen, (TRLEnvironment,), attrs)
     return cls
 
 
@@ -567,12 +706,18 @@ def environment_factory(
         env_kwargs: passed to `gym.make` with an env id.
         name: the environment class's name, which TRL logs this env's reward under
             (`rewards/<name>/mean`). By default `TRL<Label>Environment`, the label from the
-            env id or the callable's name, with a `_2`, `_3`... suffix when another factory
-            already has it, so several envs in one run get their own reward columns.
+            env id or the callable's name: the same for the same env, `env_kwargs`,
+            `answer_tool` and `raise_tool_errors` every time, with a `_2`, `_3`... suffix for
+            other settings of the same env (in the order first made in the process), so
+            differently set-up envs in one run get their own reward columns.
         raise_tool_errors: a failed tool call (or one made after the episode ended) raises
             `ToolCallError` with toolenv's error text, so TRL counts it in
             `tools/failure_frequency` and shows the model `{'error': <text>}`; False returns
             the text as the tool's result (TRL then counts no failure).
+
+    Logs one warning when the env's reward has parts that read the model's text (`format`, a
+    `TurnReward`, `invalid_call_penalty`'s parse errors and empty turns): TRL gives the env only
+    the parsed calls, so they score the env's own rewrite of each call (docs/trl.md).
 
     Raises:
         ValueError: a tool's name or argument cannot be a Python method or parameter, or
