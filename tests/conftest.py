@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
@@ -80,3 +81,11 @@ TASKS = [
     {"id": "t2", "question": "10+4?", "answer": "14"},
     {"id": "t3", "question": "Capital of France?", "answer": ["Paris", "paris, france"]},
 ]
+
+
+def calc_env(**kw: Any) -> toolenv.ToolEnv:
+    """An env of `Add` over `TASKS` (hermes calls, exact-match reward, 8 turns unless told), as
+    the integration tests register it under their own ids."""
+    kw.setdefault("max_turns", 8)
+    kw.setdefault("parser", "hermes")
+    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, reward="exact_match", **kw)

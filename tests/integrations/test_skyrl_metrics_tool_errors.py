@@ -19,20 +19,14 @@ skyrl_gym = pytest.importorskip(
 
 import gymnasium as gym  # noqa: E402
 
-import toolenv  # noqa: E402
 from toolenv.integrations.skyrl import close_pooled_envs, dataset_rows, register  # noqa: E402
 
-from ..conftest import TASKS, Add  # noqa: E402
+from ..conftest import calc_env as _calc_env  # noqa: E402
 
 CALC = "toolenv-test/SkyRLMetricsCalc-v0"
 GOOD_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 FAILING_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": "two", "b": 3}}\n</tool_call>'
 UNREADABLE_CALL = '<tool_call>\n{"name": "add", "arguments": \n</tool_call>'
-
-
-def _calc_env(**kw: Any) -> toolenv.ToolEnv:
-    kw.setdefault("max_turns", 8)
-    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
 
 
 if CALC not in gym.registry:

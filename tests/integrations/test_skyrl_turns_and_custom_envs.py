@@ -21,10 +21,10 @@ skyrl_gym = pytest.importorskip(
 
 import gymnasium as gym  # noqa: E402
 
-import toolenv  # noqa: E402
 from toolenv.integrations.skyrl import close_pooled_envs, dataset_rows, register  # noqa: E402
 
-from ..conftest import TASKS, Add  # noqa: E402
+from ..conftest import Add  # noqa: E402
+from ..conftest import calc_env as _calc_env  # noqa: E402
 
 TURNS = "toolenv-test/SkyRLTurns-v0"
 WARNED_TWICE = "toolenv-test/SkyRLTurnsTwice-v0"
@@ -32,11 +32,6 @@ FACTORY = "toolenv-test/SkyRLFactory-v0"
 GYM_REGISTERED = "shop-test/SkyRLShop-v0"
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 LOGGER = "toolenv.integrations.skyrl.env"
-
-
-def _calc_env(**kw: Any) -> toolenv.ToolEnv:
-    kw.setdefault("max_turns", 8)
-    return toolenv.ToolEnv(tools=[Add()], tasks=TASKS, parser="hermes", reward="exact_match", **kw)
 
 
 for _id in (TURNS, WARNED_TWICE, GYM_REGISTERED):
