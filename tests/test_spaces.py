@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from gymnasium.vector.utils import batch_space
 
 from toolenv import UnicodeText
@@ -66,3 +67,22 @@ def test_sampling_respects_a_min_length_above_the_sample_length() -> None:
         space.seed(0)
         sample = space.sample()
         assert space.contains(sample) and len(sample) == space.min_length
+
+
+def test_flattening_free_text_is_refused_with_what_to_do_instead() -> None:
+    """Text's flattening maps characters through its charset: a prompt with `é` failed inside
+    `reset` with a bare KeyError, an ASCII one became a 4 MB int array per observation."""
+    import gymnasium as gym
+    from gymnasium.wrappers import FlattenObservation
+
+    space = UnicodeText(max_length=1 << 20)
+    with pytest.raises(TypeError, match="Tokenize the text"):
+        gym.spaces.flatten_space(space)
+    with pytest.raises(TypeError, match="Tokenize the text"):
+        gym.spaces.flatten(space, "Combien coûte un café ?")
+    env = gym.make("toolenv/ToolEnv-v0", tools=[], tasks=[{"question": "café ?", "answer": "2€"}])
+    try:
+        with pytest.raises(TypeError, match="FlattenObservation"):
+            FlattenObservation(env)
+    finally:
+        env.close()

@@ -99,3 +99,22 @@ def _refuse_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> An
         'Use gym.make_vec(..., vectorization_mode="vector_entry_point") (toolenv\'s own concurrent vector env) '
         'or pass vector_kwargs={"shared_memory": False} to the async vector env.'
     )
+
+
+_NO_FLATTEN = (
+    "toolenv observations are free text, which has no fixed-size numeric form: Gymnasium's flatten "
+    "(FlattenObservation, flatten_space) would encode any character outside its charset wrongly. "
+    "Tokenize the text with your model's tokenizer instead."
+)
+
+
+@spaces.utils.flatten_space.register(UnicodeText)
+def _refuse_flatten_space(space: UnicodeText) -> Any:
+    # Text's flattening maps characters through its charset (printable ASCII here): a prompt
+    # with any other character fails with a bare KeyError, an ASCII one becomes a 4 MB array.
+    raise TypeError(_NO_FLATTEN)
+
+
+@spaces.utils.flatten.register(UnicodeText)
+def _refuse_flatten(space: UnicodeText, x: Any) -> Any:
+    raise TypeError(_NO_FLATTEN)
