@@ -536,12 +536,14 @@ class NumpyReward(toolenv.Reward):
 
 def test_numpy_values_and_lone_surrogates_cross_the_wire() -> None:
     def factory() -> Any:
-        return make_env(tools=[shell], reward=NumpyReward())
+        env = make_env(tools=[shell], reward=NumpyReward())
+        env.unwrapped.reset_options = toolenv.ToolEnv.reset_options | {"tag"}  # an option of its own
+        return env
 
     call = '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>'
     with serving(factory) as u:
         env = RemoteToolEnv(u)
-        env.reset(options={"task_id": "t1", "tag": np.float32(1.5)})  # extra options go to the env
+        env.reset(options={"task_id": "t1", "tag": np.float32(1.5)})  # the env's own options cross the wire
         obs, *_, info = env.step(call)
         result = info["tool_results"][0]
         assert result.text == "caf\ufffd \U0001f600 ok" and "caf\ufffd" in obs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import json
 import operator
@@ -12,7 +13,7 @@ import string
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, SupportsFloat, SupportsIndex
+from typing import Any, ClassVar, SupportsFloat, SupportsIndex
 
 import gymnasium as gym
 import numpy as np
@@ -167,6 +168,12 @@ class ToolEnv(gym.Env[str, str]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012 - Gymnasium's convention
+    #: The keys `reset(options=...)` accepts; any other is refused (a misspelt `taskid` would
+    #: otherwise run a random task). A subclass that reads options of its own adds them here.
+    reset_options: ClassVar[frozenset[str]] = frozenset({"task", "task_id", "task_index", "native_tools"})
+    #: The reset options that describe the agent, not the task: a vector env's autoreset gives
+    #: each sub-env those of its latest explicit reset again (the task-choosing ones must not repeat).
+    autoreset_options: ClassVar[frozenset[str]] = frozenset({"native_tools"})
 
     def __init__(
         self,
@@ -313,9 +320,12 @@ class ToolEnv(gym.Env[str, str]):
         """Start an episode. Options: `task` (Task or dict), `task_id` (KeyError when no task has
         it), or `task_index` (IndexError out of range); and `native_tools: True` when the agent
         gives the model the tools itself (`tool_schemas()` through the chat template or the API's
-        `tools`): the prompt then says only how to answer, not the tools and call format again."""
+        `tools`): the prompt then says only how to answer, not the tools and call format again.
+        Any other key is a ValueError (a subclass reading its own lists them in `reset_options`)."""
         if self._in_step:
             raise _in_flight("reset")
+        if options:
+            self._check_options(options)
         self._seed_lazily(seed)  # what `super().reset(seed=seed)` does, deferred
         if seed is not None and self.task_order == "sequential" and self.tasks:
             self._next_index = seed % len(self.tasks)  # Gymnasium: a seeded reset is deterministic
@@ -329,6 +339,22 @@ class ToolEnv(gym.Env[str, str]):
         self._episode = Episode(task=task, episode_id=new_episode_id(), caller=self.caller, messages=list(messages))
         return obs, {"task_id": task.id, "turn": 0, "messages": messages}
 
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        """Refuse a reset option key this env does not read (`reset_options`), naming the close
+        match, and a list where one task is expected (a vector env's options go to every sub-env)."""
+        unknown = [k for k in options if k not in self.reset_options]
+        if unknown:
+            known = sorted(self.reset_options)
+            close = difflib.get_close_matches(str(unknown[0]), known, n=2)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            raise ValueError(f"unknown reset option {unknown[0]!r}{hint}: the options are {', '.join(known)}")
+        for key in ("task_id", "task_index"):
+            if isinstance(options.get(key), list | tuple):
+                raise TypeError(
+                    f"reset option {key!r} takes one value, got a {type(options[key]).__name__}: for a vector env, "
+                    "reset each sub-env with its own, e.g. reset(options={'reset_mask': mask, 'task_id': ...})"
+                )
+
     async def astep(
         self, action: str, *, parsed: ParsedAction | None = None
     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -337,14 +363,17 @@ class ToolEnv(gym.Env[str, str]):
         `parsed` is the turn already parsed, e.g. the calls a trainer's own chat-template
         parser read (native tool calling); the env runs it as given and records `action`
         as the turn's text (`written_turn` writes calls in the env's format).
+
+        Raises:
+            TypeError: `action` is not a str (bytes, token ids, None): outside the action space.
         """
+        if type(action) is not str and not isinstance(action, str):
+            raise _not_text(action)
         ep = self._episode_to_step()
         if self._in_step:  # `_begin_step`, inlined: this is the hot path
             raise _in_flight("step")
         self._in_step = True
         try:
-            if not isinstance(action, str):
-                action = str(action)
             if parsed is None:  # lone surrogates (half an emoji) as U+FFFD: no tool or agent can encode them
                 action, parsed = clean_parse(self.parser, action)
             else:
@@ -489,9 +518,15 @@ class ToolEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
+        """Run a sync twin's coroutine on the env's private loop; on a thread already running an
+        event loop (a Jupyter or Colab cell), on a helper thread, as `close` does: the private loop
+        is the same either way, so loop-bound tool state (httpx pools, sandboxes) stays on it."""
         if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per step
-            coro.close()
-            raise RuntimeError("ToolEnv.reset/step cannot run inside a running event loop; use areset/astep")
+            return _aio.call_off_loop(self._run_here, coro)
+        return self._run_here(coro)
+
+    def _run_here(self, coro: Any) -> Any:
+        """`_run` on a thread running no event loop."""
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         if self._in_step and asyncio.all_tasks(self._loop):  # a sync call interrupted twice (Ctrl-C) left its step here
@@ -607,6 +642,16 @@ def _turns(value: object) -> int:
     if turns is None or turns < 1:
         raise ValueError(f"max_turns must be at least 1 (a whole number), got {value!r}")
     return turns
+
+
+def _not_text(action: object) -> TypeError:
+    """The refusal of an action that is not text, saying what came and what to do with it."""
+    shown = repr(action)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return TypeError(
+        f"ToolEnv.step takes the model's reply as a str, got {type(action).__name__} {shown}: "
+        "decode bytes (.decode()) or token ids (tokenizer.decode(ids)) to text first"
+    )
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

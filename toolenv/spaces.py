@@ -116,5 +116,5 @@ def _refuse_flatten_space(space: UnicodeText) -> Any:
 
 
 @spaces.utils.flatten.register(UnicodeText)
-def _refuse_flatten(space: UnicodeText, x: Any) -> Any:
+def _refuse_flatten(space: UnicodeText, x: Any) -> Any:  # type: ignore[misc]  # Space[str] vs the fallback's Space[T]
     raise TypeError(_NO_FLATTEN)

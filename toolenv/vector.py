@@ -146,6 +146,13 @@ def _reset_mask(options: dict[str, Any] | None, n: int) -> tuple[Any, dict[str, 
     return mask, rest
 
 
+def _kept_options(env: ToolEnv, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The options of a reset that the env's autoresets repeat (`ToolEnv.autoreset_options`)."""
+    if not options:
+        return None
+    return {k: v for k, v in options.items() if k in env.autoreset_options} or None
+
+
 def _action_list(actions: Any, n: int) -> list[Any]:
     """The action batch as a list of `n` actions, or a TypeError/ValueError before any env steps."""
     if isinstance(actions, str | bytes):  # iterable, but one text: never one character per env
@@ -237,6 +244,10 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self._needs_reset = np.zeros(self.num_envs, dtype=bool)
         self._elapsed = [0] * self.num_envs  # steps since each env's reset
         self._obs: list[str] = [""] * self.num_envs  # each env's latest observation
+        # Each env's options for its autoreset: the agent-describing ones (`native_tools`) of its
+        # latest explicit reset. Gymnasium autoresets with none, but then a `native_tools` agent's
+        # second episode would get a prompt teaching the text call format again.
+        self._autoreset_options: list[dict[str, Any] | None] = [None] * self.num_envs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unfinished = False  # a step or reset raised or was cancelled part-way: reset all
         self._pending: asyncio.Future[None] | None = None  # done when the step or reset in flight ends
@@ -300,7 +311,9 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
         """Reset every sub-env (seeds `seed, seed+1, …` when an int is given), or with
-        `options={"reset_mask": mask}` (a bool array) only the envs it selects."""
+        `options={"reset_mask": mask}` (a bool array) only the envs it selects. The other options
+        go to each env reset (one value for all: a task per env takes a reset per mask); their
+        `autoreset_options` (`native_tools`) are given again to that env's autoresets."""
         self._refuse_if_closed("reset")
         seeds: list[int | None]
         if seed is None:
@@ -327,7 +340,9 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         if mask is None or mask.all():
             self._unfinished = False
         infos: list[Mapping[str, Any]] = []
+        kept = _kept_options(self.envs[0], options)
         for i, (obs, info) in zip(which, results, strict=True):
+            self._autoreset_options[i] = kept
             self._obs[i] = obs
             self._needs_reset[i] = False
             self._elapsed[i] = 0
@@ -357,13 +372,13 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
         async def one(i: int, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
             env = self.envs[i]
             if self._needs_reset[i]:  # next-step autoreset
-                obs, info = await env.areset()
+                obs, info = await env.areset(options=self._autoreset_options[i])
                 self._elapsed[i] = 0
                 return obs, 0.0, False, False, info
             obs, reward, term, trunc, info = await self._step_one(i, action)
             if mode is AutoresetMode.SAME_STEP and (term or trunc):
                 final_obs, final_info = obs, info
-                obs, info = await env.areset()
+                obs, info = await env.areset(options=self._autoreset_options[i])
                 self._elapsed[i] = 0
                 info = {"final_obs": final_obs, "final_info": final_info, **info}
             return obs, reward, term, trunc, info
@@ -441,9 +456,14 @@ class ToolVectorEnv(VectorEnv[tuple[str, ...], tuple[str, ...], Any]):
 
     # ------------------------------------------------------------------ sync API
     def _run(self, coro: Any) -> Any:
+        """Run a sync method's coroutine on the private loop; on a thread already running an event
+        loop (a notebook cell), on a helper thread (as `ToolEnv._run`), the private loop the same."""
         if asyncio._get_running_loop() is not None:  # in asyncio.__all__; no exception raised per step
-            coro.close()
-            raise RuntimeError("ToolVectorEnv.reset/step cannot run inside a running event loop; use areset/astep")
+            return _aio.call_off_loop(self._run_here, coro)
+        return self._run_here(coro)
+
+    def _run_here(self, coro: Any) -> Any:
+        """`_run` on a thread running no event loop."""
         if self._loop is None or self._loop.is_closed():
             self._loop = asyncio.new_event_loop()
         pending = self._pending

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolenv._text import fix_text
 from toolenv._tls import tls_context
-from toolenv.env import ToolEnv, _in_flight
+from toolenv.env import ToolEnv, _in_flight, _not_text
 from toolenv.episode import Episode, Turn
 from toolenv.parsers.base import get_parser
 from toolenv.remote.wire import (
@@ -452,8 +452,8 @@ class RemoteToolEnv(ToolEnv):
         ep = self._episode_to_step()
         if self._lost is not None:
             raise RemoteEnvError(self._lost)
-        if not isinstance(action, str):
-            action = str(action)
+        if not isinstance(action, str):  # as a local env refuses it: bytes, token ids, None
+            raise _not_text(action)
         action = fix_text(action)  # as a local env records it (the wire would send U+FFFD anyway)
         sent = parsed if self._takes_parsed else None
         request = StepRequest(action=action, parsed=sent)
