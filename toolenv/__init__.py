@@ -121,10 +121,22 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'toolenv' has no attribute {name!r}")
+        return _submodule(name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _submodule(name: str) -> Any:
+    """The submodule `toolenv.<name>`, imported on first access: the docs call
+    `toolenv.rewards.reward_names()` after a plain `import toolenv`, which imports none."""
+    if not name.startswith("__"):  # dunders (`__wrapped__`, `__path__`...) are looked up by tools
+        try:
+            return importlib.import_module(f"{__name__}.{name}")  # the import binds it in globals()
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":  # the submodule exists; something it imports does not
+                raise
+    raise AttributeError(f"module 'toolenv' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

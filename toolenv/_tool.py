@@ -9,6 +9,7 @@ import copy
 import functools
 import importlib
 import inspect
+import json
 import math
 import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -23,7 +24,7 @@ from toolenv._threads import WORKERS
 from toolenv.types import Task, ToolResult
 
 if TYPE_CHECKING:
-    from toolenv.result_cache import ResultCache
+    from toolenv.result_cache import CacheSpec, ResultCache
 
 __all__ = ["Tool", "ToolContext", "ToolLimits", "tool"]
 
@@ -142,7 +143,9 @@ class Tool:
     Subclasses set `name`, an inner `Args` Pydantic model, and implement `run`.
     The docstring is the description the model sees unless `description` is set.
     `cache` (a `ResultCache`, off by default) answers repeated calls without running them;
-    set it as a class attribute to share it between every instance of the class.
+    set it as a class attribute to share it between every instance of the class. The
+    constructor also takes what a config can hold: `True` or a mapping of `ResultCache`
+    settings gives the process's one cache for this tool and those settings (`shared_cache`).
     `timeout_hint` is what the model is told to do when a call times out (see below).
     """
 
@@ -157,11 +160,9 @@ class Tool:
     #: class attribute or on an instance (a `@tool` function's too). Kept to one line.
     timeout_hint: str = "Try a simpler or smaller request."
 
-    def __init__(
-        self, *, limits: ToolLimits | None = None, cache: ResultCache | None = None, **limit_overrides: Any
-    ) -> None:
-        if cache is not None:
-            self.cache = cache
+    def __init__(self, *, limits: ToolLimits | None = None, cache: CacheSpec = None, **limit_overrides: Any) -> None:
+        if cache is not None and cache is not False:
+            self.cache = _cache_of(self, cache)
         base = limits if limits is not None else type(self).limits
         if limit_overrides:
             owner = f"tool {self.name!r} ({type(self).__name__})" if self.name else type(self).__name__
@@ -195,6 +196,11 @@ class Tool:
     async def close(self) -> None:
         """Release resources (processes, connections). Called by `ToolEnv.close`."""
 
+    def _cache_namespace(self) -> tuple[Hashable, ...]:
+        """What names this tool's answers for a cache built from settings (`shared_cache`):
+        its class and name, so every instance a config builds shares one cache."""
+        return ("toolenv.Tool", type(self).__module__, type(self).__qualname__, self.name)
+
     def breaker_key(self) -> Hashable:
         """What fails together: tools with the same key share one circuit breaker.
 
@@ -225,12 +231,12 @@ class FunctionTool(Tool):
         name: str | None = None,
         description: str | None = None,
         limits: ToolLimits | None = None,
-        cache: ResultCache | None = None,
+        cache: CacheSpec = None,
         **limit_overrides: Any,
     ) -> None:
         self.name = name or fn.__name__  # type: ignore[misc]
+        self._fn = fn  # before the cache: its namespace names the function
         super().__init__(limits=limits, cache=cache, **limit_overrides)
-        self._fn = fn
         self._is_async = inspect.iscoroutinefunction(fn)
         self.description = description or inspect.cleandoc(fn.__doc__ or "")  # type: ignore[misc]
         self.Args, self._ctx_param, self._positional = _args_model(fn)  # type: ignore[misc]
@@ -247,7 +253,7 @@ class FunctionTool(Tool):
             out = await _in_thread(self._fn, positional, kwargs)
             if inspect.isawaitable(out):  # a sync wrapper around an async function
                 out = await out
-        return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else str(out))
+        return out if isinstance(out, ToolResult) else ToolResult(text=out if isinstance(out, str) else _as_text(out))
 
     def __copy__(self) -> FunctionTool:
         out = object.__new__(type(self))
@@ -280,6 +286,11 @@ class FunctionTool(Tool):
         own_cache = self.__dict__.get("cache")
         settings = (self.name, self.description, self.limits, own_cache, extra)
         return (_rebuild_function_tool, (type(self), fn, *settings))
+
+    def _cache_namespace(self) -> tuple[Hashable, ...]:
+        """The class, name and function: two functions of one name answer differently."""
+        fn = self._fn
+        return (*super()._cache_namespace(), getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(fn)))
 
     def breaker_key(self) -> Hashable:
         """The class and name, and the function: two functions that share a name are two backends."""
@@ -337,6 +348,39 @@ def _rebuild_function_tool(
     FunctionTool.__init__(out, fn, name=name, description=description, limits=limits, cache=cache)
     out.__dict__.update(extra)
     return out
+
+
+def _as_text(out: object) -> str:
+    """A function tool's result as the model reads it: a dict or list as JSON text (not Python's
+    repr, `True`/`None` and quotes the model may copy), anything else, or what JSON cannot
+    encode, as `str`."""
+    if isinstance(out, dict | list):
+        try:
+            return json.dumps(out, ensure_ascii=False)
+        except (TypeError, ValueError):  # a set, an object, a circular reference
+            pass
+    return str(out)
+
+
+def _cache_of(tool: Tool, spec: Any) -> ResultCache | None:
+    """The cache `Tool(cache=spec)` gets: a `ResultCache` as given; `True` or a mapping of its
+    settings (all a JSON or YAML config can hold) the process's one cache for the tool and them.
+
+    Raises:
+        TypeError: `spec` is none of those (it used to fail every call, not the build).
+        ValueError: a mapping with settings `ResultCache` does not take.
+    """
+    from toolenv.result_cache import ResultCache, shared_cache
+
+    if isinstance(spec, ResultCache):
+        return spec
+    if spec is not True and not isinstance(spec, Mapping):
+        owner = f"tool {tool.name!r} ({type(tool).__name__})" if tool.name else type(tool).__name__
+        raise TypeError(
+            f"{owner}: cache must be a ResultCache, True or a mapping of its settings "
+            f"(maxsize, ttl, scope), got {type(spec).__name__} {spec!r}"
+        )
+    return shared_cache(tool._cache_namespace(), spec)
 
 
 def _in_thread(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
@@ -432,7 +476,8 @@ def tool(
 
     Parameters become the Args model (use `Annotated[int, Field(description=...)]`
     for descriptions); a parameter annotated `ToolContext` receives the context.
-    `cache` takes a `ResultCache`; the other keyword arguments are `ToolLimits` fields.
+    `cache` takes a `ResultCache`, `True` or a mapping of its settings (see `Tool`); the other
+    keyword arguments are `ToolLimits` fields.
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:

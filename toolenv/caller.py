@@ -825,6 +825,28 @@ def _not_a_tool(obj: object) -> str:
     return f"{_clip(repr(obj))} is not a toolenv.Tool (a Tool instance, or a function decorated with @toolenv.tool)"
 
 
+def _check_args(tool: Tool) -> None:
+    """Refuse a tool class that has no Pydantic `Args` model (its calls could not be checked)."""
+    args = getattr(tool, "Args", None)
+    if not (isinstance(args, type) and issubclass(args, BaseModel)):
+        got = "has no Args" if args is None else f"has Args {args!r}, not a pydantic BaseModel class"
+        raise TypeError(
+            f"tool {tool.name!r} ({type(tool).__name__}) {got}: give its class an inner `class Args(BaseModel)` "
+            "(with no fields for a tool without arguments)"
+        )
+
+
+def _check_cache(tool: Tool) -> None:
+    """Refuse a `cache` that is no `ResultCache` (a class attribute set to a config's mapping):
+    every call would fail on it, not the build."""
+    cache = tool.cache
+    if cache is not None and not callable(getattr(cache, "call", None)):
+        raise TypeError(
+            f"tool {tool.name!r} ({type(tool).__name__}): cache must be a ResultCache or None, got "
+            f"{type(cache).__name__} {_clip(repr(cache))} (settings go through Tool(cache=...) or shared_cache)"
+        )
+
+
 class ToolCaller:
     """Invokes tool calls by name against a fixed set of tools.
 
@@ -838,7 +860,9 @@ class ToolCaller:
             if not isinstance(t, Tool):
                 raise TypeError(_not_a_tool(t))
             if not t.name:
-                raise ValueError(f"{t!r} has no name")
+                raise ValueError(f"{t!r} has no name: set `name = ...` on its class (or pass name= to @tool)")
+            _check_args(t)
+            _check_cache(t)
             if t.name in self.tools:
                 raise ValueError(f"two tools are named {t.name!r}")
             self.tools[t.name] = t

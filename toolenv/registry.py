@@ -28,6 +28,7 @@ __all__ = [
     "import_reference",
     "load",
     "load_tool",
+    "plugin_reward_modules",
     "plugin_rewards",
     "resolve_tool",
     "resolve_tools",
@@ -96,7 +97,10 @@ def find(kind: Kind, name: str) -> PluginEntry:
         raise PluginError(f"no {kind[:-1]} named {name!r} (known: {known})")
     if len(matches) > 1:
         who = "; ".join(f"{e.dist} ({e.value})" for e in matches)
-        raise PluginError(f"{kind[:-1]} {name!r} is provided by {len(matches)} distributions: {who}")
+        # A tool can be named by its reference instead (what `tools=` takes), which no other claims.
+        refs = " or ".join(repr(e.value.replace(" ", "")) for e in matches)
+        hint = f"; name the one you mean as 'module:Name': {refs}" if kind == "tools" else ""
+        raise PluginError(f"{kind[:-1]} {name!r} is provided by {len(matches)} distributions: {who}{hint}")
     return matches[0]
 
 
@@ -113,7 +117,8 @@ def _plugin_built(name: str, kwargs: Mapping[str, Any]) -> Any:
     if isinstance(obj, Tool) and kwargs:
         raise PluginError(
             f"tool plugin {name!r} is a ready-made tool instance: it takes no arguments "
-            f"(got {', '.join(sorted(kwargs))})"
+            f"(got {', '.join(sorted(kwargs))}); set its limits with the env's "
+            f"tool_limits={{{name!r}: {{...}}}} instead"
         )
     return obj if isinstance(obj, Tool) else obj(**kwargs)
 
@@ -267,16 +272,17 @@ def resolved_tools(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _registered_rewards(package: str) -> list[tuple[str, str]]:
+def _registered_rewards(package: str, *, literal_only: bool = True) -> list[tuple[str | None, str]]:
     """(name, module) of each `register_reward("name", ...)` call in a package's source, read
-    without importing it (a plugin registers its rewards when its env module is imported)."""
+    without importing it (a plugin registers its rewards when its env module is imported).
+    With `literal_only=False`, also calls whose name is no string literal, with the name None."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return []
     if spec is None or not spec.submodule_search_locations:
         return []
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str | None, str]] = []
     for folder in spec.submodule_search_locations:
         for file in sorted(Path(folder).rglob("*.py")):
             try:
@@ -288,15 +294,36 @@ def _registered_rewards(package: str) -> list[tuple[str, str]]:
                 continue
             module = ".".join((package, *file.relative_to(folder).with_suffix("").parts))
             for node in ast.walk(tree):
-                if (
+                if not (
                     isinstance(node, ast.Call)
                     and getattr(node.func, "id", getattr(node.func, "attr", None)) == "register_reward"
                     and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str)
                 ):
-                    found.append((node.args[0].value, module.removesuffix(".__init__")))
+                    continue
+                first = node.args[0]
+                literal = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+                if literal is not None or not literal_only:
+                    found.append((literal, module.removesuffix(".__init__")))
     return found
+
+
+def _plugin_packages() -> dict[str, str]:
+    """The top-level package of each `toolenv.envs`/`toolenv.tools` entry point, with its distribution."""
+    packages: dict[str, str] = {}
+    for kind in ("envs", "tools"):
+        for e in entries(kind):
+            packages.setdefault(e.value.split(":")[0].split(".")[0].strip(), e.dist)
+    return packages
+
+
+def plugin_reward_modules() -> list[str]:
+    """The modules of plugin packages that call `register_reward` (its name a string literal or
+    not), unimported: importing them registers every reward the plugins register."""
+    modules: dict[str, None] = {}
+    for package in sorted(_plugin_packages()):
+        for _, module in _registered_rewards(package, literal_only=False):
+            modules.setdefault(module, None)
+    return list(modules)
 
 
 def plugin_rewards(known: set[str]) -> list[dict[str, str]]:
@@ -304,13 +331,9 @@ def plugin_rewards(known: set[str]) -> list[dict[str, str]]:
     registers it when imported), read from their source: no plugin is imported."""
     rows: list[dict[str, str]] = []
     seen = set(known)
-    packages: dict[str, str] = {}
-    for kind in ("envs", "tools"):
-        for e in entries(kind):
-            packages.setdefault(e.value.split(":")[0].split(".")[0], e.dist)
-    for package, dist in sorted(packages.items()):
+    for package, dist in sorted(_plugin_packages().items()):
         for name, module in _registered_rewards(package):
-            if name not in seen:
+            if name is not None and name not in seen:
                 seen.add(name)
                 rows.append({"name": name, "dist": dist, "target": module})
     return sorted(rows, key=lambda r: r["name"])

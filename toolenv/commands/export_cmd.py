@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
 
     from toolenv._outputs import is_stdout
     from toolenv.commands._paths import check_file, check_folder
-    from toolenv.export import _kept, export_chat, export_tokens
+    from toolenv.export import _kept, _native, export_chat, export_tokens
     from toolenv.report.html import check_distinct, iter_run, run_file
 
     if args.format == "tokens" and (args.calls or args.arguments or args.tools):
@@ -225,13 +225,16 @@ def run(args: argparse.Namespace) -> int:
     check_folder("--out", args.out, args.out.parent)
     read = 0
     called: set[str] = set()  # the tools the exported calls ran, to check against `tools`
+    native = False  # whether a kept trajectory has native tool calls (they want `tools` beside them)
 
     def trajectories() -> Iterator[Trajectory]:  # streamed: a run of any size exports in flat memory
-        nonlocal read
+        nonlocal read, native
         for t in itertools.chain.from_iterable(runs):
             read += 1
             if tools is not None and _kept(t, args.success_only, args.min_reward, args.weights):
                 called.update(called_tools(t))
+            elif tools is None and not native and any(_native(turn) for turn in t.turns):
+                native = _kept(t, args.success_only, args.min_reward, args.weights)
             yield t
 
     if args.format == "tokens":
@@ -269,6 +272,11 @@ def run(args: argparse.Namespace) -> int:
         )
         if tools is not None:
             _warn_missing(called, tools, args.tools)
+        elif native:
+            _warn(
+                "the exported trajectories have native tool calls but their rows list no tools, so a chat "
+                "template renders calls of tools it never declared: pass --tools ENV_ID (or FILE.json)"
+            )
     # Not into the data when the data goes to stdout (`--out /dev/stdout | jq`, `> all.jsonl`)
     print(
         f"wrote {written} of {read} trajectories to {args.out}", file=sys.stderr if is_stdout(args.out) else sys.stdout

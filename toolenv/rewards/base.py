@@ -8,6 +8,7 @@ component of every step in `info["reward_components"]`.
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import inspect
 import math
@@ -44,11 +45,11 @@ class Reward(abc.ABC):  # noqa: B024 - both hooks are optional; the ABC marks it
 
     async def turn_components(self, episode: Episode, turn: Turn) -> dict[str, float]:
         """Per-step components by name."""
-        return {self.name: await self.turn(episode, turn)}
+        return {self.name: await _settled(self.turn(episode, turn))}
 
     async def final_components(self, episode: Episode) -> dict[str, float]:
         """Final components by name."""
-        return {self.name: await self.final(episode)}
+        return {self.name: await _settled(self.final(episode))}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -78,12 +79,20 @@ class WeightedSum(Reward):
         # Each per-step part, and whether it is valued by its own `turn_components` (else `turn`).
         self._per_turn: list[tuple[str, Reward, bool]] = []
         self._own_final: set[str] = set()  # parts valued by their own `final_components`
+        self._sync_turn: set[str] = set()  # parts whose `turn` is a plain function
+        self._sync_final: set[str] = set()  # parts whose `final` is a plain function
         for k, (r, w) in zip(names, items, strict=True):
             # A bad weight is refused here, not at the first step whose component is non-zero.
             weight = w if type(w) is float and math.isfinite(w) else _weight(k, w)
             self.parts[k] = (r, weight)
             self._weights[k] = weight
             own_turn = _own_components(r, "turn_components")
+            # A plain `def turn`/`final` (an easy slip) is scored as it returns; found here, so
+            # the parts whose hooks are coroutine functions cost nothing more per step.
+            if not inspect.iscoroutinefunction(type(r).turn):
+                self._sync_turn.add(k)
+            if not inspect.iscoroutinefunction(type(r).final):
+                self._sync_final.add(k)
             if type(r).turn is not Reward.turn or own_turn:
                 self._per_turn.append((k, r, own_turn))
             if _own_components(r, "final_components"):
@@ -135,7 +144,10 @@ class WeightedSum(Reward):
         # Rewards that keep the default `turn` score 0 every step: skip them (hot path).
         components = dict.fromkeys(self.parts, 0.0)
         for k, r, own in self._per_turn:
-            hook = _summed(k, r.turn_components(episode, turn)) if own else r.turn(episode, turn)
+            if own:
+                hook = _summed(k, r.turn_components(episode, turn))
+            else:
+                hook = _settled(r.turn(episode, turn)) if k in self._sync_turn else r.turn(episode, turn)
             v = await (hook if k == r.name else _keyed(episode, k, r.name, hook))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
@@ -143,7 +155,10 @@ class WeightedSum(Reward):
     async def final_components(self, episode: Episode) -> dict[str, float]:
         components = {}
         for k, (r, _) in self.parts.items():
-            hook = _summed(k, r.final_components(episode)) if k in self._own_final else r.final(episode)
+            if k in self._own_final:
+                hook = _summed(k, r.final_components(episode))
+            else:
+                hook = _settled(r.final(episode)) if k in self._sync_final else r.final(episode)
             v = await (hook if k == r.name else _keyed(episode, k, r.name, hook))
             components[k] = v if type(v) is float else as_reward(k, v)
         return components
@@ -161,6 +176,11 @@ async def _summed(key: str, components: Awaitable[Mapping[str, object]]) -> floa
     sum reports a part by its key, so the part's several components become one."""
     # Not `math.fsum`: it raises on inf + -inf, where `total` names the NaN component.
     return sum((as_reward(f"{key}.{k}", v) for k, v in (await components).items()), 0.0)
+
+
+async def _settled(value: object) -> Any:
+    """What a reward hook gave: awaited when awaitable, else as it is (a plain `def final`)."""
+    return await value if inspect.isawaitable(value) else value
 
 
 _MISSING: Any = object()
@@ -240,9 +260,57 @@ RewardSpec = (
 _FACTORIES: dict[str, Callable[..., Reward]] = {}
 
 
-def register_reward(name: str, factory: Callable[..., Reward]) -> None:
-    """Make `factory` available by name in `reward=` specs."""
+def register_reward(name: str, factory: Callable[..., Reward], *, replace: bool = False) -> None:
+    """Make `factory` available by name in `reward=` specs.
+
+    Registering the same factory again (a module imported twice, or reloaded) is a no-op.
+    `replace=True` replaces another factory of the name on purpose.
+
+    Raises:
+        ValueError: `name` is registered by another factory (the message names both): a plugin
+            would otherwise silently change how every env scores under that name.
+    """
+    held = _FACTORIES.get(name)
+    if held is not None and not replace and _origin(held) != _origin(factory):
+        raise ValueError(
+            f"reward {name!r} is already registered by {_described(held)}; {_described(factory)} cannot "
+            "register it too: register it under another name, or pass replace=True to replace it on purpose"
+        )
     _FACTORIES[name] = factory
+
+
+def _origin(factory: Callable[..., Reward]) -> tuple[str, str] | Callable[..., Reward]:
+    """What identifies a factory across a reload of its module: its `module:qualname`, or the
+    object itself when it has none (a lambda's or a local's qualname is not unique)."""
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return factory
+    return module, qualname
+
+
+def _described(factory: Callable[..., Reward]) -> str:
+    """`module:qualname (distribution version)` of a factory, for an error message."""
+    module = getattr(factory, "__module__", None) or "?"
+    label = f"{module}:{getattr(factory, '__qualname__', type(factory).__name__)}"
+    try:
+        from importlib import metadata
+
+        dists = metadata.packages_distributions().get(module.split(".")[0], [])
+    except Exception:  # noqa: BLE001 - broken metadata: the message just names no distribution
+        dists = []
+    if dists:
+        label += f" (distribution {dists[0]} {_version(dists[0])})"
+    return label
+
+
+def _version(dist: str) -> str:
+    """The installed version of `dist`, or "" when its metadata cannot be read."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def reward_names() -> list[str]:
@@ -254,13 +322,27 @@ def _plugin_factory(name: str) -> Callable[..., Reward] | None:
     """The factory a plugin registers as `name` when its module is imported (`toolenv list`
     shows it, read from the plugin's source): that module is imported now, so every reward
     `toolenv list` names works in a spec before the plugin's env was made."""
-    from toolenv.registry import plugin_rewards
+    from toolenv.registry import plugin_reward_modules, plugin_rewards
 
     for row in plugin_rewards(set(_FACTORIES)):
         if row["name"] == name:
             importlib.import_module(row["target"])
             return _FACTORIES.get(name)
+    # Not found in the source (a name that is no string literal: `register_reward(NAME, ...)`):
+    # import the plugin modules that call `register_reward`.
+    for module in plugin_reward_modules():
+        with contextlib.suppress(Exception):  # a broken plugin says so when its tool or env is used
+            importlib.import_module(module)
+        if name in _FACTORIES:
+            return _FACTORIES[name]
     return None
+
+
+def _known_names() -> str:
+    """Every reward name a spec takes: registered ones and those plugins register (`toolenv list`)."""
+    from toolenv.registry import plugin_rewards
+
+    return ", ".join(sorted({*_FACTORIES, *(row["name"] for row in plugin_rewards(set(_FACTORIES)))}))
 
 
 def _referenced_factory(ref: str) -> Callable[..., Reward]:
@@ -304,7 +386,7 @@ def _by_name(name: str, /, **settings: Any) -> Reward:
     # apart from the call: its own KeyError is its own
     factory = _referenced_factory(name) if referenced else _FACTORIES.get(name) or _plugin_factory(name)
     if factory is None:
-        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(reward_names())}; {_REACH_YOUR_OWN}")
+        raise ValueError(f"unknown reward {name!r}; known rewards: {_known_names()}; {_REACH_YOUR_OWN}")
     if settings:
         try:
             signature = inspect.signature(factory)
