@@ -82,7 +82,7 @@ def is_infra_error(result: ToolResult) -> bool:
     runaway request, and it marks the result retryable, as it does a 503. A tool that can tell
     reports the input's fault as its own non-retryable error, which is charged (the SQL tool's
     `query_timeout`, a sandbox's time limit on the model's code). A tool that raised is charged
-    too: the caller's result for a crash carries no mark once it reaches the turn.
+    too: a function tool reports the input's fault by raising (`ValueError("only integers")`).
     """
     return result.is_error and (result.retryable or result.metadata.get("circuit_open") is True)
 
