@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,3 +29,31 @@ def gone(pids: list[int], within: float = 10.0) -> bool:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return not any(alive(p) for p in pids)
+
+
+#: The unprivileged uid (and gid) the sandbox tests start a pool as.
+NOBODY = 65534
+
+
+def as_nobody(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`args` run as uid/gid `NOBODY` in `cwd` (needs root), with a minimal environment."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "TMPDIR": str(cwd)}
+    return subprocess.run(
+        args, cwd=cwd, env=env, user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True, timeout=120
+    )
+
+
+def skip_unless_nobody_can_run_us(tmp_path: Path) -> None:
+    """Skip, saying why, where uid `NOBODY` cannot run this Python on this checkout (one made in
+    a 0700 `mktemp -d`, a venv linking into /root, an interpreter whose shared libpython it cannot
+    load); `tmp_path` is opened to it."""
+    import pytest
+
+    tmp_path.chmod(0o777)
+    try:
+        reachable = as_nobody([sys.executable, "-c", "import toolenv_code"], tmp_path)
+        problem = reachable.stderr.strip()[-200:] if reachable.returncode else ""
+    except PermissionError as exc:  # the interpreter itself cannot be executed by it
+        problem = str(exc)
+    if problem:
+        pytest.skip(f"this Python or checkout is not usable by uid {NOBODY}: {problem}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from _procs import alive as _alive
+from _procs import as_nobody, skip_unless_nobody_can_run_us
 from _procs import gone as _gone
 from _procs import parent as _parent
 
@@ -146,18 +146,8 @@ print(json.dumps(out))
 )
 def test_two_spares_and_sessions_from_the_zygote_for_an_unprivileged_user(tmp_path: Path) -> None:
     """For a non-root user the zygote clones sessions as well as spares, answering in order."""
-    tmp_path.chmod(0o777)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _NOBODY_SCRIPT],
-            cwd=tmp_path, env=env, user=65534, group=65534, extra_groups=[],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    except PermissionError as exc:
-        pytest.skip(f"this Python is not usable by uid 65534: {exc}")
-    if done.returncode and "ModuleNotFoundError" in done.stderr:
-        pytest.skip(f"this checkout is not usable by uid 65534: {done.stderr.strip()[-200:]}")
+    skip_unless_nobody_can_run_us(tmp_path)
+    done = as_nobody([sys.executable, "-c", _NOBODY_SCRIPT], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["runs"] == ["0\n", "1\n", "2\n"]

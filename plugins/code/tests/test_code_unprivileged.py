@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _procs import NOBODY, as_nobody, skip_unless_nobody_can_run_us
 
-NOBODY = 65534
 MARK = "29.4217"  # `sleep 29.4217`: a background process of this test, findable in /proc
 SESSION_MARK = "29.4218"  # the same, left behind by a stateful session
 
@@ -81,26 +81,6 @@ print(json.dumps(out))
 """
 
 
-def _as_nobody(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "TMPDIR": str(cwd)}
-    return subprocess.run(
-        args, cwd=cwd, env=env, user=NOBODY, group=NOBODY, extra_groups=[], capture_output=True, text=True, timeout=120
-    )
-
-
-def _skip_unless_nobody_can_run_us(tmp_path: Path) -> None:
-    """Skip, saying why, where uid NOBODY cannot run this Python on this checkout (one made in a
-    0700 `mktemp -d`, or a venv linking into /root); `tmp_path` is opened to it."""
-    tmp_path.chmod(0o777)
-    try:
-        reachable = _as_nobody([sys.executable, "-c", "import toolenv_code"], tmp_path)
-        problem = reachable.stderr.strip()[-200:] if reachable.returncode else ""
-    except PermissionError as exc:  # the interpreter itself cannot be executed by it
-        problem = str(exc)
-    if problem:
-        pytest.skip(f"this Python or checkout is not usable by uid {NOBODY}: {problem}")
-
-
 def _marked_sleeps(mark: str = MARK) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -125,8 +105,8 @@ def _proc_is_masked() -> bool:
     reason="starting the pool as another user needs root (CI runs as root)",
 )
 def test_the_sandbox_works_and_confines_for_an_unprivileged_user(tmp_path: Path) -> None:
-    _skip_unless_nobody_can_run_us(tmp_path)
-    done = _as_nobody([sys.executable, "-c", _SCRIPT], tmp_path)
+    skip_unless_nobody_can_run_us(tmp_path)
+    done = as_nobody([sys.executable, "-c", _SCRIPT], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["prints"] == [f"{i}\n" for i in range(6)]
@@ -188,7 +168,7 @@ def _without_namespaces(program: str, tmp_path: Path) -> Any:
     """What `program` prints last (JSON), run by uid NOBODY where no namespace can be made."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         pytest.skip("making a user namespace that allows no other needs root (CI runs as root)")
-    _skip_unless_nobody_can_run_us(tmp_path)
+    skip_unless_nobody_can_run_us(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", _NO_NAMESPACES, program], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
