@@ -223,9 +223,10 @@ print(json.dumps(out))
 @ROOT_ONLY
 def test_an_ordinary_user_s_sandbox_hides_the_datasets_too(tmp_path: Path) -> None:
     """Started by an ordinary user, the fork server works in a user namespace (where the kernel allows one)."""
-    helpers = _unprivileged_helpers()
-    helpers._skip_unless_nobody_can_run_us(tmp_path)
-    done = helpers._as_nobody([sys.executable, "-c", _AS_USER, _look([str(DATA)], str(DATA.parents[2]))], tmp_path)
+    from _procs import as_nobody, skip_unless_nobody_can_run_us
+
+    skip_unless_nobody_can_run_us(tmp_path)
+    done = as_nobody([sys.executable, "-c", _AS_USER, _look([str(DATA)], str(DATA.parents[2]))], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if not out["user_ns"]:
