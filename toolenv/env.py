@@ -367,7 +367,7 @@ class ToolEnv(gym.Env[str, str]):
         Raises:
             TypeError: `action` is not a str (bytes, token ids, None): outside the action space.
         """
-        if type(action) is not str and not isinstance(action, str):
+        if not isinstance(action, str):
             raise _not_text(action)
         ep = self._episode_to_step()
         if self._in_step:  # `_begin_step`, inlined: this is the hot path

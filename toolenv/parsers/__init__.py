@@ -1,6 +1,6 @@
 """Action parsers: model text in, a typed `ParsedAction` out. No input makes them raise."""
 
-from toolenv.parsers.base import ActionParser, get_parser, parser_names
+from toolenv.parsers.base import ActionParser, answer_markup_of, get_parser, parser_names
 from toolenv.parsers.codeblock import CodeBlockParser
 from toolenv.parsers.deepseek import DeepSeekParser
 from toolenv.parsers.gemma4 import Gemma4Parser
@@ -33,6 +33,7 @@ __all__ = [
     "Qwen3XMLParser",
     "ReasoningParser",
     "TagParser",
+    "answer_markup_of",
     "detect_parser",
     "get_parser",
     "parser_names",

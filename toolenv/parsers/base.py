@@ -6,7 +6,7 @@ import abc
 import functools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -15,7 +15,7 @@ from toolenv._schema import openai_schema
 from toolenv._tool import Tool
 from toolenv.types import ParsedAction, ToolCall, ToolResult, new_parsed
 
-__all__ = ["ANSWER_INSTRUCTION", "ActionParser", "get_parser", "parser_names"]
+__all__ = ["ANSWER_INSTRUCTION", "ActionParser", "answer_markup_of", "get_parser", "parser_names"]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 #: The sentence of the formats' instructions that says how to give the final answer.
@@ -214,3 +214,10 @@ def get_parser(spec: str | ActionParser, *, reasoning: Any = False, **kwargs: An
     from toolenv.parsers.reasoning import ReasoningParser
 
     return ReasoningParser(parser, tags)
+
+
+def answer_markup_of(spec: str | ActionParser, parser_kwargs: Mapping[str, Any] | None = None) -> str | None:
+    """The answer markup (`ActionParser.answer_markup`) of the parser `spec` and `parser_kwargs`
+    make, for an env that words its prompt before `ToolEnv` builds that parser (Spider's, the
+    code envs'): a prompt must ask for the tags the parser reads."""
+    return get_parser(spec, **dict(parser_kwargs or {})).answer_markup()

@@ -68,9 +68,9 @@ def _count(reward: str, setting: str, value: object) -> int:
     return int(n)
 
 
-def _tool_results(turn: Turn) -> list[bool]:
-    """`is_error` of the results that answer the turn's tool calls (parser errors come after them)."""
-    return [r.is_error for r in turn.results[: len(turn.parsed.tool_calls)]]
+def _call_results(turn: Turn) -> list[ToolResult]:
+    """The results that answer the turn's tool calls (parser errors come after them)."""
+    return turn.results[: len(turn.parsed.tool_calls)]
 
 
 def is_infra_error(result: ToolResult) -> bool:
@@ -89,7 +89,7 @@ def is_infra_error(result: ToolResult) -> bool:
 
 def _tool_faults(turn: Turn, infra_errors: bool) -> int:
     """Failed tool calls of the turn, those that failed for the infrastructure only if `infra_errors`."""
-    results = turn.results[: len(turn.parsed.tool_calls)]
+    results = _call_results(turn)
     if infra_errors:
         return sum(r.is_error for r in results)
     return sum(r.is_error and not is_infra_error(r) for r in results)
@@ -121,7 +121,7 @@ def count_invalid(
 
 def count_tool_successes(turn: Turn) -> int:
     """Tool calls in one turn that returned without error."""
-    return sum(not e for e in _tool_results(turn))
+    return sum(not r.is_error for r in _call_results(turn))
 
 
 class ToolCallPenalty(Reward):

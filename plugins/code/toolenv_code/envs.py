@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolenv import Task, ToolEnv
-from toolenv.parsers import get_parser
+from toolenv.parsers import answer_markup_of
 from toolenv.types import load_tasks
 from toolenv_code.datasets import ANSWER_PHRASE, ANSWER_TOOL_REWRITES, humaneval_tasks, mbpp_tasks
 from toolenv_code.reward import time_limits  # (importing it registers "tests_passed")
@@ -31,7 +31,7 @@ def make_code_env(default_tasks: list[Task], **overrides: Any) -> ToolEnv:
     parser = overrides.pop("parser", "codeblock")
     if tasks is None:
         tasks = default_tasks
-        markup = get_parser(parser, **dict(overrides.get("parser_kwargs") or {})).answer_markup()
+        markup = answer_markup_of(parser, overrides.get("parser_kwargs"))
         if markup != ANSWER_PHRASE.removeprefix(" inside "):
             tasks = _answer_in(tasks, markup)
             said = f" inside {markup}" if markup else ""

@@ -16,7 +16,7 @@ from typing import Any
 from sqlglot.dialects.dialect import Dialect
 
 from toolenv import Task, ToolEnv, load_tasks
-from toolenv.parsers import get_parser
+from toolenv.parsers import answer_markup_of
 from toolenv.result_cache import shared_cache
 from toolenv.rewards import Reward
 from toolenv_sql.datasets import chinook_tasks, spider_tasks
@@ -65,12 +65,6 @@ def system_prompt(dialect: str | None = None, answer_markup: str | None = _ANSWE
     )
 
 
-def _answer_markup(opts: Mapping[str, Any]) -> str | None:
-    """The answer tags of the parser the env will build from `opts` (its `parser` and
-    `parser_kwargs`), which the prompt must name rather than the default `<answer>`."""
-    return get_parser(opts["parser"], **dict(opts.get("parser_kwargs") or {})).answer_markup()
-
-
 # Options consumed here (the rest go to ToolEnv).
 _TOOL_OPTIONS = ("dialect", "query_timeout", "max_rows", "max_count", "max_chars", "max_cell_chars", "root")
 # Seconds an answer's query may run when scored (`ExecutionMatch`'s default), unless the tool's are more.
@@ -105,7 +99,7 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     opts.setdefault("parser", "tags")
     opts.setdefault("max_turns", 5)
     if "system_prompt" not in opts:
-        markup = _answer_markup(opts)
+        markup = answer_markup_of(opts["parser"], opts.get("parser_kwargs"))
         opts["system_prompt"] = system_prompt(tool_opts.get("dialect"), markup)
         if "answer_tool_rewrites" not in opts:  # the phrase the prompt now has
             opts["answer_tool_rewrites"] = {f" inside {markup}": ANSWER_TOOL_REWRITES[_ANSWER_PHRASE]} if markup else {}

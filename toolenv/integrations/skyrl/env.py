@@ -40,6 +40,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from toolenv._aio import BackgroundLoop, close_each
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
+from toolenv.integrations._metrics import component_sums, failed_calls, failed_reset, parse_errors
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
 from toolenv.types import Message, ToolResult, reply_messages
@@ -138,21 +139,6 @@ def close_pooled_envs() -> int:
 
 
 # ---------------------------------------------------------------------- the env
-#: `get_metrics()`'s counts, at 0 after a failed reset: SkyRL averages each key over the samples that have it,
-#: so a key left out would leave the failed samples out of its average.
-_COUNTS = ("return", "turns", "tool_calls", "tool_errors", "parse_errors", "answered", "terminated", "truncated")
-
-
-def _failed_calls(results: Iterable[ToolResult]) -> int:
-    """Error results of tool calls: the parser's own (name `"parser"`) are not calls."""
-    return sum(1 for r in results if r.is_error and r.name != "parser")
-
-
-def _parser_errors(results: Iterable[ToolResult]) -> int:
-    """The parser's error results: calls it could not read, a turn with no call and no answer."""
-    return sum(1 for r in results if r.is_error and r.name == "parser")
-
-
 def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(plain(value), default=str))
 
@@ -476,18 +462,15 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
         if ep is None:
             if self.error is None:
                 return {}
-            return {**dict.fromkeys(_COUNTS, 0.0), "env_error": 1.0}
-        components: dict[str, float] = {}
-        for turn in ep.turns:
-            for k, v in turn.reward_components.items():
-                components[k] = components.get(k, 0.0) + v
+            return failed_reset()
+        components = component_sums(ep.turns)
         results = [r for turn in ep.turns for r in turn.results]
         return {
             "return": float(sum(t.reward for t in ep.turns)),
             "turns": len(ep.turns),
             "tool_calls": ep.tool_calls,
-            "tool_errors": _failed_calls(results),
-            "parse_errors": _parser_errors(results),
+            "tool_errors": failed_calls(results),
+            "parse_errors": parse_errors(results),
             "answered": float(ep.answer is not None),
             # An episode the env failed in ended neither way: its reward is not the env's.
             "terminated": float(ep.terminated and self.error is None),
@@ -568,7 +551,7 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
                 {"name": r.name, "call_id": r.call_id, "error": r.error, "attempts": r.attempts}
                 for r in info["tool_calls"]
             ],
-            "tool_errors": _failed_calls(results),
+            "tool_errors": failed_calls(results),
             "parse_errors": list(info["action"].errors),
             "reward_components": dict(info["reward_components"]),
         }

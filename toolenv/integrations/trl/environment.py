@@ -53,6 +53,7 @@ from toolenv._aio import BackgroundLoop
 from toolenv._schema import flatten_schema
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
+from toolenv.integrations._metrics import component_sums, failed_calls, failed_reset, parse_errors
 from toolenv.integrations.trl.schema import schema_signature
 from toolenv.rewards import ActionPenalties, FormatReward, InvalidCallPenalty, TurnReward, WeightedSum
 from toolenv.runner import EnvSpec, _make_env
@@ -278,10 +279,6 @@ class TRLEnvironment:
         return self._failed(obs) if info is None else "Your answer is recorded; the episode is over."
 
 
-#: The counts `episode_metrics` reports for every episode (as SkyRL's `get_metrics`), before the components.
-_COUNTS = ("return", "turns", "tool_calls", "tool_errors", "parse_errors", "answered", "terminated", "truncated")
-
-
 def episode_metrics(environments: Sequence[Any]) -> list[dict[str, float]]:
     """Each environment's episode in numbers, for a TRL reward function to log (`log_metric`).
 
@@ -299,24 +296,21 @@ def episode_metrics(environments: Sequence[Any]) -> list[dict[str, float]]:
 
 def _metrics(environment: TRLEnvironment) -> dict[str, float]:
     if environment._reset_failed:  # this row's episode never started
-        return {**dict.fromkeys(_COUNTS, 0.0), "env_error": 1.0}
+        return failed_reset()
     ep = environment.env.episode
     if ep is None:
         return {}
     returned = environment.get_reward()
     # An episode with no turn (the model called nothing) keeps its final score in `final_components` alone.
-    components: dict[str, float] = {} if ep.turns else dict(ep.final_components or {})
-    for turn in ep.turns:
-        for k, v in turn.reward_components.items():
-            components[k] = components.get(k, 0.0) + v
+    components = component_sums(ep.turns, None if ep.turns else ep.final_components)
     results = [r for turn in ep.turns for r in turn.results]
     failed = environment.error is not None
     return {
         "return": float(returned),
         "turns": float(len(ep.turns)),
         "tool_calls": float(ep.tool_calls),
-        "tool_errors": float(sum(1 for r in results if r.is_error and r.name != "parser")),
-        "parse_errors": float(sum(1 for r in results if r.is_error and r.name == "parser")),
+        "tool_errors": float(failed_calls(results)),
+        "parse_errors": float(parse_errors(results)),
         "answered": float(ep.answer is not None),
         # An episode the env failed in ended neither way: its reward is not the env's.
         "terminated": float(ep.terminated and not failed),

@@ -27,6 +27,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
+from toolenv.integrations._metrics import failed_calls, parse_errors
 from toolenv.integrations.verl._turns import (
     changes_prompt,
     ended_itself,
@@ -526,11 +527,10 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         score = float(sum(turn_scores))
         # Two faults, counted apart: calls that failed (so tool_errors / tool_calls is a failure
         # rate, at most 1) and turns the parser could not read (its results: parse errors, no action).
-        calls = [r for r in results if r.name != "parser"]
         tool_metrics = {
-            "tool_calls": float(len(calls)),
-            "tool_errors": float(sum(1 for r in calls if r.is_error)),
-            "parse_errors": float(sum(1 for r in results if r.name == "parser" and r.is_error)),
+            "tool_calls": float(sum(1 for r in results if r.name != "parser")),
+            "tool_errors": float(failed_calls(results)),
+            "parse_errors": float(parse_errors(results)),
             "tool_latency_s": tool_latency,
         }
         reward_extra_info: dict[str, float] = {
