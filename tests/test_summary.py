@@ -134,6 +134,7 @@ def test_cached_and_refused_calls_are_counted_and_shown() -> None:
     assert (s.cached_calls, s.refused_calls) == (2, 2)
     rows = dict(summary_rows(s))
     assert rows["calls answered by a cache"] == "2" and rows["calls refused (circuit open)"] == "2"
+    assert s.infra_errors == 2 and rows["failed calls not the model's fault"] == "2"  # a refusal is one
     assert "calls answered by a cache" not in dict(summary_rows(summarize(_trajectories())))
 
 
@@ -232,3 +233,26 @@ def test_episodes_with_a_reward_error_are_shown_when_there_are_any() -> None:
     s = summarize([failed, *_trajectories()])
     assert s.reward_errors == 1 and dict(summary_rows(s))["episodes with a reward error"] == "1"
     assert "episodes with a reward error" not in dict(summary_rows(summarize(_trajectories())))
+
+
+def test_infra_errors_are_counted_apart_from_the_models_faults() -> None:
+    """A run's summary tells an outage or a broken task from the policy's own bad calls: both
+    count in tool_error_rate, only the former in infra_errors."""
+    from toolenv.report.console import summary_rows
+
+    results = [
+        ToolResult(text="syntax error", name="sql", is_error=True),  # the model's query
+        ToolResult(text="HTTP 503", name="search", is_error=True, retryable=True),
+        ToolResult(text="no such database", name="sql", is_error=True, metadata={"infra_error": True}),
+        ToolResult(text="ok", name="sql", metadata={"infra_error": True}),  # not an error: not counted
+    ]
+    turn = TurnRecord(
+        index=0,
+        action="a",
+        parsed=ParsedAction(tool_calls=[ToolCall(name=r.name, arguments={}) for r in results]),
+        results=results,
+    )
+    s = summarize([Trajectory(env_id="e", agent="a", task=Task(id="1", question="q"), turns=[turn])])
+    assert s.infra_errors == 2 and s.tool_error_rate == 0.75
+    assert dict(summary_rows(s))["failed calls not the model's fault"] == "2"
+    assert "failed calls not the model's fault" not in dict(summary_rows(summarize(_trajectories())))

@@ -681,7 +681,8 @@ def _coroutine(tool: Tool, out: Any) -> Coroutine[Any, Any, Any] | ToolResult:
         return _awaited(out)
     return ToolResult.error(
         f"Tool '{tool.name}' is broken: its run returned {type(out).__name__}, not a coroutine "
-        "(define it with `async def run`)."
+        "(define it with `async def run`).",
+        infra_error=True,
     )
 
 
@@ -778,15 +779,18 @@ def _timeout_hint(tool: Tool) -> str:
 
 
 def _checked(tool: Tool, result: Any) -> ToolResult:
-    """`result` if it is a well-formed ToolResult, else the error result naming the bug."""
+    """`result` if it is a well-formed ToolResult, else the error result naming the bug
+    (`infra_error`: the tool's fault, which no penalty charges to the model)."""
     if not isinstance(result, ToolResult):
         return ToolResult.error(
-            f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool)."
+            f"Tool '{tool.name}' returned {type(result).__name__}, not a ToolResult (a bug in the tool).",
+            infra_error=True,
         )
     if not isinstance(result.text, str):  # a dataclass does not check its fields' types
         return ToolResult.error(
             f"Tool '{tool.name}' returned a ToolResult whose text is {type(result.text).__name__}, "
-            "not str (a bug in the tool)."
+            "not str (a bug in the tool).",
+            infra_error=True,
         )
     images = result.images
     if images and (not isinstance(images, list) or not all(isinstance(im, ToolImage) for im in images)):
@@ -797,12 +801,14 @@ def _checked(tool: Tool, result: Any) -> ToolResult:
         )
         return ToolResult.error(
             f"Tool '{tool.name}' returned a ToolResult whose images are not a list of ToolImage ({found}); "
-            "use ToolImage.from_pil or ToolImage(data=...) (a bug in the tool)."
+            "use ToolImage.from_pil or ToolImage(data=...) (a bug in the tool).",
+            infra_error=True,
         )
     if not isinstance(result.metadata, dict):
         return ToolResult.error(
             f"Tool '{tool.name}' returned a ToolResult whose metadata is {type(result.metadata).__name__}, "
-            "not dict (a bug in the tool)."
+            "not dict (a bug in the tool).",
+            infra_error=True,
         )
     return result
 

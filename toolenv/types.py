@@ -213,8 +213,21 @@ class ToolResult(_Data):
 
     @classmethod
     def error(cls, message: str, *, retryable: bool = False, **metadata: Any) -> ToolResult:
-        """A failed call with a message the model can act on."""
+        """A failed call with a message the model can act on (`infra_error=True` in `metadata`:
+        not the input's fault, see `is_infra_error`)."""
         return cls(text=message, is_error=True, retryable=retryable, metadata=metadata)
+
+    @property
+    def is_infra_error(self) -> bool:
+        """Failed for the infrastructure, not for the call the model wrote: `retryable` (a 5xx, a
+        dropped connection, the caller's timeout), refused by an open circuit breaker
+        (`metadata["circuit_open"]`), or marked by the tool (`metadata["infra_error"]`: the
+        task's database or image is missing, the tool itself is broken). Penalties and run
+        summaries keep these apart from the model's faults."""
+        if not self.is_error:
+            return False
+        meta = self.metadata
+        return self.retryable or meta.get("circuit_open") is True or meta.get("infra_error") is True
 
     def addressed(self, name: str, call_id: str, text: str) -> ToolResult:
         """A copy with the call's tool name and id filled in and `text` as its text (the

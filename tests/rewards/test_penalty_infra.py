@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import toolenv
 from toolenv import ToolResult, tool
@@ -238,3 +239,106 @@ def test_a_sql_error_in_the_models_query_is_charged(tmp_path: Path) -> None:
     assert ok["reward_components"]["invalid_call_penalty"] == 0.0
     assert bad["tool_results"][0].is_error and bad["reward_components"]["invalid_call_penalty"] == -1.0
     assert missing["tool_results"][0].is_error and missing["reward_components"]["invalid_call_penalty"] == -1.0
+
+
+# -- errors a tool marks as its own or the task's (`infra_error`) --------------------------------
+
+
+@tool
+def broken_backend(q: str) -> ToolResult:
+    """A tool whose backend refuses for its own reason, not the input's, and says so."""
+    return ToolResult.error("the index failed to load", infra_error=True)
+
+
+class _WrongType(toolenv.Tool):
+    """A tool with a bug: it returns a string, not a ToolResult."""
+
+    name = "wrong_type"
+
+    class Args(BaseModel):
+        pass
+
+    async def run(self, args: Any, ctx: toolenv.ToolContext) -> Any:
+        return "not a result"
+
+
+def test_an_error_the_tool_marks_infra_is_not_charged() -> None:
+    env = toolenv.ToolEnv(
+        tools=[broken_backend, _WrongType(), picky],
+        tasks=[{"question": "2+3?", "answer": "5"}],
+        reward="invalid_call_penalty",
+        max_turns=5,
+    )
+    try:
+        env.reset(seed=0)
+        comps, results = [], []
+        for action in [call("broken_backend", q="x"), call("wrong_type"), call("picky", q="x")]:
+            _, _, _, _, info = env.step(action)
+            comps.append(info["reward_components"]["invalid_call_penalty"])
+            results.append(info["tool_results"][0])
+    finally:
+        env.close()
+    assert all(r.is_error for r in results)
+    assert "a bug in the tool" in results[1].text and results[1].metadata["infra_error"] is True
+    assert comps == [0.0, 0.0, -1.0]  # the backend's and the tool's faults free; the bad input charged
+
+
+def test_infra_errors_true_charges_an_infra_marked_error() -> None:
+    out = steps([call("down", q="x")], InvalidCallPenalty(-1.0, infra_errors=True))
+    assert out[0][1]["invalid_call_penalty"] == -1.0
+    env = toolenv.ToolEnv(
+        tools=[broken_backend],
+        tasks=[{"question": "q", "answer": "a"}],
+        reward=InvalidCallPenalty(-1.0, infra_errors=True),
+        max_turns=3,
+    )
+    try:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(call("broken_backend", q="x"))
+    finally:
+        env.close()
+    assert info["reward_components"]["invalid_call_penalty"] == -1.0
+
+
+def test_a_task_whose_database_is_missing_is_not_charged(tmp_path: Path) -> None:
+    pytest.importorskip("toolenv_sql")
+    from toolenv_sql.tool import SQLTool
+
+    env = toolenv.ToolEnv(
+        tools=[SQLTool(root=tmp_path)],
+        tasks=[{"question": "How many singers?", "answer": "1", "context": {"db_path": "gone.sqlite"}}],
+        parser="tags",
+        reward="invalid_call_penalty",
+        max_turns=4,
+    )
+    try:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step("<sql>SELECT count(*) FROM singer</sql>")
+    finally:
+        env.close()
+    result = info["tool_results"][0]
+    assert result.is_error and "does not exist" in result.text
+    assert result.metadata.get("infra_error") is True
+    assert info["reward_components"]["invalid_call_penalty"] == 0.0
+
+
+def test_a_task_image_that_cannot_be_opened_is_not_charged(tmp_path: Path) -> None:
+    pytest.importorskip("toolenv_vision")
+    from toolenv_vision.crop import CropTool
+
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    env = toolenv.ToolEnv(
+        tools=[CropTool(image_root=tmp_path)],
+        tasks=[{"question": "What is it?", "answer": "cat", "context": {"image": "broken.png"}}],
+        reward="invalid_call_penalty",
+        max_turns=4,
+    )
+    try:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(call("crop", bbox=[0, 0, 10, 10]))
+    finally:
+        env.close()
+    result = info["tool_results"][0]
+    assert result.is_error and "Cannot open the task image" in result.text
+    assert result.metadata.get("infra_error") is True
+    assert info["reward_components"]["invalid_call_penalty"] == 0.0

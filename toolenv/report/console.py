@@ -145,6 +145,8 @@ def summary_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("calls answered by a cache", str(s.cached_calls)))
     if s.refused_calls:
         rows.append(("calls refused (circuit open)", str(s.refused_calls)))
+    if s.infra_errors:
+        rows.append(("failed calls not the model's fault", str(s.infra_errors)))
     if s.completion_tokens is not None:
         rows.append(("tokens (prompt / completion)", f"{s.prompt_tokens or 0} / {s.completion_tokens}"))
     if s.wall_time_s is not None:

@@ -65,6 +65,11 @@ class Summary(BaseModel):
     tool_mix: dict[str, int] = Field(default_factory=dict, description="Calls per tool name.")
     cached_calls: int = Field(default=0, description="Calls a tool's ResultCache answered without running it.")
     refused_calls: int = Field(default=0, description="Calls refused because the tool's circuit breaker was open.")
+    infra_errors: int = Field(
+        default=0,
+        description="Failed calls that were not the model's fault (`ToolResult.is_infra_error`: an outage, "
+        "the caller's timeout, an open circuit, a broken task or tool); included in tool_error_rate.",
+    )
     reward_components: dict[str, float] = Field(default_factory=dict, description="Mean per component.")
     episode_latency_s: LatencyStats | None = None
     agent_latency_s: LatencyStats | None = Field(default=None, description="Per action.")
@@ -102,6 +107,7 @@ class SummaryBuilder:
         self._mix: dict[str, int] = {}
         self._cached = 0
         self._refused = 0
+        self._infra = 0
         self._components: dict[str, float] = {}
         self._durations: array[float] = array("d")
         self._agent_latencies: array[float] = array("d")
@@ -140,6 +146,8 @@ class SummaryBuilder:
                     self._result_errors += 1
                     if r.metadata.get("circuit_open"):
                         self._refused += 1
+                    if r.is_infra_error:
+                        self._infra += 1
             agent_latencies.append(turn.agent_latency_s)
             for stats in turn.calls:
                 tool_latencies.append(stats.latency_s)
@@ -173,6 +181,7 @@ class SummaryBuilder:
             tool_mix=dict(Counter(self._mix).most_common()),
             cached_calls=self._cached,
             refused_calls=self._refused,
+            infra_errors=self._infra,
             reward_components={k: v / n for k, v in sorted(self._components.items())},
             episode_latency_s=LatencyStats.of(self._durations),
             agent_latency_s=LatencyStats.of(self._agent_latencies),

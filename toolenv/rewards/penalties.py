@@ -9,7 +9,8 @@ An invalid action is the model's own fault: a parse error, an unknown tool, argu
 fail validation, an error the tool puts on the input (a SQL error in the model's query), a
 turn without any action. A well-formed call that failed because of the infrastructure (a
 result the tool marked `retryable`: a 5xx, a dropped connection; the caller's timeout; a
-call refused by an open circuit) is not: charging it would skew the advantages of every
+call refused by an open circuit; an error the tool marks `infra_error`, such as a task whose
+database or image is missing) is not: charging it would skew the advantages of every
 episode that ran during an outage and teach the policy to stop calling tools.
 """
 
@@ -75,8 +76,10 @@ def _call_results(turn: Turn) -> list[ToolResult]:
 
 def is_infra_error(result: ToolResult) -> bool:
     """Whether `result` failed for the infrastructure rather than for the call the model wrote:
-    marked `retryable` (a 5xx, a dropped connection, the caller's timeout, cancelled work) or
-    refused by an open circuit breaker (`metadata["circuit_open"]`).
+    marked `retryable` (a 5xx, a dropped connection, the caller's timeout, cancelled work),
+    refused by an open circuit breaker (`metadata["circuit_open"]`), or marked by the tool as
+    its own or the task's fault (`metadata["infra_error"]`: the task's database or image is
+    missing, which no retry mends and no call of the model's could avoid).
 
     A timeout counts as infrastructure: the caller's timeout cannot tell a slow backend from a
     runaway request, and it marks the result retryable, as it does a 503. A tool that can tell
@@ -84,7 +87,7 @@ def is_infra_error(result: ToolResult) -> bool:
     `query_timeout`, a sandbox's time limit on the model's code). A tool that raised is charged
     too: a function tool reports the input's fault by raising (`ValueError("only integers")`).
     """
-    return result.is_error and (result.retryable or result.metadata.get("circuit_open") is True)
+    return result.is_infra_error
 
 
 def _tool_faults(turn: Turn, infra_errors: bool) -> int:

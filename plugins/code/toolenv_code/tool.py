@@ -171,7 +171,13 @@ class PythonTool(Tool):
         if result.new_session and earlier:
             note = "Note: the session was restarted, so variables from earlier calls are gone.\n"
         text = note + format_result(result, self.sandbox)
-        meta = {"exit_code": result.exit_code, "duration": result.duration, "timed_out": result.timed_out}
+        meta: dict[str, Any] = {
+            "exit_code": result.exit_code,
+            "duration": result.duration,
+            "timed_out": result.timed_out,
+        }
+        if result.error is not None:  # the sandbox failed, not the code: no invalid-call penalty
+            meta["infra_error"] = True
         return ToolResult(text=text, is_error=not result.ok, metadata=meta)
 
     async def release(self, ctx: ToolContext) -> None:

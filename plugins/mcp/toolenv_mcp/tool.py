@@ -116,9 +116,9 @@ class MCPTool(Tool):
         try:
             result = await loop.call(conn.call_tool(self.mcp_name, arguments_of(args)))
         except MCPHTTPError as exc:  # an HTTP status refused the call: retryable if it says "later"
-            return ToolResult.error(str(exc), retryable=exc.retryable)
+            return ToolResult.error(str(exc), retryable=exc.retryable, infra_error=True)
         except MCPServerError as exc:  # could not start, or the connection ended mid-call
-            return ToolResult.error(str(exc), retryable=True)
+            return ToolResult.error(str(exc), retryable=True, infra_error=True)
         except Exception as exc:
             if getattr(getattr(exc, "error", None), "code", None) is None:
                 raise  # not a JSON-RPC error: the caller reports it as the tool's failure

@@ -106,7 +106,10 @@ class SearchTool(Tool):
         try:
             results = await self.backend.search([query], topk)
         except SearchError as exc:
-            return ToolResult.error(f"Search failed: {exc}", retryable=exc.retryable, backend=self.backend.name)
+            # The retriever's fault, retryable or not (an index that will not load): no invalid-call penalty.
+            return ToolResult.error(
+                f"Search failed: {exc}", retryable=exc.retryable, backend=self.backend.name, infra_error=True
+            )
         hits = results[0] if results else []
         meta = {
             "query": query,

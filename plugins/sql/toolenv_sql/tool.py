@@ -105,6 +105,9 @@ class SQLTool(Tool):
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
         try:
             path, engine = self.database(ctx)
+        except SQLError as exc:  # the task's fault, not the query's: no invalid-call penalty
+            return ToolResult.error(str(exc), infra_error=True)
+        try:
             sql = prepare(args.query, dialect=self.dialect, engine=engine)
             result = await execute(
                 path,

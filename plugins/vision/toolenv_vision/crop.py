@@ -631,11 +631,11 @@ class CropTool(Tool):
         try:
             image = task_image(task.context, self.image_root)
         except ImageRefError as exc:
-            return ToolResult.error(f"Cannot open the task image: {exc}.")
+            return ToolResult.error(f"Cannot open the task image: {exc}.", infra_error=True)
         try:
             shown = self._shown(task.context, image.width, image.height)
         except ValueError as exc:
-            return ToolResult.error(f"Cannot crop this task: {exc}.")
+            return ToolResult.error(f"Cannot crop this task: {exc}.", infra_error=True)
         trailer = self._trailer(image.width, image.height, shown)
         if not isinstance(args, self._strict):
             try:
