@@ -110,6 +110,7 @@ def test_episode_metrics_scores_open_episodes_before_reporting_them() -> None:
         "turns": 2.0,
         "tool_calls": 1.0,
         "tool_errors": 0.0,
+        "infra_errors": 0.0,
         "parse_errors": 0.0,
         "answered": 1.0,
         "terminated": 1.0,

@@ -23,6 +23,7 @@ EXPECTED_KEYS = {
     "tool_calls",
     "parse_errors",
     "tool_errors",
+    "infra_errors",
     "tool_latency_s",
     "reward/exact_match",
 }

@@ -40,7 +40,14 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 from toolenv._aio import BackgroundLoop, close_each
 from toolenv.env import ToolEnv
 from toolenv.episode import Episode
-from toolenv.integrations._metrics import component_sums, failed_calls, failed_reset, parse_errors
+from toolenv.integrations._metrics import (
+    answered,
+    component_sums,
+    failed_calls,
+    failed_reset,
+    infra_errors,
+    parse_errors,
+)
 from toolenv.integrations.skyrl.rows import DEFAULT_ENV_CLASS, env_spec_from_extras, json_object, task_options
 from toolenv.integrations.verl.envs import EnvPool, make_env, plain
 from toolenv.types import Message, ToolResult, reply_messages
@@ -452,8 +459,9 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
     def get_metrics(self) -> dict[str, Any]:
         """The episode's numbers, for SkyRL's env metrics (which its default aggregator averages
         over a batch): return, turns, tool_calls, tool_errors (the calls that failed, so at most
-        tool_calls), parse_errors (the parser's error results: unreadable calls, turns with no
-        action), answered, terminated, truncated, env_error (1 when the env failed and ended the
+        tool_calls), infra_errors (those of them that were not the model's fault), parse_errors
+        (the parser's error results: unreadable calls, turns with no action), answered (a
+        non-empty answer), terminated, truncated, env_error (1 when the env failed and ended the
         episode; it then ended neither terminated nor truncated), and each reward component's sum
         as `reward/<name>`. `{}` before `init`; after `close()` still this sample's, though the
         pooled env may run another one by then; after a failed reset, the same counts at zero and
@@ -470,8 +478,9 @@ class ToolEnvTextEnv(BaseTextEnv):  # type: ignore[misc]
             "turns": len(ep.turns),
             "tool_calls": ep.tool_calls,
             "tool_errors": failed_calls(results),
+            "infra_errors": infra_errors(results),
             "parse_errors": parse_errors(results),
-            "answered": float(ep.answer is not None),
+            "answered": answered(ep.answer),
             # An episode the env failed in ended neither way: its reward is not the env's.
             "terminated": float(ep.terminated and self.error is None),
             "truncated": float(ep.truncated and self.error is None),

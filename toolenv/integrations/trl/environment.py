@@ -53,7 +53,14 @@ from toolenv._aio import BackgroundLoop
 from toolenv._schema import flatten_schema
 from toolenv.env import ToolEnv, written_turn
 from toolenv.episode import Episode
-from toolenv.integrations._metrics import component_sums, failed_calls, failed_reset, parse_errors
+from toolenv.integrations._metrics import (
+    answered,
+    component_sums,
+    failed_calls,
+    failed_reset,
+    infra_errors,
+    parse_errors,
+)
 from toolenv.integrations.trl.schema import schema_signature
 from toolenv.rewards import ActionPenalties, FormatReward, InvalidCallPenalty, TurnReward, WeightedSum
 from toolenv.runner import EnvSpec, _make_env
@@ -283,7 +290,8 @@ def episode_metrics(environments: Sequence[Any]) -> list[dict[str, float]]:
     """Each environment's episode in numbers, for a TRL reward function to log (`log_metric`).
 
     The keys are those of SkyRL's env metrics: `return`, `turns`, `tool_calls`, `tool_errors` (calls
-    that failed), `parse_errors`, `answered`, `terminated`, `truncated`, `env_error` (1 when the env
+    that failed), `infra_errors` (those not the model's fault), `parse_errors`, `answered` (a
+    non-empty answer), `terminated`, `truncated`, `env_error` (1 when the env
     failed and ended the episode) and each reward component's sum as `reward/<name>`; `{}` for an
     object that is no toolenv environment (or was never reset).
 
@@ -310,8 +318,9 @@ def _metrics(environment: TRLEnvironment) -> dict[str, float]:
         "turns": float(len(ep.turns)),
         "tool_calls": float(ep.tool_calls),
         "tool_errors": float(failed_calls(results)),
+        "infra_errors": float(infra_errors(results)),
         "parse_errors": float(parse_errors(results)),
-        "answered": float(ep.answer is not None),
+        "answered": answered(ep.answer),
         # An episode the env failed in ended neither way: its reward is not the env's.
         "terminated": float(ep.terminated and not failed),
         "truncated": float(ep.truncated and not failed),

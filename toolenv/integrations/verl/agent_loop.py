@@ -27,7 +27,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from toolenv.env import ToolEnv
 from toolenv.gc_tuning import tuned_gc
-from toolenv.integrations._metrics import failed_calls, parse_errors
+from toolenv.integrations._metrics import answered, failed_calls, infra_errors, parse_errors
 from toolenv.integrations.verl._turns import (
     changes_prompt,
     ended_itself,
@@ -530,12 +530,13 @@ class ToolEnvAgentLoop(AgentLoopBase):  # type: ignore[misc,unused-ignore]
         tool_metrics = {
             "tool_calls": float(sum(1 for r in results if r.name != "parser")),
             "tool_errors": float(failed_calls(results)),
+            "infra_errors": float(infra_errors(results)),
             "parse_errors": float(parse_errors(results)),
             "tool_latency_s": tool_latency,
         }
         reward_extra_info: dict[str, float] = {
             "score": score,
-            "answered": float(answer is not None),
+            "answered": answered(answer),
             "terminated": float(terminated),
             "truncated": float(truncated),
             "turns": float(assistant_turns),
