@@ -50,20 +50,25 @@ def make(tool: Counter, **kwargs: Any) -> toolenv.ToolEnv:
 
 def test_answer_releases_once_after_the_final_reward() -> None:
     tool = Counter()
-    verify = ToolVerified("counter", lambda ep: {}, judge=lambda r: float(r.text == "2"))
+    verify = ToolVerified("counter", lambda ep: {}, judge=lambda r: float(r.text == "1"))
     env = make(tool, reward=[(verify, 1.0)])
     env.reset(seed=0)
     env.step(CALL)
     assert tool.released() == []
     _, reward, terminated, _, _ = env.step("<answer>5</answer>")
     episode_id = env.episode.episode_id  # type: ignore[union-attr]
-    # The verifying call (the episode's second) ran before the release, in the same state.
+    # The verifying call ran in a fresh state of its own (the policy's state cannot sway it),
+    # released at once, before the episode's own release.
     assert terminated and reward == 1.0
-    assert tool.events[-2:] == [("run", episode_id, 2), ("release", episode_id, 2)]
+    (run, check_release, episode_release) = tool.events[-3:]
+    check_id = run[1]
+    assert check_id != episode_id
+    assert run == ("run", check_id, 1) and check_release == ("release", check_id, 1)
+    assert episode_release == ("release", episode_id, 1)
     env.reset()
-    assert tool.released() == [episode_id]  # the finished episode is not released twice
+    assert tool.released() == [check_id, episode_id]  # the finished episode is not released twice
     env.close()
-    assert tool.released() == [episode_id, env.episode.episode_id]  # type: ignore[union-attr]
+    assert tool.released() == [check_id, episode_id, env.episode.episode_id]  # type: ignore[union-attr]
 
 
 def test_truncation_abandoning_reset_and_close_each_release() -> None:

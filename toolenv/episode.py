@@ -73,7 +73,9 @@ class Episode:
         return ToolContext(task=self.task, episode_id=self.episode_id, turn=len(self.turns), state=self.state)
 
     async def call_tool(self, name: str, /, **arguments: Any) -> ToolResult:
-        """Call one of the env's tools outside the model's turns (tool-verified rewards use this).
+        """Call one of the env's tools outside the model's turns, in the episode's own context
+        (the state and sessions its calls left). A check the policy must not influence runs in
+        a fresh context instead, as `ToolVerified` does.
 
         `name` is positional-only, so a tool may take an argument called `name`.
         """

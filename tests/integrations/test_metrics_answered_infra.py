@@ -35,6 +35,17 @@ def test_infra_errors_count_failed_calls_that_are_not_the_models_fault() -> None
     assert "infra_errors" in EPISODE_COUNTS and failed_reset()["infra_errors"] == 0.0
 
 
+def test_verl_compute_score_counts_an_empty_answer_as_unanswered() -> None:
+    from toolenv.integrations.verl.data import build_rows
+    from toolenv.integrations.verl.reward import compute_score
+
+    kwargs = {"tools": ["toolenv.integrations.verl.demo:Calculator"], "tasks": [{"question": "2+3?", "answer": "5"}]}
+    row = build_rows("toolenv/ToolEnv-v0", env_kwargs=kwargs)[0]
+    empty = compute_score(row["data_source"], "<answer></answer>", None, row["extra_info"])
+    given = compute_score(row["data_source"], "<answer>5</answer>", None, row["extra_info"])
+    assert empty["answered"] == 0.0 and given["answered"] == 1.0 and given["score"] == 1.0
+
+
 skyrl_gym = pytest.importorskip(
     "skyrl_gym", reason="the SkyRL integration needs skyrl-gym: pip install 'toolenv[skyrl]' (CI installs it)"
 )

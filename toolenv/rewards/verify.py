@@ -1,22 +1,26 @@
 """Tool-verified rewards: check the answer by calling one of the env's own tools.
 
 Code tasks run the answer against tests in the sandbox, SQL tasks run the
-predicted query, and so on: the tool that served the episode also scores it,
-through `episode.call_tool`, with the same limits and error handling.
+predicted query, and so on: the tool that served the episode also scores it, with the
+same limits and error handling, but in a context of its own (see `ToolVerified`).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from toolenv.episode import Episode
+from toolenv._tool import ToolContext
+from toolenv.episode import Episode, new_episode_id
 from toolenv.rewards.base import Reward, record_reward_info
-from toolenv.types import ToolResult
+from toolenv.types import ToolCall, ToolResult
 
 __all__ = ["ToolVerified"]
+
+_log = logging.getLogger(__name__)
 
 BuildArgs = Callable[[Episode], "Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None"]
 JudgeFn = Callable[[ToolResult], "float | Awaitable[float]"]
@@ -38,8 +42,41 @@ def _default_judge(result: ToolResult) -> float:
     return 0.0 if result.is_error else 1.0
 
 
+async def _call_fresh(episode: Episode, tool: str, arguments: dict[str, Any]) -> ToolResult:
+    """`tool(**arguments)` in a context of its own: a new id and empty state, released afterwards.
+
+    Not the episode's context (`episode.call_tool`): the policy wrote to its state and sessions
+    (a stateful interpreter whose `print` it replaced), and a check run there scores what the
+    policy arranged rather than the answer. The new id keeps the tool from finding the episode's
+    session by id (the code tool names its session after it).
+    """
+    ctx = ToolContext(task=episode.task, episode_id=f"verify-{new_episode_id()}", turn=len(episode.turns))
+    try:
+        results, _ = await episode.caller.invoke([ToolCall(name=tool, arguments=arguments, id="verify")], ctx)
+    finally:
+        await _release(episode, tool, ctx)
+    return results[0]
+
+
+async def _release(episode: Episode, tool: str, ctx: ToolContext) -> None:
+    """Let `tool` free what the check opened (its sandbox session); a failure is logged, as the
+    env logs a failing release at an episode's end."""
+    found = episode.caller.tools.get(tool)
+    if found is None:
+        return
+    try:
+        await found.release(ctx)
+    except Exception:  # noqa: BLE001 - a reward never breaks the episode
+        _log.warning("tool %r failed to release its verification context", tool, exc_info=True)
+
+
 class ToolVerified(Reward):
     """Final reward from calling `tool` with `build_args(episode)` and scoring the result.
+
+    The call runs in a fresh context, not the episode's: a new `ToolContext` (its own
+    `episode_id`, empty `state`), so a stateful tool starts a new session (the code tool a new
+    sandbox process) that the policy never touched, and the tool's `release` frees it right
+    after the call. The task is the episode's (`ep.task.context` reaches the tool as usual).
 
     Args:
         tool: name of one of the env's tools.
@@ -87,7 +124,7 @@ class ToolVerified(Reward):
         if kwargs is None:
             record_reward_info(episode, self.name, score=0.0, error=None, skipped="build_args returned None")
             return 0.0
-        result = await episode.call_tool(self.tool, **kwargs)
+        result = await _call_fresh(episode, self.tool, kwargs)
         if result.is_error and not self.score_errors:
             return self._fail(episode, f"tool {self.tool!r} failed: {result.text[:500]}", result)
         try:
