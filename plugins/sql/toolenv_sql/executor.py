@@ -16,6 +16,10 @@ worker process with a capped address space that is killed past its deadline
 A hop to a worker thread costs ~0.1-0.2 ms, ten times a typical Spider query, so
 SQLite queries first run on the calling thread with a tiny budget (2 ms by
 default); only one that outlives it is interrupted and re-run on the pool.
+
+SQLite spills a large sort, DISTINCT or subquery to unlinked temporary files in the host's
+temporary directory (one query wrote 1.9 GB within 5 s), so on Linux the progress handler
+also sums those files' size (`_sqlite_temp_bytes`) and stops the query past a cap.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import sqlite3
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +76,18 @@ _MAX_CALL_WORK = 100_000_000
 # pattern's (SQLite's default of 50,000 allowed minutes per call; 100 is under 1 s at 10 MB).
 _MAX_LIKE_PATTERN = 100
 _SQLITE_BUSY = 5
+# Disk space SQLite's temporary files may take in this process at once (MiB; 0: no cap).
+_TEMP_CAP_ENV = "TOOLENV_SQL_SQLITE_TEMP_MB"
+_TEMP_CAP_MB = 256
+# Seconds a query runs before its first temp-space check, and at least between two checks
+# (the sorter wrote ~400 MB/s here, so a check overshoots the cap by ~10 MB); a slower scan
+# (many open files) spaces them out so that checking takes at most 1/`_TEMP_CHECK_SHARE`.
+_TEMP_CHECK_EVERY = 0.025
+_TEMP_CHECK_SHARE = 20
+# How SQLite names its temporary files (SQLITE_TEMP_FILE_PREFIX); it unlinks them at once, so
+# only its open file descriptors show them (/proc/self/fd, Linux).
+_TEMP_PREFIX = "etilqs_"
+_FD_DIR = "/proc/self/fd"
 # Seconds between tries while another connection holds a lock (doubling up to the max).
 _LOCK_PAUSE = 0.001
 _LOCK_PAUSE_MAX = 0.05
@@ -190,6 +207,49 @@ class _BoundedFunctions:
         return strip(x, chars)
 
 
+def _temp_cap() -> int:
+    """Bytes of SQLite temporary files allowed in this process (0: no cap), from `_TEMP_CAP_ENV`
+    (read at each check, so it can change while the process runs)."""
+    return _parse_temp_cap(os.environ.get(_TEMP_CAP_ENV, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_temp_cap(value: str) -> int:
+    """`value` (MiB) in bytes; an unreadable one warns once and keeps the default (raising here,
+    inside SQLite's progress handler, would only tell the model its query was interrupted)."""
+    try:
+        return max(0, int(value)) * 2**20 if value.strip() else _TEMP_CAP_MB * 2**20
+    except ValueError:
+        warnings.warn(f"{_TEMP_CAP_ENV}={value!r} is not a whole number of MiB; using {_TEMP_CAP_MB}", stacklevel=2)
+        return _TEMP_CAP_MB * 2**20
+
+
+def _sqlite_temp_bytes() -> int | None:
+    """Disk space SQLite's temporary files open in this process take now (all connections:
+    which one a file belongs to cannot be told); None where /proc/self/fd is missing."""
+    try:
+        names = os.listdir(_FD_DIR)
+    except OSError:
+        return None
+    total = 0
+    for name in names:
+        link = f"{_FD_DIR}/{name}"
+        try:
+            if os.path.basename(os.readlink(link)).startswith(_TEMP_PREFIX):
+                total += os.stat(link).st_blocks * 512  # the unlinked file itself, through /proc
+        except OSError:
+            continue  # closed meanwhile, or not a file
+    return total
+
+
+def _temp_space_error(cap: int) -> SQLError:
+    return SQLError(
+        f"The query needed more than {cap // 2**20} MiB of temporary disk space (to sort, group or"
+        " deduplicate many rows or long values) and was stopped. Add WHERE conditions, or select"
+        " fewer or shorter columns."
+    )
+
+
 def _locked(exc: sqlite3.OperationalError) -> bool:
     """True when `exc` is SQLITE_BUSY: another connection holds a lock the query needs."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
@@ -204,6 +264,8 @@ class _SQLiteConnection:
     def __init__(self, path: Path, immutable: bool) -> None:
         self.deadline = math.inf
         self._call: _Call | None = None  # the running query's call, whose caller may give up on it
+        self._temp_check_at = math.inf  # when the running query's next temp-space check is due
+        self._temp_over: int | None = None  # the cap the running query's temp files went past
         # timeout=0: no busy wait inside SQLite, which sees neither the deadline nor a cancel and,
         # inline, held the event loop (5 s by default); `run` waits for a lock instead.
         self.conn = sqlite3.connect(sqlite_uri(path, immutable=immutable), uri=True, isolation_level=None, timeout=0)
@@ -217,13 +279,39 @@ class _SQLiteConnection:
         self._functions = _BoundedFunctions()
         self._functions.install(self.conn)
         self.conn.set_authorizer(_authorizer)
-        self.conn.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
+        self.conn.set_progress_handler(self._progress, _PROGRESS_STEPS)
         self._setlimit = setlimit
         self._widths: OrderedDict[str, int] = OrderedDict()  # SQL text → result columns
 
     def _past_deadline(self) -> int:
         call = self._call
         return 1 if time.monotonic() > self.deadline or (call is not None and call.cancelled) else 0
+
+    def _progress(self) -> int:
+        """The progress handler: 1 (stop) past the deadline, on a cancel, or past the temp cap."""
+        if self._past_deadline():
+            return 1
+        if time.monotonic() < self._temp_check_at:
+            return 0
+        return self._check_temp_space()
+
+    def _check_temp_space(self) -> int:
+        """1 if SQLite's temporary files are past the cap (kept for the rest of the query); the
+        next check is scheduled so that checking costs at most 1/`_TEMP_CHECK_SHARE` of the time."""
+        if self._temp_over is not None:
+            return 1
+        start = time.monotonic()
+        cap = _temp_cap()
+        used = _sqlite_temp_bytes() if cap else None
+        if used is None:  # no cap, or no way to measure: no more checks for this query
+            self._temp_check_at = math.inf
+            return 0
+        if used > cap:
+            self._temp_over = cap
+            return 1
+        now = time.monotonic()
+        self._temp_check_at = now + max(_TEMP_CHECK_EVERY, _TEMP_CHECK_SHARE * (now - start))
+        return 0
 
     def interrupt(self) -> None:
         """Stop the running query now (from any thread); it raises an "interrupted" error."""
@@ -260,7 +348,10 @@ class _SQLiteConnection:
     ) -> QueryResult:
         """Run `sql` within `timeout` s, or until `call`'s caller gives up (the progress handler
         sees it: a cancel that came before the query started still stops it)."""
-        self.deadline = time.monotonic() + timeout
+        now = time.monotonic()
+        self.deadline = now + timeout
+        self._temp_check_at = now + _TEMP_CHECK_EVERY
+        self._temp_over = None
         self._call = call
         if call is not None:
             call.on_cancel(self.interrupt)  # a caller that gives up frees this thread and connection at once
@@ -289,6 +380,8 @@ class _SQLiteConnection:
                 refused = "instr(), replace() and two-argument trim() need text that is valid UTF-8"
             if refused is not None:  # (SQLite says only "user-defined function raised exception")
                 raise _engine_error("SQLite", Exception(refused)) from None
+            if self._temp_over is not None:
+                raise _temp_space_error(self._temp_over) from None
             if self._past_deadline() or str(exc) == "interrupted":
                 raise _timeout_error(timeout) from None
             raise _engine_error("SQLite", exc) from None
@@ -299,7 +392,7 @@ class _SQLiteConnection:
         finally:
             if call is not None:
                 call.on_cancel(None)
-            self.deadline = math.inf
+            self.deadline = self._temp_check_at = math.inf
             self._call = None
         return result
 
