@@ -418,9 +418,9 @@ async def test_calls_cancelled_while_waiting_for_the_rate_limit_do_not_delay_lat
 ) -> None:
     """Fifty calls queue at 10 calls/s and are cancelled with their episodes; the next call
     must wait at most one spacing, not behind the fifty abandoned slots (5 s)."""
-    from toolenv.caller import _RateLimit
+    from toolenv.caller import RateLimit
 
-    limit = _RateLimit(10.0)
+    limit = RateLimit(10.0)
     queued = [asyncio.ensure_future(limit.wait()) for _ in range(50)]
     await asyncio.sleep(0)  # each has booked its slot
     for t in queued:
@@ -789,9 +789,9 @@ async def test_calls_overdue_after_a_stalled_loop_do_not_all_wake_for_every_slot
     went, and every other slept to the same next slot, woke again, and so on: n²/2 sleeps
     (124,750 timers for 500 calls at 100/s after a 5 s stall). A call that misses the slot
     must sleep until its own turn behind the calls ahead of it."""
-    from toolenv.caller import _RateLimit
+    from toolenv.caller import RateLimit
 
-    limit = _RateLimit(1000.0)
+    limit = RateLimit(1000.0)
     n = 60
     queued = [asyncio.ensure_future(limit.wait()) for _ in range(n)]
     await asyncio.sleep(0)  # each has booked its slot

@@ -33,7 +33,7 @@ from toolenv.breaker import CircuitBreaker, breaker_for
 from toolenv.deadlines import Deadline
 from toolenv.types import Task, ToolCall, ToolImage, ToolResult
 
-__all__ = ["ToolCallRecord", "ToolCaller", "truncate_middle"]
+__all__ = ["RateLimit", "ToolCallRecord", "ToolCaller", "truncate_middle"]
 
 _NO_TOOL_LIMITS = ToolLimits()
 _COROUTINE = types.CoroutineType
@@ -62,8 +62,9 @@ class ToolCallRecord:
     cached: bool = False  # answered by the tool's ResultCache (a stored or shared in-flight result)
 
 
-class _RateLimit:
-    """Spaces a tool's calls at least `1/rate` seconds apart, across every event loop and thread.
+class RateLimit:
+    """Spaces calls at least `1/rate` seconds apart, across every event loop and thread (a tool's
+    `rate_limit`; the openai agent's requests too).
 
     A waiting call sleeps until its estimated slot (one interval after the latest call, per
     call waiting ahead of it), then takes the slot only if a full interval has passed since
@@ -157,7 +158,7 @@ class _Limiter:
 
     def __init__(self, cap: int | None, rate: float | None) -> None:
         self.cap = cap
-        self.rate = _RateLimit(rate) if rate else None
+        self.rate = RateLimit(rate) if rate else None
         self.caps: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Cap] = weakref.WeakKeyDictionary()
 
     def semaphore(self) -> _Cap | None:

@@ -24,10 +24,12 @@ A reply's lone UTF-16 surrogates (half an emoji a server cut, `"\\ud83d"` in its
 U+FFFD as the reply is read, in its text, reasoning and call arguments: the history goes back to
 the server as UTF-8, which cannot hold them.
 
-One `httpx.AsyncClient` (connection pool) and one concurrency cap are shared by every
-episode of a rollout. 408s, 409s, 429s, 5xx, timeouts, dropped connections and malformed
-JSON are retried with exponential backoff (honouring `Retry-After`); other 4xx and redirects
-(not followed) end the episode at once. The API key is read from an
+One `httpx.AsyncClient` (connection pool), one concurrency cap and the optional rate limit are
+shared by every episode of a rollout; each turn's metadata says how long it waited for them
+(`queue_s`), slept between retries (`backoff_s`) and spent in requests (`request_s`). `timeout`
+bounds a whole attempt (httpx's bounds each read only). 408s, 409s, 429s, 5xx, timeouts,
+dropped connections and malformed JSON are retried with exponential backoff (honouring
+`Retry-After`); other 4xx and redirects (not followed) end the episode at once. The API key is read from an
 environment variable (`OPENAI_API_KEY` unless `api_key_env` says otherwise) and is never
 logged, recorded or shown in errors (a server's text is redacted before it is cut short and
 folded to one line).
@@ -44,6 +46,7 @@ import json
 import os
 import random
 import re
+import time
 import urllib.parse
 from typing import Any, Literal
 
@@ -52,10 +55,12 @@ import httpx
 from toolenv._text import encodable_value, fix_text
 from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
+from toolenv.caller import RateLimit  # tools' `rate_limit`: one rule for both
 from toolenv.export import move_tool_images
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, ParsedAction, Task, new_call, new_parsed
+from toolenv_agents._limits import Spent, load_hint, timeout_message, within
 from toolenv_agents._seeds import episode_seed
 from toolenv_agents._stops import chat_stops
 
@@ -163,9 +168,11 @@ def _check_seconds(**durations: float) -> None:
 
 
 class _Shared:
-    """The pool and the cap, shared by every spawned copy; rebuilt if the event loop changes."""
+    """The pool and the cap, shared by every spawned copy; rebuilt if the event loop changes
+    (the rate limit is not: it holds across event loops and threads)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rate_limit: float | None) -> None:
+        self.rate = RateLimit(rate_limit) if rate_limit else None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.client: httpx.AsyncClient | None = None
         self.semaphore: asyncio.Semaphore | None = None
@@ -190,19 +197,23 @@ class OpenAIAgent(Agent):
             `max_tokens`, which vLLM, SGLang and the completions API read; when a chat server
             refuses that name for `max_completion_tokens` (OpenAI's reasoning models), the
             request goes again under the new name, as do all later ones of this agent and its copies.
-        timeout: seconds for one request to answer.
-        connect_timeout: seconds to connect.
+        timeout: seconds one attempt may take, from sending to the last byte of the reply (an overall
+            deadline: a reply trickling in never outlasts it); a timed-out attempt is retried.
+        connect_timeout: seconds to connect (within `timeout`).
         max_retries: extra attempts after a 408/409/429/5xx/timeout/malformed reply.
         backoff: first retry delay in seconds (doubling, with jitter).
         max_backoff: the cap of one retry delay, in seconds.
         max_concurrency: requests in flight at once across all episodes (also the pool size).
+        rate_limit: requests per second at most, across all episodes (None: no limit): requests
+            start at least `1/rate_limit` s apart, as a tool's `rate_limit` spaces its calls.
         logprobs: ask for per-token log-probabilities. A turn keeps them only when every generated
             token has one (as many as its token ids, when known); else it keeps none and its
             metadata says why (`logprobs_dropped`), never a shorter list that would misalign them.
         return_token_ids: ask vLLM for the token ids (`return_token_ids`): the generated ones and
             the prompt's, as the server rendered it, recorded per turn.
         extra_body: more request fields (e.g. `{"chat_template_kwargs": {...}}`). `n` other
-            than 1 is a ValueError: one choice is read per turn.
+            than 1 is a ValueError: one choice is read per turn; so is `stream` (true): the
+            agent reads one JSON reply, not a stream of events.
         stop: the stop strings of text mode and the completions API. None (the default) sends the
             parser's, except, in chat, a stop string that closes one call of a format that writes
             several calls a turn (`</tool_call>` of Hermes and Qwen3-Coder): the chat template ends
@@ -240,6 +251,7 @@ class OpenAIAgent(Agent):
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         max_concurrency: int = 32,
+        rate_limit: float | None = None,
         logprobs: bool = False,
         return_token_ids: bool = False,
         extra_body: dict[str, Any] | None = None,
@@ -253,6 +265,8 @@ class OpenAIAgent(Agent):
         if max_retries < 0 or max_concurrency < 1:
             raise ValueError("max_retries must be >= 0 and max_concurrency >= 1")
         _check_seconds(timeout=timeout, connect_timeout=connect_timeout, backoff=backoff, max_backoff=max_backoff)
+        if rate_limit is not None and (isinstance(rate_limit, bool) or not rate_limit > 0):  # NaN fails too
+            raise ValueError(f"rate_limit must be a number of requests per second > 0 (or None), got {rate_limit!r}")
         self.model = model
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         _check_base_url(self.base_url)
@@ -265,7 +279,9 @@ class OpenAIAgent(Agent):
             for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items()
             if v is not None
         }
-        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)  # each read, connect, pool wait
+        self.request_timeout, self.connect_timeout = float(timeout), float(connect_timeout)
+        self.rate_limit = rate_limit
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -277,6 +293,11 @@ class OpenAIAgent(Agent):
             raise ValueError(
                 f"extra_body n={self.extra_body['n']!r}: the agent reads one choice per turn; "
                 "ask for more attempts per task with samples=N (rollout --samples N)"
+            )
+        if self.extra_body.get("stream") not in (None, False):  # each request would fail as malformed JSON
+            raise ValueError(
+                f"extra_body stream={self.extra_body['stream']!r}: the agent reads one JSON reply per request, "
+                "not a stream of events; leave stream out"
             )
         base = self.extra_body.pop("seed", None) if seed is None else seed
         if base is not None and (isinstance(base, bool) or not isinstance(base, int)):
@@ -292,7 +313,7 @@ class OpenAIAgent(Agent):
         self.stop: list[str] | None = None if given is None else list(given)
         self._episodes = itertools.count(1)  # shared by spawned copies
         self._episode = 0  # 0: not spawned (direct use)
-        self._shared = _Shared()
+        self._shared = _Shared(rate_limit)
         self._reset_episode()
 
     def __repr__(self) -> str:  # no key, ever
@@ -344,8 +365,9 @@ class OpenAIAgent(Agent):
         escape the redaction), folded to one line (a proxy's HTML page), at most `limit` long."""
         return " ".join(self._redact(text).split())[:limit]
 
-    async def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """POST with retries; returns the decoded JSON and the attempts used.
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """POST with retries; returns the decoded JSON and the turn's request metadata (the
+        attempts used, and the seconds spent queued, in backoff and in requests: `Spent`).
 
         A hand-written loop rather than a retry library: it needs the status code rules
         (408/409/429/5xx retry, other 4xx fail at once) and `Retry-After`, which is most of the code.
@@ -356,19 +378,20 @@ class OpenAIAgent(Agent):
         if key:
             headers["Authorization"] = f"Bearer {key}"
         last = ""
+        last_status: int | None = None
         renamed = False
+        spent = Spent()
         for attempt in range(self.max_retries + 1):
             retry_after: float | None = None
+            last_status = None
             try:
-                async with sem:
-                    resp = await client.post(path, json=self._token_field(body), headers=headers)
+                resp = await self._send(client, sem, path, body, headers, spent)
                 if not renamed and resp.status_code == 400 and _wants_completion_tokens(resp, body):
                     # Not an attempt: the same request under the name the server asked for.
                     self._shared.token_field, renamed = "max_completion_tokens", True
-                    async with sem:
-                        resp = await client.post(path, json=self._token_field(body), headers=headers)
-            except httpx.TimeoutException as exc:
-                last = f"timed out ({type(exc).__name__})"
+                    resp = await self._send(client, sem, path, body, headers, spent)
+            except (httpx.TimeoutException, asyncio.TimeoutError) as exc:
+                last = timeout_message(exc, self.request_timeout, self.connect_timeout)
             except httpx.TransportError as exc:
                 last = f"connection failed ({type(exc).__name__}: {exc})"
             except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode: malformed
@@ -383,7 +406,7 @@ class OpenAIAgent(Agent):
                         )
                     )
                 if resp.status_code in _RETRIED or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {self._snippet(resp.text, 200)}"
+                    last, last_status = f"HTTP {resp.status_code}: {self._snippet(resp.text, 200)}", resp.status_code
                     retry_after = _retry_after(resp)
                 elif resp.status_code >= 400:
                     snippet = self._snippet(resp.text, 500)
@@ -403,12 +426,40 @@ class OpenAIAgent(Agent):
                         last = f"malformed JSON in the reply: {self._snippet(resp.text, 100)!r}"
                     else:
                         if _has_choice(data, "message" if path == "/chat/completions" else None):
-                            return data, attempt + 1
+                            return data, {"attempts": attempt + 1, **spent.metadata()}
                         last = f"a reply without a usable choice: {self._snippet(str(data), 200)}"
             if attempt < self.max_retries:
                 delay = min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
+                start = time.monotonic()
                 await asyncio.sleep(min(retry_after, self.max_backoff) if retry_after is not None else delay)
-        raise AgentError(self._redact(f"{self.base_url}{path} failed after {self.max_retries + 1} attempt(s): {last}"))
+                spent.since(start, "backoff")
+        hint = load_hint(self.max_concurrency, self.rate_limit) if last_status == 429 else ""
+        raise AgentError(
+            self._redact(f"{self.base_url}{path} failed after {self.max_retries + 1} attempt(s): {last}{hint}")
+        )
+
+    async def _send(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        spent: Spent,
+    ) -> httpx.Response:
+        """One request, once a slot is free and the rate limit lets it go (both counted in `spent.queue`),
+        under `timeout` as a whole (`spent.request`). Raises `asyncio.TimeoutError` past it."""
+        start = time.monotonic()
+        async with sem:
+            if self._shared.rate is not None:  # inside the slot: a freed slot must not let a burst through
+                await self._shared.rate.wait()
+            sent = spent.since(start, "queue")
+            try:
+                return await within(
+                    self.request_timeout, client.post(path, json=self._token_field(body), headers=headers)
+                )
+            finally:
+                spent.since(sent, "request")
 
     # ------------------------------------------------------------------ acting
     async def act(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
@@ -445,12 +496,12 @@ class OpenAIAgent(Agent):
             body["logprobs"] = 1
         if self.return_token_ids:
             body["return_token_ids"] = True
-        data, attempts = await self._post("/completions", body)
+        data, stats = await self._post("/completions", body)
         choice = data["choices"][0]
         text = _with_stop(fix_text(str(choice.get("text") or "")), choice, env_info.parser, self._stops(env_info))
         self._prompt += text
         lp = (choice.get("logprobs") or {}).get("token_logprobs") if isinstance(choice.get("logprobs"), dict) else None
-        return self._action(text, data, choice, attempts, lp)
+        return self._action(text, data, choice, stats, lp)
 
     async def _act_chat_text(self, observation: str, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         if env_info.turn == 0 or not self._transcript:
@@ -459,13 +510,13 @@ class OpenAIAgent(Agent):
             images = [im for m in _since_last_assistant(messages) for im in m.images]
             self._transcript.append(Message(role="user", content=observation, images=images).to_openai())
         body = self._body(env_info, messages=self._transcript, **self._gen_options(env_info))
-        data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
+        data, stats = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = encodable_value(choice["message"])
         text = _with_stop(str(msg.get("content") or ""), choice, env_info.parser, self._stops(env_info))
         reasoning = _reasoning(msg)
         self._transcript.append({"role": "assistant", "content": text, **reasoning})
-        return self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
+        return self._action(text, data, choice, stats, _chat_logprobs(choice), reasoning)
 
     async def _act_native(self, messages: list[Message], env_info: EnvInfo) -> AgentAction:
         body = self._body(env_info, messages=self._native_messages(messages))
@@ -473,7 +524,7 @@ class OpenAIAgent(Agent):
             body["tools"] = env_info.tool_schemas
         if self.stop:  # the user's own; a parser's would cut the text around native calls
             body["stop"] = list(self.stop)
-        data, attempts = await self._post("/chat/completions", self._with_logprobs(body))
+        data, stats = await self._post("/chat/completions", self._with_logprobs(body))
         choice = data["choices"][0]
         msg = encodable_value(choice["message"])
         content = str(msg.get("content") or "")
@@ -485,7 +536,7 @@ class OpenAIAgent(Agent):
         reasoning = _reasoning(msg)
         if reasoning:
             self._reasonings[text] = reasoning
-        action = self._action(text, data, choice, attempts, _chat_logprobs(choice), reasoning)
+        action = self._action(text, data, choice, stats, _chat_logprobs(choice), reasoning)
         action.metadata["native_tool_calls"] = len(calls)
         if calls and env_info.parser is not None:
             action.parsed = native_turn(content, calls, env_info.parser)
@@ -573,7 +624,7 @@ class OpenAIAgent(Agent):
         text: str,
         data: dict[str, Any],
         choice: dict[str, Any],
-        attempts: int,
+        stats: dict[str, Any],
         logprobs: Any,
         reasoning: dict[str, str] | None = None,
     ) -> AgentAction:
@@ -581,7 +632,7 @@ class OpenAIAgent(Agent):
         ids = choice.get("token_ids")
         # vLLM's `return_token_ids`: the prompt's ids on the choice (completions) or the response (chat).
         prompt_ids = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
-        metadata: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), "attempts": attempts}
+        metadata: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), **stats}
         if reasoning:
             metadata["reasoning"] = next(iter(reasoning.values()))
         token_ids = [int(i) for i in ids] if isinstance(ids, list) else None
