@@ -276,7 +276,8 @@ def test_a_run_whose_every_episode_failed_exits_non_zero(tmp_path: Path) -> None
     down = _toolenv(*base, "--agent", "failing_agent:Down", "--out", str(tmp_path / "down"), env=env)
     assert down.returncode == 1, down.stderr
     assert down.stderr.strip().splitlines()[-1] == (
-        "toolenv rollout: every episode of this run ended with an error (3), e.g.: "
+        "toolenv rollout: every episode of this run ended with an error (3; fix the cause, then rerun them "
+        "with --retry-errors), e.g.: "
         "agent failed on turn 0: ConnectionError: the model server refused the connection"
     )
     assert _lines(tmp_path / "down" / "trajectories.jsonl") == 3  # what was written stays
@@ -309,7 +310,7 @@ def test_the_first_error_a_run_names_is_one_line(tmp_path: Path, every: bool) ->
     )  # fmt: skip
     assert out.returncode == (1 if every else 0), out.stderr
     (line,) = out.stderr.strip().splitlines()
-    said = "every episode of this run ended with an error (3)" if every else "2 episode(s) ended with an error"
+    said = "every episode of this run ended with an error (3; " if every else "2 episode(s) ended with an error"
     assert said in line
     error = 'agent failed on turn 0: RuntimeError: Error code: 500 - { "error": { "message": "'
     assert line.endswith(": " + error + "x" * (MAX_ERROR_CHARS - 1 - len(error)) + "…")  # clipped as error_line clips

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import re
 import signal
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from toolenv import _aio
 
 if TYPE_CHECKING:
+    from toolenv.runner import RolloutResult
     from toolenv.trajectory import Trajectory
 
 HELP = "Run an agent on an env concurrently; write trajectories (JSONL), a summary table and summary.json."
@@ -249,28 +251,65 @@ def run(args: argparse.Namespace) -> int:
         raise PluginError(_with_agent_flags(str(exc))) from exc
     except (KeyboardInterrupt, _Stopped) as exc:
         signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
-        path = args.out / "trajectories.jsonl"
-        kept = _complete_lines(path) if path.exists() else 0
         how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        # With --overwrite, the same command would start afresh, throwing away what was kept
-        again = "run it again without --overwrite" if args.overwrite else "run the same command"
-        print(f"toolenv rollout: {how}; {kept} trajectories kept in {path} ({again} to resume)", file=sys.stderr)
+        print(f"toolenv rollout: {how}; {_kept(args)}", file=sys.stderr)
         return 128 + int(signum)  # as a shell reports a process a signal ended: 130 (INT), 143 (TERM)
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        where = exc.filename or args.out  # a failed write names no file: the run's folder, where it writes
+        said = f"could not write to {where} ({_os_error(exc)}); {_kept(args, 'free space and ')}"
+        print(f"toolenv rollout: {said}", file=sys.stderr)
+        return 2
     print_summary(result.summary, title=f"{args.env_id} × {args.agent}")
     print(f"{result.new} new, {result.skipped} already done; wrote {args.out / 'trajectories.jsonl'} and summary.json")
     for line in tally.warnings():
         print(line, file=sys.stderr)
-    errors = result.summary.episode_errors
-    if result.new and result.new_errors == result.new:  # a server down, a wrong --base-url: not data but a failed run
+    return _report_errors(args, result, tally)
+
+
+#: The errors of a disk that is full (or a file at its size limit, a user at their quota).
+_DISK_FULL = frozenset(code for code in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None)) if code is not None)
+
+
+def _os_error(exc: OSError) -> str:
+    """`[Errno 28] No space left on device`, without the file name `str(exc)` may add."""
+    return f"[Errno {exc.errno}] {exc.strerror}" if exc.strerror else str(exc)
+
+
+def _kept(args: argparse.Namespace, first: str = "") -> str:
+    """How many trajectories the stopped run left and how to go on from them: `first` (free
+    space, say), then the same command (without `--overwrite`, which would throw them away)."""
+    path = args.out / "trajectories.jsonl"
+    # Only a regular file: /dev/full, say, reads as endless zeros
+    kept = _complete_lines(path) if path.is_file() else 0
+    again = "run it again without --overwrite" if args.overwrite else "run the same command"
+    return f"{kept} trajectories kept in {path} ({first}{again} to resume)"
+
+
+def _report_errors(args: argparse.Namespace, result: RolloutResult, tally: _RunTally) -> int:
+    """Say which episodes ended with an error, with this run's first error and what to do next;
+    the exit code: 1 when every episode of this run failed (a server down, a wrong --base-url:
+    not data but a failed run), else 0."""
+    errors, first = result.summary.episode_errors, tally.episodes.example
+    if tally.mostly_rate_limited():
+        print(tally.rate_limit_advice(), file=sys.stderr)
+    if result.new and result.new_errors == result.new:
         print(
-            f"toolenv rollout: every episode of this run ended with an error ({result.new}), e.g.: "
-            f"{_first_error(args.out / 'trajectories.jsonl')}",
+            f"toolenv rollout: every episode of this run ended with an error ({result.new}; fix the cause, "
+            f"then rerun them with --retry-errors), e.g.: {first}",
             file=sys.stderr,
         )
         return 1
-    if errors:
+    if result.new_errors:
         print(
-            f"{errors} episode(s) ended with an error, e.g.: {_first_error(args.out / 'trajectories.jsonl')}",
+            f"{errors} episode(s) ended with an error (rerun them with --retry-errors), e.g.: {first}", file=sys.stderr
+        )
+    elif errors:  # all from earlier runs, which the same command skips
+        earlier = _first_error(args.out / "trajectories.jsonl")
+        print(
+            f"{errors} episode(s) ended with an error, e.g.: {earlier} "
+            "(none of them in this run: the same command skips them; --retry-errors reruns them)",
             file=sys.stderr,
         )
     return 0
@@ -307,6 +346,10 @@ class _Share:
         return self.failed == self.total or (self.total >= self.FEW and 2 * self.failed >= self.total)
 
 
+#: An episode's error that is the server's rate limit (the `openai` agent's `HTTP 429: ...`).
+_RATE_LIMITED = re.compile(r"\bHTTP 429\b")
+
+
 class _RunTally:
     """This run's tool calls and episode rewards (its new episodes', not those a resume skipped)
     that failed. A backend down for a whole run fails every one while the episodes go on, and
@@ -316,13 +359,34 @@ class _RunTally:
     def __init__(self) -> None:
         self.tool_calls = _Share()
         self.rewards = _Share()
+        self.episodes = _Share()  # the first error quoted is this run's, not an earlier run's in the file
+        self.rate_limited = 0  # episodes whose error is a 429 after the agent's retries
 
     def add(self, traj: Trajectory) -> None:
-        """Count one finished episode's calls and reward (the runner's `on_trajectory`)."""
+        """Count one finished episode's calls, reward and error (the runner's `on_trajectory`)."""
         for turn in traj.turns:
             for call in turn.calls:
                 self.tool_calls.add(call.error)
         self.rewards.add(traj.reward_error)
+        self.episodes.add(traj.error)
+        if traj.error is not None and _RATE_LIMITED.search(traj.error):
+            self.rate_limited += 1
+
+    def mostly_rate_limited(self) -> bool:
+        """Whether most of this run's failed episodes ended on HTTP 429 and the error quoted does not
+        already say what to lower (the `openai` agent's own error may)."""
+        failed = self.episodes.failed
+        return (
+            bool(failed) and 2 * self.rate_limited > failed and "max_concurrency" not in (self.episodes.example or "")
+        )
+
+    def rate_limit_advice(self) -> str:
+        """The stderr line for a run the server's rate limit failed: what to lower, and how to rerun."""
+        return (
+            f"toolenv rollout: {self.rate_limited} of {self.episodes.failed} failed episodes of this run ended on "
+            "HTTP 429 (the server refused requests for load): lower the agent's requests in flight with "
+            "--agent-arg max_concurrency=N (or run fewer episodes at once with -c), then rerun them with --retry-errors"
+        )
 
     def warnings(self) -> list[str]:
         """The stderr lines to print: one per kind of failure that most of the run had."""

@@ -15,7 +15,7 @@ from typing import IO, Any
 from toolenv.report.summary import Summary
 from toolenv.trajectory import Trajectory
 
-__all__ = ["Progress", "format_summary", "print_summary", "summary_rows"]
+__all__ = ["Progress", "format_summary", "percent", "print_summary", "summary_rows"]
 
 
 class Progress:
@@ -122,19 +122,68 @@ def _lat(stats: Any) -> str:
     return f"p50 {stats.p50:.3f}s  p90 {stats.p90:.3f}s  p99 {stats.p99:.3f}s"
 
 
+def percent(rate: float) -> str:
+    """`rate` as a percentage with one decimal, or more where one would round a rate short of 1 up
+    to 100.0% or one above 0 down to 0.0% (1 failure in 2,000 is 99.95%); `>99.999%` and
+    `<0.001%` past three."""
+    for digits in (1, 2, 3):
+        text = f"{rate:.{digits}%}"
+        shown = float(text[:-1])
+        if (shown < 100 or rate >= 1) and (shown > 0 or rate <= 0):
+            return text
+    return ">99.999%" if rate > 0.5 else "<0.001%"
+
+
+def _pass_at(pass_at_k: dict[str, float]) -> str:
+    return ", ".join(f"pass@{k} {percent(v)}" for k, v in pass_at_k.items())
+
+
+def _completed(s: Summary, metric: str, value: str | None) -> list[tuple[str, str]]:
+    """The row of `metric` over the episodes that completed, to go beside the one over all
+    episodes, where an episode a server failure stopped scores 0: when some episodes failed."""
+    return [(f"{metric}, completed", value)] if s.episode_errors and value is not None else []
+
+
+def _health_rows(s: Summary) -> list[tuple[str, str]]:
+    """What the model server did to the turns that completed: retried requests and generations cut
+    by max_tokens. Only when not zero."""
+    rows = []
+    if s.agent_retries:
+        turns = "turn" if s.retried_turns == 1 else "turns"
+        rows.append(("model requests retried", f"{s.agent_retries} (in {s.retried_turns} {turns})"))
+    if s.truncated_generations:
+        rows.append(("generations cut by max_tokens", str(s.truncated_generations)))
+    return rows
+
+
+def _tokens(s: Summary) -> str:
+    """The token totals, saying how many turns they leave out (replies without usage)."""
+    text = f"{s.prompt_tokens or 0} / {s.completion_tokens}"
+    if s.turns_without_usage:
+        turns = "turn" if s.turns_without_usage == 1 else "turns"
+        text += f" ({s.turns_without_usage} {turns} without usage)"  # which the totals leave out
+    return text
+
+
 def summary_rows(s: Summary) -> list[tuple[str, str]]:
     """The summary as (metric, value) rows."""
+    c_mean, c_rate, c_pass = s.completed_mean_reward, s.completed_success_rate, s.completed_pass_at_k
     rows = [
         ("episodes", str(s.episodes)),
+        *_completed(s, "episodes", f"{s.completed_episodes} ({s.episode_errors} failed: rerun with --retry-errors)"),
         ("mean reward", f"{s.mean_reward:.4f} (std {s.std_reward:.4f})"),
-        ("success rate", f"{s.success_rate:.1%}"),
-        *([("pass@k", ", ".join(f"pass@{k} {v:.1%}" for k, v in s.pass_at_k.items()))] if s.pass_at_k else []),
+        *_completed(s, "mean reward", None if c_mean is None else f"{c_mean:.4f}"),
+        ("success rate", percent(s.success_rate)),
+        *_completed(s, "success rate", None if c_rate is None else percent(c_rate)),
+        *([("pass@k", _pass_at(s.pass_at_k))] if s.pass_at_k else []),
+        *_completed(s, "pass@k", _pass_at(c_pass) if c_pass else None),
         ("turns / episode", f"{s.mean_turns:.2f}"),
         ("tool calls / episode", f"{s.tool_calls_per_episode:.2f}"),
-        ("tool error rate", f"{s.tool_error_rate:.1%}"),
+        ("tool error rate", percent(s.tool_error_rate)),
         ("failed episodes", str(s.episode_errors)),
         *([("episodes with a reward error", str(s.reward_errors))] if s.reward_errors else []),
-        ("truncated", f"{s.truncated_rate:.1%}"),
+        ("truncated", percent(s.truncated_rate)),
+        *_health_rows(s),
         ("episode latency", _lat(s.episode_latency_s)),
         ("agent latency / action", _lat(s.agent_latency_s)),
         ("tool latency / call", _lat(s.tool_latency_s)),
@@ -147,8 +196,8 @@ def summary_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("calls refused (circuit open)", str(s.refused_calls)))
     if s.infra_errors:
         rows.append(("failed calls not the model's fault", str(s.infra_errors)))
-    if s.completion_tokens is not None:
-        rows.append(("tokens (prompt / completion)", f"{s.prompt_tokens or 0} / {s.completion_tokens}"))
+    if s.completion_tokens is not None:  # an agent that reports no tokens at all (the oracle): no row
+        rows.append(("tokens (prompt / completion)", _tokens(s)))
     if s.wall_time_s is not None:
         rows.append(("wall time", f"{s.wall_time_s:.1f}s"))
     return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,6 +57,24 @@ class Summary(BaseModel):
     tool_calls_per_episode: float = 0.0
     tool_error_rate: float = Field(default=0.0, description="Error results (failed calls, parse errors) / all results.")
     episode_errors: int = Field(default=0, description="Episodes stopped by an agent or env failure.")
+    completed_episodes: int = Field(
+        default=0,
+        description="Episodes that ended without an `error` (episodes - episode_errors): those the completed_* "
+        "metrics are over.",
+    )
+    completed_mean_reward: float | None = Field(
+        default=None,
+        description="Mean reward of the completed episodes (None when none completed). An episode a server "
+        "failure stopped (a 503 or 429 after the agent's retries) counts in mean_reward as 0; not here.",
+    )
+    completed_success_rate: float | None = Field(
+        default=None, description="Success rate of the completed episodes (None when none completed)."
+    )
+    completed_pass_at_k: dict[str, float] = Field(
+        default_factory=dict,
+        description="pass_at_k over the completed episodes: each task's completed samples and successes, for "
+        "k up to the fewest completed samples a task has (a task with none left out).",
+    )
     reward_errors: int = Field(
         default=0,
         description="Episodes in which a reward part reported an error (a judge that is down) and scored 0: "
@@ -69,6 +88,23 @@ class Summary(BaseModel):
         default=0,
         description="Failed calls that were not the model's fault (`ToolResult.is_infra_error`: an outage, "
         "the caller's timeout, an open circuit, a broken task or tool); included in tool_error_rate.",
+    )
+    agent_retries: int = Field(
+        default=0,
+        description="Model requests the agent made again (a 429, 5xx, timeout or malformed reply retried), "
+        "summed over the recorded turns from `agent_metadata['attempts']`; an episode's failed last request "
+        "is in its `error` instead.",
+    )
+    retried_turns: int = Field(default=0, description="Recorded turns whose model request was retried.")
+    truncated_generations: int = Field(
+        default=0,
+        description="Turns whose generation stopped at max_tokens (`agent_metadata['finish_reason']` "
+        "'length'; verl's clip ratio).",
+    )
+    turns_without_usage: int = Field(
+        default=0,
+        description="Turns without token counts (a reply without `usage`, or an agent that reports none): "
+        "prompt_tokens and completion_tokens leave them out.",
     )
     reward_components: dict[str, float] = Field(default_factory=dict, description="Mean per component.")
     episode_latency_s: LatencyStats | None = None
@@ -115,6 +151,14 @@ class SummaryBuilder:
         self._prompt_tokens: int | None = None
         self._completion_tokens: int | None = None
         self._tasks: dict[tuple[str, str], list[int]] = {}  # (env id, task id) -> [samples, successes]
+        # The same over the episodes without an error: server failures kept apart from the model's.
+        self._completed_rewards: array[float] = array("d")
+        self._completed_successes = 0
+        self._completed_tasks: dict[tuple[str, str], list[int]] = {}
+        self._retries = 0
+        self._retried_turns = 0
+        self._length_cut = 0
+        self._no_usage = 0
 
     def add(self, traj: Trajectory) -> None:
         """Count one trajectory in."""
@@ -127,6 +171,12 @@ class SummaryBuilder:
         counts[0] += 1
         counts[1] += traj.success
         self._episode_errors += traj.error is not None
+        if traj.error is None:
+            self._completed_rewards.append(traj.reward)
+            self._completed_successes += traj.success
+            done = self._completed_tasks.setdefault((traj.env_id, traj.task.id), [0, 0])
+            done[0] += 1
+            done[1] += traj.success
         self._reward_errors += traj.reward_error is not None
         self._truncated += traj.truncated
         self._durations.append(traj.duration_s)
@@ -157,6 +207,20 @@ class SummaryBuilder:
                 self._prompt_tokens = (self._prompt_tokens or 0) + turn.prompt_tokens
             if turn.completion_tokens is not None:
                 self._completion_tokens = (self._completion_tokens or 0) + turn.completion_tokens
+            if turn.prompt_tokens is None or turn.completion_tokens is None:
+                self._no_usage += 1
+            if turn.agent_metadata:
+                self._count_metadata(turn.agent_metadata)
+
+    def _count_metadata(self, metadata: dict[str, Any]) -> None:
+        """Count a turn's retries and cut generation, as the `openai` agent records them (the
+        `transformers` agent records `finish_reason` too); other agents' keys are left alone."""
+        attempts = metadata.get("attempts")
+        if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 1:
+            self._retries += attempts - 1
+            self._retried_turns += 1
+        if metadata.get("finish_reason") == "length":
+            self._length_cut += 1
 
     def build(self, *, wall_time_s: float | None = None, interrupted: bool = False) -> Summary:
         """The summary of everything added so far (an empty builder gives zeros)."""
@@ -176,12 +240,17 @@ class SummaryBuilder:
             tool_calls_per_episode=self._calls / n,
             tool_error_rate=self._result_errors / self._results if self._results else 0.0,
             episode_errors=self._episode_errors,
+            **self._completed(),
             reward_errors=self._reward_errors,
             truncated_rate=self._truncated / n,
             tool_mix=dict(Counter(self._mix).most_common()),
             cached_calls=self._cached,
             refused_calls=self._refused,
             infra_errors=self._infra,
+            agent_retries=self._retries,
+            retried_turns=self._retried_turns,
+            truncated_generations=self._length_cut,
+            turns_without_usage=self._no_usage,
             reward_components={k: v / n for k, v in sorted(self._components.items())},
             episode_latency_s=LatencyStats.of(self._durations),
             agent_latency_s=LatencyStats.of(self._agent_latencies),
@@ -191,6 +260,18 @@ class SummaryBuilder:
             wall_time_s=wall_time_s,
             interrupted=interrupted,
         )
+
+    def _completed(self) -> dict[str, Any]:
+        """The `completed_*` fields: the metrics over the episodes without an error."""
+        done = len(self._completed_rewards)
+        if not done:
+            return {"completed_episodes": 0}
+        return {
+            "completed_episodes": done,
+            "completed_mean_reward": float(np.asarray(self._completed_rewards, dtype=np.float64).mean()),
+            "completed_success_rate": self._completed_successes / done,
+            "completed_pass_at_k": _pass_at_k(list(self._completed_tasks.values())),
+        }
 
 
 def _pass_at_k(tasks: list[list[int]]) -> dict[str, float]:
