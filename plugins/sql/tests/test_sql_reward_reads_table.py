@@ -68,6 +68,9 @@ def test_a_constant_count_scores_zero() -> None:
     _refused(_task(gold), f"WITH SINGER AS (SELECT {count}) SELECT * FROM singer")
     # The schema's own table is not a table of the database (nor a table function: see DuckDB's below).
     _refused(_task(gold), f"SELECT {count} FROM sqlite_master LIMIT 1")
+    # Naming a table is not reading its data: constant columns beside it are still pasted rows.
+    reward, info = _play(_task(gold), f"SELECT {count} WHERE EXISTS (SELECT 1 FROM singer)")
+    assert reward == 0.0 and "do not come from the data" in info["execution_match"]["error"]
 
 
 def test_an_empty_query_for_an_empty_gold_scores_zero() -> None:
@@ -85,7 +88,6 @@ def test_an_empty_query_for_an_empty_gold_scores_zero() -> None:
         'SELECT count(*) FROM "Singer"',
         "SELECT count(*) FROM main.singer",
         "SELECT (SELECT count(*) FROM singer)",
-        "SELECT 6 WHERE EXISTS (SELECT 1 FROM singer)",
         "WITH s AS (SELECT * FROM singer) SELECT count(*) FROM s",
         "WITH RECURSIVE c(n) AS (SELECT count(*) FROM singer UNION ALL SELECT n FROM c WHERE 0) SELECT n FROM c",
     ],

@@ -88,10 +88,13 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
     opts.setdefault("tools", [SQLTool(**tool_opts)])
     column_order = bool(opts.pop("column_order", True))
     require_table = bool(opts.pop("require_table", True))
+    test_suite = bool(opts.pop("test_suite", False))
     # An answer gets at least the time its queries got in the tool: a query the model ran there
     # would otherwise time out when scored, on a database where queries are slow.
     timeout = max(_REWARD_TIMEOUT, float(tool_opts.get("query_timeout", 0.0)))
-    reward_opts = _reward_options(tool_opts, timeout=timeout, column_order=column_order, require_table=require_table)
+    reward_opts = _reward_options(
+        tool_opts, timeout=timeout, column_order=column_order, require_table=require_table, test_suite=test_suite
+    )
     if "reward" in opts:  # a spec naming execution_match scores with the env's options too
         opts["reward"] = _with_reward_options(opts["reward"], reward_opts)
     else:
@@ -109,7 +112,7 @@ def _make_env(name: str, default_tasks: Iterable[Task], overrides: Mapping[str, 
 
 
 def _reward_options(
-    tool_opts: Mapping[str, Any], *, timeout: float, column_order: bool, require_table: bool
+    tool_opts: Mapping[str, Any], *, timeout: float, column_order: bool, require_table: bool, test_suite: bool
 ) -> dict[str, Any]:
     """The `ExecutionMatch` settings the env's options set: those left at the reward's defaults
     are left out, so a spec is built as it would be without the env."""
@@ -119,8 +122,16 @@ def _reward_options(
         "timeout": timeout,
         "column_order": column_order,
         "require_table": require_table,
+        "test_suite": test_suite,
     }
-    defaults = {"dialect": None, "root": None, "timeout": _REWARD_TIMEOUT, "column_order": True, "require_table": True}
+    defaults = {
+        "dialect": None,
+        "root": None,
+        "timeout": _REWARD_TIMEOUT,
+        "column_order": True,
+        "require_table": True,
+        "test_suite": False,
+    }
     return {k: v for k, v in given.items() if v != defaults[k]}
 
 
@@ -186,13 +197,16 @@ def make_spider_env(**overrides: Any) -> ToolEnv:
     reward a policy learns to take; 13 of Spider's 697, 2 of Chinook's 84), `column_order`
     (False: the answer's columns may come in any order, as in Spider's official evaluation),
     `require_table` (False: an answer that reads no table, such as `SELECT 6` or rows pasted as
-    `VALUES`, is scored by its rows; by default it scores 0 when the gold query reads a table),
+    `VALUES`, or whose every column is a constant beside a table it names, is scored by its rows;
+    by default it scores 0 when the gold query reads a table), `test_suite` (True: a matching
+    answer must match again on a copy of the database with rows removed, Spider's test-suite
+    idea; off by default, see `ExecutionMatch`),
     SQL options (`dialect`, `query_timeout`, `max_rows`, `max_count`, `max_chars`, `max_cell_chars`,
     `root`), `cache` (a `ResultCache`, or `True` or its settings for the process's cache of
     this env and options, keyed by task), and any `ToolEnv` keyword (`parser`, `reward`,
     `max_turns`, ...). With `dialect`, the system prompt asks for that dialect by name. Every
-    `execution_match` a `reward` spec names gets `dialect`, `column_order`, `require_table`, `root` and the answer's
-    timeout, unless the spec sets them itself.
+    `execution_match` a `reward` spec names gets `dialect`, `column_order`, `require_table`,
+    `test_suite`, `root` and the answer's timeout, unless the spec sets them itself.
     """
     return _make_env("Spider-v0", spider_tasks(), overrides)
 

@@ -43,8 +43,14 @@ Why these defaults, against the evaluations RL recipes copy:
 - An answer must read a table of the database when the gold query does (`require_table`):
   rows pasted as literals (`VALUES ('Joe Sharp', 52), ...`), a constant count (`SELECT 6`)
   or `SELECT 1 WHERE 1 = 0` for an empty gold result return the gold rows without querying
-  the data, and a policy that saw them in the SQL tool learns to answer so. Spider, BIRD and
-  SkyRL score such answers 1; `require_table=False` does too.
+  the data, and a policy that saw them in the SQL tool learns to answer so. Naming a table is
+  not enough: an answer whose every output column is a constant (`SELECT 6 FROM singer LIMIT 1`,
+  `SELECT 6 WHERE EXISTS (SELECT 1 FROM singer)`) is refused too, unless the gold query's are.
+  Spider, BIRD and SkyRL score such answers 1; `require_table=False` does too.
+- `test_suite=True` (off by default) borrows Spider's test-suite accuracy (Zhong et al., 2020)
+  with one derived database: the answer must match the gold query on a copy of the database
+  with rows removed as well, which catches a paste that reads a column only for show and an
+  answer that matches by coincidence.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,6 +69,7 @@ from typing import Any
 from toolenv._decades import Decades
 from toolenv.episode import Episode
 from toolenv.rewards import Reward, record_reward_info, register_reward
+from toolenv_sql.dependence import constant_output, perturbed_copy
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import QueryResult, execute
 from toolenv_sql.guard import is_ordered, prepare
@@ -69,7 +77,7 @@ from toolenv_sql.order import OrderKeys, order_keys
 from toolenv_sql.paths import DATA_DIR, resolve_database
 from toolenv_sql.reads import database_tables, tables_read
 
-__all__ = ["NO_TABLE_READ", "ExecutionMatch", "clean_sql", "rows_match"]
+__all__ = ["CONSTANT_OUTPUT", "NOT_FROM_DATA", "NO_TABLE_READ", "ExecutionMatch", "clean_sql", "rows_match"]
 
 _FENCE = re.compile(r"^```(.*?)```$", re.DOTALL)
 # A fence's info string ("sql", "sqlite", none): the first word, unless it begins the query itself.
@@ -108,6 +116,23 @@ NO_TABLE_READ = (
     "the answer reads no table of the database, so it returns the same rows whatever the data holds; "
     "query the tables (require_table=False allows such answers)"
 )
+#: `reward_info` error of an answer whose every output column is a constant (`SELECT 6 FROM singer`)
+#: while the gold query's are not.
+CONSTANT_OUTPUT = (
+    "the answer's rows do not come from the data: every column it returns is a constant, whatever the "
+    "tables hold; select the values from the tables (require_table=False allows such answers)"
+)
+#: `reward_info` error of an answer that matches the gold rows, but not on a copy of the database
+#: with rows removed, where the gold query is run too (`test_suite=True`).
+NOT_FROM_DATA = (
+    "the answer's rows do not come from the data: it returns the gold query's rows on the database, "
+    "but not on a copy with some rows removed, where both were run; compute them from the tables "
+    "(test_suite=False skips this check)"
+)
+# Which rows the perturbed copy leaves out (fixed, so that an answer scores the same in every run).
+_PERTURB_SEED = 0
+# Databases no copy could be made of (warned about once each).
+_NO_COPY: set[str] = set()
 
 
 def clean_sql(text: str) -> str:
@@ -285,8 +310,16 @@ class ExecutionMatch(Reward):
             evaluation does (`SELECT age, name` for `SELECT name, age`); True (the default)
             wants them in the gold query's order, as BIRD's does.
         require_table: True (the default) scores 0 an answer that reads no table of the database
-            (literals, `SELECT 6`, `SELECT 1 WHERE 1 = 0`) when the gold query reads one, as it
+            (literals, `SELECT 6`, `SELECT 1 WHERE 1 = 0`), or whose every output column is a
+            constant (`SELECT 6 FROM singer LIMIT 1`), when the gold query reads a table, as it
             would match without querying the data; False scores it by its rows, as Spider does.
+        test_suite: True also runs the gold query and an answer that matched it on a copy of a
+            SQLite database with some rows removed (`toolenv_sql.dependence.perturbed_copy`), and
+            scores 1 only if they match there too: it refuses pastes the syntactic check lets by
+            (`SELECT 6 + 0 * count(*) FROM singer`) and answers that matched by coincidence
+            (another question's query). Off by default, as it changes the score of such wrong
+            but matching queries, which Spider's execution accuracy counts right. Needs
+            `require_table`; DuckDB databases are not copied.
     """
 
     name = "execution_match"
@@ -299,10 +332,12 @@ class ExecutionMatch(Reward):
         timeout: float = 10.0,
         column_order: bool = True,
         require_table: bool = True,
+        test_suite: bool = False,
     ) -> None:
         self.dialect = dialect
         self.column_order = column_order
         self.require_table = require_table
+        self.test_suite = test_suite
         self.root = Path(root) if root is not None else DATA_DIR
         self.timeout = timeout
         self.task_faults = 0  # episodes scored 0 because of their task (logged at the 1st, 10th, 100th, ...)
@@ -333,15 +368,26 @@ class ExecutionMatch(Reward):
             )
         except SQLError as exc:
             return self._score(episode, 0.0, str(exc))
+        checked = False  # whether the answer must get its rows from the data (the gold query reads a table)
         if self.require_table:
             try:
                 tables = await database_tables(path, engine, timeout=max(self.timeout, 60.0))
             except SQLError as exc:
                 return self._task_fault(episode, f"the database's tables cannot be listed: {exc}")
-            if _reads_table(gold_sql, engine, tables) and not _reads_table(sql, engine, tables, unknown=True):
+            checked = _reads_table(gold_sql, engine, tables)
+            if checked and not _reads_table(sql, engine, tables, unknown=True):
                 return self._score(episode, 0.0, NO_TABLE_READ)
-        # A truncated result has rows past those kept (past the count, or the bytes kept): more than the gold's.
-        matched = not predicted.truncated and rows_match(
+        matched = self._matches(predicted, gold)
+        if matched and checked:  # only a match needs to show its rows come from the data
+            error = await self._data_error(path, engine, gold_sql, sql)
+            if error is not None:
+                return self._score(episode, 0.0, error)
+        return self._score(episode, float(matched), None)
+
+    def _matches(self, predicted: QueryResult, gold: _Gold) -> bool:
+        """Whether `predicted` returns `gold`'s rows (a truncated result has rows past those kept,
+        past the count or the bytes kept: more than the gold's)."""
+        return not predicted.truncated and rows_match(
             predicted.rows,
             gold.rows,
             ordered=gold.ordered,
@@ -350,7 +396,41 @@ class ExecutionMatch(Reward):
             before=gold.before,
             after=gold.after,
         )
-        return self._score(episode, float(matched), None)
+
+    async def _data_error(self, path: Path, engine: str, gold_sql: str, sql: str) -> str | None:
+        """Why the answer's rows, which match the gold's, do not come from the data (None: they do,
+        as far as the checks tell): its columns are all constants, or (`test_suite`) it does not
+        match the gold query on a copy of the database with rows removed."""
+        if constant_output(sql, engine) and not constant_output(gold_sql.strip().rstrip(";"), engine):
+            return CONSTANT_OUTPUT
+        if self.test_suite and engine == "sqlite":
+            return await self._perturbed_error(path, engine, gold_sql, sql)
+        return None
+
+    async def _perturbed_error(self, path: Path, engine: str, gold_sql: str, sql: str) -> str | None:
+        """Why the answer, which matched the gold rows, does not match them on a copy of the
+        database with rows removed (None when it does, or when the gold query cannot be run there:
+        the match on the database itself then stands)."""
+        try:
+            copy = await perturbed_copy(path, seed=_PERTURB_SEED)
+            gold = await self._gold(copy, engine, gold_sql)
+        except (OSError, sqlite3.Error) as exc:  # the copy cannot be made: say so once per database
+            if str(path) not in _NO_COPY:
+                _NO_COPY.add(str(path))
+                _log.warning("execution_match: no copy of %s for test_suite (%s); scored on it alone", path, exc)
+            return None
+        except SQLError as exc:
+            _log.debug("execution_match: gold query %r fails on the copy (%s); scored on the database", gold_sql, exc)
+            return None
+        if gold.result.truncated:
+            return None
+        try:
+            predicted = await execute(
+                copy, engine, sql, timeout=self.timeout, max_rows=len(gold.rows) + 1, count_all=False
+            )
+        except SQLError as exc:
+            return f"{NOT_FROM_DATA} (it fails there: {exc})"
+        return None if self._matches(predicted, gold) else NOT_FROM_DATA
 
     def _score(self, episode: Episode, score: float, error: str | None) -> float:
         record_reward_info(episode, self.name, score=score, error=error)
