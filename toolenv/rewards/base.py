@@ -374,9 +374,10 @@ _REACH_YOUR_OWN = (
 )
 
 
-def _by_name(name: str, /, **settings: Any) -> Reward:
+def _by_name(name: str, /, *, key: str | None = None, **settings: Any) -> Reward:
     """The reward registered as `name` (or a `"module:Name"` reference), made with `settings`
-    (a config's keyword arguments).
+    (a config's keyword arguments). A `key` (the component's name in the spec) is also the
+    reward's own `name` when its factory takes one and the settings give none.
 
     Raises:
         ValueError: an unknown name, a reference that names no reward, or settings the factory
@@ -387,20 +388,20 @@ def _by_name(name: str, /, **settings: Any) -> Reward:
     factory = _referenced_factory(name) if referenced else _FACTORIES.get(name) or _plugin_factory(name)
     if factory is None:
         raise ValueError(f"unknown reward {name!r}; known rewards: {_known_names()}; {_REACH_YOUR_OWN}")
-    if settings:
+    signature = _signature(factory) if settings or key is not None else None
+    if key is not None and "name" not in settings and signature is not None and "name" in signature.parameters:
+        settings["name"] = key  # its log lines and reward info then say which of two judges
+    if settings and signature is not None:
         try:
-            signature = inspect.signature(factory)
-        except (TypeError, ValueError):  # a builtin or C callable: let the call itself say
-            signature = None
-        if signature is not None:
-            try:
-                signature.bind(**settings)
-            except TypeError:
-                takes = [p.name for p in signature.parameters.values() if p.kind in _KEYWORDS]
-                raise ValueError(
-                    f"reward {name!r} takes no setting(s) {sorted(set(settings) - set(takes))}; "
-                    f"its settings: {', '.join(takes) or 'none'}"
-                ) from None
+            signature.bind(**settings)
+        except TypeError:
+            takes = [p.name for p in signature.parameters.values() if p.kind in _KEYWORDS]
+            # `name` is the registered name in a list item: a component is named by `key`.
+            shown = ", ".join(t for t in takes if t != "name") or "none"
+            raise ValueError(
+                f"reward {name!r} takes no setting(s) {sorted(set(settings) - set(takes))}; "
+                f"its settings: {shown}; and `key` names the component"
+            ) from None
     reward = factory(**settings)
     if referenced and not isinstance(reward, Reward):  # a reference may name any callable (a Tool class)
         raise ValueError(f"reward reference {name!r} built {type(reward).__name__}, not a toolenv.Reward")
@@ -410,26 +411,64 @@ def _by_name(name: str, /, **settings: Any) -> Reward:
 _KEYWORDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def _configured(name: str, entry: Mapping[str, Any]) -> tuple[Reward, Any]:
-    """`(reward, weight)` from a config mapping: `weight` (default 1) and the factory's settings."""
+def _signature(factory: Callable[..., Reward]) -> inspect.Signature | None:
+    """The factory's signature; None for a builtin or C callable (the call itself then says)."""
+    try:
+        return inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+
+
+#: A spec's part: `(component key, reward, weight)`.
+_Part = tuple[str, Reward, Any]
+
+
+def _configured(name: str, entry: Mapping[str, Any]) -> _Part:
+    """A part from a config mapping: `weight` (default 1), `key` (the component's name, default
+    the reward's own: two judges in one spec need two) and the factory's settings."""
     settings = {str(k): v for k, v in entry.items()}
     weight = settings.pop("weight", 1.0)
-    return _by_name(name, **settings), weight
+    if "key" not in settings:
+        reward = _by_name(name, **settings)
+        return reward.name, reward, weight
+    key = settings.pop("key")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"the key of reward {name!r} must be a non-empty string naming its component, got {key!r}")
+    return key, _by_name(name, key=key, **settings), weight
 
 
-def _spec_item(item: object) -> tuple[Reward, Any]:
-    """A list spec's item as `(reward, weight)`: a name or a Reward weighs 1."""
+def _spec_item(item: object) -> _Part:
+    """A list spec's item as a part: a name or a Reward weighs 1."""
     if isinstance(item, str | Reward):
-        return (_by_name(item) if isinstance(item, str) else item), 1.0
+        reward = _by_name(item) if isinstance(item, str) else item
+        return reward.name, reward, 1.0
     if isinstance(item, Sequence) and len(item) == 2 and isinstance(item[0], str | Reward):
         r, w = item
-        return (_by_name(r) if isinstance(r, str) else r), w
+        reward = _by_name(r) if isinstance(r, str) else r
+        return reward.name, reward, w
     if isinstance(item, Mapping) and isinstance(item.get("name"), str):
         return _configured(item["name"], {k: v for k, v in item.items() if k != "name"})
     raise ValueError(
         f"reward spec item {item!r} must be a name, a Reward, a (reward, weight) pair "
-        "or a mapping with a 'name' (and 'weight' and the reward's settings)"
+        "or a mapping with a 'name' (and 'weight', 'key' and the reward's settings)"
     )
+
+
+def _summed_parts(parts: list[_Part]) -> WeightedSum:
+    """The sum of a spec's parts, keyed by component.
+
+    Raises:
+        ValueError: two parts of one key, with how to name them apart.
+    """
+    keys = [k for k, _, _ in parts]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(
+            f"reward component names must be unique, got {keys}: name each of {twice} apart with a `key` "
+            f"(a config's list item {{name: {twice[0]}, key: {twice[0]}_b, ...}}) or give a Reward object its "
+            f"own name (e.g. name='{twice[0]}_b')"
+        )
+    return WeightedSum({k: (r, w) for k, r, w in parts})
 
 
 def get_reward(spec: RewardSpec) -> WeightedSum:
@@ -439,11 +478,13 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
     `(reward or name, weight)` pairs or bare names/Rewards (weight 1), as a YAML config writes
     `[f1, [format, 0.2]]`. A config passes settings to a named reward's factory with a mapping:
     `{tool_call_penalty: {weight: 0.1, free_calls: 2}}`, or in a list
-    `{name: tool_call_penalty, weight: 0.1, free_calls: 2}` (weight defaults to 1).
+    `{name: tool_call_penalty, weight: 0.1, free_calls: 2}` (weight defaults to 1). A component
+    is keyed by its reward's name, or by a mapping's `key`: two rewards of one registered name
+    (two judges) read `[{name: judge, model: a}, {name: judge, key: judge_b, model: b}]`.
 
     Raises:
-        ValueError: an unknown name, a malformed item, a setting the reward does not take, or a
-            weight that is not a finite number.
+        ValueError: an unknown name, a malformed item, a setting the reward does not take, a
+            weight that is not a finite number, or two components of one key.
     """
     if type(spec) is str:  # the usual spec, first: the ABC checks below cost more than the rest
         return WeightedSum([(_by_name(spec), 1.0)])
@@ -454,7 +495,13 @@ def get_reward(spec: RewardSpec) -> WeightedSum:
     if isinstance(spec, str):
         return WeightedSum([(_by_name(spec), 1.0)])
     if isinstance(spec, Mapping):
-        return WeightedSum([_configured(k, w) if isinstance(w, Mapping) else (_by_name(k), w) for k, w in spec.items()])
+        return _summed_parts([_configured(k, w) if isinstance(w, Mapping) else _weighed(k, w) for k, w in spec.items()])
     if not isinstance(spec, Sequence):
         raise TypeError(f"a reward spec is a name, a Reward, a mapping or a list, got {type(spec).__name__}")
-    return WeightedSum([_spec_item(item) for item in spec])
+    return _summed_parts([_spec_item(item) for item in spec])
+
+
+def _weighed(name: str, weight: Any) -> _Part:
+    """A `{name: weight}` entry as a part."""
+    reward = _by_name(name)
+    return reward.name, reward, weight

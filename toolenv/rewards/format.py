@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from toolenv.episode import Episode, Turn
+from toolenv.parsers.reasoning import split_reasoning
 from toolenv.rewards.base import Reward, register_reward
 
 __all__ = ["FormatReward", "has_block", "turn_is_well_formed"]
@@ -49,8 +50,20 @@ def _reasoning_first(text: str, tag: str) -> bool:
     end = rest.find(close_tag)
     if end < 0:
         return False
-    reasoning = rest[:end]
-    return bool(reasoning.strip()) and open_tag not in reasoning and bool(rest[end + len(close_tag) :].strip())
+    reasoning, after = rest[:end], rest[end + len(close_tag) :]
+    return bool(reasoning.strip()) and open_tag not in reasoning and bool(after.strip()) and not _tagged(after, tag)
+
+
+def _tagged(text: str, tag: str) -> bool:
+    """True when `text` holds an opening or closing `tag` (a second reasoning block)."""
+    return f"<{tag}>" in text or f"</{tag}>" in text
+
+
+def _only_reasoning(outside: str, tag: str) -> bool:
+    """True when a turn's text outside its actions (`ParsedAction.text`) is its reasoning and
+    nothing else: R1's format has no free text between, around or after the actions (open-r1's
+    `^<think>.*?</think>\\s*<answer>.*?</answer>$`)."""
+    return not split_reasoning(outside, f"<{tag}>", f"</{tag}>")[1].strip()
 
 
 def _answered(answer: str | None) -> bool:
@@ -61,7 +74,8 @@ def _answered(answer: str | None) -> bool:
 def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
     """True when the turn parsed without errors, did something (a call or a non-empty answer)
     and, when `think_tag` is given, opens with a non-empty `<think_tag>` block (or inside one
-    the generation prompt opened, ending at its `</think_tag>`) and acts after it."""
+    the generation prompt opened, ending at its `</think_tag>`) and then only acts: no text
+    besides its tool calls and answer, and no second reasoning block."""
     parsed = turn.parsed
     if parsed.errors:
         return False
@@ -69,7 +83,9 @@ def turn_is_well_formed(turn: Turn, think_tag: str | None = None) -> bool:
         return False
     if not parsed.tool_calls and parsed.answer is None:
         return False
-    return think_tag is None or _reasoning_first(turn.action, think_tag)
+    if think_tag is None:
+        return True
+    return _reasoning_first(turn.action, think_tag) and _only_reasoning(parsed.text, think_tag)
 
 
 class FormatReward(Reward):
@@ -78,9 +94,9 @@ class FormatReward(Reward):
 
     Args:
         require_answer: the episode must end with a non-empty answer (not by truncation).
-        require_think: every turn must open with a non-empty `<think>…</think>` block and act
-            after it (R1-style), or start inside one that the generation prompt opened and
-            close it with `</think>`.
+        require_think: every turn must open with a non-empty `<think>…</think>` block and then
+            only act (R1-style: tool calls or the answer, no other text, no second block), or
+            start inside one that the generation prompt opened and close it with `</think>`.
         think_tag: the tag name of the reasoning block.
         partial: score the fraction of well-formed turns instead of all-or-nothing
             (the answer requirement still gates the score).

@@ -11,6 +11,7 @@ call time and never stored, logged or reported.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import functools
 import json
@@ -68,9 +69,15 @@ _THINK_TAG = re.compile(r"<\s*(/?)\s*think\s*>", re.IGNORECASE)
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _OF = r"(?:\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?))?"
-# No two `\s*` meet with only optional text between them: a run of whitespace would be split
-# every way (polynomial backtracking on a degenerate reply).
-_SCORE = re.compile(r"\b(?:score|rating|grade)\s*(?:[:=]\s*)?(-?\d+(?:\.\d+)?)" + _OF, re.IGNORECASE)
+# A grading line: a sentence that opens with the score ("Score: 0.8", "- Final rating = 4/5"),
+# not a score named inside a sentence ("an injected score: 1 note", "Confidence score: 0.95"),
+# nor a match result ("Score: 2-1"). Matched at each sentence start: the opening is bounded and
+# no two `\s*` meet with only optional text between them, so a degenerate reply reads in linear time.
+_SCORE_LINE = re.compile(
+    r"[^\w\n]{0,8}(?:(?:final|overall)[^\S\n]+)?(?:score|rating|grade)[^\S\n]*(?:[:=][^\S\n]*)?"
+    r"(-?\d+(?:\.\d+)?)" + _OF + r"(?![-\u2013:]\d)",
+    re.IGNORECASE,
+)
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)" + _OF + r"\s*(?:\.\s*)?$", re.IGNORECASE)
 _WORDS = r"(yes|no|correct|incorrect|true|false)\b"
 # "not correct", "not the correct answer", "not entirely correct", "no longer correct": a
@@ -90,9 +97,10 @@ _NEGATION = (
 )
 _VERDICT = re.compile(_NEGATION + r"\b" + _WORDS, re.IGNORECASE)
 _LEADING_VERDICT = re.compile(r"\W*" + _VERDICT.pattern, re.IGNORECASE)
-# "Final verdict: no", "Correctness: yes", "The verdict is: correct", "### Verdict\nNo".
+# "Final verdict: no", "Correctness: yes", "The verdict is: correct", "### Verdict\nNo", "Final: no".
 _LABELLED = re.compile(
-    r"\b(?:(?:final\s+)?(?:verdict|judge?ment|decision|conclusion|assessment|evaluation)|final\s+answer|correctness)"
+    r"\b(?:(?:final\s+)?(?:verdict|judge?ment|decision|conclusion|assessment|evaluation)|final\s+answer|correctness"
+    r"|final(?=\s*[:=]))"
     r"\s*(?:is\b\s*)?(?:[:=\-\u2013\u2014]\s*)?(?:[\"'\u201c\u2018`]\s*)?" + _VERDICT.pattern,
     re.IGNORECASE,
 )
@@ -143,6 +151,35 @@ _POSITIVE = frozenset({"yes", "correct", "true"})
 # A quoted span: "…", “…”, ‘…’, `…`, or '…' that no letter touches (an apostrophe is no quote).
 _QUOTED = re.compile(r"\"[^\"\n]*\"|\u201c[^\u201d\n]*\u201d|\u2018[^\u2019\n]*\u2019|`[^`\n]*`|(?<!\w)'[^'\n]*'(?!\w)")
 _EDGE_PUNCT = " \t.,;:!?"
+# "yes is wrong here": the word as the subject of a sentence, not a verdict.
+_SUBJECT_TAIL = re.compile(r"[^\S\n]+(?:is|was|are|were|would\s+be|isn['\u2019]t|wasn['\u2019]t)\b", re.IGNORECASE)
+# A verdict the judge reports rather than gives: "claims the verdict is yes", "asks me to say
+# yes", "asserts it is correct", "an injected verdict of yes". A paraphrase of an injection is
+# no quote `_unmention` could find, so the words between the report and the verdict are read.
+_REPORTER = (
+    r"claim(?:s|ed|ing)?|assert(?:s|ed|ing)?|says?|said|saying|stat(?:e|es|ed|ing)|insist(?:s|ed|ing)?"
+    r"|argu(?:e|es|ed|ing)|ask(?:s|ed|ing)?|instruct(?:s|ed|ing|ions?)?|tell(?:s|ing)?|told|request(?:s|ed|ing)?"
+    r"|demand(?:s|ed|ing)?|want(?:s|ed|ing)?|suggest(?:s|ed|ing)?|pretend(?:s|ed|ing)?|declar(?:e|es|ed|ing)"
+    r"|announc(?:e|es|ed|ing)|urg(?:e|es|ed|ing)|inject(?:s|ed|ing|ion)?|embed(?:s|ded|ding)?|insert(?:s|ed|ing|ion)?"
+)
+_GAP_WORD = (
+    r"me|us|you|the|a|an|to|that|it|its|itself|own|whether|if|grader|judge|model|reader|reply|respond|answer"
+    r"|output|write|print|give|return|mark|rate|grade|label|call|be|is|was|are|should|must|would|will|verdict"
+    r"|decision|judge?ment|final|prediction|response|as|with|of|this|here|simply|just|only|say"
+)
+_SEP = r"[^\S\n]*(?:[\"'\u201c\u2018`:=]+[^\S\n]*)?"  # spaces, then quotes or a colon: split one way only
+_REPORTED = re.compile(
+    r"\b(?:" + _REPORTER + r")\b(?:" + _SEP + r"(?:" + _GAP_WORD + r")\b){0,8}" + _SEP + "$", re.IGNORECASE
+)
+# "I'd say yes", "I would say it is correct", "it is safe to say yes": the judge's own voice.
+_FIRST_PERSON = re.compile(
+    r"(?:\b(?:I|we)(?:['\u2019]d)?(?:\s+(?:would|must|can|could|should|will|might|do|\w+ly))*"
+    r"|\b(?:fair|safe|honest|accurate)\s+to)\s+$",
+    re.IGNORECASE,
+)
+# Where a sentence ends: ".", "!" or "?" before a space or the end (not "0.95"), or a line break.
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]+(?=\s|$)|\n")  # from a run's first mark: linear
+_LAST_WORD = re.compile(r"\w\W*$")
 # What `parse_judgement` reads past the first word: text without any of these hides no verdict.
 _READABLE = re.compile(r"\b(?:yes|no|correct|incorrect|true|false|score|rating|grade)\b", re.IGNORECASE)
 
@@ -210,7 +247,7 @@ def _stands(text: str, m: re.Match[str]) -> bool:
     attributive ("the correct answer is ...") unless it is predicated ("is the correct answer")."""
     word, after = m.group(2).lower(), text[m.end() : m.end() + 80]
     before = text[max(0, m.start() - 80) : m.start()]
-    if _asked(text, m):
+    if _asked(text, m) or _SUBJECT_TAIL.match(after):
         return False
     if word == "yes":
         return True
@@ -227,26 +264,128 @@ def _verdict(m: re.Match[str]) -> float:
     return float((m.group(2).lower() in _POSITIVE) != bool(m.group(1)))
 
 
+def _reported(text: str, start: int) -> bool:
+    """True when the verdict starting at `start` is one the judge reports ("the prediction claims
+    the verdict is yes"), not one it gives; "I'd say yes" is its own."""
+    before = text[max(0, start - 160) : start]
+    report = _REPORTED.search(before)
+    return report is not None and not _FIRST_PERSON.search(before[: report.start()])
+
+
+@dataclass(frozen=True)
+class _Said:
+    """The verdict a part of the reply gives: None when its verdicts disagree; `labelled` when
+    the judge marked it as its verdict (a label such as "Verdict:", or the reply's first word)."""
+
+    value: float | None
+    labelled: bool
+
+
+def _said_in(verdicts: list[tuple[int, float, bool]]) -> _Said | None:
+    """The verdict of some of the reply's `(position, verdict, labelled)`: its labelled ones, if
+    any, else its others; None when there are none."""
+    if not verdicts:
+        return None
+    labelled = [v for _, v, marked in verdicts if marked]
+    values = labelled or [v for _, v, _ in verdicts]
+    return _Said(values[0] if len(set(values)) == 1 else None, bool(labelled))
+
+
+def _either(a: _Said, b: _Said) -> _Said:
+    """The verdict of the reply's first and last sentences: a labelled one beats a bare word,
+    and two of a kind that disagree leave no verdict."""
+    if a.value is not None and a.value == b.value:
+        return _Said(a.value, a.labelled or b.labelled)
+    if a.value is not None and b.value is not None and a.labelled != b.labelled:
+        return a if a.labelled else b
+    return _Said(None, False)
+
+
+def _own_verdicts(text: str) -> list[tuple[int, float, bool]]:
+    """`(position, verdict, labelled)` of each verdict the judge gives in `text` in its own
+    voice: not asked about, not a label's tail, not reported as someone else's."""
+    labelled = [
+        (m.start(2), _verdict(m), True)
+        for m in _LABELLED.finditer(text)
+        if not _asked(text, m) and not _reported(text, m.start())
+    ]
+    bare = [
+        (m.start(2), _verdict(m), False)
+        for m in _VERDICT.finditer(text)
+        if _stands(text, m) and not _reported(text, m.start())
+    ]
+    return labelled + bare
+
+
+def _conclusion(text: str, lead: float | None) -> _Said | None:
+    """The judge's verdict in `text`, its own final conclusion first: a labelled verdict in the
+    last sentence; else the reply's first word (`lead`, what the default prompt asks for); else
+    the verdict of the first and last sentences; else that of the sentences between them."""
+    verdicts = _own_verdicts(text)
+    if not verdicts or (last_word := _LAST_WORD.search(text)) is None:
+        return None if lead is None else _Said(lead, True)
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    first_word = re.search(r"\w", text)
+    first = bisect.bisect_right(ends, first_word.start() if first_word else 0)
+    last = bisect.bisect_right(ends, last_word.start())
+    sentence = [bisect.bisect_right(ends, pos) for pos, _, _ in verdicts]
+    closing = _said_in([v for v, i in zip(verdicts, sentence, strict=True) if i == last])
+    if closing is not None and closing.labelled:
+        return closing
+    if lead is not None:
+        return _Said(lead, True)
+    opening = _said_in([v for v, i in zip(verdicts, sentence, strict=True) if i == first]) if first != last else None
+    if opening is not None and closing is not None:
+        return _either(opening, closing)
+    return opening or closing or _said_in([v for v, i in zip(verdicts, sentence, strict=True) if first < i < last])
+
+
+def _grading_scores(text: str) -> set[float | None]:
+    """The scores of the reply's grading lines (None for one outside [0, 1])."""
+    starts = [0, *(m.end() for m in _SENTENCE_END.finditer(text))]
+    return {_fraction(m.group(1), m.group(2)) for s in starts if (m := _SCORE_LINE.match(text, s))}
+
+
+def _lead(text: str) -> float | None:
+    """The verdict the reply opens with ("No.", "Correct, ...", "Incorrect answer."), if any."""
+    lead = _LEADING_VERDICT.match(text)
+    if lead and _stands(text, lead):
+        return _verdict(lead)
+    if fragment := _LEADING_FRAGMENT.match(text):
+        return 1.0 if fragment.group(1).lower() in _POSITIVE else 0.0
+    return None
+
+
 def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
-    """A score in [0, 1] from a judge reply, or None when the reply gives none.
+    """A score in [0, 1] from a judge reply, or None when the reply gives none or is ambiguous.
 
-    Understood, in this order: a reply that starts with a yes/no (correct/incorrect,
-    true/false) verdict, as the default prompt asks; `score: 0.8`, `score: 4/5` or
-    `score: 4 out of 5`; a reply that is just a number or fraction; the last labelled verdict
-    ("Verdict: no", "Final verdict: yes", "Correctness: incorrect"); the first yes/no word
-    anywhere that stands as a verdict, where "not correct" or "isn't true" counts as the
-    opposite verdict, and so do "not the correct answer", "not entirely correct" and "no
-    longer correct" (articles and degree adverbs). Markdown bold is ignored. A reasoning
-    model's `<think>…</think>` is skipped (an unclosed one runs to the end of the reply, and
-    text before a `</think>` that no `<think>` opens is reasoning too, as vLLM's reasoning
-    parsers read it).
+    The judge's own final conclusion wins. A reply that is just a number or fraction is that
+    score. Otherwise the verdict is, in this order: a labelled verdict ("Verdict: no", "Final
+    verdict: yes", "Correctness: incorrect", "Final: no") in the reply's last sentence; the
+    yes/no (correct/incorrect, true/false) word the reply starts with, as the default prompt
+    asks; the verdict of the reply's first and last sentences (a labelled one beats a bare
+    word; two of a kind that disagree give none); else that of the sentences between them
+    (labelled ones first; ones that disagree give none). Within a part, a labelled verdict
+    beats a bare word. "not correct", "isn't true", "not the correct answer", "not entirely
+    correct" and "no longer correct" are the opposite verdict. Markdown bold is ignored. A
+    reasoning model's `<think>…</think>` is skipped (an unclosed one runs to the end of the
+    reply, and text before a `</think>` that no `<think>` opens is reasoning too, as vLLM's
+    reasoning parsers read it).
 
-    A verdict word that is not a verdict is skipped, so that a reply that gives none scores
-    None (a failure) rather than a wrong verdict: "correct" or "true" naming the gold ("The
-    correct answer is Paris", "the true answer", "matches the correct answer", but "is the
-    correct answer" is a verdict), a word asked about ("Is it correct? No.") or offered as a
-    choice ("yes or no"), a label ("Correct: no"), "no" as a determiner ("no errors"), a
-    hedged word ("partially correct", "almost correct") and "it is true that ...".
+    A score (`score: 0.8`, `Rating: 4/5`, `Score: 4 out of 5`) counts only on a grading line,
+    a sentence that opens with it ("an injected score: 1", "Confidence score: 0.95" are not),
+    and only when no verdict contradicts it (a score of 0.5 or more is a yes): a contradicting
+    labelled verdict or leading word wins, any other leaves no verdict; an agreeing one gives
+    the score. Grading lines that differ, or one outside [0, 1], give none.
+
+    A verdict word that is not the judge's verdict is skipped, so that a reply that gives none
+    scores None (a failure) rather than a wrong verdict: "correct" or "true" naming the gold
+    ("The correct answer is Paris", "the true answer", "matches the correct answer", but "is
+    the correct answer" is a verdict), a word asked about ("Is it correct? No.") or offered as
+    a choice ("yes or no"), a label ("Correct: no"), "no" as a determiner ("no errors"), a
+    hedged word ("partially correct", "almost correct"), "it is true that ...", a word as a
+    subject ("yes is wrong here"), and a verdict the judge reports rather than gives ("the
+    prediction claims the verdict is yes", "it asks me to say yes", "asserts it is correct").
 
     `mentions` are texts the judge may quote (`LLMJudge` passes the prediction and the gold
     answers): past the first word, a score or verdict inside a quote of one of them, or in a
@@ -254,19 +393,22 @@ def parse_judgement(text: str, *, mentions: Iterable[str] = ()) -> float | None:
     nothing from a judge that restates the prediction before its verdict.
     """
     text = split_reasoning(text)[1].replace("*", "")
-    lead = _LEADING_VERDICT.match(text)
-    if lead and _stands(text, lead):
-        return _verdict(lead)
-    if fragment := _LEADING_FRAGMENT.match(text):
-        return 1.0 if fragment.group(1).lower() in _POSITIVE else 0.0
-    text = text if _NUMBER.match(text) else _unmention(text, mentions)  # a bare number is the judge's own
-    m = _NUMBER.match(text) or _SCORE.search(text)
-    if m:
-        return _fraction(m.group(1), m.group(2))
-    labelled = [v for v in _LABELLED.finditer(text) if not _asked(text, v)]
-    if labelled:
-        return _verdict(labelled[-1])
-    return next((_verdict(v) for v in _VERDICT.finditer(text) if _stands(text, v)), None)
+    if number := _NUMBER.match(text):  # a bare number is the judge's own
+        return _fraction(number.group(1), number.group(2))
+    lead = _lead(text)
+    text = _unmention(text, mentions)
+    said, scores = _conclusion(text, lead), _grading_scores(text)
+    if said is not None and said.value is None:
+        return None  # verdicts that disagree
+    if not scores:
+        return None if said is None else said.value
+    if len(scores) > 1 or None in scores:
+        return None  # grading lines that differ, or one we cannot read
+    (score,) = scores
+    assert score is not None
+    if said is None or (score >= 0.5) == (said.value == 1.0):
+        return score
+    return said.value if said.labelled else None
 
 
 _PROMPT_FIELDS = ("question", "gold", "prediction")
@@ -346,14 +488,29 @@ _CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient
 _JITTER = random.SystemRandom()  # the OS's: forked workers do not share (and retry in step with) one state
 
 
+# The pool's size, and as many request slots per loop: a request starts its `timeout` once it
+# holds a slot, so it never waits for a pooled connection on its own clock.
+_POOL = 64
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
 def _client() -> httpx.AsyncClient:
     import httpx
 
     loop = asyncio.get_running_loop()
     client = _CLIENTS.get(loop)
     if client is None or client.is_closed:
-        client = _CLIENTS[loop] = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), verify=tls_context())
+        client = _CLIENTS[loop] = httpx.AsyncClient(limits=httpx.Limits(max_connections=_POOL), verify=tls_context())
     return client
+
+
+def _slots() -> asyncio.Semaphore:
+    """This loop's request slots, one per connection of its client's pool."""
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(_POOL)
+    return slots
 
 
 # How often a call waiting for another thread's request checks that its loop still runs it.
@@ -420,8 +577,8 @@ class LLMJudge(Reward):
         prompt: a `str.format` template with `{prediction}` and optionally `{question}` and
             `{gold}`; any other field is refused here (it would fail every episode).
         system: an optional system message.
-        timeout: seconds for one HTTP request (connect, send, and each wait for reply bytes);
-            waiting for a free connection of the shared pool is not counted.
+        timeout: seconds for one HTTP request as a whole (connect, send, and the whole reply),
+            per attempt; waiting for a free connection of the shared pool is not counted.
         retries: extra attempts after a 429, a 5xx, a timeout or a connection error.
         backoff: first retry delay in seconds, doubled each attempt (with jitter),
             capped by `max_backoff`; a `Retry-After` header is honoured up to the cap.
@@ -655,15 +812,19 @@ class LLMJudge(Reward):
         content = json.dumps(body, ensure_ascii=True).encode("ascii")
         headers = {"Content-Type": "application/json", **self._headers()}
         client = _client()
-        # `timeout` bounds the request, not the wait for one of the shared pool's connections:
-        # when more calls are in flight than the pool holds, the rest queue without failing.
+        # `timeout` bounds each attempt as a whole (httpx's bounds each read: a server or proxy
+        # sending a byte now and then would hold a call for ever), not the wait for one of the
+        # shared pool's connections: when more calls are in flight than the pool holds, the rest
+        # queue for a slot without failing.
         timeout = httpx.Timeout(self.timeout, pool=None)
         last = ""
         for attempt in range(1, self.retries + 2):
             retry_after: float | None = None
             try:
-                resp = await client.post(self.url, content=content, headers=headers, timeout=timeout)
-            except httpx.TimeoutException:
+                async with _slots():
+                    post = client.post(self.url, content=content, headers=headers, timeout=timeout)
+                    resp = await asyncio.wait_for(post, self.timeout)
+            except (httpx.TimeoutException, asyncio.TimeoutError):
                 last = f"timed out after {self.timeout:g} s"
             except httpx.HTTPError as exc:  # connection refused, reset, protocol errors
                 last = f"{type(exc).__name__}: {exc}"
