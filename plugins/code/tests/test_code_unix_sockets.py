@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -45,8 +46,10 @@ pytestmark = pytest.mark.skipif(bool(_seccomp_reason()), reason=_seccomp_reason(
 
 @pytest.fixture
 def host_dir() -> Iterator[Path]:
-    """A world-accessible host directory the sandbox sees (not /tmp, /dev/shm or /run: it covers those)."""
-    for base in ("/var/tmp", os.getcwd()):
+    """A world-accessible host directory the sandbox sees (not /tmp, /dev/shm or /run, nor a host
+    folder outside the system: it covers those; the interpreter's prefix is bound back, read-only,
+    and a socket file there is still reachable by path)."""
+    for base in (sys.prefix, "/var/tmp", os.getcwd()):
         if os.access(base, os.W_OK | os.X_OK):
             path = Path(tempfile.mkdtemp(prefix="unix-", dir=base))
             break

@@ -84,6 +84,8 @@ _MAX_FD = 1 << 20
 _NEW_IPC_NS = False
 _USER_NS_FD: int | None = None
 _OWN_MOUNTS = False
+#: The size of each child's own work tmpfs, as a mount option (`_own_mounts`); set by `confine_children`.
+_WORK_SIZE = b"size=256m"
 #: The interpreter's paths under /tmp or /dev/shm that each child binds back over its own (`_own_mounts`).
 _EXPOSED: list[str] = []
 #: True in a session's process under `_fork_init`'s init: PID 2 of a PID namespace of its own.
@@ -290,19 +292,25 @@ def prepare_spare(workdir: str) -> dict[str, Any]:
 
 
 def confine_children(
-    new_ipc_ns: bool, user_ns_fd: int | None, own_mounts: bool, socket_scope: bool, exposed: list[str]
+    new_ipc_ns: bool,
+    user_ns_fd: int | None,
+    own_mounts: bool,
+    socket_scope: bool,
+    exposed: list[str],
+    work_mb: int = 256,
 ) -> None:
-    """What every child forked from now on enters before anything else (see `_enter_namespaces`)."""
-    global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE, _EXPOSED
+    """What every child forked from now on enters before anything else (see `_enter_namespaces`);
+    `work_mb` caps each child's own work tmpfs (see `_own_mounts`)."""
+    global _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE, _EXPOSED, _WORK_SIZE
     _NEW_IPC_NS, _USER_NS_FD, _OWN_MOUNTS, _SOCKET_SCOPE = new_ipc_ns, user_ns_fd, own_mounts, socket_scope
     _EXPOSED = list(exposed)
+    _WORK_SIZE = b"size=%dm" % max(1, int(work_mb))
 
 
 _SHM_OPTIONS = SHM_OPTIONS.encode()
-#: `_own_mounts`'s constant arguments: /dev/shm, the stash there, /tmp, /tmp's options, "tmpfs", flags.
+#: `_own_mounts`'s constant arguments: /dev/shm, /tmp, /tmp's options, "tmpfs", flags.
 _MOUNT_ARGS = (
     PRIVATE_SHM.encode(),
-    os.path.join(PRIVATE_SHM, ".workdir").encode(),
     PRIVATE_TMP.encode(),
     b"size=64k,mode=0711",
     b"tmpfs",
@@ -311,8 +319,8 @@ _MOUNT_ARGS = (
 
 
 def _own_mounts(workdir: str, entered: int) -> None:
-    """A mount namespace of the child's own: /tmp holds only `workdir`, /dev/shm is a tmpfs of
-    its own, and /proc shows its own PID namespace.
+    """A mount namespace of the child's own: /tmp holds only `workdir`, itself a tmpfs of the
+    child's own, /dev/shm is a tmpfs of its own, and /proc shows its own PID namespace.
 
     In the server's mounts, /dev/shm is shared by all its children and /proc is the host's.
     So a live session and a concurrent run (other episodes) could pass files through
@@ -320,26 +328,29 @@ def _own_mounts(workdir: str, entered: int) -> None:
     secrets), and `/proc/<os.getpid()>` would be some host process, not the code's. In a
     user namespace, where all children run as one uid, the shared /tmp would also let a
     run read or change a live session's work dir or leave files for later runs. Here /tmp
-    is a read-only tmpfs with the work dir bound back in (and the interpreter's own paths
-    there, read-only, if it lives under /tmp: see `_confine.bind_back`), and /dev/shm and
-    /proc die with the child. Made before the code joins the nested user namespace, so it
-    cannot change them. (~0.25 ms per child, in the spare's preparation.)
+    is a read-only tmpfs holding the work dir (and the interpreter's own paths there,
+    read-only, if it lives under /tmp: see `_confine.bind_back`), and the work dir, /dev/shm
+    and /proc die with the child. The work dir is a tmpfs capped at the pool's `tmpfs_mb`
+    (`_WORK_SIZE`) rather than a folder of the server's shared /tmp: a session that filled
+    that one left every other run and session of the server unable to write a file for as
+    long as it lived. It keeps the owner and mode the server gave the folder it covers. Made
+    before the code joins the nested user namespace, so it cannot change them. (~0.25 ms
+    per child, in the spare's preparation.)
     """
     # The arguments are bytes made once (`_MOUNT_ARGS`): every object made or touched here
     # costs this process a page copy (memory it shares with the zygote).
     mount = _linux.mount_bytes
-    shm, stash, tmp, tmp_options, tmpfs, flags = _MOUNT_ARGS
+    shm, tmp, tmp_options, tmpfs, flags = _MOUNT_ARGS
     if not entered & _linux.CLONE_NEWNS:
         _linux.unshare(_linux.CLONE_NEWNS)
     exposed = open_hidden(_EXPOSED) if _EXPOSED else None  # the server's read-only binds, before we cover them
     mount(tmpfs, shm, tmpfs, flags, _SHM_OPTIONS)
-    os.mkdir(stash, 0o700)  # holds the work dir while /tmp is covered
     path = workdir.encode()  # an ASCII path the server made: no `os.fsencode` (Python code) needed
-    mount(path, stash, None, _linux.MS_BIND, None)
+    owner = os.stat(path)  # the server's folder: its uid (the run's) and mode, before /tmp is covered
     mount(tmpfs, tmp, tmpfs, flags, tmp_options)
     os.mkdir(path, 0o700)
-    mount(stash, path, None, _linux.MS_MOVE, None)
-    os.rmdir(stash)
+    options = b"%s,mode=%o,uid=%d,gid=%d" % (_WORK_SIZE, owner.st_mode & 0o7777, owner.st_uid, owner.st_gid)
+    mount(tmpfs, path, tmpfs, flags, options)
     if exposed:
         bind_back(exposed)  # one that fails stays hidden, as it would be without this
     mount(None, tmp, None, _linux.MS_REMOUNT | _linux.MS_RDONLY | flags, None)

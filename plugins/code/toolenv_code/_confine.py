@@ -4,9 +4,12 @@ The server calls `setup_isolation` once at start. It moves into new mount and
 network namespaces (as root; through a user namespace otherwise; not at all if
 the kernel refuses both), lays a private tmpfs over /tmp (binding back, read-only,
 the interpreter's own paths there, if it lives under /tmp), an empty one over /run
-(local services' unix sockets: see `HIDDEN_RUN`) and another over the datasets shipped with
-this package (`data_dir`), and remounts every other mount read-only and nosuid, so sandboxed
-code can write only in its work directory.
+(local services' unix sockets: see `HIDDEN_RUN`), empty ones over the host's own folders
+(every top-level folder of / outside the system, and the checkout the package is imported
+from: see `host_covers`), binding back there only the interpreter's paths, and another over
+the datasets shipped with this package (`data_dir`), and remounts every other mount read-only
+and nosuid, so sandboxed code sees the system and the interpreter, not the host's files, and
+can write only in its work directory.
 It also sets no_new_privs (no program it executes gains privileges), then installs a
 seccomp filter that keeps it and all it forks from making unix sockets, but connected pairs:
 neither the read-only mounts nor the network namespace stop a `connect` to a host daemon's
@@ -24,12 +27,16 @@ from dataclasses import dataclass, field
 from toolenv_code import _linux
 
 __all__ = [
+    "BOUND",
     "PRIVATE_SHM",
     "PRIVATE_TMP",
     "SHM_OPTIONS",
+    "SYSTEM_DIRS",
     "Isolation",
     "bind_back",
     "data_dir",
+    "host_covers",
+    "host_top_files",
     "open_hidden",
     "setup_isolation",
 ]
@@ -43,6 +50,17 @@ SHM_OPTIONS = "size=16m,mode=1777"
 #: /run/user; /var/run links here): covered by an empty read-only tmpfs. Neither a read-only mount
 #: nor the empty network namespace stops a `connect` to a socket file the code can reach by path.
 HIDDEN_RUN = "/run"
+#: The top-level folders of / that are the system, kept in view (read-only): programs, libraries
+#: (the Nix and Guix stores hold them on those systems), /etc (locale, time zone, passwd), /dev,
+#: /proc, /sys, and the private /tmp and covered /run. Every other top-level folder (/home, /root,
+#: /work, /opt, /srv, /mnt, /media, /var, /boot...) is the host's own: covered (`host_covers`).
+SYSTEM_DIRS = frozenset(
+    {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys", "tmp", "run", "nix", "gnu"}
+)
+#: In the fork server (and so in every child it forks): the interpreter's paths bound back over
+#: the host covers, /tmp or /dev/shm by `setup_isolation`. `isolation_report`'s probe reads it
+#: to tell a path the server meant to show from a host file left in view.
+BOUND: list[str] = []
 _MS_FLAGS = {"nosuid": _linux.MS_NOSUID, "nodev": _linux.MS_NODEV, "noexec": _linux.MS_NOEXEC}
 _MS_ATIME = {"noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 
@@ -79,6 +97,12 @@ class Isolation:
     #: The interpreter's own paths under /tmp or /dev/shm (a venv made in `mktemp -d`), bound
     #: back read-only over the private tmpfs (and again by each child: see `bind_back`).
     exposed: list[str] = field(default_factory=list)
+    #: The host folders covered by an empty tmpfs (see `host_covers`), and the files at the top
+    #: of / covered by an empty file; the interpreter's paths below them are bound back (`bound_back`).
+    host_covers: list[str] = field(default_factory=list)
+    #: Every path bound back over a cover (/tmp, /dev/shm, /run or a host folder): the
+    #: interpreter's own. `exposed` are those under /tmp and /dev/shm, which each child binds again.
+    bound_back: list[str] = field(default_factory=list)
     #: No path of the server's reaches the datasets shipped with this package (`data_dir`): an
     #: empty read-only tmpfs lies over them, or a private one over a folder above them. Each
     #: child's mount namespace is a copy of the server's, so it is covered there too.
@@ -87,14 +111,16 @@ class Isolation:
 
 def _remount_readonly(iso: Isolation, skip: set[str], covered: Iterable[str] = ()) -> None:
     """Every mount read-only and nosuid but those in `skip`; those below `covered` (a tmpfs now
-    lies over them, so no path reaches them) are left alone, but for the binds made back there."""
+    lies over them, so no path reaches them) are left alone, but for the binds made back there
+    (and the mounts inside those, which a recursive bind copies)."""
     with open("/proc/self/mountinfo", encoding="utf-8") as fh:
         lines = fh.read().splitlines()
     seen: set[str] = set()
     for line in lines:
         parts = line.split()
         target = parts[4].encode().decode("unicode_escape")
-        if target in skip or target in seen or (_below(target, covered) and target not in iso.exposed):
+        shown = target in iso.bound_back or _below(target, iso.bound_back)
+        if target in skip or target in seen or (_below(target, covered) and not shown):
             continue
         seen.add(target)
         # nosuid too: no_new_privs already voids set-uid bits for the children; this is a second lock.
@@ -156,16 +182,77 @@ def _below(path: str, roots: Iterable[str]) -> bool:
     return any(path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
-def _interpreter_paths() -> set[str]:
-    """The interpreter's paths (prefixes, executable's directory, `sys.path`), as written and as resolved."""
-    exe = sys.executable
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
-    paths += [os.path.dirname(exe), os.path.dirname(os.path.realpath(exe))] if exe else []
+def _as_written_and_resolved(paths: Iterable[str]) -> set[str]:
     found: set[str] = set()
     for path in paths:
         if path and os.path.isabs(path) and os.path.exists(path):
             found.update((os.path.normpath(path), os.path.realpath(path)))
     return found
+
+
+def _interpreter_paths() -> set[str]:
+    """The interpreter's paths, as written and as resolved: its prefixes and executable's
+    directory, whole, and what can be imported from each `sys.path` entry outside them.
+
+    An entry outside the prefixes may be a source checkout (a legacy editable install, or the
+    folder above this package, which the fork server puts first on its path): shown whole, it
+    would bring the checkout's `.git`, logs and data back in view (see `_importable_parts`).
+    """
+    exe = sys.executable
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    prefixes += [os.path.dirname(exe), os.path.dirname(os.path.realpath(exe))] if exe else []
+    found = _as_written_and_resolved(prefixes)
+    whole = set(found)
+    for entry in _as_written_and_resolved(sys.path):
+        if entry in whole or _below(entry, whole):  # comes with its prefix (the stdlib, site-packages)
+            found.add(entry)
+        else:
+            found.update(_importable_parts(entry))
+    return found
+
+
+def _is_module(folder: str, name: str) -> bool:
+    """Whether `folder/name` is a module or a regular package (a folder with an `__init__`)."""
+    path = os.path.join(folder, name)
+    if not os.path.isdir(path):
+        return _module_stem(name).isidentifier()
+    try:
+        inside = os.listdir(path) if name.isidentifier() else []
+    except OSError:
+        return False
+    return any(_module_stem(child) == "__init__" for child in inside)
+
+
+def _module_stem(name: str) -> str:
+    """`name` without the longest import suffix it ends with (`.py`, `.cpython-311-...so`); "" if none."""
+    import importlib.machinery  # loaded with the interpreter: no file is read
+
+    for suffix in sorted(importlib.machinery.all_suffixes(), key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return ""
+
+
+def _importable_parts(entry: str) -> list[str]:
+    """What `import` can reach in the `sys.path` entry `entry`: the entry itself when it holds
+    nothing else (bytecode caches aside), else its modules and regular packages, one by one.
+
+    So a checkout root on `sys.path` comes back without its `.git`, logs, data or tests.
+    Namespace packages (folders without `__init__`) there are left out: they cannot be told
+    from a data folder. Another environment's site-packages (a `.pth` line) comes back whole:
+    an install location, not a checkout, whose hundreds of packages would otherwise be as many
+    mounts, each copied into every child's mount namespace.
+    """
+    if not os.path.isdir(entry) or os.path.basename(entry) in ("site-packages", "dist-packages"):  # or a zip file
+        return [entry]
+    try:
+        names = sorted(os.listdir(entry))
+    except OSError:
+        return []
+    modules = [name for name in names if _is_module(entry, name)]
+    if len(modules) == len([name for name in names if name != "__pycache__"]):
+        return [entry]
+    return [os.path.join(entry, name) for name in modules]
 
 
 def _interpreter_paths_hidden(hidden: tuple[str, ...]) -> list[str]:
@@ -299,6 +386,88 @@ def data_dir() -> str:
     return os.path.join(os.path.dirname(os.path.realpath(__file__)), "data")
 
 
+def _checkout_root() -> str | None:
+    """The version-controlled checkout this package is imported from (an editable install), if any."""
+    folder = os.path.dirname(os.path.realpath(__file__))
+    while folder != os.sep:
+        if any(os.path.lexists(os.path.join(folder, name)) for name in (".git", ".hg", ".svn")):
+            return folder
+        folder = os.path.dirname(folder)
+    return None
+
+
+def _top_level() -> list[str]:
+    """The entries of / outside `SYSTEM_DIRS`, but links: folders and files."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(os.sep)):
+            path = os.path.join(os.sep, name)
+            if name not in SYSTEM_DIRS and not os.path.islink(path) and (os.path.isdir(path) or os.path.isfile(path)):
+                found.append(path)
+    return found
+
+
+def host_top_files() -> list[str]:
+    """The regular files at the top of / (a container's description of itself, an installer):
+    each is covered by an empty file, as the folders there are by an empty tmpfs."""
+    return [path for path in _top_level() if not os.path.isdir(path)]
+
+
+def host_covers() -> list[str]:
+    """The host folders to lay an empty tmpfs over: every top-level folder of / outside
+    `SYSTEM_DIRS`, and the checkout the package is imported from where it lies in view
+    otherwise (in /usr/src, say), resolved while the host's tree is in view.
+
+    They hold what no code in the sandbox needs and much a policy could cheat with: homes and
+    their caches, project checkouts with their `.git`, rollout logs (`runs/*/trajectories.jsonl`
+    hold every task's answer), training data. A top-level link is left alone (its target is
+    covered where it is a top-level folder). Not a folder that holds the private /tmp or
+    /dev/shm (/tmp linked to /var/tmp), nor one that is itself an interpreter's path: those
+    must stay reachable.
+    """
+    found = [path for path in _top_level() if os.path.isdir(path)]
+    checkout = _checkout_root()
+    if checkout and not _below(checkout, found) and checkout not in found:
+        found.append(checkout)
+    work = {os.path.realpath(PRIVATE_TMP), os.path.realpath(PRIVATE_SHM), os.path.realpath(HIDDEN_RUN)}
+    interpreter = _interpreter_paths()
+    return [path for path in found if not any(w == path or _below(w, [path]) for w in work) and path not in interpreter]
+
+
+def _cover_host(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Lay an empty tmpfs (read-only once `_remount_readonly` has run) over each of `paths`;
+    the ones covered, and those the kernel refused."""
+    covered, failed = [], []
+    for path in paths:
+        try:
+            _linux.mount("tmpfs", path, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, "size=1m,mode=0755")
+            covered.append(path)
+        except OSError:
+            failed.append(path)
+    return covered, failed
+
+
+def _cover_files(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Bind an empty file (read-only once `_remount_readonly` has run) over each of `paths`;
+    the ones covered, and those the kernel refused. The empty file is made on the private /tmp
+    (already mounted) and unlinked at once: the binds keep it."""
+    if not paths:
+        return [], []
+    empty = os.path.join(PRIVATE_TMP, ".toolenv-empty")
+    os.close(os.open(empty, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+    covered, failed = [], []
+    try:
+        for path in paths:
+            try:
+                _linux.mount(empty, path, None, _linux.MS_BIND)
+                covered.append(path)
+            except OSError:
+                failed.append(path)
+    finally:
+        os.unlink(empty)
+    return covered, failed
+
+
 def _holds_kept_path(path: str) -> bool:
     """Whether `path` is, or lies above, one that must stay reachable: /tmp, /dev/shm (the
     work dirs) or one of the interpreter's paths (the code imports from them)."""
@@ -311,9 +480,10 @@ def _cover_data(path: str) -> bool:
     the host's tree was in view); whether no path reaches them now.
 
     Code that could read them would pass any task by running its reference solution (reward
-    hacking). Called once /tmp, /dev/shm and /run are covered and the interpreter's paths bound
-    back: a package under /tmp (a CI clone) is then either hidden already or back in one of
-    those binds, which this covers in turn (a child's recursive bind of it copies the cover).
+    hacking). Called once /tmp, /dev/shm, /run and the host's folders are covered and the
+    interpreter's paths bound back: the package (in a checkout, a CI clone under /tmp or
+    site-packages) is then either hidden already or back in one of those binds, which this
+    covers in turn (a child's recursive bind of it copies the cover).
     Made read-only at once, as `_remount_readonly` leaves alone a mount below /run.
     A symlink leading to `path` reaches the tmpfs; another mount of the same folder elsewhere
     (a second bind of the checkout) would not, nor would a hard link.
@@ -362,7 +532,9 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
     data = data_dir()  # resolved while the host's tree is in view
-    hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN)))  # before they are covered
+    covers = host_covers()
+    # Opened before they are covered.
+    hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN, *covers)))
     try:
         _linux.mount(None, "/", None, _linux.MS_REC | _linux.MS_PRIVATE)
         _linux.mount("tmpfs", PRIVATE_TMP, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, f"size={tmpfs_mb}m,mode=0711")
@@ -372,16 +544,25 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
                 _linux.mount("tmpfs", PRIVATE_SHM, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, SHM_OPTIONS)
                 skip.add(PRIVATE_SHM)
                 iso.private_shm = True
-        roots = skip | ({HIDDEN_RUN} if _cover_run() else set())
+        iso.host_covers, failed = _cover_host(covers)
+        files, failed_files = _cover_files(host_top_files())
+        iso.host_covers += files
+        iso.readonly_failures.extend(failed + failed_files)
+        roots = skip | ({HIDDEN_RUN} if _cover_run() else set()) | set(iso.host_covers)
         covered = [pair for pair in hidden if _below(pair[0], roots)]
         hidden = [pair for pair in hidden if not _below(pair[0], roots)]
-        iso.exposed = bind_back(covered)
+        iso.bound_back = bind_back(covered)
+        iso.exposed = [path for path in iso.bound_back if _below(path, skip)]  # each child covers these again
+        BOUND[:] = iso.bound_back
         if os.geteuid() == 0 and not iso.user_ns:
             iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
         iso.hidden_data = _cover_data(data)  # over the binds just made
         _remount_readonly(iso, skip, roots - skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True
+        # Its working directory (the client's: a checkout, say) would still lead under the covers,
+        # through /proc/<pid>/cwd and to every child until it changes directory.
+        os.chdir(os.sep)
     except OSError:
         iso.workroot = _mkdtemp()
     finally:

@@ -247,9 +247,13 @@ _AF_UNIX, _AF_VSOCK = 1, 40
 _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF
 _X32_SYSCALL_BIT = 0x40000000
 _SYS_IO_URING_SETUP = 425  # the same number on every architecture
-#: `uname -m` → (AUDIT_ARCH_*, socket, socketpair): the filter must check the architecture
-#: first, as the same number names another call in another ABI (32-bit calls on a 64-bit kernel).
-_SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41, 53), "aarch64": (0xC00000B7, 198, 199)}
+#: `uname -m` → (AUDIT_ARCH_*, socket, socketpair, (add_key, request_key, keyctl)): the filter must
+#: check the architecture first, as the same number names another call in another ABI (32-bit calls
+#: on a 64-bit kernel).
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, 41, 53, (248, 249, 250)),
+    "aarch64": (0xC00000B7, 198, 199, (217, 218, 219)),
+}
 
 
 class _SockFilter(ctypes.Structure):
@@ -295,9 +299,12 @@ def socket_filter_program(machine: str) -> list[tuple[int, int, int, int]]:
     or sent from, to any socket file. Stream and seqpacket pairs stay (already connected,
     they cannot be pointed elsewhere): `multiprocessing.Pipe` and asyncio's loop use them.
     With EPERM: `io_uring_setup`, as a ring makes and connects sockets without these calls;
-    on x86_64, the x32 ABI's calls. A call of another ABI (32-bit code) kills the process.
+    the kernel keyring calls (`add_key`, `request_key`, `keyctl`, as Docker's default profile
+    does): a uid's keyrings are not confined by any namespace and outlive the run, so one run
+    could leave data there for a later one (another episode's sample); on x86_64, the x32 ABI's
+    calls. A call of another ABI (32-bit code) kills the process.
     """
-    arch, nr_socket, nr_socketpair = _SECCOMP_ARCHES[machine]
+    arch, nr_socket, nr_socketpair, (nr_add_key, nr_request_key, nr_keyctl) = _SECCOMP_ARCHES[machine]
     x32: list[_Insn | str] = [(_JGE, "refuse", None, _X32_SYSCALL_BIT)] if machine == "x86_64" else []
     return _assemble([
         (_LD_ABS_W, None, None, 4),  # struct seccomp_data.arch
@@ -306,7 +313,10 @@ def socket_filter_program(machine: str) -> list[tuple[int, int, int, int]]:
         *x32,
         (_JEQ, "family", None, nr_socket),
         (_JEQ, "type", None, nr_socketpair),
-        (_JEQ, "refuse", "allow", _SYS_IO_URING_SETUP),
+        (_JEQ, "refuse", None, _SYS_IO_URING_SETUP),
+        (_JEQ, "refuse", None, nr_add_key),
+        (_JEQ, "refuse", None, nr_request_key),
+        (_JEQ, "refuse", "allow", nr_keyctl),
         "family",  # socket(family, type, protocol)
         (_LD_ABS_W, None, None, _arg_low(0)),
         (_JEQ, "deny", None, _AF_UNIX),

@@ -233,7 +233,13 @@ class Server:
     """Serves frames: `run`, `session_run`, `session_close`, `stats`."""
 
     def __init__(
-        self, iso: Isolation, uid_base: int, max_sessions: int, session_idle: float, preload: tuple[str, ...] = ()
+        self,
+        iso: Isolation,
+        uid_base: int,
+        max_sessions: int,
+        session_idle: float,
+        preload: tuple[str, ...] = (),
+        work_mb: int = 256,
     ) -> None:
         self.iso = iso
         self.preload = preload  # imported by `main` before this server was made (see `preload_modules`)
@@ -252,9 +258,12 @@ class Server:
         self.counter = 0
         self.own_pidns = -1
         self.req_fd = -1  # the client's requests (see `serve`); `_collect` watches it for a cancel
-        # Each child gets a /tmp, /dev/shm and /proc of its own (see `_child._own_mounts`).
+        # Each child gets a /tmp, /dev/shm and /proc of its own, and a work dir of `work_mb` (the
+        # pool's `tmpfs_mb`) of its own (see `_child._own_mounts`).
         self.own_mounts = iso.private_tmp and iso.private_shm
-        confine_children(iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope, iso.exposed)
+        confine_children(
+            iso.child_ipc_ns, iso.child_user_ns, self.own_mounts, iso.child_socket_scope, iso.exposed, work_mb
+        )
         iso.pid_ns = _pid_ns_round_trip_works()
         if iso.pid_ns:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -757,6 +766,7 @@ class Server:
                 "readonly_mounts": iso.readonly_mounts,
                 "readonly_failures": iso.readonly_failures,
                 "workroot_tmpfs": iso.private_tmp,
+                "child_mounts": self.own_mounts,  # each child's own /tmp work tmpfs, /dev/shm and /proc
                 "exposed": iso.exposed,
             },
         }
@@ -964,7 +974,7 @@ def main(argv: list[str] | None = None) -> None:
     premake_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes us, not Ctrl-C
     iso = setup_isolation(tmpfs_mb, uid_base)
-    server = Server(iso, uid_base, max_sessions, session_idle, tuple(preload))
+    server = Server(iso, uid_base, max_sessions, session_idle, tuple(preload), work_mb=tmpfs_mb)
     # Objects alive now are never collected: a GC pass in a child would otherwise write to
     # (and so copy) every page of the heap shared with the server.
     gc.collect()

@@ -3,8 +3,8 @@
 `isolation_report()` does not trust the setup code's intentions: it runs a probe
 through the pool and reports what the probe observed (network interfaces it can see,
 whether / is writable, whether it has a PID namespace of its own, its uid, whether it
-may make a unix socket, whether it can list the datasets shipped with this package, the
-rlimits in force). `toolenv doctor` prints it.
+may make a unix socket, whether it can list the datasets shipped with this package, whether
+it sees the host's own files, the rlimits in force). `toolenv doctor` prints it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,33 @@ try:  # `DATA`: the bundled datasets' folder (see `_probe`); an empty one is the
     out["datasets"] = "visible" if os.listdir(DATA) else "hidden"
 except OSError:
     out["datasets"] = "hidden"
+# `HOST`: the host folders the server should have covered, and `GIT` the package's checkout
+# (see `_probe`). Only the interpreter's paths the server bound back there (`_confine.BOUND`, in
+# its memory, which this child shares) and the folders leading to them may show.
+import sys
+confine = sys.modules.get("toolenv_code._confine")
+bound = list(getattr(confine, "BOUND", []))
+def _left_in_view(folder, depth=0):
+    if os.path.isfile(folder):  # a file at the top of /: covered by an empty one
+        return [folder] if os.path.getsize(folder) else []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    left = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if path in bound:
+            continue
+        if depth < 16 and any(b.startswith(path + "/") for b in bound):
+            left += _left_in_view(path, depth + 1)
+        else:
+            left.append(path)
+    return left
+seen_host = [path for folder in HOST for path in _left_in_view(folder)]
+seen_host += [GIT] if GIT and os.path.lexists(GIT) else []
+out["host_files"] = "visible" if seen_host else "hidden"
+out["host_seen"] = seen_host[:20]
 out["limits"] = {}
 for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE"):
     soft = resource.getrlimit(getattr(resource, name))[0]
@@ -54,10 +81,14 @@ print(json.dumps(out))
 
 def _probe() -> str:
     """`_PROBE`, given the path of the bundled datasets as this process resolves it (the
-    fork servers import the same package: see `sandbox._Server`)."""
-    from toolenv_code._confine import data_dir  # here: `_linux` loads libc, which other platforms lack
+    fork servers import the same package: see `sandbox._Server`), the host folders they
+    should cover and the `.git` of the checkout the package is imported from, if any."""
+    from toolenv_code import _confine  # here: `_linux` loads libc, which other platforms lack
 
-    return f"DATA = {data_dir()!r}\n{_PROBE}"
+    checkout = _confine._checkout_root()
+    git = os.path.join(checkout, ".git") if checkout and os.path.lexists(os.path.join(checkout, ".git")) else ""
+    host = _confine.host_covers() + _confine.host_top_files()
+    return f"DATA, HOST, GIT = {_confine.data_dir()!r}, {host!r}, {git!r}\n{_PROBE}"
 
 
 class IsolationReport(BaseModel):
@@ -88,6 +119,11 @@ class IsolationReport(BaseModel):
         "with their reference solutions); `visible`: it can, and so could pass any of their tasks by running "
         "the reference solution (no mount namespace to hide them in)."
     )
+    host_files: Literal["hidden", "visible"] = Field(
+        description="`hidden`: the code sees the system (/usr, /etc...) and the interpreter's own paths, "
+        "not the host's own folders (homes, checkouts and their `.git`, rollout logs, training data: "
+        "every top-level folder outside the system); `visible`: it sees some of them (no mount namespace)."
+    )
     rlimits: list[str] = Field(description="Resource limits in force (names of `resource.RLIMIT_*`).")
     limits: dict[str, int | None] = Field(description="The rlimit values seen by the probe (soft limits).")
     fork_servers: int = Field(description="Warm fork servers in the pool.")
@@ -96,7 +132,7 @@ class IsolationReport(BaseModel):
         """One line for `toolenv doctor`."""
         return (
             f"network={self.network} filesystem={self.filesystem} processes={self.processes} "
-            f"user={self.user} unix_sockets={self.unix_sockets} datasets={self.datasets} "
+            f"user={self.user} unix_sockets={self.unix_sockets} datasets={self.datasets} host_files={self.host_files} "
             f"rlimits={','.join(r.removeprefix('RLIMIT_') for r in self.rlimits)}"
         )
 
@@ -130,6 +166,7 @@ def isolation_report(pool: SandboxPool | None = None) -> IsolationReport:
         user=user,
         unix_sockets=seen["unix_sockets"],
         datasets=seen["datasets"],
+        host_files=seen["host_files"],
         rlimits=[k for k, v in limits.items() if v is not None],
         limits=limits,
         fork_servers=pool.size,

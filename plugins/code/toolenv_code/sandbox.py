@@ -47,8 +47,19 @@ class SandboxLimits(BaseModel):
     timeout: float = Field(default=10.0, gt=0, description="Wall-clock seconds before the run is killed.")
     cpu_seconds: int = Field(default=10, ge=1, description="RLIMIT_CPU of a one-shot run.")
     session_cpu_seconds: int = Field(default=120, ge=1, description="RLIMIT_CPU of a whole stateful session.")
-    memory_mb: int = Field(default=1024, ge=64, description="RLIMIT_AS (address space) in MiB.")
-    max_processes: int = Field(default=32, ge=1, description="RLIMIT_NPROC: processes of the sandbox's uid.")
+    memory_mb: int = Field(
+        default=1024,
+        ge=64,
+        description=(
+            "RLIMIT_AS (address space) in MiB, of each process: a run that forks may use up to "
+            "memory_mb x max_processes in all (there is no cgroup)."
+        ),
+    )
+    max_processes: int = Field(
+        default=32,
+        ge=1,
+        description="RLIMIT_NPROC: processes of the sandbox's uid; also multiplies memory_mb (see there).",
+    )
     file_size_mb: int = Field(default=16, ge=1, description="RLIMIT_FSIZE: largest file the code may write.")
     max_open_files: int = Field(default=64, ge=8, description="RLIMIT_NOFILE.")
     max_output_bytes: int = Field(default=65536, ge=256, description="Output kept per stream (head and tail).")
@@ -187,7 +198,10 @@ class SandboxPool:
 
     Args:
         size: fork servers (parallel executions), at least 1; default: CPU count, at least 2.
-        tmpfs_mb: size of each server's private /tmp.
+        tmpfs_mb: size cap of each run's and each session's work directory, a tmpfs of its own
+            (its /tmp, `HOME` and `TMPDIR`), so one that fills its own leaves the others room.
+            It is memory, taken only as files are written: a server may hold this much for each
+            live session and for its one-shot run at once (`max_sessions` + 1 times).
         max_sessions: live stateful sessions per server; the least recently used is evicted.
         session_idle: seconds after which an idle session is dropped.
         preload: modules every server imports once at start, so that a run's `import` of them
@@ -225,6 +239,8 @@ class SandboxPool:
         self._cond = threading.Condition()
         self._session_slot: dict[str, int] = {}
         self._pending_close: list[str] = []
+        self._close_slots: set[int] = set()  # servers with a close to send (see `_closer_loop`)
+        self._closer: threading.Thread | None = None
         self._lines: dict[str, list[_Call]] = {}  # per session: its calls waiting, in the order made
         self._closed = False
         self.restarts = 0
@@ -428,10 +444,47 @@ class SandboxPool:
             raise
 
     def close_session(self, session: str) -> None:
-        """Forget `session`; its process is killed on the server's next request (never blocks)."""
+        """Forget `session` and have its processes killed (never blocks).
+
+        The close goes to its server at once when that server is free, else as soon as the
+        call running there ends (`_closer_loop`): between a rollout batch and the training
+        step no call comes, and a closed episode's processes must not run through training.
+        """
         with self._cond:
-            if self._session_slot.pop(session, None) is not None:
-                self._pending_close.append(session)
+            slot = self._session_slot.pop(session, None)
+            if slot is None:
+                return
+            self._pending_close.append(session)
+            self._close_slots.add(slot)
+            self._cond.notify_all()
+            closer = self._closer
+            if closer is not None and closer.is_alive():
+                return
+            closer = threading.Thread(target=self._closer_loop, name="toolenv-sandbox-closer", daemon=True)
+            # Interpreter shutdown refuses new threads: the close then waits for the server's next request.
+            with contextlib.suppress(RuntimeError):
+                closer.start()
+                self._closer = closer
+
+    def _closer_loop(self) -> None:
+        """Send queued session closes, one server at a time, each as soon as that server is free."""
+        while True:
+            with self._cond:
+                while not self._closed and not self._close_slots:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                slot = self._close_slots.pop()
+            try:
+                self._acquire(slot)
+            except RuntimeError:  # the pool was closed: its servers took their sessions with them
+                return
+            try:
+                server = self._servers[slot]
+                if server is not None and server.alive():  # a dead one's sessions died with it
+                    self._flush_closes(slot, server)
+            finally:
+                self._release(slot)
 
     def stats(self) -> list[dict[str, Any]]:
         """Each server's pid, live sessions and isolation setup (starts the servers)."""
