@@ -293,6 +293,21 @@ print(json.dumps(out))
 
 
 @ROOT_ONLY
+def _fake_plugin_with_data(site: Path) -> Path:
+    """Another toolenv plugin installed in `site` (a package with a `data` folder and a
+    `toolenv.envs` entry point), as a wheel installs one; its gold answers' file, resolved."""
+    package = site / "toolenv_fakeplug"
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    gold = package / "data" / "gold.jsonl"
+    gold.write_text(SECRET)
+    info = site / "toolenv_fakeplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toolenv-fakeplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[toolenv.envs]\nfakeplug/Fake-v0 = toolenv_fakeplug:make\n")
+    return gold.resolve()
+
+
 def test_a_wheel_install_in_a_host_folder_has_its_data_hidden_and_the_rest_of_the_folder_too() -> None:
     """The package in a venv's site-packages, the venv in a host folder outside the system:
     the venv comes back (the code imports from it), its data folder and the venv's neighbours do not."""
@@ -315,7 +330,8 @@ def test_a_wheel_install_in_a_host_folder_has_its_data_hidden_and_the_rest_of_th
         neighbour.write_text(SECRET)
         neighbour.chmod(0o644)
         data = site.resolve() / "toolenv_code" / "data" / "humaneval" / "HumanEval.jsonl"
-        code = f"PATHS = {[str(data), str(neighbour)]!r}\n" + _READ
+        plugin_gold = _fake_plugin_with_data(site)
+        code = f"PATHS = {[str(data), str(neighbour), str(plugin_gold)]!r}\n" + _READ
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         args = [str(venv / "bin" / "python"), "-c", _WHEEL, code]
         done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, cwd=folder, check=False)
@@ -325,6 +341,7 @@ def test_a_wheel_install_in_a_host_folder_has_its_data_hidden_and_the_rest_of_th
         seen = json.loads(out["run"])
         assert seen[str(data)] in ("FileNotFoundError", "PermissionError"), seen
         assert seen[str(neighbour)] in ("FileNotFoundError", "PermissionError"), seen
+        assert seen[str(plugin_gold)] in ("FileNotFoundError", "PermissionError"), seen  # another plugin's gold
         assert out["numpy"] == "numpy\n", "numpy (this environment's site-packages, through a .pth line) is gone"
         assert out["report"]["datasets"] == "hidden" and out["report"]["host_files"] == "hidden", out["report"]
     finally:

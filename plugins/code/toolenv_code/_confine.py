@@ -103,9 +103,10 @@ class Isolation:
     #: Every path bound back over a cover (/tmp, /dev/shm, /run or a host folder): the
     #: interpreter's own. `exposed` are those under /tmp and /dev/shm, which each child binds again.
     bound_back: list[str] = field(default_factory=list)
-    #: No path of the server's reaches the datasets shipped with this package (`data_dir`): an
-    #: empty read-only tmpfs lies over them, or a private one over a folder above them. Each
-    #: child's mount namespace is a copy of the server's, so it is covered there too.
+    #: No path of the server's reaches the datasets shipped with this package (`data_dir`) and
+    #: with the other toolenv plugins (`plugin_data_dirs`): an empty read-only tmpfs lies over
+    #: them, or a private one over a folder above them. Each child's mount namespace is a copy
+    #: of the server's, so it is covered there too.
     hidden_data: bool = False
 
 
@@ -386,6 +387,35 @@ def data_dir() -> str:
     return os.path.join(os.path.dirname(os.path.realpath(__file__)), "data")
 
 
+#: The entry-point groups of toolenv's plugins (`toolenv.registry.GROUPS`, not imported here:
+#: the fork server stays free of the core's imports).
+PLUGIN_GROUPS = ("toolenv.tools", "toolenv.envs", "toolenv.agents", "toolenv.oracles")
+
+
+def plugin_data_dirs() -> list[str]:
+    """The `data` folders of the packages that provide toolenv plugins, resolved, this
+    package's aside (`data_dir`): their tasks' gold answers (Spider's queries, NQ's answers)
+    are as much a reward hack as HumanEval's solutions where an env offers the python tool
+    beside them. Found from the entry points' modules without importing them; a package
+    installed in site-packages is otherwise bound back whole."""
+    import importlib.util
+    from importlib import metadata
+
+    own, found = data_dir(), []
+    for group in PLUGIN_GROUPS:
+        for ep in metadata.entry_points(group=group):
+            top = ep.value.split(":")[0].split(".")[0].strip()
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                continue
+            for folder in (spec.submodule_search_locations or []) if spec else []:
+                path = os.path.join(os.path.realpath(folder), "data")
+                if path != own and path not in found and os.path.isdir(path):
+                    found.append(path)
+    return found
+
+
 def _checkout_root() -> str | None:
     """The version-controlled checkout this package is imported from (an editable install), if any."""
     folder = os.path.dirname(os.path.realpath(__file__))
@@ -532,6 +562,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
     data = data_dir()  # resolved while the host's tree is in view
+    others = plugin_data_dirs()
     covers = host_covers()
     # Opened before they are covered.
     hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN, *covers)))
@@ -556,7 +587,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         BOUND[:] = iso.bound_back
         if os.geteuid() == 0 and not iso.user_ns:
             iso.readonly_failures.extend(_expose_interpreter(PRIVATE_TMP))
-        iso.hidden_data = _cover_data(data)  # over the binds just made
+        iso.hidden_data = all([_cover_data(path) for path in (data, *others)])  # over the binds just made
         _remount_readonly(iso, skip, roots - skip)
         iso.workroot = PRIVATE_TMP
         iso.private_tmp = True
