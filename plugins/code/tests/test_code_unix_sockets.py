@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _bpf import run_filter
 
 from toolenv_code import isolation_report
 from toolenv_code.sandbox import SandboxLimits, get_pool, run_code
@@ -273,27 +274,6 @@ def test_a_refused_socket_is_a_permission_error_with_eacces() -> None:
     assert r.stdout.strip() == str(errno.EACCES)
 
 
-def _run_filter(program: list[tuple[int, int, int, int]], arch: int, nr: int, *args: int) -> int:
-    """What the kernel would return for one call: a classic-BPF interpreter for the few
-    instructions the filter uses, over a little-endian `struct seccomp_data`."""
-    data = nr.to_bytes(4, "little") + arch.to_bytes(4, "little") + bytes(8)
-    data += b"".join(a.to_bytes(8, "little") for a in (*args, *[0] * (6 - len(args))))
-    acc, pc = 0, 0
-    while True:
-        code, jt, jf, k = program[pc]
-        pc += 1
-        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
-            acc = int.from_bytes(data[k : k + 4], "little")
-        elif code == 0x54:  # BPF_ALU | BPF_AND | BPF_K
-            acc &= k
-        elif code in (0x15, 0x35):  # BPF_JMP | BPF_JEQ / BPF_JGE | BPF_K
-            pc += jt if (acc == k if code == 0x15 else acc >= k) else jf
-        elif code == 0x06:  # BPF_RET | BPF_K
-            return k
-        else:
-            raise AssertionError(f"unexpected instruction {code:#x}")
-
-
 _ALLOW, _KILL = 0x7FFF0000, 0x80000000
 _EACCES, _EPERM = 0x50000 | errno.EACCES, 0x50000 | errno.EPERM
 
@@ -313,7 +293,7 @@ def test_the_filter_decides_by_architecture_and_arguments(
     assert jumps and all(i + 1 + max(jt, jf) < len(program) for i, jt, jf in jumps)  # each lands inside
 
     def verdict(nr: int, *args: int, audit_arch: int = arch) -> int:
-        return _run_filter(program, audit_arch, nr, *args)
+        return run_filter(program, audit_arch, nr, *args)
 
     af_unix, af_inet, af_vsock = 1, 2, 40
     stream, dgram, raw, seqpacket, cloexec, nonblock = 1, 2, 3, 5, 0o2000000, 0o4000
