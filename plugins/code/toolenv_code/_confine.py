@@ -397,7 +397,8 @@ def plugin_data_dirs() -> list[str]:
     package's aside (`data_dir`): their tasks' gold answers (Spider's queries, NQ's answers)
     are as much a reward hack as HumanEval's solutions where an env offers the python tool
     beside them. Found from the entry points' modules without importing them; a package
-    installed in site-packages is otherwise bound back whole."""
+    installed in site-packages is otherwise bound back whole. Run by the client, which passes
+    them to each fork server (`setup_isolation`'s `other_data`)."""
     import importlib.util
     from importlib import metadata
 
@@ -536,8 +537,11 @@ def _mkdtemp() -> str:
     return tempfile.mkdtemp(prefix="toolenv-code-")
 
 
-def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
-    """Enter namespaces where the kernel allows it; fall back step by step where not."""
+def setup_isolation(tmpfs_mb: int, uid_base: int, other_data: Iterable[str] = ()) -> Isolation:
+    """Enter namespaces where the kernel allows it; fall back step by step where not.
+    `other_data`: the other plugins' data folders to cover too (`plugin_data_dirs`, which the
+    client finds: reading entry points would import `importlib.metadata`, `csv` and more into
+    the server, and so into every run's interpreter)."""
     iso = Isolation()
     with contextlib.suppress(OSError):  # inherited by every child; nothing here needs exec's privileges
         _linux.set_no_new_privs()
@@ -562,7 +566,7 @@ def setup_isolation(tmpfs_mb: int, uid_base: int) -> Isolation:
         except OSError:
             iso.child_user_ns = -1  # children refuse to run rather than run as our root
     data = data_dir()  # resolved while the host's tree is in view
-    others = plugin_data_dirs()
+    others = [path for path in other_data if path != data and os.path.isdir(path)]
     covers = host_covers()
     # Opened before they are covered.
     hidden = open_hidden(_interpreter_paths_hidden((PRIVATE_TMP, PRIVATE_SHM, HIDDEN_RUN, *covers)))

@@ -954,10 +954,12 @@ def preload_modules(names: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: `main([uid_base, tmpfs_mb, max_sessions, session_idle_seconds, preload_json])`."""
+    """Entry point: `main([uid_base, tmpfs_mb, max_sessions, session_idle_seconds, preload_json,
+    other_data_json])` (the last: the other plugins' data folders to cover, `plugin_data_dirs`)."""
     args = sys.argv[1:] if argv is None else argv
     uid_base, tmpfs_mb, max_sessions, session_idle = int(args[0]), int(args[1]), int(args[2]), float(args[3])
     preload = [str(name) for name in json.loads(args[4])] if len(args) > 4 else []
+    other_data = [str(path) for path in json.loads(args[5])] if len(args) > 5 else []
     req_fd, resp_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -973,7 +975,7 @@ def main(argv: list[str] | None = None) -> None:
     warm_interpreter()
     premake_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client closes us, not Ctrl-C
-    iso = setup_isolation(tmpfs_mb, uid_base)
+    iso = setup_isolation(tmpfs_mb, uid_base, other_data)
     server = Server(iso, uid_base, max_sessions, session_idle, tuple(preload), work_mb=tmpfs_mb)
     # Objects alive now are never collected: a GC pass in a child would otherwise write to
     # (and so copy) every page of the heap shared with the server.

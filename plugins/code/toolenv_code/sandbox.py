@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -103,6 +104,15 @@ class _Call:
 _UIDS_PER_SERVER = 64  # one for one-shot runs, one per live session
 
 
+@functools.lru_cache(maxsize=1)
+def _plugin_data_dirs() -> tuple[str, ...]:
+    """The other toolenv plugins' data folders, for each fork server to cover (found once per
+    process, here rather than in the server: see `_confine.setup_isolation`)."""
+    from toolenv_code._confine import plugin_data_dirs
+
+    return tuple(plugin_data_dirs())
+
+
 def _uid_base(slot: int) -> int:
     # A distinct uid range per (host process, server) keeps RLIMIT_NPROC per sandbox:
     # the kernel counts processes per uid, and root ignores the limit altogether.
@@ -119,6 +129,7 @@ class _Server:
         root = str(Path(__file__).resolve().parent.parent)
         boot = f"import sys; sys.path.insert(0, {root!r}); from toolenv_code._server import main; main()"
         args = [str(_uid_base(slot)), str(tmpfs_mb), str(max_sessions), str(session_idle), json.dumps(preload)]
+        args.append(json.dumps(_plugin_data_dirs()))
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", boot, *args],
             stdin=subprocess.PIPE,
