@@ -134,6 +134,16 @@ def _finish_interrupted(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]
         task.exception()  # retrieved: no "exception was never retrieved" at collection
 
 
+async def within(seconds: float, aw: Awaitable[T]) -> T:
+    """`aw`, cancelled after `seconds` (`asyncio.TimeoutError`): a deadline over a whole HTTP
+    request, which httpx's timeout does not give (it bounds each read, so a server trickling its
+    reply in pieces would hold the request for as long as it likes)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await aw
+    return await asyncio.wait_for(aw, seconds)  # pragma: no cover - Python 3.10
+
+
 async def gather_all(aws: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     """`asyncio.gather`, except that when one fails (or the caller is cancelled) the others are
     cancelled and awaited before the error is raised. `gather` leaves them running: on the

@@ -1,30 +1,14 @@
-"""The `openai` agent's request limits: a deadline over a whole attempt, where a turn's time went,
-and the error lines that say which option to change."""
+"""The `openai` agent's request limits: where a turn's time went, and the error lines that say
+which option to change (the deadline over a whole attempt is `toolenv._aio.within`)."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import httpx
 
-__all__ = ["Spent", "load_hint", "timeout_message", "within"]
-
-T = TypeVar("T")
-
-
-async def within(seconds: float, request: Awaitable[T]) -> T:
-    """`request`, cancelled after `seconds` (`asyncio.TimeoutError`): httpx's timeout bounds each
-    read, so a server trickling its reply in pieces would otherwise hold the request for as long
-    as it likes."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await request
-    return await asyncio.wait_for(request, seconds)  # pragma: no cover - Python 3.10
+__all__ = ["Spent", "load_hint", "timeout_message"]
 
 
 @dataclass

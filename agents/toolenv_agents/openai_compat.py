@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 import httpx
 
+from toolenv._aio import within
 from toolenv._text import encodable_value, fix_text
 from toolenv._tls import tls_context
 from toolenv.agent import Agent, AgentAction, AgentError, EnvInfo
@@ -60,7 +61,7 @@ from toolenv.export import move_tool_images
 from toolenv.parsers import HermesParser
 from toolenv.parsers.base import ActionParser
 from toolenv.types import Message, ParsedAction, Task, new_call, new_parsed
-from toolenv_agents._limits import Spent, load_hint, timeout_message, within
+from toolenv_agents._limits import Spent, load_hint, timeout_message
 from toolenv_agents._seeds import episode_seed
 from toolenv_agents._stops import chat_stops
 

@@ -823,7 +823,7 @@ class LLMJudge(Reward):
             try:
                 async with _slots():
                     post = client.post(self.url, content=content, headers=headers, timeout=timeout)
-                    resp = await asyncio.wait_for(post, self.timeout)
+                    resp = await _aio.within(self.timeout, post)
             except (httpx.TimeoutException, asyncio.TimeoutError):
                 last = f"timed out after {self.timeout:g} s"
             except httpx.HTTPError as exc:  # connection refused, reset, protocol errors

@@ -8,7 +8,6 @@ same limits and error handling, but in a context of its own (see `ToolVerified`)
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -19,8 +18,6 @@ from toolenv.rewards.base import Reward, record_reward_info
 from toolenv.types import ToolCall, ToolResult
 
 __all__ = ["ToolVerified"]
-
-_log = logging.getLogger(__name__)
 
 BuildArgs = Callable[[Episode], "Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None"]
 JudgeFn = Callable[[ToolResult], "float | Awaitable[float]"]
@@ -54,20 +51,8 @@ async def _call_fresh(episode: Episode, tool: str, arguments: dict[str, Any]) ->
     try:
         results, _ = await episode.caller.invoke([ToolCall(name=tool, arguments=arguments, id="verify")], ctx)
     finally:
-        await _release(episode, tool, ctx)
+        await episode.caller.release(ctx)  # what the check opened (its sandbox session); failures logged
     return results[0]
-
-
-async def _release(episode: Episode, tool: str, ctx: ToolContext) -> None:
-    """Let `tool` free what the check opened (its sandbox session); a failure is logged, as the
-    env logs a failing release at an episode's end."""
-    found = episode.caller.tools.get(tool)
-    if found is None:
-        return
-    try:
-        await found.release(ctx)
-    except Exception:  # noqa: BLE001 - a reward never breaks the episode
-        _log.warning("tool %r failed to release its verification context", tool, exc_info=True)
 
 
 class ToolVerified(Reward):

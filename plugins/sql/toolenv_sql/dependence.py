@@ -41,7 +41,7 @@ from sqlglot import exp
 
 from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import sqlite_uri
-from toolenv_sql.guard import parse_read_query
+from toolenv_sql.reads import lowered_query
 
 __all__ = ["REMOVED_FRACTION", "constant_output", "perturbed_copy"]
 
@@ -221,11 +221,9 @@ def constant_output(sql: str, dialect: str) -> bool:
     first, as the engines match them.
     """
     try:
-        tree = parse_read_query(sql, dialect)
+        tree = lowered_query(sql, dialect)
     except SQLError:
         return False
-    for identifier in tree.find_all(exp.Identifier):
-        identifier.set("this", identifier.this.lower())
     return _constant_query(tree, {})
 
 

@@ -19,7 +19,7 @@ from toolenv_sql.errors import SQLError
 from toolenv_sql.executor import execute
 from toolenv_sql.guard import parse_read_query
 
-__all__ = ["database_tables", "tables_read"]
+__all__ = ["database_tables", "lowered_query", "tables_read"]
 
 # The tables and views a user query can read, per engine (the schema's own tables are not data).
 _TABLES_QUERIES = {
@@ -50,6 +50,19 @@ async def database_tables(path: Path, engine: str, *, timeout: float) -> frozens
     return found
 
 
+def lowered_query(sql: str, dialect: str) -> exp.Expr:
+    """The one read query in `sql`, parsed, with every name lower-cased, as SQLite and DuckDB
+    match identifiers (quoted or not) case-insensitively.
+
+    Raises:
+        SQLError: `sql` is not one read query.
+    """
+    tree = parse_read_query(sql, dialect)
+    for identifier in tree.find_all(exp.Identifier):
+        identifier.set("this", identifier.this.lower())
+    return tree
+
+
 @functools.lru_cache(maxsize=4096)
 def tables_read(sql: str, dialect: str) -> frozenset[str] | None:
     """The names (lower case) of the tables `sql` reads, in subqueries and CTEs too; a CTE's own
@@ -60,11 +73,9 @@ def tables_read(sql: str, dialect: str) -> frozenset[str] | None:
     the CTE, not the table.
     """
     try:
-        tree = parse_read_query(sql, dialect)
+        tree = lowered_query(sql, dialect)
     except SQLError:
         return None
-    for identifier in tree.find_all(exp.Identifier):
-        identifier.set("this", identifier.this.lower())
     try:
         return frozenset(
             source.name
